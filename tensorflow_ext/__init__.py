@@ -4,8 +4,10 @@
     table = tf_ext.HashTable(...)
     emb = tf_ext.get_dynamic_embedding("user", dim=16)
 
-Everything is imported lazily (PEP 562): `import tensorflow_ext` does not import TensorFlow's op library; the
-first use of a public name imports its submodule, and the ops load (utils/loader.py) on first use.
+`import tensorflow_ext` registers the library's ops and kernels with TensorFlow (it imports TensorFlow and loads
+``_tf_ext_ops.so``), so a process that only imports the package can load a SavedModel or a MetaGraph that holds
+tf_ext tables, or serve them as a parameter-server task. The Python API modules are imported lazily (PEP 562): the
+first use of a public name imports its submodule.
 """
 
 import importlib as _importlib
@@ -24,7 +26,7 @@ _LAZY = {
     "safe_embedding_lookup_sparse": (("tensorflow_ext.embedding",), "safe_embedding_lookup_sparse"),
     "DynamicEmbedding": (("tensorflow_ext.embedding",), "DynamicEmbedding"),
     "GraphKeys": (("tensorflow_ext.embedding",), "GraphKeys"),
-    "feature_column": (("tensorflow_ext.feature_column", "tensorflow_ext.embedding.feature_column"), None),
+    "feature_column": (("tensorflow_ext.embedding.feature_column",), None),
     "mixed_precision": (("tensorflow_ext.mixed_precision",), None),
     "table": (("tensorflow_ext.table",), None),
     "embedding": (("tensorflow_ext.embedding",), None),
@@ -64,6 +66,22 @@ def _check_tf_at_import():
 
 
 _check_tf_at_import()
+
+
+def _register_ops_at_import():
+    """Loads the op library now: TF needs the op defs and kernels before it reads a graph that uses them.
+
+    Without this, `tf.saved_model.load`, `import_meta_graph` and a `tf.distribute.Server` ps task fail with
+    "Op type not registered 'TfExtTableHandle'" in a process that imported tensorflow_ext but built no tf_ext op.
+    The gradient functions of the lookup ops are registered too (continuing training from an imported MetaGraph).
+    """
+    from tensorflow_ext.utils import loader  # pylint: disable=import-outside-toplevel
+
+    loader.load_ops()
+    _importlib.import_module("tensorflow_ext.embedding.embedding_ops")
+
+
+_register_ops_at_import()
 
 
 def __getattr__(name):

@@ -1,0 +1,233 @@
+"""Every change tensorflow_ext makes to TensorFlow's own Python objects, in one place.
+
+TensorFlow 2.15's TF1 API has no hook for a few things dynamic embeddings need (an optimizer's slots that live in a
+table row, a moving average that cannot shadow a table). Where TF offers a public hook, tensorflow_ext uses it
+(`tf.register_tensor_conversion_function`, gradient registration, wrapping); what is left is listed here. Each
+entry says what it replaces, why, the TensorFlow versions it was written and tested against, and the test that
+checks it (tests/test_tf_compat.py checks every entry).
+
+Patches are installed by `install(name)` when the subsystem that needs them is imported. Installing checks the
+guard first: the TensorFlow version must be in the tested range and the replaced attribute must exist and still
+be TF's original; otherwise it raises `PatchError` naming the patch, instead of silently changing behaviour of a
+TensorFlow it was not written for.
+"""
+
+import importlib
+import threading
+
+from tensorflow_ext import errors
+from tensorflow_ext import version as _version
+
+__all__ = ["Patch", "PatchError", "register", "install", "patches", "is_installed", "original"]
+
+
+class PatchError(errors.TfExtError, RuntimeError):
+    """A patch cannot be installed on this TensorFlow (its target moved or changed)."""
+
+
+class Patch(object):
+    """One replaced attribute of a TensorFlow module or class.
+
+    Attributes:
+      name: short unique name (used by `install`, `is_installed`, tests).
+      module: dotted module path of the owner (``tensorflow.python.training.optimizer``).
+      owner: attribute path of the owner inside the module ('' for the module itself, else a class name).
+      attr: the replaced attribute.
+      why: what the replacement does and why TF offers no hook for it.
+      tf_versions: (min inclusive, max exclusive) TF versions it was written and tested against.
+      test: the test that checks the patched behaviour.
+      make: callable(original) -> replacement.
+    """
+
+    def __init__(self, name, module, owner, attr, why, test, make, tf_versions=None):
+        self.name = name
+        self.module = module
+        self.owner = owner
+        self.attr = attr
+        self.why = why
+        self.test = test
+        self.make = make
+        self.tf_versions = tf_versions or (_version.MIN_TF_VERSION, _version.MAX_TF_VERSION_EXCLUSIVE)
+        self.original = None
+        self.installed = False
+
+    @property
+    def target(self):
+        """The dotted path of the replaced attribute."""
+        return ".".join(p for p in (self.module, self.owner, self.attr) if p)
+
+    def _owner_object(self):
+        obj = importlib.import_module(self.module)
+        for part in filter(None, self.owner.split(".")):
+            obj = getattr(obj, part)
+        return obj
+
+    def check_guard(self):
+        """Raises PatchError unless TF's version is in range and the target exists."""
+        import tensorflow as tf  # pylint: disable=import-outside-toplevel
+        from tensorflow_ext.utils import loader  # pylint: disable=import-outside-toplevel
+
+        lo, hi = (loader._release(v) for v in self.tf_versions)  # pylint: disable=protected-access
+        if not lo <= loader._release(tf.__version__) < hi:  # pylint: disable=protected-access
+            raise PatchError("tensorflow_ext patch %r (%s) was written for TensorFlow [%s, %s), not %s"
+                             % (self.name, self.target, self.tf_versions[0], self.tf_versions[1], tf.__version__))
+        try:
+            owner = self._owner_object()
+        except (ImportError, AttributeError) as e:
+            raise PatchError("tensorflow_ext patch %r: %s is missing in TensorFlow %s (%s)"
+                             % (self.name, self.target, tf.__version__, e)) from e
+        if not hasattr(owner, self.attr):
+            raise PatchError("tensorflow_ext patch %r: %s is missing in TensorFlow %s"
+                             % (self.name, self.target, tf.__version__))
+        return owner
+
+    def install(self):
+        owner = self.check_guard()
+        self.original = getattr(owner, self.attr)
+        replacement = self.make(self.original)
+        if getattr(replacement, "__doc__", None) is None:
+            try:
+                replacement.__doc__ = getattr(self.original, "__doc__", None)
+            except AttributeError:
+                pass
+        setattr(owner, self.attr, replacement)
+        self.installed = True
+
+    def __repr__(self):
+        return "<tf_compat.Patch %s -> %s (TF %s..%s)>" % (self.name, self.target, self.tf_versions[0],
+                                                           self.tf_versions[1])
+
+
+_lock = threading.RLock()
+_PATCHES = {}
+
+
+def register(name, module, owner, attr, why, test, tf_versions=None):
+    """Decorator: registers `make(original) -> replacement` as the patch `name` (not installed yet).
+
+    Args:
+      name: unique patch name.
+      module, owner, attr: the replaced attribute (see `Patch`).
+      why: one paragraph: what and why.
+      test: "path::test_name" of the test that checks it.
+      tf_versions: optional (min, max exclusive) TF versions; default: the supported range.
+
+    Returns:
+      The decorator; it returns `make` unchanged.
+    """
+
+    def deco(make):
+        with _lock:
+            if name in _PATCHES:
+                raise ValueError("tf_compat patch %r registered twice" % name)
+            _PATCHES[name] = Patch(name, module, owner, attr, why, test, make, tf_versions)
+        return make
+
+    return deco
+
+
+def install(*names):
+    """Installs the named patches (idempotent; each checks its guard first).
+
+    Raises:
+      KeyError: an unknown patch name.
+      PatchError: a guard failed.
+    """
+    with _lock:
+        for name in names:
+            patch = _PATCHES[name]
+            if not patch.installed:
+                patch.install()
+
+
+def patches():
+    """The registered patches (a new list, in registration order)."""
+    with _lock:
+        return list(_PATCHES.values())
+
+
+def is_installed(name):
+    """True if the patch `name` is installed."""
+    with _lock:
+        return name in _PATCHES and _PATCHES[name].installed
+
+
+def original(name):
+    """TF's attribute that patch `name` replaced (None before install)."""
+    with _lock:
+        return _PATCHES[name].original
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# The patches. Each replacement handles tf_ext objects and hands everything else to TF's original unchanged.
+
+
+def _is_shard(value):
+    from tensorflow_ext.embedding import variable  # pylint: disable=import-outside-toplevel
+
+    return isinstance(value, variable.DynamicEmbeddingShard)
+
+
+@register(
+    "optimizer_get_slot", "tensorflow.python.training.optimizer", "Optimizer", "get_slot",
+    why="A dynamic embedding's optimizer slots are columns of its table rows, not variables, so TF's get_slot "
+    "finds nothing and returns None (code reading slots then silently skips the embedding). For a shard the "
+    "replacement returns a DynamicEmbeddingSlot (a view of those columns, usable as a tensor); TF's "
+    "Optimizer has no hook for slots that are not variables.",
+    test="tests/test_tf_compat.py::test_optimizer_get_slot_of_a_shard")
+def _make_get_slot(original):
+
+    def get_slot(self, var, name):
+        if _is_shard(var):
+            group = var.slot_group(self)
+            if group is not None and name in group.slot_names:
+                from tensorflow_ext.embedding import variable  # pylint: disable=import-outside-toplevel
+
+                return variable.DynamicEmbeddingSlot(var, self, name)
+            return None
+        return original(self, var, name)
+
+    return get_slot
+
+
+@register(
+    "optimizer_get_slot_names", "tensorflow.python.training.optimizer", "Optimizer", "get_slot_names",
+    why="TF lists the slot names of the slot variables it created; an optimizer that trains only dynamic "
+    "embeddings created none. The replacement adds the slot names it keeps in the rows of the default graph's "
+    "dynamic embeddings.",
+    test="tests/test_tf_compat.py::test_optimizer_get_slot_names_include_embedding_slots")
+def _make_get_slot_names(original):
+
+    def get_slot_names(self):
+        names = set(original(self))
+        import tensorflow as tf  # pylint: disable=import-outside-toplevel
+        from tensorflow_ext.embedding import variable  # pylint: disable=import-outside-toplevel
+
+        for shard in tf.compat.v1.get_default_graph().get_collection(variable.GraphKeys.DYNAMIC_EMBEDDINGS):
+            group = shard.slot_group(self) if _is_shard(shard) else None
+            if group is not None:
+                names.update(group.slot_names)
+        return sorted(names)
+
+    return get_slot_names
+
+
+@register(
+    "moving_average_apply", "tensorflow.python.training.moving_averages", "ExponentialMovingAverage", "apply",
+    why="ExponentialMovingAverage.apply(tf.compat.v1.trainable_variables()) would build a shadow of a dynamic "
+    "embedding shard from the rows one step read, a meaningless average. The replacement refuses shards with "
+    "an error that says how to average the dense variables only.",
+    test="tests/test_tf_compat.py::test_moving_average_refuses_shards_with_advice")
+def _make_ema_apply(original):
+
+    def apply(self, var_list=None):
+        shards = [v for v in (var_list or []) if _is_shard(v)]
+        if shards:
+            names = ", ".join(s.name for s in shards[:3]) + (", ..." if len(shards) > 3 else "")
+            raise TypeError(
+                "ExponentialMovingAverage cannot average dynamic embedding shards (%s): a table has no fixed set "
+                "of rows to shadow. Average the dense variables only, e.g. "
+                "ema.apply(tf_ext.embedding.dense_variables(tf.compat.v1.trainable_variables()))." % names)
+        return original(self, var_list)
+
+    return apply

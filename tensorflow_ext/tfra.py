@@ -1,0 +1,362 @@
+"""TFRA's `dynamic_embedding` API on tensorflow_ext: port a TFRA model by changing one import.
+
+    # from tensorflow_recommenders_addons import dynamic_embedding as de
+    from tensorflow_ext import tfra as de
+
+    emb = de.get_variable("user", key_dtype=tf.int64, value_dtype=tf.float32, dim=16,
+                          initializer=tf.compat.v1.random_normal_initializer(0, 0.01))
+    vecs = de.embedding_lookup(emb, ids)
+    opt = de.DynamicEmbeddingOptimizer(tf.compat.v1.train.AdamOptimizer(1e-3))   # returns the optimizer itself
+    train_op = opt.minimize(loss, global_step=gs)
+
+Every name here has TFRA's signature and argument order and returns tensorflow_ext objects (a
+`DynamicEmbedding`, plain tensors). TFRA names with no meaning here raise an error that says what to use instead:
+tensorflow_ext has no TrainableWrapper (stock optimizers train the embedding itself; `return_trainable=True`
+returns the embedding in its place), needs no model mode (lookups of a graph without an optimizer never insert
+keys, so an exported serving graph needs no switch; `enable_inference_mode` still works), has one table engine (no
+kv_creator) and no need for `bp_v2`. docs/migrating_from_tfra.md has the full map and the semantic differences.
+"""
+
+import tensorflow as tf
+
+from tensorflow_ext.embedding import eviction as _eviction
+from tensorflow_ext.embedding import lookup as _lookup
+from tensorflow_ext.embedding import optimizers as _optimizers
+from tensorflow_ext.embedding import variable as _variable
+
+__all__ = [
+    "GraphKeys",
+    "Variable",
+    "TimestampRestrictPolicy",
+    "FrequencyRestrictPolicy",
+    "DynamicEmbeddingOptimizer",
+    "default_partition_fn",
+    "get_variable",
+    "embedding_lookup",
+    "embedding_lookup_unique",
+    "embedding_lookup_sparse",
+    "safe_embedding_lookup_sparse",
+    "ModelMode",
+    "enable_inference_mode",
+    "enable_train_mode",
+    "get_model_mode",
+    "restrict",
+]
+
+Variable = _variable.DynamicEmbedding
+
+
+class GraphKeys(object):
+    """TFRA's collection names. Both hold the shards of tensorflow_ext's dynamic embeddings.
+
+    (tensorflow_ext keeps every shard in `tf_ext.GraphKeys.DYNAMIC_EMBEDDINGS`, and trainable ones in
+    `tf.compat.v1.GraphKeys.TRAINABLE_VARIABLES`; `tf_ext.embedding.get_dynamic_embeddings()` lists the
+    embeddings.)
+    """
+
+    DYNAMIC_EMBEDDING_VARIABLES = _variable.GraphKeys.DYNAMIC_EMBEDDINGS
+    TRAINABLE_DYNAMIC_EMBEDDING_VARIABLES = _variable.GraphKeys.DYNAMIC_EMBEDDINGS
+
+
+class _RestrictPolicy(object):
+    """Base of the restrict policies: which keys `restrict` keeps."""
+
+    policy = None
+
+    def __init__(self, var=None):
+        self.var = var
+
+
+class TimestampRestrictPolicy(_RestrictPolicy):
+    """`restrict(num_reserved)` keeps the most recently trained keys (highest version)."""
+
+    policy = "timestamp"
+
+
+class FrequencyRestrictPolicy(_RestrictPolicy):
+    """`restrict(num_reserved)` keeps the most frequently looked-up keys."""
+
+    policy = "frequency"
+
+
+def default_partition_fn(keys, shard_num):
+    """The shard of each key (TFRA's default partitioner; tensorflow_ext hashes keys, see docs).
+
+    Args:
+      keys: int64 tensor.
+      shard_num: python int >= 1.
+
+    Returns:
+      int32 tensor of keys' shape.
+    """
+    return _variable.hash_key_shard_ids(tf.convert_to_tensor(keys, tf.int64), int(shard_num))
+
+
+def _policy_name(restrict_policy):
+    if restrict_policy is None:
+        return None
+    if isinstance(restrict_policy, type) and issubclass(restrict_policy, _RestrictPolicy):
+        return restrict_policy.policy
+    if isinstance(restrict_policy, _RestrictPolicy):
+        return restrict_policy.policy
+    name = getattr(restrict_policy, "__name__", type(restrict_policy).__name__)
+    if "Timestamp" in name:
+        return "timestamp"
+    if "Frequency" in name:
+        return "frequency"
+    raise ValueError("restrict_policy must be tensorflow_ext.tfra.TimestampRestrictPolicy or "
+                     "FrequencyRestrictPolicy, got %r" % (restrict_policy,))
+
+
+def get_variable(name,
+                 key_dtype=tf.int64,
+                 value_dtype=tf.float32,
+                 dim=1,
+                 devices=None,
+                 partitioner=default_partition_fn,
+                 shared_name="get_variable",
+                 initializer=None,
+                 trainable=True,
+                 checkpoint=True,
+                 init_size=0,
+                 kv_creator=None,
+                 restrict_policy=None,
+                 bp_v2=False):
+    """TFRA's `get_variable`, in its argument order: creates or reuses a `tf_ext.DynamicEmbedding`.
+
+    Args:
+      name: the embedding's name (variable-scope prefixed, reused under AUTO_REUSE as in TFRA).
+      key_dtype: tf.int64, tf.int32 or tf.string.
+      value_dtype: tf.float32.
+      dim: the embedding dimension.
+      devices: list of device strings; one shard per device (as in TFRA).
+      partitioner: TFRA's `default_partition_fn` (tensorflow_ext always partitions keys by a 64-bit hash; other
+        partition functions are refused).
+      shared_name: ignored (table resources are named after the embedding).
+      initializer: as in TFRA (a number, a TF initializer or a callable); every new key gets its own draw.
+      trainable: add the shards to the trainable variables.
+      checkpoint: False keeps the embedding out of checkpoints (its shards' saveables leave SAVEABLE_OBJECTS).
+      init_size: expected number of keys (tensorflow_ext's `initial_capacity`).
+      kv_creator: must be None (one table engine).
+      restrict_policy: None, `TimestampRestrictPolicy` or `FrequencyRestrictPolicy`: the policy of
+        `restrict(emb, num_reserved)`.
+      bp_v2: must be False (updates are applied in place per key; see docs/migrating_from_tfra.md).
+
+    Returns:
+      A `DynamicEmbedding`.
+
+    Raises:
+      ValueError: an argument with no equivalent here (kv_creator, bp_v2=True, a custom partitioner).
+    """
+    if kv_creator is not None:
+        raise ValueError(
+            "get_variable(kv_creator=...): tensorflow_ext has one table engine (a concurrent CPU hash table that "
+            "grows on demand), so there is no creator to choose. Remove kv_creator; use init_size for the expected "
+            "number of keys.")
+    if bp_v2:
+        raise ValueError(
+            "get_variable(bp_v2=True): tensorflow_ext's optimizers update each key's row in place in one kernel "
+            "(no read-lookup-write across processes), which is what bp_v2 emulates. Remove bp_v2.")
+    if partitioner is not None and partitioner is not default_partition_fn:
+        raise ValueError(
+            "get_variable(partitioner=%r): tensorflow_ext partitions keys over shards by a 64-bit hash of the key "
+            "(tf_ext.embedding.DynamicEmbedding.shard_ids); custom partition functions are not supported. "
+            "Remove partitioner (the number of shards is len(devices))." % (partitioner,))
+    policy = _policy_name(restrict_policy)
+    emb = _variable.get_dynamic_embedding(
+        name, dim=dim, key_dtype=key_dtype, value_dtype=value_dtype, initializer=initializer,
+        num_shards=len(devices) if devices else None, devices=devices, trainable=trainable,
+        initial_capacity=init_size)
+    if not checkpoint:
+        saveables = tf.compat.v1.get_collection_ref(tf.compat.v1.GraphKeys.SAVEABLE_OBJECTS)
+        for s in emb.saveables:
+            if s in saveables:
+                saveables.remove(s)
+    emb.restrict_policy = policy
+    return emb
+
+
+def restrict(var, num_reserved, trigger=None, name=None):
+    """TFRA's `var.restrict(num_reserved, trigger=...)` as a function (see `tf_ext.embedding.restrict`).
+
+    Args:
+      var: a `DynamicEmbedding` created with a restrict_policy.
+      num_reserved: keys to keep.
+      trigger: restrict only above this many keys (default num_reserved).
+      name: optional name scope.
+
+    Returns:
+      int64 scalar tensor: keys removed.
+
+    Raises:
+      ValueError: the embedding has no restrict policy.
+    """
+    policy = getattr(var, "restrict_policy", None)
+    if policy is None:
+        raise ValueError("dynamic embedding %r has no restrict policy: create it with "
+                         "get_variable(..., restrict_policy=TimestampRestrictPolicy) or call "
+                         "tf_ext.embedding.restrict(emb, num_reserved, policy='timestamp')" % var.name)
+    return _eviction.restrict(var, num_reserved, trigger=trigger, policy=policy, name=name)
+
+
+class ModelMode(object):
+    """TFRA's model modes: TRAIN lookups insert new keys, INFERENCE lookups only read."""
+
+    TRAIN = "train"
+    INFERENCE = "inference"
+    CURRENT_SETTING = TRAIN
+
+
+def enable_inference_mode():
+    """Lookups built afterwards through this module never insert keys (TFRA's inference mode).
+
+    tensorflow_ext does this by itself for graphs without an optimizer (Estimator eval/predict/export), so a
+    ported model keeps working whether or not it calls this.
+    """
+    ModelMode.CURRENT_SETTING = ModelMode.INFERENCE
+
+
+def enable_train_mode():
+    """Lookups built afterwards through this module insert new keys once an optimizer trains the embedding."""
+    ModelMode.CURRENT_SETTING = ModelMode.TRAIN
+
+
+def get_model_mode():
+    """'train' or 'inference' (see `enable_inference_mode`)."""
+    return ModelMode.CURRENT_SETTING
+
+
+def _is_training():
+    # None: tensorflow_ext's own rule (insert once an optimizer is applied in this graph).
+    return False if ModelMode.CURRENT_SETTING == ModelMode.INFERENCE else None
+
+
+def _with_trainable(values, params, return_trainable):
+    """TFRA returns (values, TrainableWrapper) with return_trainable: here the embedding itself stands in for
+    the wrapper (optimizers accept it in var_list; it has no other use here)."""
+    return (values, params) if return_trainable else values
+
+
+def embedding_lookup(params, ids, partition_strategy=None, name=None, validate_indices=None, max_norm=None,
+                     return_trainable=False):
+    """TFRA's `embedding_lookup`: rows of `ids` (any shape) -> ids.shape + [dim].
+
+    Duplicate ids are summed in the gradient (TFRA's plain lookup is last-writer-wins on duplicates). With
+    return_trainable=True returns `(values, params)`: the embedding stands in for TFRA's TrainableWrapper.
+    """
+    del partition_strategy, validate_indices
+    values = _lookup.embedding_lookup(params, ids, name=name, max_norm=max_norm, is_training=_is_training())
+    return _with_trainable(values, params, return_trainable)
+
+
+def embedding_lookup_unique(params, ids, partition_strategy=None, name=None, validate_indices=None, max_norm=None,
+                            return_trainable=False):
+    """TFRA's `embedding_lookup_unique`: the same as `embedding_lookup` (which always deduplicates here)."""
+    return embedding_lookup(params, ids, partition_strategy, name, validate_indices, max_norm, return_trainable)
+
+
+def embedding_lookup_sparse(params, sp_ids, sp_weights, partition_strategy=None, name="embedding_lookup_sparse",
+                            combiner="mean", max_norm=None, return_trainable=False):
+    """TFRA's `embedding_lookup_sparse` (combiners mean, sqrtn, sum)."""
+    values = _lookup.embedding_lookup_sparse(params, sp_ids, sp_weights, partition_strategy=partition_strategy,
+                                             name=name, combiner=combiner, max_norm=max_norm,
+                                             is_training=_is_training())
+    return _with_trainable(values, params, return_trainable)
+
+
+def safe_embedding_lookup_sparse(embedding_weights, sparse_ids, sparse_weights=None, combiner="mean",
+                                 default_id=None, name="safe_embedding_lookup_sparse", partition_strategy=None,
+                                 max_norm=None, return_trainable=False):
+    """TFRA's `safe_embedding_lookup_sparse`. Every int64 id is a key (negative ones too)."""
+    values = _lookup.safe_embedding_lookup_sparse(embedding_weights, sparse_ids, sparse_weights=sparse_weights,
+                                                  combiner=combiner, default_id=default_id, name=name,
+                                                  partition_strategy=partition_strategy, max_norm=max_norm,
+                                                  is_training=_is_training())
+    return _with_trainable(values, embedding_weights, return_trainable)
+
+
+def DynamicEmbeddingOptimizer(self, bp_v2=False, synchronous=False, **kwargs):  # pylint: disable=invalid-name
+    """TFRA's optimizer wrapper: returns the optimizer itself, which trains dynamic embeddings as it is.
+
+    Args:
+      self: a `tf.compat.v1.train` optimizer (see `tf_ext.embedding.supported_optimizers()`).
+      bp_v2: must be False.
+      synchronous: must be False.
+      **kwargs: none accepted.
+
+    Returns:
+      `self`.
+
+    Raises:
+      TypeError: not a supported optimizer, or unknown keyword arguments.
+      ValueError: bp_v2 or synchronous set.
+    """
+    if kwargs:
+        raise TypeError("DynamicEmbeddingOptimizer got unexpected arguments %s" % sorted(kwargs))
+    if bp_v2:
+        raise ValueError("DynamicEmbeddingOptimizer(bp_v2=True): not needed, rows are updated in place per key. "
+                         "Remove bp_v2.")
+    if synchronous:
+        raise ValueError("DynamicEmbeddingOptimizer(synchronous=True) (TFRA's Horovod allreduce of dense "
+                         "gradients) is not supported: tensorflow_ext trains in one process or on parameter "
+                         "servers (replica_device_setter). Remove synchronous.")
+    if not isinstance(self, tf.compat.v1.train.Optimizer):
+        raise TypeError(
+            "DynamicEmbeddingOptimizer needs a tf.compat.v1.train optimizer (e.g. AdamOptimizer); got %s. Keras "
+            "optimizers do not train dynamic embeddings." % type(self).__name__)
+    _optimizers._handler(self)  # pylint: disable=protected-access  (TypeError naming the supported ones)
+    return self
+
+
+_INSTEAD = {
+    "TrainableWrapper": "tensorflow_ext has no TrainableWrapper: the embedding's shards are trainable variables "
+                        "that stock optimizers train directly (see tensorflow_ext.tfra docs).",
+    "DEResourceVariable": "tensorflow_ext has no shadow variables: lookups read the table directly.",
+    "shadow_ops": "tensorflow_ext has no shadow variables: lookups read the table directly.",
+    "trainable_wrapper_filter": "tensorflow_ext has no TrainableWrapper to filter: "
+                                "tf_ext.embedding.dense_variables(var_list) lists the dense variables.",
+    "CuckooHashTable": "tensorflow_ext has one table engine: tf_ext.HashTable (or get_variable for embeddings).",
+    "CuckooHashTableConfig": "tensorflow_ext has one table engine: remove kv_creator.",
+    "CuckooHashTableCreator": "tensorflow_ext has one table engine: remove kv_creator.",
+    "HkvHashTable": "tensorflow_ext's table runs on the CPU; remove kv_creator.",
+    "HkvHashTableConfig": "tensorflow_ext's table runs on the CPU; remove kv_creator.",
+    "HkvHashTableCreator": "tensorflow_ext's table runs on the CPU; remove kv_creator.",
+    "HkvEvictStrategy": "use tf_ext.embedding.restrict / EvictionHook for eviction.",
+    "RedisTable": "tensorflow_ext has no Redis backend; remove kv_creator.",
+    "RedisTableConfig": "tensorflow_ext has no Redis backend; remove kv_creator.",
+    "RedisTableCreator": "tensorflow_ext has no Redis backend; remove kv_creator.",
+    "FileSystemSaver": "checkpoints go through tf.compat.v1.train.Saver / Estimator (atomic, resharding on "
+                       "restore); remove the saver argument.",
+    "RestrictPolicy": "use TimestampRestrictPolicy or FrequencyRestrictPolicy (or tf_ext.embedding.restrict).",
+    "keras": "tensorflow_ext supports TF1 graph mode (Estimator, Session), not Keras layers.",
+    "DistributedVariableWrapper": "tf.distribute strategies are not supported; use parameter servers "
+                                  "(replica_device_setter).",
+    "train": "the tfra.train hooks are not needed: Saver/Estimator checkpoint dynamic embeddings.",
+    "math": "use tf.math / tf.sparse ops on the looked-up rows.",
+    "data_flow": "use tf.dynamic_partition / tf.dynamic_stitch.",
+}
+
+
+# For `tensorflow_ext.<TFRA name>`: the native API's answer (this module provides these names itself).
+_TOP_LEVEL_INSTEAD = dict(_INSTEAD, **{
+    "get_variable": "use tf_ext.get_dynamic_embedding(name, dim, key_dtype=..., ...) (dim second), or "
+                    "tensorflow_ext.tfra.get_variable, which keeps TFRA's argument order.",
+    "embedding_lookup_unique": "tf_ext.embedding_lookup always deduplicates ids; use it.",
+    "enable_inference_mode": "tensorflow_ext needs no model mode: a graph in which no optimizer is applied to an "
+                             "embedding (Estimator eval/predict, an export for serving) only reads it and never "
+                             "inserts keys; tf_ext.embedding_lookup(..., is_training=False) forces that per lookup "
+                             "(tensorflow_ext.tfra.enable_inference_mode exists for ported code).",
+    "enable_train_mode": "tensorflow_ext needs no model mode: lookups insert new keys once an optimizer is applied "
+                         "to the embedding in the same graph; tf_ext.embedding_lookup(..., is_training=True) forces "
+                         "it.",
+    "get_model_mode": "tensorflow_ext needs no model mode (see tf_ext.embedding_lookup's is_training).",
+    "ModelMode": "tensorflow_ext needs no model mode (see tf_ext.embedding_lookup's is_training).",
+    "Variable": "tf_ext.DynamicEmbedding (created by tf_ext.get_dynamic_embedding).",
+    "restrict_policy": "tf_ext.embedding.restrict(emb, num_reserved, policy='timestamp'|'frequency').",
+})
+
+
+def __getattr__(name):
+    if name in _INSTEAD:
+        raise AttributeError("tensorflow_ext.tfra.%s is not provided: %s" % (name, _INSTEAD[name]))
+    raise AttributeError("module 'tensorflow_ext.tfra' has no attribute %r" % name)

@@ -1,0 +1,197 @@
+"""A TFRA Estimator model ports to tensorflow_ext by changing its import.
+
+`_model_fn` is written the way TFRA's own Estimator demos are (per-device shards, tf.unique + lookup with
+return_trainable, DynamicEmbeddingOptimizer, size() logging, enable_inference_mode before export); only the import
+line differs from TFRA code.
+"""
+
+import os
+import subprocess
+import sys
+import textwrap
+
+import numpy as np
+import pytest
+import tensorflow as tf
+
+from tensorflow_ext import tfra as de  # was: from tensorflow_recommenders_addons import dynamic_embedding as de
+
+import tensorflow_ext as tf_ext
+
+tf.compat.v1.disable_v2_behavior()
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+N_USERS, N_MOVIES, BATCH = 40, 30, 64
+
+
+def _data(seed, n):
+    rng = np.random.RandomState(seed)
+    users = rng.randint(0, N_USERS, n).astype(np.int64) * 1000003 - 7  # some negative ids
+    movies = rng.randint(0, N_MOVIES, n).astype(np.int64)
+    rating = ((users % 5) * 0.5 + (movies % 3) * 0.7).astype(np.float32)
+    return users, movies, rating
+
+
+def _input_fn(seed=0, n=BATCH * 30):
+    def fn():
+        users, movies, rating = _data(seed, n)
+        ds = tf.compat.v1.data.Dataset.from_tensor_slices({"user_id": users, "movie_id": movies,
+                                                           "user_rating": rating})
+        return ds.batch(BATCH)
+    return fn
+
+
+def _model_fn(features, labels, mode, params):
+    del labels
+    is_training = mode == tf.estimator.ModeKeys.TRAIN
+    devices = ["/job:localhost/replica:0/task:0/CPU:0"] * params["ps_num"]
+    initializer = tf.keras.initializers.RandomNormal(0.0, 0.1) if is_training else tf.keras.initializers.Zeros()
+    user_embeddings = de.get_variable(name="user_dynamic_embeddings", dim=8, devices=devices,
+                                      initializer=initializer)
+    movie_embeddings = de.get_variable("movie_dynamic_embeddings", tf.int64, tf.float32, 8, devices=devices,
+                                       initializer=initializer)  # TFRA's positional order
+    user_val, user_idx = tf.unique(features["user_id"])
+    user_w, _ = de.embedding_lookup(params=user_embeddings, ids=user_val, name="user-id-weights",
+                                    return_trainable=True)
+    movie_val, movie_idx = tf.unique(features["movie_id"])
+    movie_w, _ = de.embedding_lookup(params=movie_embeddings, ids=movie_val, name="movie-id-weights",
+                                     return_trainable=True)
+    x = tf.concat([tf.gather(user_w, user_idx), tf.gather(movie_w, movie_idx)], axis=1)
+    hidden = tf.keras.layers.Dense(32, activation="relu")(x)
+    out = tf.reshape(tf.keras.layers.Dense(1)(hidden), [-1])
+    if mode == tf.estimator.ModeKeys.PREDICT:
+        return tf.estimator.EstimatorSpec(
+            mode, predictions={"out": out},
+            export_outputs={"predict": tf.estimator.export.PredictOutput({"out": out})})
+    loss = tf.keras.losses.MeanSquaredError()(features["user_rating"], out)
+    if mode == tf.estimator.ModeKeys.EVAL:
+        return tf.estimator.EstimatorSpec(mode, loss=loss)
+    optimizer = de.DynamicEmbeddingOptimizer(tf.compat.v1.train.AdamOptimizer(learning_rate=0.01))
+    train_op = optimizer.minimize(loss, global_step=tf.compat.v1.train.get_or_create_global_step())
+    sizes = {"user_size": user_embeddings.size(), "movie_size": movie_embeddings.size(),
+             "user_shard0": user_embeddings.size(0)}
+    return tf.estimator.EstimatorSpec(mode, loss=loss, train_op=train_op,
+                                      training_hooks=[tf.compat.v1.train.LoggingTensorHook(sizes, every_n_iter=10),
+                                                      _Capture(sizes)])
+
+
+class _Capture(tf.compat.v1.train.SessionRunHook):
+    last = None
+
+    def __init__(self, tensors):
+        self._tensors = tensors
+
+    def end(self, session):
+        _Capture.last = session.run(self._tensors)
+
+
+def test_tfra_estimator_model_trains_evaluates_and_serves(tmp_path):
+    config = tf.estimator.RunConfig(model_dir=str(tmp_path / "model"), save_summary_steps=None,
+                                    log_step_count_steps=None)
+    est = tf.estimator.Estimator(_model_fn, params={"ps_num": 2}, config=config)
+    est.train(_input_fn(0), steps=30)
+    first_eval = est.evaluate(_input_fn(1, BATCH * 4))
+    est.train(_input_fn(0), steps=60)
+    second_eval = est.evaluate(_input_fn(1, BATCH * 4))
+    assert second_eval["loss"] < first_eval["loss"] < 2.0, (first_eval, second_eval)
+    sizes = _Capture.last
+    assert sizes["user_size"] == N_USERS and sizes["movie_size"] == N_MOVIES
+    assert 0 < sizes["user_shard0"] < N_USERS  # one shard's count (TFRA's size(index))
+
+    de.enable_inference_mode()
+    try:
+        def serving():
+            feats = {"user_id": tf.compat.v1.placeholder(tf.int64, [None]),
+                     "movie_id": tf.compat.v1.placeholder(tf.int64, [None])}
+            return tf.estimator.export.ServingInputReceiver(feats, feats)
+
+        export = est.export_saved_model(str(tmp_path / "export"), serving).decode()
+    finally:
+        de.enable_train_mode()
+    users, movies, _ = _data(5, 8)
+    users[0] = 123456789  # an id never seen: read as zeros, not inserted
+
+    def pred_input():
+        return tf.compat.v1.data.Dataset.from_tensor_slices({"user_id": users, "movie_id": movies}).batch(8)
+
+    expected = np.array([p["out"] for p in est.predict(pred_input)])
+    np.save(tmp_path / "users.npy", users)
+    np.save(tmp_path / "movies.npy", movies)
+    code = textwrap.dedent("""
+        import numpy as np, tensorflow as tf
+        import tensorflow_ext
+        tf.compat.v1.disable_v2_behavior()
+        with tf.compat.v1.Session() as sess:
+            meta = tf.compat.v1.saved_model.load(sess, ["serve"], %r)
+            sig = meta.signature_def["predict"]
+            feed = {sig.inputs["user_id"].name: np.load("users.npy"), sig.inputs["movie_id"].name: np.load("movies.npy")}
+            np.save("got.npy", sess.run(sig.outputs["out"].name, feed))
+    """ % export)
+    env = dict(os.environ, PYTHONPATH=ROOT, TF_CPP_MIN_LOG_LEVEL="2")
+    r = subprocess.run([sys.executable, "-c", code], cwd=str(tmp_path), env=env, capture_output=True, text=True,
+                       timeout=240)
+    assert r.returncode == 0, r.stderr[-4000:]
+    np.testing.assert_allclose(np.load(tmp_path / "got.npy"), expected, rtol=1e-5, atol=1e-6)
+
+
+def test_restrict_policy_keeps_the_most_recent_keys():
+    with tf.Graph().as_default() as g:
+        gs = tf.compat.v1.train.get_or_create_global_step()
+        emb = de.get_variable("r", dim=2, restrict_policy=de.TimestampRestrictPolicy, initializer=0.0)
+        ids = tf.compat.v1.placeholder(tf.int64, [None])
+        loss = tf.reduce_sum(de.embedding_lookup(emb, ids))
+        train = de.DynamicEmbeddingOptimizer(tf.compat.v1.train.AdagradOptimizer(0.1)).minimize(loss,
+                                                                                               global_step=gs)
+        restrict = emb.restrict(3, trigger=4)
+        keys = emb.export().keys
+        with tf.compat.v1.Session(graph=g) as sess:
+            sess.run(tf.compat.v1.global_variables_initializer())
+            for batch in ([1, 2], [3], [4, 5], [6]):
+                sess.run(train, {ids: batch})
+            assert sess.run(restrict) == 3  # 6 keys > trigger 4: keep the 3 trained last (6, then 4 and 5)
+            assert sorted(sess.run(keys)) == [4, 5, 6]
+            assert sess.run(restrict) == 0  # 3 keys <= trigger: nothing to do
+
+
+def test_tfra_arguments_without_meaning_say_what_to_do():
+    with tf.Graph().as_default():
+        with pytest.raises(ValueError, match="kv_creator"):
+            de.get_variable("a", dim=2, kv_creator=object())
+        with pytest.raises(ValueError, match="bp_v2"):
+            de.get_variable("b", dim=2, bp_v2=True)
+        with pytest.raises(ValueError, match="partition"):
+            de.get_variable("c", dim=2, devices=["/cpu:0"] * 2, partitioner=lambda keys, n: keys % n)
+        with pytest.raises(ValueError, match="synchronous"):
+            de.DynamicEmbeddingOptimizer(tf.compat.v1.train.AdamOptimizer(0.1), synchronous=True)
+        with pytest.raises(TypeError, match="tf.compat.v1.train"):
+            de.DynamicEmbeddingOptimizer(tf.keras.optimizers.Adam(0.1))
+        with pytest.raises(AttributeError, match="TrainableWrapper"):
+            de.TrainableWrapper  # pylint: disable=pointless-statement
+        with pytest.raises(AttributeError, match="kv_creator"):
+            de.CuckooHashTableCreator  # pylint: disable=pointless-statement
+        emb = de.get_variable("d", dim=2, checkpoint=False)
+        assert not set(emb.saveables) & set(tf.compat.v1.get_collection(tf.compat.v1.GraphKeys.SAVEABLE_OBJECTS))
+
+
+def test_native_api_answers_tfra_habits_with_what_to_use():
+    with tf.Graph().as_default():
+        with pytest.raises(TypeError, match="TFRA's get_variable"):
+            tf_ext.get_dynamic_embedding("x", tf.int64, tf.float32, 8)
+        with pytest.raises(TypeError, match="tensorflow_ext.tfra.get_variable"):
+            tf_ext.get_dynamic_embedding("x", 8, kv_creator=None)
+        emb = tf_ext.get_dynamic_embedding("y", 4, init_size=1000)  # TFRA's init_size is accepted
+        with pytest.raises(ValueError, match="no TrainableWrapper"):
+            tf_ext.embedding_lookup(emb, tf.constant([1], tf.int64), return_trainable=True)
+        for name, hint in (("enable_inference_mode", "is_training=False"), ("TrainableWrapper", "optimizers"),
+                           ("get_variable", "get_dynamic_embedding")):
+            with pytest.raises(AttributeError, match=hint):
+                getattr(tf_ext, name)
+        opt = tf.compat.v1.train.FtrlOptimizer(0.1)
+        assert tf_ext.DynamicEmbeddingOptimizer(opt) is opt
+        # TFRA's Variable methods
+        ins = emb.upsert(tf.constant([1, 2], tf.int64), tf.ones([2, 4]))
+        values, exists = emb.lookup(tf.constant([[1, 3]], tf.int64), return_exists=True)
+        with tf.compat.v1.Session() as sess:
+            sess.run(ins)
+            v, e = sess.run([values, exists])
+        assert v.shape == (1, 2, 4) and e.tolist() == [[True, False]]
+        np.testing.assert_allclose(v[0, 0], 1.0)

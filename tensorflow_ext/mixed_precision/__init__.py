@@ -15,11 +15,15 @@ Public API:
 * :class:`PolicyConfig`, :class:`SwitchingPolicy`, :func:`reference_step`,
   :func:`graph_step`: the switching policy.
 * :class:`LossScaleConfig`, :class:`DynamicLossScale`.
-* :class:`MixedPrecisionLoggingHook`.
+* :class:`MixedPrecisionLoggingHook`, :class:`MixedPrecisionHealthHook`,
+  :class:`NoTrainingProgressError`: logging, switch record and the training
+  health check.
 """
 
 from tensorflow_ext.mixed_precision.controller import MODES, MixedPrecision
-from tensorflow_ext.mixed_precision.hooks import MixedPrecisionLoggingHook
+from tensorflow_ext.mixed_precision.hooks import (MixedPrecisionHealthHook,
+                                                  MixedPrecisionLoggingHook,
+                                                  NoTrainingProgressError)
 from tensorflow_ext.mixed_precision.loss_scale import (DynamicLossScale, LossScaleConfig,
                                                        reference_loss_scale_step)
 from tensorflow_ext.mixed_precision.optimizer import MixedPrecisionOptimizer
@@ -32,8 +36,9 @@ from tensorflow_ext.mixed_precision.precision import (HALF_DTYPES, build_in, bui
 
 __all__ = [
     "DynamicLossScale", "FULL", "HALF", "HALF_DTYPES", "LossScaleConfig", "MODES",
-    "MixedPrecision", "MixedPrecisionLoggingHook", "MixedPrecisionOptimizer", "PolicyConfig",
-    "REASONS", "SwitchingPolicy", "build_in", "build_switched", "cast_compute",
-    "compute_dtype", "graph_step", "initial_state", "is_half", "no_cast", "precision_scope",
+    "MixedPrecision", "MixedPrecisionHealthHook", "MixedPrecisionLoggingHook",
+    "MixedPrecisionOptimizer", "NoTrainingProgressError", "PolicyConfig", "REASONS",
+    "SwitchingPolicy", "build_in", "build_switched", "cast_compute", "compute_dtype",
+    "graph_step", "initial_state", "is_half", "no_cast", "precision_scope",
     "reference_loss_scale_step", "reference_step",
 ]

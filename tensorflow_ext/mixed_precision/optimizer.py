@@ -26,6 +26,58 @@ def _all_finite(grads):
     return tf.reduce_all(tf.stack(checks), name="grads_finite")
 
 
+# Ops through which a missing gradient is intended, not a sign of a broken graph.
+_NO_GRADIENT_OPS = ("StopGradient", "PreventGradient")
+
+
+def _var_op(var):
+    """The op that produces ``var``'s value or handle (variable, resource or table)."""
+    op = getattr(var, "op", None)
+    if op is None and hasattr(var, "handle"):
+        op = var.handle.op
+    return op
+
+
+def _ops_loss_reads(loss):
+    """Ops whose outputs reach ``loss`` through data edges, not through stop_gradient."""
+    seen = set()
+    stack = [loss.op]
+    while stack:
+        op = stack.pop()
+        if op in seen:
+            continue
+        seen.add(op)
+        if op.type in _NO_GRADIENT_OPS:
+            continue
+        stack.extend(t.op for t in op.inputs)
+    return seen
+
+
+def _warn_missing_gradients(loss, grads_and_vars):
+    """Warns about variables the loss reads but that got no gradient.
+
+    Such a variable is never trained although the model uses it: its value
+    reaches the loss only through ops without a gradient (a cast to an integer
+    type, ``argmax``, a custom op without a registered gradient, ...).
+
+    Returns:
+      The list of those variables.
+    """
+    missing = [v for g, v in grads_and_vars if g is None]
+    if not missing:
+        return []
+    reads = _ops_loss_reads(loss)
+    suspicious = [v for v in missing if _var_op(v) in reads]
+    for v in suspicious:
+        tf.compat.v1.logging.warning(
+            "MixedPrecisionOptimizer: the loss depends on %s but its gradient is None: it "
+            "will not be trained. Its value reaches the loss only through ops without a "
+            "gradient (an integer cast, argmax, an op with no registered gradient, ...); "
+            "use tf.stop_gradient if that is intended, or leave it out of var_list.",
+            getattr(v, "name", v))
+    return suspicious
+
+
 class MixedPrecisionOptimizer(tf.compat.v1.train.Optimizer):
     """Wraps a ``tf.compat.v1.train.Optimizer`` for switched mixed precision.
 
@@ -37,6 +89,10 @@ class MixedPrecisionOptimizer(tf.compat.v1.train.Optimizer):
       are finite; otherwise the wrapped optimizer is not run at all (no slot
       update, ``global_step`` not incremented). Then it updates the loss scale
       and the switching policy.
+    * It counts train-op runs and applied steps (the training health
+      counters of :meth:`MixedPrecision.metrics`, watched by
+      :class:`MixedPrecisionHealthHook`), and warns at graph-build time about
+      variables the loss reads that get no gradient.
 
     Args:
       optimizer: the optimizer to wrap.
@@ -72,6 +128,8 @@ class MixedPrecisionOptimizer(tf.compat.v1.train.Optimizer):
 
         Returns:
           A list of (gradient, variable) pairs, gradients in the variables' dtype.
+          A variable that the loss reads but that gets no gradient is logged
+          as a warning (it would silently never be trained).
 
         Raises:
           ValueError: if ``loss`` is a callable (eager-style losses are not
@@ -83,6 +141,7 @@ class MixedPrecisionOptimizer(tf.compat.v1.train.Optimizer):
         scale = self._mp.effective_loss_scale
         scaled = loss * tf.cast(scale, loss.dtype)
         gvs = self._optimizer.compute_gradients(scaled, var_list=var_list, **kwargs)
+        _warn_missing_gradients(loss, gvs)
         inv = tf.math.reciprocal(scale)
         return [(_unscale(g, inv, v.dtype.base_dtype), v) for g, v in gvs]
 
@@ -122,7 +181,8 @@ class MixedPrecisionOptimizer(tf.compat.v1.train.Optimizer):
                                     name="apply_if_finite")
         with tf.control_dependencies([applied]):
             update = self._mp.update(loss, finite)
-        return tf.group(applied, update, name=name or "mixed_precision_train")
+        health = self._mp.count_step(applied)
+        return tf.group(applied, update, health, name=name or "mixed_precision_train")
 
     # Slot access and variables delegate to the wrapped optimizer.
     def get_slot(self, var, name):

@@ -12,12 +12,20 @@ optimizer always updates float32 values.
 branches of one ``tf.cond``: the precision is chosen per ``session.run`` by a
 boolean tensor (normally read from a variable that the switching policy
 updates).
+
+Resources captured by both branches (the table handles of dynamic
+embeddings, for example) get a gradient that is live whichever branch ran:
+see :func:`_cond_switch_grad`.
 """
 
 import contextlib
 import threading
 
 import tensorflow as tf
+from tensorflow.python.framework import indexed_slices
+from tensorflow.python.framework import ops as tf_ops
+from tensorflow.python.ops import control_flow_grad
+from tensorflow.python.ops import control_flow_ops
 
 __all__ = [
     "HALF_DTYPES",
@@ -202,6 +210,97 @@ def build_in(dtype, model_fn, *args, **kwargs):
         return _to_float32(model_fn(*cast_compute(list(args)), **kwargs))
 
 
+_COND_SWITCH_GRAD = "TfExtMixedPrecisionCondSwitch"
+
+
+def _static_dense_shape(grad):
+    """The constant dense_shape of an ``IndexedSlices`` as a numpy array, or None."""
+    if grad.dense_shape is None:
+        return None
+    return tf.get_static_value(grad.dense_shape)
+
+
+def _zero_grad_of_other_branch(op, ctxt, taken):
+    """An empty gradient like ``taken`` that is live exactly when the other branch runs.
+
+    Built like TF's zeros for the untaken output of a cond Switch: guarded by
+    ``Switch(op.inputs[0], pred)[other branch]``, so it is dead whenever that
+    input is dead (nested conds) or the other branch is not taken.
+
+    Returns:
+      An empty ``IndexedSlices`` (no rows; same dtypes, row shape and
+      dense_shape as ``taken``) or a zeros tensor of ``taken``'s static shape;
+      None when the shapes needed are not statically known.
+    """
+    other = control_flow_ops.switch(op.inputs[0], ctxt.pred)[1 - ctxt.branch]
+    pivot = tf.identity(other)
+    with tf.control_dependencies([pivot]):
+        if isinstance(taken, indexed_slices.IndexedSlices):
+            dense_shape = _static_dense_shape(taken)
+            if taken.dense_shape is not None and dense_shape is None:
+                return None
+            row_shape = taken.values.shape[1:]
+            if not row_shape.is_fully_defined() and dense_shape is not None:
+                row_shape = tf.TensorShape(dense_shape[1:])
+            if not row_shape.is_fully_defined():
+                return None
+            return indexed_slices.IndexedSlices(
+                tf.zeros([0] + row_shape.as_list(), taken.values.dtype),
+                tf.zeros([0], taken.indices.dtype),
+                None if dense_shape is None else tf.constant(dense_shape,
+                                                             taken.dense_shape.dtype))
+        if not taken.shape.is_fully_defined():
+            return None
+        return tf.zeros(taken.shape, taken.dtype)
+
+
+def _cond_switch_grad(op, *grads):
+    """Gradient of the Switch ops of :func:`build_switched`'s ``tf.cond``.
+
+    TF's own Switch gradient needs, for the output of the branch that did not
+    run, a zero gradient that is live when that branch is skipped; the Merge
+    of both then forwards whichever is live. It can build that zero for
+    tensors and for resource variables (whose shape it can read), but not for
+    other resources, such as the table handle of a dynamic embedding. There it
+    merges the taken branch's gradient with itself, a gradient that is *dead*
+    whenever the branch did not run. A resource captured by both branches
+    gets two such gradients; their sum is dead on every step, and so is
+    everything computed from it: the optimizer update, ``global_step`` and
+    the policy update never run, without any error (TF only warns "Merge op
+    has more than one valid input").
+
+    Here the missing zero is an empty gradient (an ``IndexedSlices`` with no
+    rows, or zeros of the static shape) guarded by the other branch, so the
+    merged gradient is live on every step and is the taken branch's gradient
+    or nothing. Every other case is TF's own gradient.
+
+    Raises:
+      ValueError: for such a resource whose gradient's shape is not
+        statically known.
+    """
+    ctxt = op._get_control_flow_context()  # pylint: disable=protected-access
+    if (isinstance(ctxt, control_flow_ops.CondContext)
+            and op.inputs[0].dtype == tf.resource
+            and grads[1 - ctxt.branch] is None and grads[ctxt.branch] is not None
+            and op.graph._get_control_flow_context() is None):  # pylint: disable=protected-access
+        taken = grads[ctxt.branch]
+        zero = _zero_grad_of_other_branch(op, ctxt, taken)
+        if zero is None:
+            raise ValueError(
+                "mixed precision: cannot build the gradient of resource %s captured in the "
+                "precision tf.cond: the shape of its gradient (%s) is not statically known"
+                % (op.inputs[0].name, taken))
+        pair = [zero, taken] if ctxt.branch == 1 else [taken, zero]
+        return control_flow_ops.merge(pair, name="cond_resource_grad")[0], None
+    return control_flow_grad._SwitchGrad(op, *grads)  # pylint: disable=protected-access
+
+
+try:
+    tf_ops.RegisterGradient(_COND_SWITCH_GRAD)(_cond_switch_grad)
+except KeyError:  # registered already (module reloaded)
+    pass
+
+
 def build_switched(use_half, half_dtype, model_fn, *args, **kwargs):
     """Builds ``model_fn`` in half and in float32 precision inside one graph.
 
@@ -226,8 +325,12 @@ def build_switched(use_half, half_dtype, model_fn, *args, **kwargs):
     half_dtype = tf.as_dtype(half_dtype)
     if half_dtype not in HALF_DTYPES:
         raise ValueError("half_dtype must be float16 or bfloat16, got %s" % half_dtype.name)
-    return tf.compat.v1.cond(
-        use_half,
-        lambda: build_in(half_dtype, model_fn, *args, **kwargs),
-        lambda: build_in(tf.float32, model_fn, *args, **kwargs),
-        name="precision_switch")
+    # The Switch ops of captured tensors are created while the branches are
+    # built; give them the gradient that stays live for resources too.
+    graph = tf.compat.v1.get_default_graph()
+    with graph.gradient_override_map({"Switch": _COND_SWITCH_GRAD}):
+        return tf.compat.v1.cond(
+            use_half,
+            lambda: build_in(half_dtype, model_fn, *args, **kwargs),
+            lambda: build_in(tf.float32, model_fn, *args, **kwargs),
+            name="precision_switch")

@@ -83,7 +83,18 @@ def test_monitored_training_session_hook_summaries_and_resume(tmp_path):
         assert hook.last_values["num_switches"] == 2
         assert hook.last_values["precision"] == 1.0
         assert abs(hook.last_values["half_fraction"] - 0.7) < 1e-6
-        assert len(logs) == 2 and "num_switches=2" in logs[-1] and "float16" in logs[-1]
+        lines = [l for l in logs if "step=" in l]
+        assert len(lines) == 2 and "num_switches=2" in lines[-1] and "float16" in lines[-1]
+        # The poisoned step 3 was skipped: 4 of the first 5 runs applied.
+        assert "applied=4/5" in lines[0] and "applied=5/5" in lines[1]
+        # Each switch is logged and recorded when it happens.
+        assert hook.switches == [
+            {"step": 3, "from": "float16", "to": "float32", "reason": "overflow"},
+            {"step": 6, "from": "float32", "to": "float16", "reason": "stable"}]
+        assert [l for l in logs if "switch after" in l] == [
+            "mixed_precision: switch after step 3: float16 -> float32 (overflow)",
+            "mixed_precision: switch after step 6: float32 -> float16 (stable)"]
+        assert hook.errors == []
     events = glob.glob(os.path.join(ckpt, "events.out.tfevents.*"))
     tags = set()
     for path in events:
@@ -91,7 +102,8 @@ def test_monitored_training_session_hook_summaries_and_resume(tmp_path):
             for v in e.summary.value:
                 tags.add(v.tag)
     assert {"mixed_precision/precision", "mixed_precision/loss_scale",
-            "mixed_precision/num_switches", "mixed_precision/half_fraction"} <= tags
+            "mixed_precision/num_switches", "mixed_precision/half_fraction",
+            "mixed_precision/applied_step_ratio", "mixed_precision/skipped_streak"} <= tags
     # Resume: the restored policy continues from the checkpointed counters.
     with tf.Graph().as_default():
         amp, _, train, gs = _build(_poison_at([]))

@@ -30,6 +30,7 @@ from tensorflow_ext.embedding.variable import get_dynamic_embeddings
 from tensorflow_ext.embedding.variable import string_to_key
 
 from tensorflow_ext.embedding import warm_start as _warm_start
+from tensorflow_ext.embedding.warm_start import warm_start_from_checkpoint
 from tensorflow_ext.embedding.warm_start import warm_start_op
 
 _optimizers.install()
@@ -56,5 +57,6 @@ __all__ = [
     "safe_embedding_lookup_sparse",
     "string_to_key",
     "supported_optimizers",
+    "warm_start_from_checkpoint",
     "warm_start_op",
 ]

@@ -24,13 +24,21 @@ Example (inside an Estimator ``model_fn``)::
     ...
     train_op = tf.compat.v1.train.AdagradOptimizer(0.05).minimize(loss, global_step)
 
-Semantics (the same as TF's categorical columns and ``embedding_column``):
+Semantics (those of TF's categorical columns and ``embedding_column``, except
+that every raw integer id is a key):
 
 * Input may be a ``SparseTensor`` or a dense ``Tensor`` of ids (rank 1 is
-  expanded to ``[batch, 1]``). In dense input, ``-1`` (integer ids) and ``""``
-  (string ids) mark missing values and are dropped. For the raw-id column of
-  :func:`categorical_column_with_dynamic_embedding` this also holds for sparse
-  input, and every negative integer id is treated as missing.
+  expanded to ``[batch, 1]``).
+* Raw ids (:func:`categorical_column_with_dynamic_embedding`): every integer is
+  an id, negative ones included (signed 64-bit hashed ids are negative half
+  the time). A missing value is an entry left out of the ``SparseTensor`` (as
+  ``tf.io.VarLenFeature`` parsing gives); for dense integer input padded with
+  a marker, name it with ``ignore_value=`` (e.g. ``-1``). For string ids the
+  empty string ``""`` is missing, in sparse and dense input.
+* Ids of a TF categorical column (:func:`embedding_column`) follow TF: dense
+  input drops ``-1`` / ``""``, and negative bucket ids (e.g. out-of-vocabulary
+  ids of a vocabulary column with ``default_value=-1``) are dropped with their
+  weights.
 * Each example's ids are pooled with ``combiner`` (``"mean"``, ``"sqrtn"`` or
   ``"sum"``); an example with no valid id gets a zero vector (the safe lookup,
   ``use_safe_embedding_lookup=True``, as in TF).
@@ -52,6 +60,7 @@ Not supported (raise ``ValueError``): sequence categorical columns.
 import collections
 import math
 
+import numpy as np
 import tensorflow as tf
 from tensorflow.python.feature_column import feature_column as _fc_v1
 from tensorflow.python.feature_column import feature_column_v2 as _fc_v2
@@ -109,30 +118,56 @@ def _check_num_shards(num_shards):
         raise ValueError("num_shards must be a positive int, got %r." % (num_shards,))
 
 
-def _drop_missing_ids(sp_ids, dtype):
-    """Removes the missing-id markers (negative ints, empty strings) from ``sp_ids``."""
-    if dtype == tf.string:
-        keep = tf.not_equal(sp_ids.values, "")
-    else:
-        keep = tf.greater_equal(sp_ids.values, 0)
-    return tf.sparse.retain(sp_ids, keep)
+def _drop_empty_strings(sp_ids):
+    """Removes the missing-value marker of string ids, ``""``, from ``sp_ids``."""
+    return tf.sparse.retain(sp_ids, tf.not_equal(sp_ids.values, ""))
+
+
+def _drop_negative_bucket_ids(sp_ids, sp_weights):
+    """Removes negative ids (and their weights) of a TF categorical column.
+
+    TF's bucket ids are in ``[0, num_buckets)``; -1 marks a missing or
+    out-of-vocabulary value, which TF's embedding lookups drop.
+    """
+    keep = tf.greater_equal(sp_ids.values, 0)
+    sp_ids = tf.sparse.retain(sp_ids, keep)
+    if sp_weights is not None:
+        sp_weights = tf.sparse.retain(sp_weights, keep)
+    return sp_ids, sp_weights
+
+
+def _dense_to_sparse(ids, ignore_value):
+    """A dense ``Tensor`` of ids as a ``SparseTensor``, without the ``ignore_value`` cells.
+
+    ``ignore_value=None`` keeps every cell (every integer is an id).
+    """
+    if ignore_value is not None:
+        return _fc_v2._to_sparse_input_and_drop_ignore_values(ids, ignore_value)  # pylint: disable=protected-access
+    with tf.name_scope("to_sparse_input"):
+        ids = tf.convert_to_tensor(ids)
+        indices = tf.where(tf.ones_like(ids, dtype=tf.bool))  # row-major, as reshape below
+        return tf.SparseTensor(indices, tf.reshape(ids, [-1]), tf.shape(ids, out_type=tf.int64))
 
 
 class DynamicIdColumn(
         _fc_v2.CategoricalColumn,
         _fc_v1._CategoricalColumn,  # pylint: disable=protected-access
-        collections.namedtuple("DynamicIdColumn", ("key", "dtype"))):
+        collections.namedtuple("DynamicIdColumn", ("key", "dtype", "ignore_value"),
+                               defaults=(None,))):
     """A categorical column of raw ids, with no vocabulary and no bucket count.
 
     Made by :func:`categorical_column_with_dynamic_embedding` as the source of a
     :class:`DynamicEmbeddingColumn`. Its ids are the feature's own values
-    (int64, or strings), with missing values (``-1``/negative ids, ``""``)
-    removed. It has no ``num_buckets``: columns that need one (``indicator_column``,
-    ``linear_model``) cannot use it.
+    (int64, or strings). Every integer is an id, negative ones included; string
+    ids drop ``""`` (missing), and dense integer input drops ``ignore_value``
+    when one is set. It has no ``num_buckets``: columns that need one
+    (``indicator_column``, ``linear_model``) cannot use it.
 
     Attributes:
       key: the feature name (a key of the features dict).
       dtype: ``tf.int64`` (integer inputs are cast to it) or ``tf.string``.
+      ignore_value: for integer ids, the value that marks missing cells of
+        dense input, or None (every cell is an id). Always None for strings.
     """
 
     @property
@@ -169,29 +204,32 @@ class DynamicIdColumn(
         return self.num_buckets
 
     def _transform_input_tensor(self, input_tensor):
-        if isinstance(input_tensor, tf.SparseTensor):
-            sp_ids = input_tensor
-        else:
-            sp_ids = _fc_v2._to_sparse_input_and_drop_ignore_values(input_tensor)  # pylint: disable=protected-access
+        if not isinstance(input_tensor, tf.SparseTensor):
+            input_tensor = tf.convert_to_tensor(input_tensor)
         if self.dtype == tf.string:
-            if sp_ids.dtype != tf.string:
+            if input_tensor.dtype != tf.string:
                 raise ValueError(
-                    "Column %r has dtype string but its input has dtype %s." % (self.key, sp_ids.dtype.name))
-        else:
-            if not sp_ids.dtype.is_integer:
-                raise ValueError(
-                    "Column %r has dtype %s but its input has dtype %s; integer ids expected."
-                    % (self.key, self.dtype.name, sp_ids.dtype.name))
-            if sp_ids.dtype != tf.int64:
-                sp_ids = tf.SparseTensor(sp_ids.indices, tf.cast(sp_ids.values, tf.int64),
-                                         sp_ids.dense_shape)
-        return _drop_missing_ids(sp_ids, self.dtype)
+                    "Column %r has dtype string but its input has dtype %s." % (self.key, input_tensor.dtype.name))
+            if not isinstance(input_tensor, tf.SparseTensor):
+                input_tensor = _dense_to_sparse(input_tensor, "")
+            return _drop_empty_strings(input_tensor)
+        if not input_tensor.dtype.is_integer:
+            raise ValueError(
+                "Column %r has dtype %s but its input has dtype %s; integer ids expected."
+                % (self.key, self.dtype.name, input_tensor.dtype.name))
+        sp_ids = input_tensor
+        if not isinstance(sp_ids, tf.SparseTensor):
+            sp_ids = _dense_to_sparse(sp_ids, self.ignore_value)
+        if sp_ids.dtype != tf.int64:
+            sp_ids = tf.SparseTensor(sp_ids.indices, tf.cast(sp_ids.values, tf.int64), sp_ids.dense_shape)
+        return sp_ids
 
     def transform_feature(self, transformation_cache, state_manager):
         """Reads the feature and returns its ids with missing values removed.
 
-        Dense input is converted to a ``SparseTensor``; integer ids are cast
-        to int64; negative integer ids and empty strings are dropped.
+        Dense input is converted to a ``SparseTensor`` (dropping the cells
+        equal to ``ignore_value``, if set); integer ids are cast to int64 and
+        all kept, negative ones included; empty strings are dropped.
 
         Args:
           transformation_cache: a ``FeatureTransformationCache`` holding the
@@ -381,7 +419,12 @@ class DynamicEmbeddingColumn(
         sp_ids = sparse_tensors.id_tensor
         sp_weights = sparse_tensors.weight_tensor
         if not isinstance(self.categorical_column, DynamicIdColumn):
-            sp_ids = _drop_missing_ids(sp_ids, sp_ids.dtype) if sp_weights is None else sp_ids
+            # TF's bucket ids: -1 is missing / out of vocabulary (the raw ids of a
+            # DynamicIdColumn are all keys and are not filtered here).
+            if sp_ids.dtype == tf.string:
+                sp_ids = _drop_empty_strings(sp_ids)
+            else:
+                sp_ids, sp_weights = _drop_negative_bucket_ids(sp_ids, sp_weights)
         api = _api()
         rank = tf.compat.dimension_value(sp_ids.dense_shape.get_shape()[0])
         with tf.name_scope("%s_weights" % self.name):
@@ -465,12 +508,19 @@ def categorical_column_with_dynamic_embedding(key,
                                               trainable=True,
                                               use_safe_embedding_lookup=True,
                                               max_norm=None,
+                                              ignore_value=None,
                                               **embedding_kwargs):
     """A dense column embedding the raw ids of feature ``key`` in a dynamic embedding.
 
     The feature's values (int ids or strings) are the table's keys: no
     vocabulary, no hash buckets, no collisions. Use the column directly in
     ``tf.compat.v1.feature_column.input_layer`` (or ``DenseFeatures``).
+
+    Every integer is an id, negative ones included (signed 64-bit hashed ids
+    are negative half the time). To mark a value missing, leave its entry out
+    of the ``SparseTensor`` input (``tf.io.VarLenFeature`` parsing does), or,
+    for dense integer input padded with a marker, pass that marker as
+    ``ignore_value``. For string ids, ``""`` is missing.
 
     Args:
       key: the feature name (a key of the features dict).
@@ -490,6 +540,10 @@ def categorical_column_with_dynamic_embedding(key,
         with no id get zeros). With False, ``embedding_lookup_sparse`` is used
         for rank-2 inputs: faster, but every example must have an id.
       max_norm: if set, embeddings are l2-clipped to this norm before pooling.
+      ignore_value: integer ids only: the value that marks missing cells of
+        dense input (e.g. ``-1`` for ids padded with -1); those cells are
+        dropped. Default None: every cell is an id. ``SparseTensor`` entries
+        are always ids.
       **embedding_kwargs: further keyword arguments of
         ``tf_ext.get_dynamic_embedding`` (e.g. ``initial_capacity``).
 
@@ -498,7 +552,8 @@ def categorical_column_with_dynamic_embedding(key,
 
     Raises:
       ValueError: bad ``key``, ``dim``, ``dtype``, ``combiner``, ``num_shards``,
-        ``initializer`` or ``max_norm``.
+        ``initializer``, ``max_norm`` or ``ignore_value`` (not an int, or given
+        for string ids).
     """
     if not isinstance(key, str) or not key:
         raise ValueError("key must be a non-empty string, got %r." % (key,))
@@ -506,8 +561,16 @@ def categorical_column_with_dynamic_embedding(key,
     if dtype != tf.string and not dtype.is_integer:
         raise ValueError("dtype must be an integer type or tf.string, got %s." % dtype.name)
     _check_common(dim, combiner, num_shards, initializer, max_norm)
+    if ignore_value is not None:
+        if dtype == tf.string:
+            raise ValueError("ignore_value applies to integer ids; string ids always treat \"\" as missing, "
+                             "got ignore_value=%r for string column %r." % (ignore_value, key))
+        if isinstance(ignore_value, bool) or not isinstance(ignore_value, (int, np.integer)):
+            raise ValueError("ignore_value must be None or an int, got %r." % (ignore_value,))
+        ignore_value = int(ignore_value)
     return DynamicEmbeddingColumn(
-        categorical_column=DynamicIdColumn(key=key, dtype=tf.string if dtype == tf.string else tf.int64),
+        categorical_column=DynamicIdColumn(key=key, dtype=tf.string if dtype == tf.string else tf.int64,
+                                           ignore_value=ignore_value),
         dimension=dim,
         combiner=combiner,
         initializer=_default_initializer(dim) if initializer is None else initializer,

@@ -239,6 +239,7 @@ def embedding_lookup_sparse(params, sp_ids, sp_weights, partition_strategy=None,
   "sqrtn" = sum(w * e) / sqrt(sum(w^2)). Semantics and output shape are those
   of `tf.compat.v1.nn.embedding_lookup_sparse` (rows of sp_ids past the last
   non-empty one are not in the output; empty rows in between are zeros).
+  Every entry of sp_ids is a key, whatever its value (negative ids included).
 
   Args:
     params: a `DynamicEmbedding`.
@@ -276,12 +277,16 @@ def safe_embedding_lookup_sparse(embedding_weights, sparse_ids, sparse_weights=N
   """Pooled lookups robust to invalid ids and empty rows (like
   `tf.compat.v1.nn.safe_embedding_lookup_sparse`).
 
-  Invalid ids (negative integer ids; empty strings for string embeddings) are
-  pruned, and so are non-positive weights unless combiner is "sum"; a row with
-  no valid id gets the embedding of `default_id`, or zeros if default_id is
-  None. Ids of rank > 2 are supported (the result has the shape of sparse_ids
-  without its last dimension, plus [dim]). Unlike TF's function, empty rows do
-  not look up (and so do not insert) any key when default_id is None.
+  Every integer id is a key, negative ones included (hashed feature ids take
+  all 2^64 values, so no value can mean "missing"): to mark a value missing,
+  leave its entry out of the SparseTensor. Unlike TF's function, negative ids
+  are therefore not pruned. For string embeddings the empty string is missing
+  and pruned. Entries with a non-positive weight are pruned unless combiner is
+  "sum". A row with no id left gets the embedding of `default_id`, or zeros if
+  default_id is None. Ids of rank > 2 are supported (the result has the shape
+  of sparse_ids without its last dimension, plus [dim]). Unlike TF's function,
+  empty rows do not look up (and so do not insert) any key when default_id is
+  None.
 
   Args:
     embedding_weights: a `DynamicEmbedding`.
@@ -316,16 +321,19 @@ def safe_embedding_lookup_sparse(embedding_weights, sparse_ids, sparse_weights=N
     if sparse_weights is not None:
       sparse_weights = tf.SparseTensor(sparse_ids.indices, sparse_weights.values, sparse_ids.dense_shape)
 
-    # Prune invalid ids (and non-positive weights unless combining by sum).
+    # Prune missing values: empty strings of string embeddings, and non-positive
+    # weights unless combining by sum. Integer ids are never pruned: every int64
+    # (negative ones included) is a key.
+    valid = None
     if emb.key_dtype == tf.string:
       valid = tf.not_equal(sparse_ids.values, "")
-    else:
-      valid = tf.greater_equal(sparse_ids.values, 0)
     if sparse_weights is not None and combiner != "sum":
-      valid = tf.logical_and(valid, tf.greater(sparse_weights.values, 0))
-    sparse_ids = tf.sparse.retain(sparse_ids, valid)
-    if sparse_weights is not None:
-      sparse_weights = tf.sparse.retain(sparse_weights, valid)
+      positive = tf.greater(sparse_weights.values, 0)
+      valid = positive if valid is None else tf.logical_and(valid, positive)
+    if valid is not None:
+      sparse_ids = tf.sparse.retain(sparse_ids, valid)
+      if sparse_weights is not None:
+        sparse_weights = tf.sparse.retain(sparse_weights, valid)
 
     # Rows with no id get the extra row: default_id's embedding, or zeros.
     extra = None

@@ -12,7 +12,15 @@ Tensors written per shard (prefix = the shard's name, e.g. `user_emb/part_0`):
   <shard>-freqs     int64 [n]           training lookup counts
   <shard>-num_shards int64 []           the embedding's shard count when it was saved
 
-Restore replaces the table's contents (`TfExtTableImport(clear_first=True)`).
+Restore replaces the table's contents (`TfExtTableImport(clear_first=True)`)
+and places every key by the current partition (`HashKey(key) % num_shards`),
+not by the shard tensor it was read from: a key found in another shard's
+tensors (a checkpoint written by another partitioner, or edited by hand) is
+imported into the shard it belongs to, with its row, slots and metadata, so
+no key becomes unreachable. Such a key is inserted into its shard after that
+shard's own import when both are restored by the same Saver (and at once when
+that Saver does not restore its shard). In the usual case every key is where
+it belongs and restore costs one shard-index pass over the keys.
 It checks the checkpoint against the graph first and fails with an
 InvalidArgumentError naming the shard when they disagree: a different
 `num_shards` (restoring part of the shards would silently drop the others'
@@ -29,6 +37,8 @@ The tensors are built when the Saver is built (lazily, on first access to
 apply_gradients) before the Saver.
 """
 
+import weakref
+
 import tensorflow as tf
 from tensorflow.python.framework import ops as tf_ops
 from tensorflow.python.training.saving import saveable_object
@@ -38,6 +48,65 @@ from tensorflow_ext.embedding import _ops
 __all__ = ["ShardSaveable"]
 
 _SUFFIXES = ("-keys", "-values", "-slots", "-versions", "-freqs", "-num_shards")
+_RESTORE_OPS = ("RestoreV2", "Restore", "RestoreSlice")
+
+# Per embedding, per Saver restore being built: which shards imported their own
+# rows already, and rows read from other shards' tensors still waiting for their
+# shard's import (see ShardSaveable.restore).
+_restore_builds = weakref.WeakKeyDictionary()
+
+
+class _RestoreBuild(object):
+
+  def __init__(self):
+    self.imported = {}  # shard index -> op importing that shard's own rows
+    self.pending = {}  # shard index -> [rows tuples read from other shards]
+
+
+def _restore_build(embedding, restored_tensor):
+  """The `_RestoreBuild` of the Saver whose restore produced `restored_tensor`.
+
+  The shards of one Saver are restored from one filename tensor (the input of
+  its Restore ops, shared by the per-device restores of a sharded Saver); a
+  tensor that comes from no Restore op falls back to the outermost name scope
+  (the Saver's, e.g. "save_1").
+  """
+  t, key = restored_tensor, None
+  for _ in range(8):
+    if t.op.type in _RESTORE_OPS:
+      key = t.op.inputs[0].ref()
+      break
+    if not t.op.inputs:
+      break
+    t = t.op.inputs[0]
+  if key is None:
+    key = (tf.compat.v1.get_default_graph(), tf.compat.v1.get_default_graph().get_name_scope().split("/")[0])
+  builds = _restore_builds.setdefault(embedding, {})
+  return builds.setdefault(key, _RestoreBuild())
+
+
+def _import_rows(shard, rows, clear_first):
+  """Imports (keys, values, slots, versions, freqs) into `shard`: the embedding
+  columns, then the slot columns when the slots have the width the graph's
+  optimizers need (else the keys' slots keep their initial values)."""
+  keys, values, slots, versions, freqs = rows
+  restore_values = _ops.op("tf_ext_table_import")(
+      shard.handle, keys, values, versions, freqs, col_begin=0, cols=shard.dim, clear_first=clear_first)
+  slot_width = shard.width - shard.dim
+  if slot_width == 0:
+    return restore_values
+  with tf.control_dependencies([restore_values]):
+    matches = tf.logical_and(tf.equal(tf.rank(slots), 2), tf.equal(tf.shape(slots)[-1], slot_width))
+
+    def _import_slots():
+      with tf.control_dependencies([
+          _ops.op("tf_ext_table_import")(shard.handle, keys, tf.reshape(slots, [-1, slot_width]),
+                                         versions, freqs, col_begin=shard.dim, cols=slot_width,
+                                         clear_first=False)]):
+        return tf.constant(True)
+
+    restored_slots = tf.cond(matches, _import_slots, lambda: tf.constant(False))
+  return tf.group(restore_values, restored_slots)
 
 
 class ShardSaveable(saveable_object.SaveableObject):
@@ -107,20 +176,45 @@ class ShardSaveable(saveable_object.SaveableObject):
       versions = tf.cast(versions, tf.int64)
       freqs = tf.cast(freqs, tf.int64)
       values = tf.reshape(values, [-1, shard.dim])
-      restore_values = _ops.op("tf_ext_table_import")(
-          shard.handle, keys, values, versions, freqs, col_begin=0, cols=shard.dim, clear_first=True)
-      slot_width = shard.width - shard.dim
-      if slot_width == 0:
-        return restore_values
-      with tf.control_dependencies([restore_values]):
-        matches = tf.logical_and(tf.equal(tf.rank(slots), 2), tf.equal(tf.shape(slots)[-1], slot_width))
+      rows = (keys, values, slots, versions, freqs)
+      emb = shard.embedding
+      n = emb.num_shards
+      if n == 1:
+        return _import_rows(shard, rows, clear_first=True)
 
-        def _import_slots():
-          with tf.control_dependencies([
-              _ops.op("tf_ext_table_import")(shard.handle, keys, tf.reshape(slots, [-1, slot_width]),
-                                             versions, freqs, col_begin=shard.dim, cols=slot_width,
-                                             clear_first=False)]):
-            return tf.constant(True)
+      # Place every key by the current partition: keys of this tensor that
+      # belong to another shard go there (usually none: the cond then passes
+      # the tensors through without a copy).
+      sid = emb.shard_ids(keys)
+      own = tf.equal(sid, shard.shard_index)
+      all_own = tf.reduce_all(own)
+      own_idx = tf.reshape(tf.where(own), [-1])
+      others_idx = tf.reshape(tf.where(tf.logical_not(own)), [-1])
 
-        restored_slots = tf.cond(matches, _import_slots, lambda: tf.constant(False))
-      return tf.group(restore_values, restored_slots)
+      def _own(t):
+        return tf.cond(all_own, lambda: tf.identity(t), lambda: tf.gather(t, own_idx))
+
+      own_import = _import_rows(shard, tuple(_own(t) for t in rows), clear_first=True)
+      ops = [own_import]
+      others_sid = tf.gather(sid, others_idx)
+      parts = [tf.dynamic_partition(tf.gather(t, others_idx), others_sid, n) for t in rows]
+      build = _restore_build(emb, restored_tensors[0])
+      for j, other in enumerate(emb.shards):
+        if j == shard.shard_index:
+          continue
+        rows_j = tuple(p[j] for p in parts)
+        with tf_ops.colocate_with(other.handle, ignore_existing=True):
+          if j in build.imported:
+            # Shard j's own import was built: insert after it (it clears first).
+            with tf.control_dependencies([build.imported[j]]):
+              ops.append(_import_rows(other, rows_j, clear_first=False))
+          else:
+            # Insert now (for a Saver that does not restore shard j), and again
+            # after shard j's own import when this Saver builds it.
+            ops.append(_import_rows(other, rows_j, clear_first=False))
+            build.pending.setdefault(j, []).append(rows_j)
+      for rows_from_other in build.pending.pop(shard.shard_index, []):
+        with tf.control_dependencies([own_import]):
+          ops.append(_import_rows(shard, rows_from_other, clear_first=False))
+      build.imported[shard.shard_index] = own_import
+      return tf.group(*ops)

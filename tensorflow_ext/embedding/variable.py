@@ -617,18 +617,33 @@ class DynamicEmbedding(object):
 
   # ---- introspection --------------------------------------------------------
 
-  def size(self, name=None):
-    """The number of keys in the embedding (all shards).
+  def size(self, shard_index=None, name=None):
+    """The number of keys in the embedding, or in one of its shards.
 
     Args:
-      name: optional name scope.
+      shard_index: None (default) for the total over all shards, or an int in
+        `[0, num_shards)` for that shard's count (TFRA's `size(index)`).
+      name: optional name scope (pass it by keyword).
 
     Returns:
       int64 scalar tensor.
+
+    Raises:
+      TypeError: shard_index is not None or an int (e.g. a name passed
+        positionally: use `size(name=...)`).
+      ValueError: shard_index is out of range.
     """
+    if shard_index is not None:
+      if isinstance(shard_index, (bool, np.bool_)) or not isinstance(shard_index, (int, np.integer)):
+        raise TypeError("shard_index of %r.size() must be None or an int, got %r (pass a name scope as "
+                        "size(name=...))" % (self._name, shard_index))
+      if not 0 <= int(shard_index) < len(self._shards):
+        raise ValueError("shard_index of %r.size() must be in [0, %d) (num_shards=%d), got %d"
+                         % (self._name, len(self._shards), len(self._shards), int(shard_index)))
+    shards = self._shards if shard_index is None else [self._shards[int(shard_index)]]
     with tf.name_scope(name or (self._name.split("/")[-1] + "_size")):
       sizes = []
-      for shard in self._shards:
+      for shard in shards:
         with tf_ops.colocate_with(shard.handle):
           sizes.append(_ops.op("tf_ext_table_size")(shard.handle))
       return tf.add_n(sizes) if len(sizes) > 1 else tf.identity(sizes[0])

@@ -15,13 +15,18 @@ in the checkpoint:
   slots start from their initial values;
 * the previous name defaults to the current one; `var_name_to_prev_var_name`
   may map a shard name (`emb/part_0`) to the previous embedding's name (or
-  any of its shards' names): `{"emb/part_0": "old_emb", ...}`.
+  any of its shards' names): `{"emb/part_0": "old_emb", ...}`;
+* the previous embedding must have the same `dim`, else `warm_start` raises a
+  ValueError naming both dims. `warm_start_from_checkpoint(...,
+  dim_mismatch="truncate")` keeps the first `dim` columns of wider previous
+  rows, `dim_mismatch="pad"` fills the extra columns of narrower ones from
+  the embedding's initializer.
 
-The fill runs as part of the model's init op (`Scaffold`'s default init_op
-runs `tf.compat.v1.initializers.resources()`: Estimator and MonitoredSession do
-this when no checkpoint of the model itself exists). In a plain Session run
-`tf.compat.v1.initializers.resources()` (or `warm_start_op()`) after
-`warm_start`.
+The fill runs as part of the model's init op: the import op is registered as
+the initializer of the table resource, and `Scaffold`'s default init_op
+initializes the graph's resources (Estimator and MonitoredSession run it when
+no checkpoint of the model itself exists). In a plain Session, run
+`warm_start_op()` after `warm_start`.
 """
 
 import re
@@ -36,10 +41,14 @@ from tensorflow.python.training import warm_starting_util
 from tensorflow_ext.embedding import _ops
 from tensorflow_ext.embedding import variable as var_lib
 
-__all__ = ["warm_start_op", "install"]
+__all__ = ["warm_start_from_checkpoint", "warm_start_op", "install"]
 
 _Shard = var_lib.DynamicEmbeddingShard
 _COLLECTION = "tf_ext_warm_start_ops"
+_DIM_MISMATCH = ("error", "truncate", "pad")
+# The dim_mismatch policy of the warm_start_from_checkpoint call in progress
+# (per thread: TF's warm_start reaches our hooks through its own call stack).
+_options = threading.local()
 
 
 class _ShardTarget(object):
@@ -62,14 +71,53 @@ def _matching_shards(vars_to_warm_start, graph):
   return []
 
 
-def _read_previous(ckpt, prev_name, shard):
+def _previous_dim(ckpt, path, prev_name, parts, shapes, shard):
+  """The row width of the previous embedding's `-values` tensors."""
+  dims = set()
+  for part in parts:
+    shape = shapes.get(part + "-values")
+    if shape is None or len(shape) != 2:
+      raise ValueError("warm start of dynamic embedding shard %s: checkpoint %s has %s but no [n, dim] tensor "
+                       "%s-values (got shape %s)" % (shard.name, ckpt, part + "-keys", part, shape))
+    dims.add(int(shape[1]))
+  if len(dims) != 1:
+    raise ValueError("warm start of dynamic embedding shard %s: the shards of %s in checkpoint %s have "
+                     "different dims %s" % (shard.name, prev_name, path, sorted(dims)))
+  return dims.pop()
+
+
+def _fit_dim(values, prev_dim, shard, dim_mismatch, ckpt, prev_name):
+  """values [n, prev_dim] -> [n, shard.dim] by the dim_mismatch policy (or a ValueError)."""
+  dim = shard.dim
+  if prev_dim == dim:
+    return values
+  emb = shard.embedding
+  what = ("warm start of dynamic embedding %s (dim=%d) from %s in checkpoint %s (dim=%d)"
+          % (emb.name, dim, prev_name, ckpt, prev_dim))
+  if dim_mismatch == "truncate" and prev_dim > dim:
+    return values[:, :dim]
+  if dim_mismatch == "pad" and prev_dim < dim:
+    # The new columns are what the initializer gives a new key's row there.
+    init = emb.initializer.make_rows(tf.shape(values)[0], dim)
+    return tf.concat([values, init[:, prev_dim:]], 1)
+  if dim_mismatch == "error":
+    hint = ("dim_mismatch='truncate') (keeps each row's first %d columns" % dim if prev_dim > dim else
+            "dim_mismatch='pad') (fills columns %d..%d from the initializer" % (prev_dim, dim - 1))
+    raise ValueError("%s: the dims differ. To convert the rows, warm-start with "
+                     "tf_ext.embedding.warm_start_from_checkpoint(..., %s)." % (what, hint))
+  raise ValueError("%s: dim_mismatch=%r cannot convert rows of dim %d to dim %d ('truncate' needs a wider "
+                   "previous embedding, 'pad' a narrower one)." % (what, dim_mismatch, prev_dim, dim))
+
+
+def _read_previous(ckpt, prev_name, shard, dim_mismatch):
   """The keys/values/versions/freqs of embedding prev_name in ckpt that belong to `shard`."""
   path = checkpoint_utils._get_checkpoint_filename(ckpt)  # pylint: disable=protected-access
-  names = dict(tf.train.list_variables(path))
-  parts = sorted(n[:-len("-keys")] for n in names
+  shapes = dict(tf.train.list_variables(path))
+  parts = sorted(n[:-len("-keys")] for n in shapes
                  if n.endswith("-keys") and re.fullmatch(re.escape(prev_name) + r"/part_\d+", n[:-len("-keys")]))
   if not parts:
     return None
+  prev_dim = _previous_dim(ckpt, path, prev_name, parts, shapes, shard)
   tensors, dtypes = [], []
   for part in parts:
     for suffix, dtype in (("-keys", tf.int64), ("-values", tf.float32), ("-versions", tf.int64),
@@ -80,21 +128,23 @@ def _read_previous(ckpt, prev_name, shard):
                                   dtypes=dtypes)
   flat = lambda ts: tf.reshape(tf.concat(ts, 0), [-1])
   keys = flat(restored[0::4])
-  values = tf.reshape(tf.concat(restored[1::4], 0), [-1, shard.dim])
+  values = tf.reshape(tf.concat(restored[1::4], 0), [-1, prev_dim])
   versions = flat(restored[2::4])
   freqs = flat(restored[3::4])
   emb = shard.embedding
   if emb.num_shards > 1:
     mine = tf.equal(emb.shard_ids(keys), shard.shard_index)
     keys, values, versions, freqs = [tf.boolean_mask(t, mine) for t in (keys, values, versions, freqs)]
+  values = _fit_dim(values, prev_dim, shard, dim_mismatch, ckpt, prev_name)
   return keys, values, versions, freqs
 
 
 def _warm_start_shard(ckpt, prev_tensor_name, shard):
   prev = prev_tensor_name or shard.name
   prev = re.sub(r"/part_\d+$", "", prev)
+  dim_mismatch = getattr(_options, "dim_mismatch", "error")
   with tf_ops.colocate_with(shard.handle), tf.name_scope("warm_start_" + shard.name.replace("/", "_")):
-    data = _read_previous(ckpt, prev, shard)
+    data = _read_previous(ckpt, prev, shard, dim_mismatch)
     if data is None:
       raise ValueError("warm start of dynamic embedding shard %s: checkpoint %s has no tensors %s/part_*-keys"
                        % (shard.name, ckpt, prev))
@@ -107,12 +157,62 @@ def _warm_start_shard(ckpt, prev_tensor_name, shard):
   return op
 
 
+def warm_start_from_checkpoint(ckpt_to_initialize_from,
+                               vars_to_warm_start=".*",
+                               var_name_to_vocab_info=None,
+                               var_name_to_prev_var_name=None,
+                               dim_mismatch="error"):
+  """`tf.compat.v1.train.warm_start`, with a choice for embeddings whose dim changed.
+
+  Warm-starts variables and dynamic embeddings exactly as
+  `tf.compat.v1.train.warm_start` (which tf_ext teaches about dynamic
+  embeddings), and lets a dynamic embedding start from a previous one of
+  another `dim`. Call it where you would call `warm_start`: after building the
+  model, before the session is created (in an Estimator, at the end of
+  `model_fn` in TRAIN mode, instead of `warm_start_from`).
+
+  Args:
+    ckpt_to_initialize_from: a checkpoint prefix or directory.
+    vars_to_warm_start: as in `tf.compat.v1.train.warm_start` (default ".*").
+    var_name_to_vocab_info: as in `tf.compat.v1.train.warm_start` (dense
+      variables only).
+    var_name_to_prev_var_name: as in `tf.compat.v1.train.warm_start`; a key
+      may be a shard name (`emb/part_0`) mapped to the previous embedding.
+    dim_mismatch: what to do when a dynamic embedding's previous `dim` differs
+      from its current one: "error" (default, a ValueError naming both dims),
+      "truncate" (previous dim larger: keep each row's first `dim` columns) or
+      "pad" (previous dim smaller: keep the previous columns, fill the new ones
+      from the embedding's initializer). Embeddings whose dim did not change are
+      copied as they are. Any shard counts, before and after, are fine.
+
+  Raises:
+    ValueError: dim_mismatch is not one of "error", "truncate", "pad"; or a
+      dim differs and dim_mismatch does not convert it (see above); or what
+      `tf.compat.v1.train.warm_start` raises.
+  """
+  if dim_mismatch not in _DIM_MISMATCH:
+    raise ValueError("dim_mismatch must be one of %s, got %r" % (", ".join(repr(p) for p in _DIM_MISMATCH),
+                                                                 dim_mismatch))
+  previous = getattr(_options, "dim_mismatch", None)
+  _options.dim_mismatch = dim_mismatch
+  try:
+    warm_starting_util.warm_start(ckpt_to_initialize_from, vars_to_warm_start=vars_to_warm_start,
+                                  var_name_to_vocab_info=var_name_to_vocab_info,
+                                  var_name_to_prev_var_name=var_name_to_prev_var_name)
+  finally:
+    if previous is None:
+      del _options.dim_mismatch
+    else:
+      _options.dim_mismatch = previous
+
+
 def warm_start_op(graph=None):
   """The op that fills the warm-started dynamic embeddings of a graph.
 
   `tf.compat.v1.train.warm_start` only records what to load for dynamic
-  embeddings; this op (run by a Scaffold's init_op, or by hand in a plain
-  Session) imports the rows.
+  embeddings; this op imports the rows. A Scaffold's default init_op
+  (Estimator, MonitoredSession) runs it; in a plain Session run it yourself
+  after `warm_start`.
 
   Args:
     graph: a `tf.Graph` (default: the default graph).

@@ -224,9 +224,11 @@ def _categorical_columns(params, dim, suffix):
     fc = _feature_column_module()
     dtype = tf.string if params["string_ids"] else tf.int64
     init = tf.compat.v1.truncated_normal_initializer(0.0, params["init_stddev"])
+    # Integer ids come dense, with -1 for a missing value (strings: "", always missing).
+    ignore = None if params["string_ids"] else -1
     return [fc.categorical_column_with_dynamic_embedding(
         key, dim, dtype=dtype, initializer=init, combiner="sum",
-        num_shards=params["num_shards"], name="%s_%s" % (key, suffix))
+        num_shards=params["num_shards"], name="%s_%s" % (key, suffix), ignore_value=ignore)
         for key in synthetic.CATEGORICAL_KEYS]
 
 

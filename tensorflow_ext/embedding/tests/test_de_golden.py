@@ -110,8 +110,12 @@ def _run_golden(opt_name, num_shards, dim, flavour="lookup", combiner="mean", ge
           d_out = tf.compat.v1.nn.embedding_lookup_sparse(dense, sp, sp_w, combiner=combiner)
           e_out = tf_ext.embedding_lookup_sparse(emb, sp_e, sp_w, combiner=combiner)
         else:
+          # TF prunes the -1 ids; a dynamic embedding takes every int64 as a key, so
+          # its input leaves the missing entries out (the documented way).
+          present = val_ph >= 0
           d_out = tf.compat.v1.nn.safe_embedding_lookup_sparse(dense, sp, sp_w, combiner=combiner)
-          e_out = tf_ext.safe_embedding_lookup_sparse(emb, sp_e, sp_w, combiner=combiner)
+          e_out = tf_ext.safe_embedding_lookup_sparse(emb, tf.sparse.retain(sp_e, present),
+                                                      tf.sparse.retain(sp_w, present), combiner=combiner)
         w = tf.constant(rng.normal(size=[5, dim]).astype(np.float32))
         feeds = []
         for _ in range(STEPS):

@@ -75,9 +75,9 @@ def test_raw_ids_match_tf_embedding_column_sparse(combiner, num_shards):
     assert np.all(after[0][1] == 0.0)  # empty row -> zeros
 
 
-def test_raw_ids_dense_input_drops_minus_one():
+def test_raw_ids_dense_input_drops_ignore_value():
     ids = np.array([[5, -1, 5], [-1, -1, -1], [9, 2, -1]], np.int64)
-    ours = dfc.categorical_column_with_dynamic_embedding("ids", 3, initializer=0.5)
+    ours = dfc.categorical_column_with_dynamic_embedding("ids", 3, initializer=0.5, ignore_value=-1)
     theirs = fc_v1.embedding_column(
         fc_v1.categorical_column_with_identity("ids", 10), 3,
         initializer=tf.compat.v1.constant_initializer(0.5))
@@ -101,7 +101,7 @@ def test_max_norm_matches_tf():
 
 def test_rank1_int32_ids():
     ids = np.array([4, 1, 4, -1], np.int32)
-    ours = dfc.categorical_column_with_dynamic_embedding("ids", 2, initializer=1.0)
+    ours = dfc.categorical_column_with_dynamic_embedding("ids", 2, initializer=1.0, ignore_value=-1)
     theirs = fc_v1.embedding_column(
         fc_v1.categorical_column_with_identity("ids", 10), 2,
         initializer=tf.compat.v1.constant_initializer(1.0))
@@ -151,7 +151,7 @@ def test_embedding_column_weighted(combiner):
 def test_v2_plumbing_get_dense_tensor():
     """The v2 interface: FeatureTransformationCache + get_dense_tensor (+ create_state)."""
     from tensorflow.python.feature_column import feature_column_v2 as fc_v2
-    col = dfc.categorical_column_with_dynamic_embedding("ids", 4, initializer=0.5)
+    col = dfc.categorical_column_with_dynamic_embedding("ids", 4, initializer=0.5, ignore_value=-1)
     assert isinstance(col, fc_v2.DenseColumn)
     assert col._is_v2_column  # pylint: disable=protected-access
     assert col.variable_shape == tf.TensorShape([4])
@@ -176,7 +176,7 @@ def test_v2_plumbing_get_dense_tensor():
 
 def test_keras_dense_features_graph_mode():
     """v2 plumbing end to end: DenseFeatures builds the table through create_state."""
-    col = dfc.categorical_column_with_dynamic_embedding("ids", 3, initializer=0.5)
+    col = dfc.categorical_column_with_dynamic_embedding("ids", 3, initializer=0.5, ignore_value=-1)
     with tf.Graph().as_default():
         layer = tf.compat.v1.keras.layers.DenseFeatures(
             [col, tf.feature_column.numeric_column("x")])
@@ -256,7 +256,7 @@ def _estimator_input_fn(batch=64, steps=None, seed=0, id_offset=0):
 
 
 def _model_fn(features, labels, mode, params):
-    cols = [dfc.categorical_column_with_dynamic_embedding("ids", 4, initializer=0.0),
+    cols = [dfc.categorical_column_with_dynamic_embedding("ids", 4, initializer=0.0, ignore_value=-1),
             fc_v1.numeric_column("x")]
     net = fc_v1.input_layer(features, cols)
     w = tf.compat.v1.get_variable("w", [5, 1], initializer=tf.compat.v1.ones_initializer())
@@ -284,7 +284,7 @@ def test_estimator_trains_evaluates_predicts(tmp_path):
     assert m1["auc"] > 0.75, m1
     ckpt_vars = dict(tf.train.list_variables(str(tmp_path)))
     assert any("ids_embedding/embedding_weights" in k for k in ckpt_vars), sorted(ckpt_vars)
-    # The table holds exactly the 200 ids seen in training (negative ids were dropped),
+    # The table holds exactly the 200 ids seen in training (the -1 cells were ignore_value),
     # and evaluating on unseen ids inserts nothing.
     assert ckpt_vars["input_layer/ids_embedding/embedding_weights/part_0-keys"] == [200]
     assert m1["keys"] == 200

@@ -462,4 +462,41 @@ def install():
     optimizer_lib._get_processor = _get_processor
     optimizer_lib.Optimizer.apply_gradients = apply_gradients
     optimizer_lib.Optimizer.compute_gradients = compute_gradients
+    _reject_keras_optimizers()
     _installed = True
+
+
+def _reject_keras_optimizers():
+  """Keras optimizers fail on a shard deep inside Keras/TF (a tape or a missing attribute): say why first."""
+  keras_optimizers = getattr(getattr(tf, "keras", None), "optimizers", None)
+  classes = [getattr(keras_optimizers, "Optimizer", None),
+             getattr(getattr(keras_optimizers, "legacy", None), "Optimizer", None)]
+
+  def check(opt, variables):
+    for v in variables:
+      if isinstance(v, (_Shard, var_lib.DynamicEmbedding)):
+        raise TypeError(
+            "Keras optimizer %s cannot train dynamic embedding %s: dynamic embeddings train with "
+            "tf.compat.v1.train optimizers, e.g. tf.compat.v1.train.AdagradOptimizer, AdamOptimizer, "
+            "FtrlOptimizer or GradientDescentOptimizer (all: tf_ext.embedding.supported_optimizers())"
+            % (type(opt).__name__, v.name))
+
+  for cls in classes:
+    if cls is None or getattr(cls, "_tf_ext_checked", False):
+      continue
+    orig_minimize, orig_apply_gradients = cls.minimize, cls.apply_gradients
+
+    def minimize(self, loss, var_list, *args, _orig=orig_minimize, **kwargs):
+      if not callable(var_list):
+        check(self, tf.nest.flatten(var_list))
+      return _orig(self, loss, var_list, *args, **kwargs)
+
+    def apply_gradients(self, grads_and_vars, *args, _orig=orig_apply_gradients, **kwargs):
+      grads_and_vars = list(grads_and_vars)
+      check(self, [p[1] for p in grads_and_vars if isinstance(p, (tuple, list)) and len(p) == 2])
+      return _orig(self, grads_and_vars, *args, **kwargs)
+
+    minimize.__doc__ = orig_minimize.__doc__
+    apply_gradients.__doc__ = orig_apply_gradients.__doc__
+    cls.minimize, cls.apply_gradients = minimize, apply_gradients
+    cls._tf_ext_checked = True  # pylint: disable=protected-access

@@ -734,11 +734,37 @@ class DynamicEmbedding(object):
 
     Raises:
       TypeError: ids of the wrong dtype (see `to_keys`).
+      ValueError: values whose static shape is not `[n, dim]` (or
+        `ids.shape + [dim]`).
       InvalidArgumentError (at run time): values do not have n rows of `dim`.
     """
     with tf.name_scope(name or "insert"):
-      keys = tf.reshape(self.to_keys(ids), [-1])
-      values = tf.reshape(tf.convert_to_tensor(values, tf.float32), [-1, self._dim])
+      ids_keys = self.to_keys(ids)
+      keys = tf.reshape(ids_keys, [-1])
+      values = tf.convert_to_tensor(values, tf.float32)
+      # Checked here, naming the embedding: the reshape and the shard
+      # partition below would otherwise fail with messages about themselves.
+      what = "insert into dynamic embedding %s: values" % self._name
+      n_static = ids_keys.shape.num_elements()
+      shape = values.shape
+      if shape.rank is not None and not (n_static == 0 and shape.num_elements() == 0):
+        rows = shape[:-1].num_elements() if shape.rank >= 1 else None
+        if (shape.rank == 0 or (shape[-1] is not None and shape[-1] != self._dim) or
+            (rows is not None and n_static is not None and rows != n_static)):
+          raise ValueError("%s must have shape [n, dim] = [%s, %d] (n = number of ids), got shape %s"
+                           % (what, n_static if n_static is not None else "n", self._dim, shape))
+      n = tf.size(keys)
+      last = tf.shape(values)[-1:]
+      ok = tf.logical_or(
+          tf.logical_and(tf.equal(n, 0), tf.equal(tf.size(values), 0)),
+          tf.logical_and(tf.reduce_all(tf.equal(last, self._dim)),
+                         tf.logical_and(tf.equal(tf.size(last), 1),
+                                        tf.equal(tf.size(values), n * self._dim))))
+      check = tf.debugging.Assert(
+          ok, ["%s must have shape [n, dim] with dim = %d and n = number of ids; n =" % (what, self._dim), n,
+               "got shape", tf.shape(values)], name="check_values_shape")
+      with tf.control_dependencies([check]):
+        values = tf.reshape(values, [-1, self._dim])
       if len(self._shards) == 1:
         parts, vparts = [keys], [values]
       else:

@@ -11,6 +11,7 @@ values: `[embedding (dim) | optimizer slot columns]`, with per-key metadata
 import os
 import threading
 
+import numpy as np
 import tensorflow as tf
 from tensorflow.python.ops import lookup_ops
 from tensorflow.python.training.saving import saveable_object
@@ -85,9 +86,20 @@ def _float_tensor(x):
     return tf.convert_to_tensor(x)
 
 
-def _int64_scalar(x):
+def _int64_scalar(x, what):
+  """An int64 tensor for the integer argument `what` (e.g. "step").
+
+  Integer tensors are cast to int64; python/numpy integers are converted.
+  Anything else (1.5, True, a float tensor) is rejected here, naming `what`,
+  instead of failing in a conversion (or being truncated by a cast). The
+  shape (a scalar) is checked by the op.
+  """
   if isinstance(x, (tf.Tensor, tf.Variable)):
+    if not x.dtype.is_integer:
+      raise _invalid("%s must be an integer scalar, got a %s tensor" % (what, x.dtype.name))
     return tf.cast(x, tf.int64) if x.dtype != tf.int64 else x
+  if np.asarray(x).dtype.kind not in "iu":
+    raise _invalid("%s must be an integer scalar, got %r" % (what, x))
   return tf.convert_to_tensor(x, dtype=tf.int64)
 
 
@@ -126,8 +138,11 @@ class HashTable(lookup_ops.LookupInterface):
         optimizer slots.
       column_defaults: None/empty (zeros) or `width` floats: the values of a new
         key's columns that the inserting op does not provide.
-      initial_capacity: expected number of keys (0 <= capacity <= 2^40); the
-        table grows past it on demand.
+      initial_capacity: expected number of keys (0 <= capacity <= 2^40), a
+        hint: the index is pre-sized for up to 2^22 keys (memory the OS backs
+        only as keys arrive) and the table grows past it on demand; very
+        large values also raise the automatic shard count so that this many
+        keys fit.
       shard_bits: log2 of the number of shards, -1 = automatic.
       huge_pages: ask the OS for transparent huge pages for large index and
         row memory: faster random finds over a big table, but a slower first
@@ -294,7 +309,9 @@ class HashTable(lookup_ops.LookupInterface):
 
     Raises:
       tf.errors.InvalidArgumentError: init_values rows != number of keys, row
-        width mismatch, non-scalar step, wrong dtypes.
+        width mismatch, non-scalar step, wrong dtypes; at once (graph
+        construction) for a step that is not an integer (e.g. 1.5).
+      tf.errors.ResourceExhaustedError (at run time): out of memory.
     """
     col_begin, cols = self._cols(col_begin, cols)
     keys = _keys_tensor(keys)
@@ -302,7 +319,7 @@ class HashTable(lookup_ops.LookupInterface):
       n = tf.size(keys, out_type=tf.int64)
       init_values = init_values(tf.stack([n, tf.constant(cols, tf.int64)]), dtype=tf.float32)
     return load_table_ops().tf_ext_table_find_or_insert(
-        self.resource_handle, keys, _float_tensor(init_values), _int64_scalar(step),
+        self.resource_handle, keys, _float_tensor(init_values), _int64_scalar(step, "step"),
         col_begin=col_begin, cols=cols, count=bool(count), name=name)
 
   def insert(self, keys, values, step=-1, count=False, col_begin=0, cols=None, name=None):
@@ -323,11 +340,12 @@ class HashTable(lookup_ops.LookupInterface):
 
     Raises:
       tf.errors.InvalidArgumentError: row width mismatch, wrong row count or
-        dtypes, non-scalar step.
+        dtypes, non-scalar step; at once for a step that is not an integer.
+      tf.errors.ResourceExhaustedError (at run time): out of memory.
     """
     col_begin, cols = self._cols(col_begin, cols)
     return load_table_ops().tf_ext_table_insert(
-        self.resource_handle, _keys_tensor(keys), _float_tensor(values), _int64_scalar(step),
+        self.resource_handle, _keys_tensor(keys), _float_tensor(values), _int64_scalar(step, "step"),
         col_begin=col_begin, cols=cols, count=bool(count), name=name)
 
   def accumulate(self, keys, deltas, step=-1, insert_missing=True, count=False, col_begin=0,
@@ -350,10 +368,11 @@ class HashTable(lookup_ops.LookupInterface):
 
     Raises:
       tf.errors.InvalidArgumentError: as for insert.
+      tf.errors.ResourceExhaustedError (at run time): out of memory.
     """
     col_begin, cols = self._cols(col_begin, cols)
     return load_table_ops().tf_ext_table_accumulate(
-        self.resource_handle, _keys_tensor(keys), _float_tensor(deltas), _int64_scalar(step),
+        self.resource_handle, _keys_tensor(keys), _float_tensor(deltas), _int64_scalar(step, "step"),
         col_begin=col_begin, cols=cols, insert_missing=bool(insert_missing), count=bool(count),
         name=name)
 
@@ -430,7 +449,7 @@ class HashTable(lookup_ops.LookupInterface):
     """Imports entries with their metadata (restore).
 
     Args:
-      keys: int64 [n].
+      keys: int64 [n] (a vector, as `export` returns them).
       values: float32 [n, cols].
       versions: int64 [n], or None (zeros).
       frequencies: int64 [n], or None (zeros).
@@ -444,17 +463,24 @@ class HashTable(lookup_ops.LookupInterface):
       The op.
 
     Raises:
-      tf.errors.InvalidArgumentError: values rows != number of keys, row
-        width mismatch, versions/frequencies of the wrong length.
+      ValueError: keys of a static rank other than 1.
+      tf.errors.InvalidArgumentError: keys not a vector (at run time when
+        their rank is not static), values rows != number of keys, row width
+        mismatch, versions/frequencies of the wrong length.
+      tf.errors.ResourceExhaustedError (at run time): out of memory.
     """
     if full_rows:
       col_begin, cols = 0, self._width
     col_begin, cols = self._cols(col_begin, cols)
+    keys = _keys_tensor(keys)
+    if keys.shape.rank is not None and keys.shape.rank != 1:
+      raise ValueError("import_: keys must be a vector [n] (as export() returns them), got shape %s"
+                       % keys.shape)
     empty = tf.zeros([0], tf.int64)
     versions = empty if versions is None else tf.cast(versions, tf.int64)
     frequencies = empty if frequencies is None else tf.cast(frequencies, tf.int64)
     return load_table_ops().tf_ext_table_import(
-        self.resource_handle, _keys_tensor(keys), _float_tensor(values), versions, frequencies,
+        self.resource_handle, keys, _float_tensor(values), versions, frequencies,
         col_begin=col_begin, cols=cols, clear_first=bool(clear_first), name=name)
 
   def evict(self, min_version=-1, min_frequency=-1, name=None):
@@ -471,8 +497,9 @@ class HashTable(lookup_ops.LookupInterface):
       int64 scalar: the number of keys removed.
     """
     return load_table_ops().tf_ext_table_evict(self.resource_handle,
-                                               _int64_scalar(min_version),
-                                               _int64_scalar(min_frequency), name=name)
+                                               _int64_scalar(min_version, "min_version"),
+                                               _int64_scalar(min_frequency, "min_frequency"),
+                                               name=name)
 
   class _Saveable(saveable_object.SaveableObject):
     """Saves/restores the full rows and metadata of a HashTable (TF1 Saver)."""

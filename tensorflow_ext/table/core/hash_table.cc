@@ -11,10 +11,13 @@
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
+#include <exception>
 #include <limits>
 #include <mutex>
 #include <shared_mutex>
+#include <stdexcept>
 #include <thread>
+#include <utility>
 #include <vector>
 
 namespace tfext {
@@ -28,6 +31,9 @@ constexpr double kMaxLoadFactorLimit = 0.95;
 
 // Row ids are 32-bit per shard and a slot stores id + 1 (0 = empty slot).
 constexpr uint64_t kMaxRowsPerShard = 0xFFFFFFFEull;
+// A slot's home is its 32-bit tag masked by the capacity, so a shard's index
+// has at most 2^32 slots.
+constexpr uint64_t kMaxIndexCapacity = uint64_t{1} << 32;
 // Smallest index a shard allocates (one cache line of slots).
 constexpr uint64_t kMinIndexCapacity = 8;
 // Arena chunks are ~16 KiB: small enough that the partly filled last chunk of
@@ -136,13 +142,77 @@ inline void CopyFloats(float* dst, const float* src, int64_t n) {
 // For the batched writers that have no per-key input or output rows.
 constexpr auto kNoIo = [](int64_t) {};
 
-[[noreturn]] void Fatal(const char* what, uint64_t value) {
-  std::fprintf(stderr, "tfext::table::HashTable: %s (%llu)\n", what,
-               static_cast<unsigned long long>(value));
-  std::abort();
+[[noreturn]] void ThrowOutOfMemory(const char* what, uint64_t value) {
+  char buf[256];
+  std::snprintf(buf, sizeof(buf), "tf_ext table: %s (%llu)", what,
+                static_cast<unsigned long long>(value));
+  throw OutOfMemoryError(buf);
 }
 
+constexpr size_t kPageBytes = 4096;
 constexpr size_t kHugePageBytes = size_t{2} << 20;
+// Pre-sized index arrays from this size on are fresh mappings (see
+// AllocateIndexMemory).
+constexpr size_t kMappedIndexBytes = size_t{64} << 10;
+
+size_t RoundUp(size_t v, size_t to) { return (v + to - 1) / to * to; }
+
+// Grows v's capacity (geometrically) so that one push_back cannot throw: an
+// allocation that fails then fails before anything else changed.
+template <typename Vector>
+void MakeRoomForOne(Vector& v) {
+  if (v.size() == v.capacity()) v.reserve(std::max<size_t>(4, 2 * v.capacity()));
+}
+
+// Runs pf(total, fn) so that an exception thrown by fn on any thread (a
+// failed allocation) reaches the caller: the ParallelFor's threads must not
+// see it (an exception leaving a thread-pool task terminates the process).
+// The first exception is rethrown once pf has returned.
+void RunParallel(const ParallelFor& pf, int64_t total,
+                 const std::function<void(int64_t, int64_t)>& fn) {
+  std::mutex mu;
+  std::exception_ptr error;
+  pf(total, [&](int64_t begin, int64_t end) {
+    try {
+      fn(begin, end);
+    } catch (...) {
+      std::lock_guard<std::mutex> lock(mu);
+      if (!error) error = std::current_exception();
+    }
+  });
+  if (error) std::rethrow_exception(error);
+}
+
+// Runs a cleanup (lock releases) when it goes out of scope, exception or not.
+template <typename Fn>
+class ScopeExit {
+ public:
+  explicit ScopeExit(Fn fn) : fn_(std::move(fn)) {}
+  ~ScopeExit() { fn_(); }
+  ScopeExit(const ScopeExit&) = delete;
+  ScopeExit& operator=(const ScopeExit&) = delete;
+
+ private:
+  Fn fn_;
+};
+
+// Maps `bytes` (a multiple of the page size) of fresh anonymous memory
+// aligned to `alignment` (a power of two >= the page size): over-maps by the
+// alignment, then unmaps the unaligned head and the tail. The memory reads as
+// zero and takes physical pages only where it is written.
+void* MapAligned(size_t bytes, size_t alignment) {
+  const size_t slack = alignment > kPageBytes ? alignment : 0;
+  const size_t mapped = bytes + slack;
+  if (mapped < bytes) ThrowOutOfMemory("cannot map memory, bytes requested", bytes);
+  void* raw = mmap(nullptr, mapped, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
+  if (raw == MAP_FAILED) ThrowOutOfMemory("cannot map memory, bytes requested", mapped);
+  const uintptr_t raw_begin = reinterpret_cast<uintptr_t>(raw);
+  const uintptr_t begin = RoundUp(raw_begin, alignment > kPageBytes ? alignment : kPageBytes);
+  if (begin > raw_begin) munmap(raw, begin - raw_begin);
+  const uintptr_t end = begin + bytes;
+  if (raw_begin + mapped > end) munmap(reinterpret_cast<void*>(end), raw_begin + mapped - end);
+  return reinterpret_cast<void*>(begin);
+}
 
 // Whether large blocks are asked for transparent huge pages: the table's
 // option unless TF_EXT_TABLE_HUGE_PAGES (0 or 1, read once) overrides it for
@@ -156,20 +226,44 @@ bool UseHugePages(bool option) {
   return env_override < 0 ? option : env_override == 1;
 }
 
-// Zeroed, cache-line aligned memory (index arrays). Blocks of 2 MiB and more
-// are 2 MiB aligned and asked for transparent huge pages: index probes are
-// random accesses, where 4 KiB pages would add a TLB miss to most of them.
-void* AllocateZeroed(size_t bytes, bool huge_pages) {
+// Zeroed, cache-line aligned memory for an index array; free with
+// FreeIndexMemory(p, bytes, *mapped). Blocks of 2 MiB and more are 2 MiB
+// aligned and asked for transparent huge pages: index probes are random
+// accesses, where 4 KiB pages would add a TLB miss to most of them.
+// With `lazy` (an index pre-sized for keys that have not arrived), blocks of
+// kMappedIndexBytes and more are fresh mappings, zero without being written:
+// they take physical memory only as keys land in them. Otherwise the block
+// comes from the heap and is written at once: an index that grows is about to
+// be filled, and the heap reuses the pages of the arrays it replaced (fresh
+// mappings made growth from empty ~2x slower, page faults and all).
+void* AllocateIndexMemory(size_t bytes, bool huge_pages, bool lazy, bool* mapped) {
   const bool huge = huge_pages && bytes >= kHugePageBytes;
+  *mapped = lazy && bytes >= kMappedIndexBytes;
+  if (*mapped) {
+    const size_t rounded = RoundUp(bytes, kPageBytes);
+    void* p = MapAligned(rounded, huge ? kHugePageBytes : kPageBytes);
+#ifdef MADV_HUGEPAGE
+    if (huge) madvise(p, rounded, MADV_HUGEPAGE);
+#endif
+    return p;
+  }
   const size_t alignment = huge ? kHugePageBytes : 64;
-  const size_t rounded = (bytes + alignment - 1) / alignment * alignment;
+  const size_t rounded = RoundUp(bytes, alignment);
   void* p = std::aligned_alloc(alignment, rounded);
-  if (p == nullptr) Fatal("out of memory, bytes requested", rounded);
+  if (p == nullptr) ThrowOutOfMemory("cannot allocate an index, bytes requested", rounded);
 #ifdef MADV_HUGEPAGE
   if (huge) madvise(p, rounded, MADV_HUGEPAGE);
 #endif
   std::memset(p, 0, rounded);
   return p;
+}
+
+void FreeIndexMemory(void* p, size_t bytes, bool mapped) {
+  if (mapped) {
+    munmap(p, RoundUp(bytes, kPageBytes));
+  } else {
+    std::free(p);
+  }
 }
 
 uint64_t g_empty_index[1] = {0};  // shared by shards with no index yet; never written
@@ -195,7 +289,8 @@ class ChunkSource {
   ChunkSource(const ChunkSource&) = delete;
   ChunkSource& operator=(const ChunkSource&) = delete;
 
-  // Thread-safe: shards allocate under their own locks.
+  // Thread-safe: shards allocate under their own locks. Throws
+  // OutOfMemoryError (or std::bad_alloc) with nothing changed.
   char* Allocate() {
     std::lock_guard<std::mutex> lock(mu_);
     if (slab_left_ == 0 && bytes_ >= slab_threshold_bytes_) NewSlab();
@@ -205,8 +300,9 @@ class ChunkSource {
       --slab_left_;
       return chunk;
     }
+    MakeRoomForOne(single_chunks_);  // may throw; then nothing to undo
     char* chunk = static_cast<char*>(std::aligned_alloc(64, RoundUp(chunk_bytes_, 64)));
-    if (chunk == nullptr) Fatal("out of memory, bytes requested", chunk_bytes_);
+    if (chunk == nullptr) ThrowOutOfMemory("cannot allocate rows, bytes requested", chunk_bytes_);
     single_chunks_.push_back(chunk);
     bytes_ += RoundUp(chunk_bytes_, 64);
     return chunk;
@@ -236,25 +332,16 @@ class ChunkSource {
     void* base;
     size_t bytes;
   };
-  static size_t RoundUp(size_t v, size_t to) { return (v + to - 1) / to * to; }
 
   void NewSlab() {
-    const size_t page = 4096;
-    const size_t bytes = RoundUp(chunks_per_slab_ * chunk_bytes_, page);
-    // Over-map by 2 MiB, then unmap the unaligned head and the tail.
-    const size_t mapped = bytes + kHugePageBytes;
-    void* raw = mmap(nullptr, mapped, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
-    if (raw == MAP_FAILED) Fatal("out of memory, bytes requested", mapped);
-    const uintptr_t raw_begin = reinterpret_cast<uintptr_t>(raw);
-    const uintptr_t begin = RoundUp(raw_begin, kHugePageBytes);
-    if (begin > raw_begin) munmap(raw, begin - raw_begin);
-    const uintptr_t end = begin + bytes;
-    if (raw_begin + mapped > end) munmap(reinterpret_cast<void*>(end), raw_begin + mapped - end);
+    const size_t bytes = RoundUp(chunks_per_slab_ * chunk_bytes_, kPageBytes);
+    MakeRoomForOne(slabs_);  // may throw; then nothing to undo
+    void* begin = MapAligned(bytes, kHugePageBytes);
 #ifdef MADV_HUGEPAGE
-    if (huge_pages_) madvise(reinterpret_cast<void*>(begin), kHugePageBytes, MADV_HUGEPAGE);
+    if (huge_pages_) madvise(begin, kHugePageBytes, MADV_HUGEPAGE);
 #endif
-    slabs_.push_back({reinterpret_cast<void*>(begin), bytes});
-    slab_next_ = reinterpret_cast<char*>(begin);
+    slabs_.push_back({begin, bytes});
+    slab_next_ = static_cast<char*>(begin);
     slab_left_ = chunks_per_slab_;
     bytes_ += bytes;
   }
@@ -340,6 +427,7 @@ struct alignas(64) Shard {
   uint64_t mask = 0;
   uint64_t capacity = 0;  // 0: no index allocated (slots = g_empty_index)
   uint64_t grow_at = 0;   // the index doubles before holding more keys than this
+  bool slots_mapped = false;  // slots is a mapping (see AllocateIndexMemory)
   std::atomic<int64_t> size{0};
   std::vector<char*> chunks;
   uint64_t rows_handed_out = 0;  // row ids [0, rows_handed_out) have been used
@@ -441,11 +529,14 @@ struct HashTable::Impl {
   }
 
   // ---- index ----
-  void RehashIndex(Shard& s, uint64_t new_capacity) const;
-  void EnsureIndexFor(Shard& s, uint64_t keys) const {
-    if (keys > s.grow_at) RehashIndex(s, IndexCapacityFor(keys));
+  // `lazy`: the new index is for keys still to come (see AllocateIndexMemory).
+  void RehashIndex(Shard& s, uint64_t new_capacity, bool lazy = false) const;
+  void EnsureIndexFor(Shard& s, uint64_t keys, bool lazy = false) const {
+    if (keys > s.grow_at) RehashIndex(s, IndexCapacityFor(keys), lazy);
   }
   void ReleaseShard(Shard& s) const;
+  // Sizes the shard's index for initial_keys_per_shard keys, best effort.
+  void PresizeShard(Shard& s) const;
 
   // Finds key in the shard: returns its row (or nullptr) and sets *pos to its
   // slot (or to the empty slot that ends the probe).
@@ -513,12 +604,17 @@ struct HashTable::Impl {
       return id;
     }
     if (s.rows_handed_out >= kMaxRowsPerShard) {
-      Fatal("too many rows in one shard", s.rows_handed_out);
+      ThrowOutOfMemory("a shard is full (too many keys for one shard: use more shards), rows",
+                       s.rows_handed_out);
     }
-    const uint64_t id = s.rows_handed_out++;
+    const uint64_t id = s.rows_handed_out;
     if ((id >> chunk_shift) >= s.chunks.size()) {
+      // Room in the chunk table first, then the chunk: a failure in either
+      // leaves the shard as it was.
+      MakeRoomForOne(s.chunks);
       s.chunks.push_back(chunk_source->Allocate());
     }
+    ++s.rows_handed_out;
     return static_cast<uint32_t>(id);
   }
   void FreeRow(Shard& s, uint32_t id) const {
@@ -595,7 +691,7 @@ struct HashTable::Impl {
     if (n < kSerialBatch) {
       run_shards(0, num_shards);
     } else {
-      pf(num_shards, run_shards);
+      RunParallel(pf, num_shards, run_shards);
     }
   }
 
@@ -656,8 +752,10 @@ struct HashTable::Impl {
       const int64_t end = std::min(n, end_block * kReadBlock);
       if (end - begin >= 4 * num_shards) {
         for (int64_t si = 0; si < num_shards; ++si) shards[si].mu.lock_shared();
+        ScopeExit unlock([this] {
+          for (int64_t si = num_shards - 1; si >= 0; --si) shards[si].mu.unlock_shared();
+        });
         read(begin, end);
-        for (int64_t si = num_shards - 1; si >= 0; --si) shards[si].mu.unlock_shared();
         return;
       }
       std::vector<int64_t> needed;
@@ -666,24 +764,23 @@ struct HashTable::Impl {
       std::sort(needed.begin(), needed.end());
       needed.erase(std::unique(needed.begin(), needed.end()), needed.end());
       for (const int64_t si : needed) shards[si].mu.lock_shared();
+      ScopeExit unlock([this, &needed] {
+        for (auto it = needed.rbegin(); it != needed.rend(); ++it) shards[*it].mu.unlock_shared();
+      });
       read(begin, end);
-      for (auto it = needed.rbegin(); it != needed.rend(); ++it) shards[*it].mu.unlock_shared();
     };
     const int64_t blocks = (n + kReadBlock - 1) / kReadBlock;
     if (blocks == 1) {
       run_blocks(0, 1);
     } else {
-      pf(blocks, run_blocks);
+      RunParallel(pf, blocks, run_blocks);
     }
   }
 };
 
 HashTable::Impl::Impl(const TableOptions& opts) : options(opts) {
   const std::string error = ValidateOptions(opts);
-  if (!error.empty()) {
-    std::fprintf(stderr, "tfext::table::HashTable: invalid options: %s\n", error.c_str());
-    std::abort();
-  }
+  if (!error.empty()) throw std::invalid_argument("tf_ext table: invalid options: " + error);
   width = opts.width;
   version_offset = values_offset + sizeof(float) * static_cast<size_t>(width);
   frequency_offset = version_offset + sizeof(int64_t);
@@ -711,15 +808,33 @@ HashTable::Impl::Impl(const TableOptions& opts) : options(opts) {
     // lock, few enough that per-shard slack (last index step, last chunk)
     // stays small: 8 per thread, at least 16, at most 256.
     const unsigned threads = std::max(1u, std::thread::hardware_concurrency());
-    const uint64_t wanted = std::min<uint64_t>(256, std::max<uint64_t>(16, NextPow2(8 * threads)));
+    uint64_t wanted = std::min<uint64_t>(256, std::max<uint64_t>(16, NextPow2(8 * threads)));
+    // Raised so that initial_capacity keys fit: a shard holds at most
+    // min(GrowAt(2^32), kMaxRowsPerShard) keys; plan for half of that, so
+    // that the fullest shard keeps room.
+    const uint64_t shard_keys = std::min(GrowAt(kMaxIndexCapacity), kMaxRowsPerShard) / 2;
+    const uint64_t capacity = static_cast<uint64_t>(opts.initial_capacity);
+    wanted = std::max(wanted, NextPow2((capacity + shard_keys - 1) / std::max<uint64_t>(shard_keys, 1)));
+    wanted = std::min<uint64_t>(wanted, uint64_t{1} << kMaxShardBits);
     shard_bits = 0;
     while ((uint64_t{1} << shard_bits) < wanted) ++shard_bits;
   }
   num_shards = int64_t{1} << shard_bits;
   shard_shift = 64 - shard_bits;
   shards.reset(new Shard[num_shards]);
-  initial_keys_per_shard = KeysPerShardFor(opts.initial_capacity);
-  for (int64_t si = 0; si < num_shards; ++si) EnsureIndexFor(shards[si], initial_keys_per_shard);
+  initial_keys_per_shard =
+      KeysPerShardFor(std::min<int64_t>(opts.initial_capacity, kMaxPresizedKeys));
+  for (int64_t si = 0; si < num_shards; ++si) PresizeShard(shards[si]);
+}
+
+void HashTable::Impl::PresizeShard(Shard& s) const {
+  // initial_capacity is a hint: if its memory cannot be had now, the shard
+  // starts without an index and grows on demand (where a failure reaches the
+  // writing operation).
+  try {
+    EnsureIndexFor(s, initial_keys_per_shard, /*lazy=*/true);
+  } catch (const std::bad_alloc&) {
+  }
 }
 
 HashTable::Impl::~Impl() {
@@ -727,8 +842,9 @@ HashTable::Impl::~Impl() {
 }
 
 void HashTable::Impl::ReleaseShard(Shard& s) const {
-  if (s.capacity != 0) std::free(s.slots);
+  if (s.capacity != 0) FreeIndexMemory(s.slots, s.capacity * sizeof(uint64_t), s.slots_mapped);
   s.slots = g_empty_index;
+  s.slots_mapped = false;
   s.capacity = 0;
   s.mask = 0;
   s.grow_at = 0;
@@ -738,12 +854,16 @@ void HashTable::Impl::ReleaseShard(Shard& s) const {
   s.size.store(0, std::memory_order_relaxed);
 }
 
-void HashTable::Impl::RehashIndex(Shard& s, uint64_t new_capacity) const {
+void HashTable::Impl::RehashIndex(Shard& s, uint64_t new_capacity, bool lazy) const {
   if (new_capacity <= s.capacity) return;
-  if (new_capacity > (uint64_t{1} << 32)) {
-    Fatal("shard index would exceed 2^32 slots", new_capacity);
+  if (new_capacity > kMaxIndexCapacity) {
+    ThrowOutOfMemory("a shard is full (its index would exceed 2^32 slots: use more shards), slots",
+                     new_capacity);
   }
-  uint64_t* fresh = static_cast<uint64_t*>(AllocateZeroed(new_capacity * sizeof(uint64_t), huge_pages));
+  // Allocate first: on failure the shard is unchanged.
+  bool mapped = false;
+  uint64_t* fresh = static_cast<uint64_t*>(
+      AllocateIndexMemory(new_capacity * sizeof(uint64_t), huge_pages, lazy, &mapped));
   const uint64_t mask = new_capacity - 1;
   // Each slot's home comes from its stored tag: no row is read. Without
   // removals during the rehash, any insertion order yields a valid table.
@@ -754,8 +874,9 @@ void HashTable::Impl::RehashIndex(Shard& s, uint64_t new_capacity) const {
     while (fresh[p] != 0) p = (p + 1) & mask;
     fresh[p] = slot;
   }
-  if (s.capacity != 0) std::free(s.slots);
+  if (s.capacity != 0) FreeIndexMemory(s.slots, s.capacity * sizeof(uint64_t), s.slots_mapped);
   s.slots = fresh;
+  s.slots_mapped = mapped;
   s.capacity = new_capacity;
   s.mask = mask;
   s.grow_at = GrowAt(new_capacity);
@@ -823,7 +944,7 @@ ShardPlan HashTable::Impl::Bucket(const int64_t* keys, int64_t n, const Parallel
     }
   };
   const bool parallel = blocks > 1;
-  if (parallel) pf(blocks, count); else count(0, blocks);
+  if (parallel) RunParallel(pf, blocks, count); else count(0, blocks);
   int64_t running = 0;
   for (int64_t si = 0; si < num_shards; ++si) {
     plan.begin[si] = running;
@@ -834,7 +955,7 @@ ShardPlan HashTable::Impl::Bucket(const int64_t* keys, int64_t n, const Parallel
     }
   }
   plan.begin[num_shards] = running;
-  if (parallel) pf(blocks, scatter); else scatter(0, blocks);
+  if (parallel) RunParallel(pf, blocks, scatter); else scatter(0, blocks);
   return plan;
 }
 
@@ -979,6 +1100,7 @@ void HashTable::Update(const int64_t* keys, int64_t n, const float* column_defau
     KeyMeta meta;
     if (added) {
       m.InitValues(row, column_defaults);
+      m.StoreMeta(row, meta);  // a complete row even if fn throws
     } else {
       meta = m.LoadMeta(row);
     }
@@ -1026,6 +1148,9 @@ void HashTable::Export(int64_t col_begin, int64_t cols,
   // Hold every read lock for the whole export: a consistent snapshot, and the
   // count given to alloc matches what is written.
   for (int64_t si = 0; si < m.num_shards; ++si) m.shards[si].mu.lock_shared();
+  ScopeExit unlock([&m] {
+    for (int64_t si = m.num_shards - 1; si >= 0; --si) m.shards[si].mu.unlock_shared();
+  });
   int64_t total = 0;
   for (int64_t si = 0; si < m.num_shards; ++si) {
     total += m.shards[si].size.load(std::memory_order_relaxed);
@@ -1045,7 +1170,6 @@ void HashTable::Export(int64_t col_begin, int64_t cols,
       ++k;
     }
   }
-  for (int64_t si = m.num_shards - 1; si >= 0; --si) m.shards[si].mu.unlock_shared();
 }
 
 void HashTable::Import(const int64_t* keys, int64_t n, int64_t col_begin, int64_t cols,
@@ -1072,12 +1196,12 @@ void HashTable::Clear() {
   // Every shard at once (in shard order, like readers): the chunks are shared
   // by the shards and can only be released together.
   for (int64_t si = 0; si < m.num_shards; ++si) m.shards[si].mu.lock();
+  ScopeExit unlock([&m] {
+    for (int64_t si = m.num_shards - 1; si >= 0; --si) m.shards[si].mu.unlock();
+  });
   for (int64_t si = 0; si < m.num_shards; ++si) m.ReleaseShard(m.shards[si]);
   m.chunk_source->ReleaseAll();
-  for (int64_t si = 0; si < m.num_shards; ++si) {
-    m.EnsureIndexFor(m.shards[si], m.initial_keys_per_shard);
-  }
-  for (int64_t si = m.num_shards - 1; si >= 0; --si) m.shards[si].mu.unlock();
+  for (int64_t si = 0; si < m.num_shards; ++si) m.PresizeShard(m.shards[si]);
 }
 
 void HashTable::Reserve(int64_t n) {
@@ -1109,8 +1233,8 @@ void HashTable::FindOrInsertWith(const int64_t* keys, int64_t n, int64_t col_beg
     float* values = m.Values(row) + col_begin;
     if (added) {
       m.InitValues(row, column_defaults);
+      m.InitMeta(row, count, version);  // before init: a complete row even if init throws
       if (init) init(i, values);
-      m.InitMeta(row, count, version);
     } else {
       m.TouchMeta(row, count, version);
     }

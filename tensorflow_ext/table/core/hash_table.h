@@ -40,6 +40,18 @@
 //    Export's alloc) run under shard locks and must not call back into the
 //    same table; fn and init run concurrently on the ParallelFor's threads
 //    (one shard per thread at a time).
+//  * Memory is only used as keys arrive: initial_capacity pre-sizes the index
+//    (up to a bound, see TableOptions) with fresh anonymous memory, which the
+//    OS backs with pages only when they are first written.
+//
+// Errors: when memory cannot be had (or a shard is full, see
+// TableOptions::shard_bits), an operation throws OutOfMemoryError (a
+// std::bad_alloc; a plain std::bad_alloc from the C++ runtime is possible
+// too). The exception reaches the caller's thread even when it happened on a
+// ParallelFor thread, every lock is released, and the table stays consistent
+// and usable; a batched writer may have applied part of its batch. The
+// constructor throws std::invalid_argument for options that fail
+// ValidateOptions. Nothing in the core aborts the process.
 //
 // Semantics shared by all batched calls:
 //  * n may be 0 (no-op).
@@ -56,6 +68,8 @@
 #include <cstdint>
 #include <functional>
 #include <memory>
+#include <new>
+#include <stdexcept>
 #include <string>
 
 namespace tfext {
@@ -74,10 +88,17 @@ ParallelFor InlineParallelFor();
 struct TableOptions {
   // Floats per row (embedding dim + optimizer slot columns). Must be >= 1.
   int64_t width = 1;
-  // Expected number of keys; the table still grows past it on demand.
+  // Expected number of keys, a hint in [0, 2^40]; the table grows past it on
+  // demand. The index is pre-sized for min(initial_capacity,
+  // kMaxPresizedKeys) keys, in memory the OS backs only as keys arrive;
+  // beyond that bound the table simply grows (a shard's index doubles, which
+  // costs little next to writing the rows).
   int64_t initial_capacity = 0;
-  // log2 of the number of shards; -1 picks one from initial_capacity and the
-  // number of hardware threads.
+  // log2 of the number of shards; -1 picks one from the number of hardware
+  // threads, raised where needed so that initial_capacity keys fit (one shard
+  // holds at most ~3.4e9 keys at the default load factor: its index has at
+  // most 2^32 slots). With an explicit shard_bits, a shard that fills up makes
+  // the writing operation throw OutOfMemoryError.
   int shard_bits = -1;
   // Index load factor that triggers growth of a shard's index.
   double max_load_factor = 0.8;
@@ -90,9 +111,23 @@ struct TableOptions {
   bool huge_pages = true;
 };
 
+// The most keys initial_capacity pre-sizes the index for (see TableOptions).
+constexpr int64_t kMaxPresizedKeys = int64_t{1} << 22;
+
 // Returns an empty string if the options are valid, else a message naming the
 // problem (e.g. "width must be >= 1, got 0").
 std::string ValidateOptions(const TableOptions& options);
+
+// Thrown when the table cannot get the memory an operation needs, or a shard
+// is full. what() names the problem and the size asked for.
+class OutOfMemoryError : public std::bad_alloc {
+ public:
+  explicit OutOfMemoryError(const std::string& message) : message_(message) {}
+  const char* what() const noexcept override { return message_.what(); }
+
+ private:
+  std::runtime_error message_;  // a string whose copy cannot throw
+};
 
 // Per-key metadata, kept beside each row.
 struct KeyMeta {
@@ -102,6 +137,9 @@ struct KeyMeta {
 
 class HashTable {
  public:
+  // Throws std::invalid_argument if ValidateOptions(options) is not empty.
+  // Pre-sizing for initial_capacity is best effort: if that memory cannot be
+  // had, the table starts empty and grows on demand.
   explicit HashTable(const TableOptions& options);
   ~HashTable();
   HashTable(const HashTable&) = delete;
@@ -109,7 +147,8 @@ class HashTable {
 
   int64_t width() const;
   int64_t size() const;  // number of keys (exact when no writer is running)
-  // Bytes held by the table (index + arena + bookkeeping).
+  // Bytes held by the table (index + arena + bookkeeping). A pre-sized index
+  // counts in full, although the OS backs it only as keys arrive.
   int64_t memory_bytes() const;
 
   // Column range [col_begin, col_begin + cols) of the rows, used by every
@@ -193,10 +232,12 @@ class HashTable {
               const int64_t* versions, const uint32_t* frequencies,
               const ParallelFor& pf);
 
-  // Removes every key and releases memory down to the initial capacity.
+  // Removes every key and releases memory down to the pre-sized index of a
+  // new table (best effort, as in the constructor).
   void Clear();
 
-  // Reserves room for at least n keys in total.
+  // Sizes the index for at least n keys in total (n is capped at 2^40); may
+  // throw OutOfMemoryError.
   void Reserve(int64_t n);
 
   // --- Added for the embedding kernels (TfExtEmbeddingLookup); additive. ---

@@ -5,14 +5,22 @@
 //       tensorflow_ext/table/core/hash_table_test.cc -o /tmp/hash_table_test
 // An optional argument runs only the tests whose name contains it.
 
+#include <sys/resource.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
 #include <algorithm>
 #include <atomic>
 #include <cmath>
 #include <cstdint>
+#include <cstdio>
 #include <limits>
 #include <map>
+#include <new>
 #include <random>
 #include <set>
+#include <stdexcept>
+#include <string>
 #include <thread>
 #include <unordered_map>
 #include <vector>
@@ -26,6 +34,7 @@ using tfext::table::HashKey;
 using tfext::table::HashTable;
 using tfext::table::InlineParallelFor;
 using tfext::table::KeyMeta;
+using tfext::table::OutOfMemoryError;
 using tfext::table::ParallelFor;
 using tfext::table::TableOptions;
 using tfext::table::ValidateOptions;
@@ -1087,6 +1096,181 @@ TFEXT_TEST(MemoryPerKeyWithinBudget) {
                 static_cast<long long>(width), worst,
                 static_cast<double>(t.memory_bytes()) / t.size());
     CHECK_LE(worst, 1.5);
+  }
+}
+
+// Resident and virtual memory of this process, in bytes (/proc/self/statm).
+static int64_t ResidentBytes() {
+  long pages_total = 0, pages_resident = 0;
+  FILE* f = std::fopen("/proc/self/statm", "r");
+  CHECK(f != nullptr);
+  CHECK_EQ(std::fscanf(f, "%ld %ld", &pages_total, &pages_resident), 2);
+  std::fclose(f);
+  return static_cast<int64_t>(pages_resident) * sysconf(_SC_PAGESIZE);
+}
+static int64_t VirtualBytes() {
+  long pages_total = 0;
+  FILE* f = std::fopen("/proc/self/statm", "r");
+  CHECK(f != nullptr);
+  CHECK_EQ(std::fscanf(f, "%ld", &pages_total), 1);
+  std::fclose(f);
+  return static_cast<int64_t>(pages_total) * sysconf(_SC_PAGESIZE);
+}
+
+// Any initial_capacity in the documented range [0, 2^40] is a hint: the table
+// is created without touching memory for it (the pre-sized index is bounded
+// and not written until keys arrive), works, and grows on demand.
+TFEXT_TEST(HugeInitialCapacityIsAHint) {
+  const ParallelFor pf = PoolParallelFor();
+  for (const int64_t capacity : {int64_t{1} << 30, int64_t{1} << 36, int64_t{1} << 40}) {
+    for (const int shard_bits : {-1, 0, 4}) {
+      const int64_t rss_before = ResidentBytes();
+      HashTable t(Options(4, shard_bits, capacity));
+      CHECK_LT(ResidentBytes() - rss_before, int64_t{32} << 20);
+      // The reserved index is bounded by the pre-size cap.
+      CHECK_LT(t.memory_bytes(), int64_t{128} << 20);
+      std::vector<int64_t> keys(5000);
+      for (size_t i = 0; i < keys.size(); ++i) keys[i] = static_cast<int64_t>(i * 7919) - 99;
+      std::vector<float> vals(keys.size() * 4);
+      for (size_t i = 0; i < vals.size(); ++i) vals[i] = static_cast<float>(i);
+      t.Insert(keys.data(), keys.size(), 0, 4, vals.data(), nullptr, false, -1, pf);
+      CHECK_EQ(t.size(), static_cast<int64_t>(keys.size()));
+      std::vector<float> out(vals.size());
+      std::unique_ptr<bool[]> found(new bool[keys.size()]);
+      t.Find(keys.data(), keys.size(), 0, 4, out.data(), found.get(), nullptr, pf);
+      for (size_t i = 0; i < keys.size(); ++i) CHECK(found[i]);
+      CHECK(out == vals);
+      CHECK_LT(ResidentBytes() - rss_before, int64_t{96} << 20);
+      std::printf("  capacity 2^%d, shard_bits %d: %.1f MiB reserved, %.1f MiB more resident\n",
+                  static_cast<int>(std::log2(static_cast<double>(capacity))), shard_bits,
+                  t.memory_bytes() / 1048576.0, (ResidentBytes() - rss_before) / 1048576.0);
+      t.Clear();
+      CHECK_EQ(t.size(), int64_t{0});
+    }
+  }
+  // Invalid options throw instead of aborting.
+  bool threw = false;
+  try {
+    HashTable bad(Options(0));
+  } catch (const std::invalid_argument& e) {
+    threw = std::string(e.what()).find("width must be >= 1, got 0") != std::string::npos;
+  }
+  CHECK(threw);
+}
+
+// An exception thrown on a ParallelFor thread (here by Update's callback)
+// reaches the caller, and every shard lock is released: the table goes on.
+TFEXT_TEST(ExceptionOnAWorkerThreadReachesTheCaller) {
+  const ParallelFor pf = PoolParallelFor();
+  HashTable t(Options(2));
+  const int64_t n = 50000;  // above the serial-batch size: shards run on the pool
+  std::vector<int64_t> keys(n);
+  for (int64_t i = 0; i < n; ++i) keys[i] = i * 13 + 1;
+  bool caught = false;
+  try {
+    t.Update(keys.data(), n, nullptr,
+             [&](int64_t i, float* row, KeyMeta*) {
+               if (i == n / 2) throw std::runtime_error("callback failed");
+               row[0] = 1.f;
+             },
+             pf);
+  } catch (const std::runtime_error& e) {
+    caught = std::string(e.what()) == "callback failed";
+  }
+  CHECK(caught);
+  // Rows the failed call added are complete (metadata zero, not garbage).
+  for (const auto& entry : Snapshot(t)) {
+    CHECK_EQ(entry.second.version, int64_t{0});
+    CHECK_EQ(entry.second.frequency, uint32_t{0});
+  }
+  // Every lock is free again: writers and readers run, the key count matches
+  // what Export sees.
+  std::vector<float> vals(n * 2, 3.f);
+  t.Insert(keys.data(), n, 0, 2, vals.data(), nullptr, false, -1, pf);
+  CHECK_EQ(t.size(), n);
+  std::vector<float> out(n * 2);
+  t.Find(keys.data(), n, 0, 2, out.data(), nullptr, nullptr, pf);
+  CHECK(out == vals);
+  CHECK_EQ(static_cast<int64_t>(Snapshot(t).size()), n);
+  // Export's alloc callback may throw too.
+  caught = false;
+  try {
+    t.Export(0, 2, [](int64_t) -> HashTable::ExportBuffers { throw std::runtime_error("alloc"); });
+  } catch (const std::runtime_error&) {
+    caught = true;
+  }
+  CHECK(caught);
+  t.Clear();
+  CHECK_EQ(t.size(), int64_t{0});
+}
+
+// Out of memory (address space limited in a child process): a write throws
+// OutOfMemoryError instead of aborting, and the table stays consistent and
+// usable. Runs inline and through a thread pool.
+static int OutOfMemoryChild(bool pooled) {
+  tfext_test::ThreadPool pool(2);  // threads before the limit
+  const ParallelFor pf = pooled ? pool.AsParallelFor() : InlineParallelFor();
+  const int64_t batch = 1 << 16;
+  const int width = 4;
+  std::vector<int64_t> keys(batch);
+  std::vector<float> vals(batch * width, 0.5f);
+  std::vector<float> out(batch * width);
+  std::unique_ptr<bool[]> found(new bool[batch]);
+  TableOptions options = Options(width, 4);
+  options.huge_pages = false;
+  HashTable t(options);
+  rlimit limit;
+  limit.rlim_cur = limit.rlim_max = static_cast<rlim_t>(VirtualBytes() + (int64_t{96} << 20));
+  if (setrlimit(RLIMIT_AS, &limit) != 0) return 2;
+  int64_t inserted = 0;
+  bool threw = false;
+  std::string message;
+  for (int b = 0; b < 400 && !threw; ++b) {
+    for (int64_t i = 0; i < batch; ++i) keys[i] = b * batch + i;
+    try {
+      t.Insert(keys.data(), batch, 0, width, vals.data(), nullptr, false, -1, pf);
+      inserted += batch;
+    } catch (const OutOfMemoryError& e) {
+      threw = true;
+      message = e.what();
+    } catch (const std::bad_alloc& e) {
+      threw = true;
+      message = e.what();
+    }
+  }
+  if (!threw) return 3;
+  if (inserted == 0) return 4;
+  // The fully inserted batches are all there, and the size counts exactly
+  // the keys present (the failed batch may be partly applied).
+  const int64_t size = t.size();
+  if (size < inserted || size > inserted + batch) return 5;
+  for (int64_t b = 0; b * batch < inserted; ++b) {
+    for (int64_t i = 0; i < batch; ++i) keys[i] = b * batch + i;
+    t.Find(keys.data(), batch, 0, width, out.data(), found.get(), nullptr, pf);
+    for (int64_t i = 0; i < batch; ++i) {
+      if (!found[i] || out[i * width] != 0.5f) return 6;
+    }
+  }
+  // Usable: remove a batch, then re-insert it into the freed rows.
+  for (int64_t i = 0; i < batch; ++i) keys[i] = i;
+  if (t.Remove(keys.data(), batch, pf) != batch) return 7;
+  t.Insert(keys.data(), batch, 0, width, vals.data(), nullptr, false, -1, pf);
+  if (t.size() != size) return 8;
+  std::fprintf(stderr, "  (%s) out of memory after %lld keys: %s\n", pooled ? "pool" : "inline",
+               static_cast<long long>(inserted), message.c_str());
+  return 0;
+}
+
+TFEXT_TEST(OutOfMemoryThrowsAndTheTableStaysUsable) {
+  for (const bool pooled : {false, true}) {
+    std::fflush(nullptr);
+    const pid_t pid = fork();
+    CHECK(pid >= 0);
+    if (pid == 0) _exit(OutOfMemoryChild(pooled));
+    int status = 0;
+    CHECK_EQ(waitpid(pid, &status, 0), pid);
+    CHECK(WIFEXITED(status));  // not killed by an abort
+    CHECK_EQ(WEXITSTATUS(status), 0);
   }
 }
 

@@ -62,7 +62,7 @@ class TableHandleOp : public OpKernel {
     options_.initial_capacity = capacity;
     options_.shard_bits = static_cast<int>(shard_bits);
     OP_REQUIRES_OK(ctx, ctx->GetAttr("huge_pages", &options_.huge_pages));
-    // The core aborts on invalid options: validate before any table exists.
+    // Validate before any table exists: the op fails at construction.
     const std::string problem = table::ValidateOptions(options_);
     OP_REQUIRES(ctx, problem.empty(), InvalidArgument(problem));
     OP_REQUIRES_OK(ctx, ctx->GetAttr("use_node_name_sharing", &use_node_name_sharing_));
@@ -84,7 +84,9 @@ class TableHandleOp : public OpKernel {
                                       use_node_name_sharing_));
     }
     auto creator = [this](lookup::LookupInterface** ret) {
-      *ret = new TableResource(layout_, options_);
+      TableResource* table = nullptr;
+      TF_RETURN_IF_ERROR(TableResource::Create(layout_, options_, &table));
+      *ret = table;
       return tensorflow::OkStatus();
     };
     lookup::LookupInterface* found = nullptr;
@@ -287,10 +289,12 @@ class TableFindOp : public TableOpBase {
     if (def.NumElements() == cols) {
       std::memcpy(default_row.data(), def.flat<float>().data(), cols * sizeof(float));
     }
-    tc.table->table()->Find(keys.flat<int64_t>().data(), n, col_begin_, cols,
-                            values->flat<float>().data(),
-                            found != nullptr ? found->flat<bool>().data() : nullptr,
-                            default_row.data(), MakeParallelFor(ctx));
+    OP_REQUIRES_OK(ctx, CallTable(*tc.table, "find", [&] {
+      tc.table->table()->Find(keys.flat<int64_t>().data(), n, col_begin_, cols,
+                              values->flat<float>().data(),
+                              found != nullptr ? found->flat<bool>().data() : nullptr,
+                              default_row.data(), MakeParallelFor(ctx));
+    }));
   }
 };
 
@@ -304,10 +308,12 @@ class TableFindOrInsertOp : public TableUpdateOpBase {
     Tensor* values = nullptr;
     OP_REQUIRES_OK(ctx, ctx->allocate_output(0, RowsOutputShape(*in.keys, in.cols), &values));
     if (in.n() == 0) return;
-    in.table->table()->FindOrInsert(in.key_data(), in.n(), col_begin_, in.cols, in.row_data(),
-                                    in.table->column_defaults().data(),
-                                    values->flat<float>().data(), nullptr, count_, step,
-                                    MakeParallelFor(ctx));
+    OP_REQUIRES_OK(ctx, CallTable(*in.table, "find_or_insert", [&] {
+      in.table->table()->FindOrInsert(in.key_data(), in.n(), col_begin_, in.cols, in.row_data(),
+                                      in.table->column_defaults().data(),
+                                      values->flat<float>().data(), nullptr, count_, step,
+                                      MakeParallelFor(ctx));
+    }));
   }
 };
 
@@ -318,9 +324,11 @@ class TableInsertOp : public TableUpdateOpBase {
  private:
   void Apply(OpKernelContext* ctx, const KeyedRows& in, int64_t step) override {
     if (in.n() == 0) return;
-    in.table->table()->Insert(in.key_data(), in.n(), col_begin_, in.cols, in.row_data(),
-                              in.table->column_defaults().data(), count_, step,
-                              MakeParallelFor(ctx));
+    OP_REQUIRES_OK(ctx, CallTable(*in.table, "insert", [&] {
+      in.table->table()->Insert(in.key_data(), in.n(), col_begin_, in.cols, in.row_data(),
+                                in.table->column_defaults().data(), count_, step,
+                                MakeParallelFor(ctx));
+    }));
   }
 };
 
@@ -333,9 +341,11 @@ class TableAccumulateOp : public TableUpdateOpBase {
  private:
   void Apply(OpKernelContext* ctx, const KeyedRows& in, int64_t step) override {
     if (in.n() == 0) return;
-    in.table->table()->Accumulate(in.key_data(), in.n(), col_begin_, in.cols, in.row_data(),
-                                  in.table->column_defaults().data(), insert_missing_,
-                                  count_, step, MakeParallelFor(ctx));
+    OP_REQUIRES_OK(ctx, CallTable(*in.table, "accumulate", [&] {
+      in.table->table()->Accumulate(in.key_data(), in.n(), col_begin_, in.cols, in.row_data(),
+                                    in.table->column_defaults().data(), insert_missing_,
+                                    count_, step, MakeParallelFor(ctx));
+    }));
   }
 
   bool insert_missing_ = true;
@@ -350,11 +360,16 @@ class TableRemoveOp : public TableOpBase {
     const Tensor& keys = ctx->input(1);
     OP_REQUIRES_OK(ctx, CheckKeysTensor(keys));
     const int64_t n = keys.NumElements();
-    SetInt64ScalarOutput(ctx, [&] {
-      return n == 0 ? 0
-                    : table->table()->Remove(keys.flat<int64_t>().data(), n,
-                                             MakeParallelFor(ctx));
-    });
+    // The output first: a failed allocation leaves the table untouched.
+    Tensor* out = nullptr;
+    OP_REQUIRES_OK(ctx, ctx->allocate_output(0, TensorShape({}), &out));
+    int64_t removed = 0;
+    if (n > 0) {
+      OP_REQUIRES_OK(ctx, CallTable(*table, "remove", [&] {
+        removed = table->table()->Remove(keys.flat<int64_t>().data(), n, MakeParallelFor(ctx));
+      }));
+    }
+    out->scalar<int64_t>()() = removed;
   }
 };
 
@@ -376,7 +391,7 @@ class TableClearOp : public OpKernel {
   void Compute(OpKernelContext* ctx) override {
     RefCountPtr<TableResource> table;
     OP_REQUIRES_OK(ctx, GetTableResource(ctx, 0, &table));
-    table->table()->Clear();
+    OP_REQUIRES_OK(ctx, CallTable(*table, "clear", [&] { table->table()->Clear(); }));
   }
 };
 
@@ -389,23 +404,25 @@ class TableExportOp : public TableOpBase {
     Status st;
     Tensor freqs32;
     Tensor* freqs = nullptr;
-    tc.table->table()->Export(col_begin_, tc.cols, [&](int64_t n) {
-      table::HashTable::ExportBuffers b;
-      Tensor* keys = nullptr;
-      Tensor* values = nullptr;
-      Tensor* versions = nullptr;
-      st = ctx->allocate_output(0, TensorShape({n}), &keys);
-      if (st.ok()) st = ctx->allocate_output(1, TensorShape({n, tc.cols}), &values);
-      if (st.ok()) st = ctx->allocate_output(2, TensorShape({n}), &versions);
-      if (st.ok()) st = ctx->allocate_output(3, TensorShape({n}), &freqs);
-      if (st.ok()) st = ctx->allocate_temp(tensorflow::DT_UINT32, TensorShape({n}), &freqs32);
-      if (!st.ok()) return b;
-      b.keys = keys->flat<int64_t>().data();
-      b.rows = values->flat<float>().data();
-      b.versions = versions->flat<int64_t>().data();
-      b.frequencies = freqs32.flat<uint32_t>().data();
-      return b;
-    });
+    OP_REQUIRES_OK(ctx, CallTable(*tc.table, "export", [&] {
+      tc.table->table()->Export(col_begin_, tc.cols, [&](int64_t n) {
+        table::HashTable::ExportBuffers b;
+        Tensor* keys = nullptr;
+        Tensor* values = nullptr;
+        Tensor* versions = nullptr;
+        st = ctx->allocate_output(0, TensorShape({n}), &keys);
+        if (st.ok()) st = ctx->allocate_output(1, TensorShape({n, tc.cols}), &values);
+        if (st.ok()) st = ctx->allocate_output(2, TensorShape({n}), &versions);
+        if (st.ok()) st = ctx->allocate_output(3, TensorShape({n}), &freqs);
+        if (st.ok()) st = ctx->allocate_temp(tensorflow::DT_UINT32, TensorShape({n}), &freqs32);
+        if (!st.ok()) return b;
+        b.keys = keys->flat<int64_t>().data();
+        b.rows = values->flat<float>().data();
+        b.versions = versions->flat<int64_t>().data();
+        b.frequencies = freqs32.flat<uint32_t>().data();
+        return b;
+      });
+    }));
     OP_REQUIRES_OK(ctx, st);
     OP_REQUIRES(ctx, freqs != nullptr,
                 tensorflow::errors::Internal("table export did not size its outputs"));
@@ -421,6 +438,11 @@ class TableImportOp : public TableOpBase {
     OP_REQUIRES_OK(ctx, ctx->GetAttr("clear_first", &clear_first_));
   }
   void Compute(OpKernelContext* ctx) override {
+    // Import takes what Export produced: keys [n], values [n, cols].
+    const Tensor& keys = ctx->input(1);
+    OP_REQUIRES(ctx, keys.dims() == 1,
+                InvalidArgument("import: keys must be a vector [n] (as export returns them), got "
+                                "shape ", keys.shape().DebugString()));
     KeyedRows in;
     OP_REQUIRES_OK(ctx, PrepareKeyedRows(ctx, "values", &in));
     const Tensor& versions = ctx->input(3);
@@ -441,12 +463,14 @@ class TableImportOp : public TableOpBase {
         f32[i] = v < 0 ? 0u : (v > 0xffffffffLL ? 0xffffffffu : static_cast<uint32_t>(v));
       }
     }
-    if (clear_first_) in.table->table()->Clear();
-    if (n == 0) return;
-    in.table->table()->Import(
-        in.key_data(), n, col_begin_, in.cols, in.row_data(), in.table->column_defaults().data(),
-        versions.NumElements() == n ? versions.flat<int64_t>().data() : nullptr,
-        f32.empty() ? nullptr : f32.data(), MakeParallelFor(ctx));
+    OP_REQUIRES_OK(ctx, CallTable(*in.table, "import", [&] {
+      if (clear_first_) in.table->table()->Clear();
+      if (n == 0) return;
+      in.table->table()->Import(
+          in.key_data(), n, col_begin_, in.cols, in.row_data(), in.table->column_defaults().data(),
+          versions.NumElements() == n ? versions.flat<int64_t>().data() : nullptr,
+          f32.empty() ? nullptr : f32.data(), MakeParallelFor(ctx));
+    }));
   }
 
  private:
@@ -462,15 +486,19 @@ class TableEvictOp : public OpKernel {
     int64_t min_version = -1, min_frequency = -1;
     OP_REQUIRES_OK(ctx, GetScalarInt64(ctx, 1, "min_version", &min_version));
     OP_REQUIRES_OK(ctx, GetScalarInt64(ctx, 2, "min_frequency", &min_frequency));
+    Tensor* out = nullptr;
+    OP_REQUIRES_OK(ctx, ctx->allocate_output(0, TensorShape({}), &out));
     int64_t removed = 0;
     if (min_version >= 0 || min_frequency >= 0) {
-      removed = table->table()->RemoveIf(
-          [min_version, min_frequency](int64_t, const float*, const table::KeyMeta& m) {
-            return (min_version >= 0 && m.version < min_version) ||
-                   (min_frequency >= 0 && static_cast<int64_t>(m.frequency) < min_frequency);
-          });
+      OP_REQUIRES_OK(ctx, CallTable(*table, "evict", [&] {
+        removed = table->table()->RemoveIf(
+            [min_version, min_frequency](int64_t, const float*, const table::KeyMeta& m) {
+              return (min_version >= 0 && m.version < min_version) ||
+                     (min_frequency >= 0 && static_cast<int64_t>(m.frequency) < min_frequency);
+            });
+      }));
     }
-    SetInt64ScalarOutput(ctx, [removed] { return removed; });
+    out->scalar<int64_t>()() = removed;
   }
 };
 

@@ -236,6 +236,13 @@ REGISTER_OP("TfExtTableImport")
     .SetIsStateful()
     .SetShapeFn([](InferenceContext* c) {
       TF_RETURN_IF_ERROR(HandleInput(c));
+      // keys [n], as TfExtTableExport returns them.
+      ShapeHandle keys = c->input(1);
+      if (c->RankKnown(keys) && c->Rank(keys) != 1) {
+        return tensorflow::errors::InvalidArgument(
+            "import: keys must be a vector [n] (as export returns them), got rank ",
+            c->Rank(keys));
+      }
       ShapeHandle unused;
       return RowsShape(c, 2, &unused);
     });

@@ -3,13 +3,17 @@
 #include "tensorflow_ext/table/kernels/table_resource.h"
 
 #include <algorithm>
+#include <cmath>
 #include <cstring>
+#include <new>
+#include <stdexcept>
 
 #include "tensorflow/core/framework/device_base.h"
 #include "tensorflow/core/framework/tensor_shape.h"
 #include "tensorflow/core/framework/type_index.h"
 #include "tensorflow/core/lib/core/errors.h"
 #include "tensorflow/core/lib/strings/strcat.h"
+#include "tensorflow/core/platform/str_util.h"
 #include "tensorflow/core/platform/threadpool.h"
 #include "tensorflow_ext/table/kernels/tensor_checks.h"
 
@@ -48,9 +52,17 @@ static std::vector<float> EffectiveDefaults(const TableLayout& l) {
   return std::vector<float>(static_cast<size_t>(std::max<int64_t>(l.width, 0)), 0.0f);
 }
 
+// Equal values, or both NaN: a NaN default (e.g. a NaN constant initializer)
+// is the same layout as itself, which `==` on floats would deny.
+static bool SameDefault(float a, float b) {
+  return a == b || (std::isnan(a) && std::isnan(b));
+}
+
 bool TableLayout::SameAs(const TableLayout& other) const {
-  return dim == other.dim && width == other.width &&
-         EffectiveDefaults(*this) == EffectiveDefaults(other);
+  if (dim != other.dim || width != other.width) return false;
+  const std::vector<float> a = EffectiveDefaults(*this);
+  const std::vector<float> b = EffectiveDefaults(other);
+  return std::equal(a.begin(), a.end(), b.begin(), b.end(), SameDefault);
 }
 
 std::string TableLayout::DebugString() const {
@@ -77,6 +89,32 @@ TableResource::TableResource(const TableLayout& layout, table::TableOptions opti
 
 TableResource::~TableResource() = default;
 
+Status TableResource::Create(const TableLayout& layout, const table::TableOptions& options,
+                             TableResource** out) {
+  *out = nullptr;
+  try {
+    *out = new TableResource(layout, options);
+  } catch (const std::invalid_argument& e) {
+    return InvalidArgument(e.what());
+  } catch (const std::bad_alloc& e) {
+    return tensorflow::errors::ResourceExhausted(
+        "tf_ext table (", layout.DebugString(), "): cannot allocate the table (", e.what(), ")");
+  }
+  return tensorflow::OkStatus();
+}
+
+Status TableMemoryError(const TableResource& table, const char* what,
+                        const std::exception& error) {
+  // The core's messages start with "tf_ext table: ", which this one says.
+  tensorflow::StringPiece detail(error.what());
+  tensorflow::str_util::ConsumePrefix(&detail, "tf_ext table: ");
+  return tensorflow::errors::ResourceExhausted(
+      "tf_ext table ", what, " ran out of memory: ", detail, " [table: ",
+      table.layout().DebugString(), ", ", table.table()->size(), " keys, ",
+      table.table()->memory_bytes(),
+      " bytes held]. The table is still usable; part of the batch may have been applied.");
+}
+
 Status TableResource::Find(OpKernelContext* ctx, const Tensor& keys,
                            Tensor* values, const Tensor& default_value) {
   TF_RETURN_IF_ERROR(CheckKeysTensor(keys));
@@ -97,16 +135,20 @@ Status TableResource::Find(OpKernelContext* ctx, const Tensor& keys,
     if (dn == dim) {
       std::copy_n(default_value.flat<float>().data(), dim, row.data());
     }
-    table_->Find(k, n, 0, dim, out, nullptr, row.data(), pf);
-    return tensorflow::OkStatus();
+    return CallTable(*this, "find", [&] { table_->Find(k, n, 0, dim, out, nullptr, row.data(), pf); });
   }
   if (dn != n * dim) {
     return InvalidArgument("default_value must be a scalar, [", dim,
                            "] or keys.shape + [", dim, "], got shape ",
                            default_value.shape().DebugString());
   }
-  std::unique_ptr<bool[]> found(new bool[n]);
-  table_->Find(k, n, 0, dim, out, found.get(), nullptr, pf);
+  std::unique_ptr<bool[]> found(new (std::nothrow) bool[n]);
+  if (found == nullptr) {
+    return tensorflow::errors::ResourceExhausted("tf_ext table find: cannot allocate ", n,
+                                                 " found flags");
+  }
+  TF_RETURN_IF_ERROR(
+      CallTable(*this, "find", [&] { table_->Find(k, n, 0, dim, out, found.get(), nullptr, pf); }));
   const float* d = default_value.flat<float>().data();
   for (int64_t i = 0; i < n; ++i) {
     if (!found[i]) std::copy_n(d + i * dim, dim, out + i * dim);
@@ -125,18 +167,19 @@ Status TableResource::Insert(OpKernelContext* ctx, const Tensor& keys,
                            values.shape().DebugString());
   }
   if (n == 0) return tensorflow::OkStatus();
-  table_->Insert(keys.flat<int64_t>().data(), n, 0, layout_.dim,
-                 values.flat<float>().data(), column_defaults_.data(),
-                 /*count=*/false, /*version=*/-1, MakeParallelFor(ctx));
-  return tensorflow::OkStatus();
+  return CallTable(*this, "insert", [&] {
+    table_->Insert(keys.flat<int64_t>().data(), n, 0, layout_.dim, values.flat<float>().data(),
+                   column_defaults_.data(), /*count=*/false, /*version=*/-1, MakeParallelFor(ctx));
+  });
 }
 
 Status TableResource::Remove(OpKernelContext* ctx, const Tensor& keys) {
   TF_RETURN_IF_ERROR(CheckKeysTensor(keys));
   const int64_t n = keys.NumElements();
   if (n == 0) return tensorflow::OkStatus();
-  table_->Remove(keys.flat<int64_t>().data(), n, MakeParallelFor(ctx));
-  return tensorflow::OkStatus();
+  return CallTable(*this, "remove", [&] {
+    table_->Remove(keys.flat<int64_t>().data(), n, MakeParallelFor(ctx));
+  });
 }
 
 size_t TableResource::size() const { return static_cast<size_t>(table_->size()); }
@@ -144,17 +187,19 @@ size_t TableResource::size() const { return static_cast<size_t>(table_->size());
 Status TableResource::ExportValues(OpKernelContext* ctx) {
   const int64_t dim = layout_.dim;
   Status st;
-  table_->Export(0, dim, [&](int64_t n) {
-    table::HashTable::ExportBuffers b;
-    Tensor* keys = nullptr;
-    Tensor* values = nullptr;
-    st = ctx->allocate_output("keys", TensorShape({n}), &keys);
-    if (st.ok()) st = ctx->allocate_output("values", TensorShape({n, dim}), &values);
-    if (!st.ok()) return b;
-    b.keys = keys->flat<int64_t>().data();
-    b.rows = values->flat<float>().data();
-    return b;
-  });
+  TF_RETURN_IF_ERROR(CallTable(*this, "export", [&] {
+    table_->Export(0, dim, [&](int64_t n) {
+      table::HashTable::ExportBuffers b;
+      Tensor* keys = nullptr;
+      Tensor* values = nullptr;
+      st = ctx->allocate_output("keys", TensorShape({n}), &keys);
+      if (st.ok()) st = ctx->allocate_output("values", TensorShape({n, dim}), &values);
+      if (!st.ok()) return b;
+      b.keys = keys->flat<int64_t>().data();
+      b.rows = values->flat<float>().data();
+      return b;
+    });
+  }));
   return st;
 }
 
@@ -167,12 +212,12 @@ Status TableResource::ImportValues(OpKernelContext* ctx, const Tensor& keys,
     return InvalidArgument("values must have ", n, " rows of ", layout_.dim,
                            " floats, got shape ", values.shape().DebugString());
   }
-  table_->Clear();
-  if (n == 0) return tensorflow::OkStatus();
-  table_->Import(keys.flat<int64_t>().data(), n, 0, layout_.dim,
-                 values.flat<float>().data(), column_defaults_.data(), nullptr,
-                 nullptr, MakeParallelFor(ctx));
-  return tensorflow::OkStatus();
+  return CallTable(*this, "import", [&] {
+    table_->Clear();
+    if (n == 0) return;
+    table_->Import(keys.flat<int64_t>().data(), n, 0, layout_.dim, values.flat<float>().data(),
+                   column_defaults_.data(), nullptr, nullptr, MakeParallelFor(ctx));
+  });
 }
 
 int64_t TableResource::MemoryUsed() const { return table_->memory_bytes(); }

@@ -19,7 +19,10 @@
 
 #include <cstdint>
 #include <memory>
+#include <new>
+#include <stdexcept>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "tensorflow/core/framework/lookup_interface.h"
@@ -54,9 +57,15 @@ struct TableLayout {
 class TableResource : public tensorflow::lookup::LookupInterface {
  public:
   // `layout` must be valid (TableLayout::Validate) and `options` must pass
-  // table::ValidateOptions (the core aborts on invalid options).
-  // options.width is set from the layout.
+  // table::ValidateOptions (the core throws std::invalid_argument otherwise).
+  // options.width is set from the layout. May throw std::bad_alloc; use
+  // Create() from a kernel.
   TableResource(const TableLayout& layout, table::TableOptions options);
+
+  // Creates a table; InvalidArgument for invalid options, ResourceExhausted
+  // if its memory cannot be had. Never throws.
+  static tensorflow::Status Create(const TableLayout& layout, const table::TableOptions& options,
+                                   TableResource** out);
 
   // The core table; thread-safe, so callers need no extra lock.
   table::HashTable* table() { return table_.get(); }
@@ -119,6 +128,29 @@ class TableResource : public tensorflow::lookup::LookupInterface {
 // execution when the context has no worker pool.
 table::ParallelFor MakeParallelFor(tensorflow::OpKernelContext* ctx,
                                    int64_t cost_per_unit = 1000000);
+
+// The status for a table operation `what` (e.g. "insert") that failed because
+// the core threw `error`: ResourceExhausted naming the operation, the table
+// and the core's message (out of memory, or a full shard).
+tensorflow::Status TableMemoryError(const TableResource& table, const char* what,
+                                    const std::exception& error);
+
+// Runs fn(), a call into table's core, and returns OK, or the error status
+// of an exception it threw (see TableMemoryError). Kernels must reach the
+// core only through this: an exception that leaves a kernel terminates the
+// process. Example:
+//   OP_REQUIRES_OK(ctx, CallTable(*table, "insert", [&] { table->table()->Insert(...); }));
+template <typename Fn>
+tensorflow::Status CallTable(const TableResource& table, const char* what, Fn&& fn) {
+  try {
+    std::forward<Fn>(fn)();
+  } catch (const std::bad_alloc& e) {
+    return TableMemoryError(table, what, e);
+  } catch (const std::length_error& e) {
+    return TableMemoryError(table, what, e);
+  }
+  return tensorflow::OkStatus();
+}
 
 // Reads the resource-handle input `input_index` and returns the table it
 // refers to. InvalidArgument (naming the input) if the input is not a scalar

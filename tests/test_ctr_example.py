@@ -1,4 +1,4 @@
-"""The main job (python -m tensorflow_ext.examples.ctr) in --quick mode, in subprocesses."""
+"""The CTR example (python -m tensorflow_ext.examples.ctr) in --quick mode, in subprocesses."""
 
 import glob
 import json
@@ -15,7 +15,10 @@ _PREFIX = ["-m", "tensorflow_ext.examples.ctr"]
 
 
 def _run_ctr(*args, timeout=240):
-    env = dict(os.environ, TF_CPP_MIN_LOG_LEVEL="2", PYTHONPATH=REPO)
+    """Runs the example as a user does; returns (JSON summary, stderr, stdout)."""
+    env = dict(os.environ, PYTHONPATH=REPO)
+    # What a user sees by default: no TF logging settings inherited from the test run.
+    env.pop("TF_CPP_MIN_LOG_LEVEL", None)
     proc = subprocess.run([sys.executable] + _PREFIX + list(args), cwd=REPO, env=env,
                           stdout=subprocess.PIPE, stderr=subprocess.PIPE, timeout=timeout,
                           universal_newlines=True)
@@ -23,7 +26,19 @@ def _run_ctr(*args, timeout=240):
         proc.stdout[-3000:], proc.stderr[-6000:])
     lines = [l for l in proc.stdout.splitlines() if l.strip()]
     summary = json.loads(lines[-1])
-    return summary, proc.stderr
+    return summary, proc.stderr, proc.stdout
+
+
+def _scalar_series(model_dir, tag):
+    """[(step, value)] of a scalar summary in the training event files of model_dir."""
+    import tensorflow as tf
+    out = []
+    for path in glob.glob(os.path.join(model_dir, "events.out.tfevents.*")):
+        for event in tf.compat.v1.train.summary_iterator(path):
+            for value in event.summary.value:
+                if value.tag == tag:
+                    out.append((event.step, value.simple_value))
+    return sorted(out)
 
 
 def _events(model_dir):
@@ -32,14 +47,26 @@ def _events(model_dir):
 
 def test_quick_synthetic_trains_then_continues(tmp_path):
     model_dir = str(tmp_path / "ctr")
-    s1, log = _run_ctr("--quick", "--model_dir", model_dir)
+    s1, log, out = _run_ctr("--quick", "--model_dir", model_dir)
     assert s1["model"] == "deepfm" and s1["data"] == "synthetic"
     assert s1["start_step"] == 0 and s1["global_step"] == s1["steps"] > 0
     assert s1["auc"] > 0.6, s1
     assert s1["auc"] <= s1["oracle_auc"] + 0.02, s1
     assert s1["steps_per_sec"] > 0
-    # Progress is logged (loss, steps/s) and summaries/checkpoints are written.
-    assert "steps/s" in log and "loss" in log
+    # The default output is the example's own: progress, eval metrics, where things went,
+    # the JSON summary; none of TensorFlow's deprecation warnings or INFO log.
+    lines = [l for l in (log + out).splitlines() if l.strip()]
+    assert len(lines) < 25, "\n".join(lines)
+    assert not [l for l in lines if "deprecat" in l.lower()], "\n".join(lines)
+    assert not [l for l in lines if "WARNING" in l or "INFO:" in l], "\n".join(lines)
+    assert out.strip().count("\n") == 0  # stdout: the JSON summary only
+    progress = [l for l in lines if l.startswith("ctr: step ")]
+    assert len(progress) == 2, "\n".join(lines)        # --quick: 100 steps, every 50
+    assert "loss" in progress[-1] and "steps/s" in progress[-1] and "table keys" in progress[-1]
+    assert "ctr: eval: AUC %.4f" % s1["auc"] in log
+    assert "ctr: checkpoint: %s" % s1["checkpoint"] in log
+    assert "tensorboard --logdir %s" % model_dir in log
+    # Summaries and checkpoints are written.
     assert glob.glob(os.path.join(model_dir, "model.ckpt-%d.index" % s1["global_step"]))
     assert _events(model_dir) and glob.glob(os.path.join(model_dir, "eval", "events.*"))
     assert len(s1["table_sizes"]) == 26, s1["table_sizes"]
@@ -50,10 +77,24 @@ def test_quick_synthetic_trains_then_continues(tmp_path):
     prefix = "embeddings/input_layer/C1_emb/embedding_weights/part_0"
     assert ckpt[prefix + "-keys"] == [s1["table_sizes"]["C1_emb"]]
     assert ckpt[prefix + "-slots"] == [s1["table_sizes"]["C1_emb"], 5]  # Adagrad, dim 4 + 1
+    # The library's summaries (tf_ext.embedding.add_summaries) are in the training events.
+    table = "tf_ext/embeddings/input_layer/C1_emb/embedding_weights/"
+    sizes = _scalar_series(model_dir, table + "size")
+    mems = dict(_scalar_series(model_dir, table + "memory_bytes"))
+    per_key = dict(_scalar_series(model_dir, table + "bytes_per_key"))
+    assert len(sizes) >= 2, sizes
+    assert all(a[1] <= b[1] for a, b in zip(sizes, sizes[1:])), sizes   # tables only grow
+    assert 0 < sizes[-1][1] <= s1["table_sizes"]["C1_emb"]
+    for step, size in sizes:
+        assert mems[step] >= size * (8 + 4 * 5), (step, size, mems[step])   # key + 5 floats
+        if size:
+            assert per_key[step] == pytest.approx(mems[step] / size, rel=1e-3)
 
     # Day two: same model_dir -> continues from the checkpoint on new data.
-    s2, _ = _run_ctr("--quick", "--model_dir", model_dir, "--quiet", "--steps", "30",
-                     "--eval_steps", "3")
+    s2, log2, out2 = _run_ctr("--quick", "--model_dir", model_dir, "--quiet", "--steps", "30",
+                              "--eval_steps", "3")
+    assert "ctr:" not in log2 and "deprecat" not in log2.lower()     # --quiet: only the JSON
+    assert out2.strip().count("\n") == 0
     assert s2["start_step"] == s1["global_step"]
     assert s2["global_step"] == s1["global_step"] + s2["steps"]
     assert s2["auc"] > 0.6, s2
@@ -80,8 +121,11 @@ def test_tsv_data(tmp_path):
     with open(path) as f:
         first = f.readline().rstrip("\n").split("\t")
     assert len(first) == 40 and first[0] in ("0", "1")
-    s, _ = _run_ctr("--quick", "--quiet", "--data", path, "--model_dir", str(tmp_path / "m"),
-                    "--batch_size", "256")
+    s, log, _ = _run_ctr("--quick", "--verbose", "--data", path, "--model_dir",
+                         str(tmp_path / "m"), "--batch_size", "256")
+    # --verbose gives TensorFlow's own logs back, deprecation warnings included.
+    assert "is deprecated" in log and "INFO:tensorflow:" in log, log[-3000:]
+    assert "ctr: eval: AUC" in log
     assert s["model"] == "deepfm" and s["data"] == path
     # ~90% of 2000 lines for training in batches of 256.
     assert 6 <= s["global_step"] <= 8, s
@@ -119,10 +163,31 @@ def test_flags():
     a = ctr.parse_args(["--optimizer", "adam", "--hidden", "8,4", "--steps", "7"])
     assert a.learning_rate == 0.001 and a.hidden_units == [8, 4] and a.steps == 7
     for bad in (["--data", "/nonexistent/*.tsv"], ["--model", "lr"], ["--hidden", "a,b"],
-                ["--batch_size", "0"]):
+                ["--batch_size", "0"], ["--quiet", "--verbose"]):
         with pytest.raises(SystemExit) as e:
             ctr.parse_args(bad)
         assert e.value.code == 2
+
+
+def test_quiet_tf_logs_are_scoped_to_the_run():
+    """main() turns TF's deprecation warnings and INFO log off for its run only."""
+    import tensorflow as tf
+    from tensorflow.python.util import deprecation
+    from tensorflow_ext.examples import ctr
+    old = tf.compat.v1.logging.get_verbosity()
+    tf.compat.v1.logging.set_verbosity(tf.compat.v1.logging.INFO)
+    try:
+        with pytest.raises(RuntimeError):
+            with ctr._tf_chatter(verbose=False):
+                assert deprecation._PRINT_DEPRECATION_WARNINGS is False
+                assert tf.compat.v1.logging.get_verbosity() == tf.compat.v1.logging.WARN
+                raise RuntimeError("the run failed")
+        assert deprecation._PRINT_DEPRECATION_WARNINGS is True
+        assert tf.compat.v1.logging.get_verbosity() == tf.compat.v1.logging.INFO
+        with ctr._tf_chatter(verbose=True):
+            assert deprecation._PRINT_DEPRECATION_WARNINGS is True
+    finally:
+        tf.compat.v1.logging.set_verbosity(old)
 
 
 @pytest.mark.parametrize("split", ["train", "eval"])

@@ -1,5 +1,5 @@
 #!/usr/bin/env python
-"""ctr26 end-to-end training-step benchmark (shared/ANCHORS.md), variants side by side.
+"""ctr26 end-to-end training-step benchmark, variants side by side.
 
 Workload: 26 categorical fields, batch 4096, embedding dim 16; per field, ids are
 Zipf(1.1) draws folded into 2^22 values (mod), hashed with the field id into one
@@ -55,7 +55,7 @@ class ZipfSampler(object):
     """Zipf(a) ids folded into [0, vocab): numpy's zipf draw (k >= 1, unbounded) mod vocab.
 
     About 20% of Zipf(1.1) draws exceed 2^22; folding them back spreads them over
-    the whole range, which is what gives ANCHORS' "2.1M keys after 50 steps" (a
+    the whole range, which is what gives the ~2.1M distinct keys after 50 steps (a
     distribution truncated at 2^22 instead gives ~1.1M).
     """
 
@@ -447,19 +447,19 @@ def quality_main(args, log):
         (every batch seen once, as in a stream); evaluation on fresh held-out batches
         from the same distribution, with is_training=False (evaluation inserts no key;
         a key the dynamic table does not hold reads as zeros).
-      * fixed budget (--quality-budgets, in static rows R): B = R * dim * 4 * 2 bytes
+      * fixed budget (--quality_budgets, in static rows R): B = R * dim * 4 * 2 bytes
         (embedding + Adagrad accumulator). The static model gets R rows (ids mod R).
-        The dynamic model trains with periodic eviction (every --quality-evict-every
-        steps, policy --quality-policy, see train_dynamic_budget()) so that its
+        The dynamic model trains with periodic eviction (every --quality_evict_every
+        steps, policy --quality_policy, see train_dynamic_budget()) so that its
         TfExtTableMemoryBytes (keys, embedding and Adagrad columns, metadata, index,
         overhead: the bytes the table holds) stays at or under B. The table never
         gives memory back (evicted rows are reused), so its bytes only grow: the
         reported peak is the maximum over all readings, before and after each
         eviction, and at the end. A peak over B is reported as such, not hidden.
-      * optional (--quality-all-keys, the earlier comparison): the dynamic model with
+      * optional (--quality_all_keys, the earlier comparison): the dynamic model with
         no eviction (it keeps every key seen) vs a static model with its bytes.
       * the AUC of the true logits (the ceiling) is reported.
-      * repeated for --quality-seeds seeds (data, task draws and model init follow the
+      * repeated for --quality_seeds seeds (data, task draws and model init follow the
         seed); the verdict uses the mean paired difference per budget.
     """
     runs = []
@@ -647,7 +647,7 @@ def quality_markdown(out):
 
 def main(argv=None):
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("--batch", type=int, default=4096)
+    p.add_argument("--batch_size", "--batch", dest="batch", type=int, default=4096)
     p.add_argument("--dim", type=int, default=16)
     p.add_argument("--vocab", type=int, default=1 << 22, help="ids per field (Zipf draws mod vocab)")
     p.add_argument("--buckets", type=int, default=1 << 20, help="rows of the static variant")
@@ -655,24 +655,24 @@ def main(argv=None):
     p.add_argument("--warmup", type=int, default=10)
     p.add_argument("--optimizer", nargs="+", default=["adagrad"], choices=["adagrad", "adam"])
     p.add_argument("--variants", nargs="+", default=[v.name for v in VARIANTS], choices=[v.name for v in VARIANTS])
-    p.add_argument("--intra-op", type=int, default=2)
-    p.add_argument("--inter-op", type=int, default=1)
+    p.add_argument("--intra_op", "--intra-op", type=int, default=2)
+    p.add_argument("--inter_op", "--inter-op", type=int, default=1)
     p.add_argument("--seed", type=int, default=2024)
     p.add_argument("--quick", action="store_true",
                    help="speed: batch 1024, 10 steps after 3; quality: 60 batches of 1024")
     p.add_argument("--quality", action="store_true", help="AUC of dynamic vs static hashed at equal memory")
-    p.add_argument("--quality-steps", type=int, default=300, help="training batches (one pass) in --quality")
-    p.add_argument("--eval-batches", type=int, default=16)
-    p.add_argument("--quality-seeds", type=int, default=3,
+    p.add_argument("--quality_steps", "--quality-steps", type=int, default=300, help="training batches (one pass) in --quality")
+    p.add_argument("--eval_batches", "--eval-batches", type=int, default=16)
+    p.add_argument("--quality_seeds", "--quality-seeds", type=int, default=3,
                    help="--quality: repeat with this many seeds (data, task and init) and report the mean difference")
-    p.add_argument("--no-static-reference", dest="static_reference", action="store_false",
+    p.add_argument("--no_static_reference", "--no-static-reference", dest="static_reference", action="store_false",
                    help="(unused since --quality compares at fixed budgets; kept for old command lines)")
-    p.add_argument("--quality-budgets", type=int, nargs="+", default=[1 << 20, 1 << 22],
+    p.add_argument("--quality_budgets", "--quality-budgets", type=int, nargs="+", default=[1 << 20, 1 << 22],
                    help="--quality: memory budgets, in static rows (bytes = rows * dim * 4 * 2)")
-    p.add_argument("--quality-evict-every", type=int, default=2, help="--quality: dynamic model evicts every N steps")
-    p.add_argument("--quality-policy", choices=["lru", "lfu"], default="lru",
+    p.add_argument("--quality_evict_every", "--quality-evict-every", type=int, default=2, help="--quality: dynamic model evicts every N steps")
+    p.add_argument("--quality_policy", "--quality-policy", choices=["lru", "lfu"], default="lru",
                    help="--quality: eviction policy, lru (steps_to_live) or lfu (min_frequency)")
-    p.add_argument("--quality-all-keys", action="store_true",
+    p.add_argument("--quality_all_keys", "--quality-all-keys", action="store_true",
                    help="--quality: also the earlier comparison (dynamic keeps every key, static gets its bytes)")
     p.add_argument("--json")
     args = p.parse_args(argv)

@@ -6,7 +6,7 @@ median step time of N steps after a warm-up and the ratio to float32, as a
 markdown table. The machine is shared and noisy: compare ratios.
 
 Usage:
-  python tools/bench_mixed_precision.py [--steps 90] [--warmup 5] [--batch 256]
+  python tools/bench_mixed_precision.py [--steps 90] [--warmup 5] [--batch_size 256]
       [--width 128] [--inputs 64] [--threads 2] [--rounds 9]
 """
 
@@ -75,7 +75,7 @@ def main(argv=None):
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--steps", type=int, default=90)
     parser.add_argument("--warmup", type=int, default=5)
-    parser.add_argument("--batch", type=int, default=256)
+    parser.add_argument("--batch_size", "--batch", dest="batch", type=int, default=256)
     parser.add_argument("--width", type=int, default=128)
     parser.add_argument("--inputs", type=int, default=64)
     parser.add_argument("--threads", type=int, default=2)

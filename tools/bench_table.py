@@ -1,7 +1,7 @@
 #!/usr/bin/env python
 """Table micro-benchmark: every backend in one run, side by side (docs/benchmarks.md).
 
-Workload (shared/ANCHORS.md): N = 1M keys prefilled; each timed step is one
+Workload: N = 1M keys prefilled; each timed step is one
 session.run on a batch of 131072 existing keys drawn uniformly; 2 intra-op
 threads, 1 inter-op thread; `find` is reduced to a scalar in-graph
 (tf.reduce_sum) so copying the output out of the session does not dominate;
@@ -19,8 +19,8 @@ that machine noise hits all backends alike; the figure is the median over
 repeats after warm-up. Keys come from a pool of pre-drawn batches held in the
 graph as constants (no feed of key data per step).
 
-Full run (ANCHORS settings):   python tools/bench_table.py --json docs/bench_table.json
-Quick run while developing:    python tools/bench_table.py --quick
+Full run (the figures of docs):  python tools/bench_table.py --json docs/bench_table.json
+Quick run while developing:     python tools/bench_table.py --quick
 """
 
 import abc
@@ -328,7 +328,7 @@ def markdown(out):
 
 
 def targets(out):
-    """Issue 2's figures to reach, checked on this run's ratios."""
+    """The product targets (find vs dense, upsert vs TFRA), checked on this run's ratios."""
     res, lines = out["results"], []
     for d in out["config"]["dims"]:
         f = ratio(get(res, d, "ours", "find"), get(res, d, "dense", "find"))
@@ -343,18 +343,18 @@ def targets(out):
 def main(argv=None):
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--keys", type=int, default=1 << 20, help="keys prefilled (default 1M = 2^20)")
-    p.add_argument("--batch", type=int, default=131072, help="keys per timed step")
+    p.add_argument("--batch_size", "--batch", dest="batch", type=int, default=131072, help="keys per timed step")
     p.add_argument("--repeats", type=int, default=40, help="timed repeats per backend and op")
     p.add_argument("--warmup", type=int, default=5, help="untimed rounds first")
     p.add_argument("--pool", type=int, default=8, help="distinct pre-drawn batches cycled through")
     p.add_argument("--dims", type=int, nargs="+", default=[16, 64])
     p.add_argument("--backends", nargs="+", default=[b.name for b in BACKENDS], choices=[b.name for b in BACKENDS])
-    p.add_argument("--intra-op", type=int, default=2)
-    p.add_argument("--inter-op", type=int, default=1)
+    p.add_argument("--intra_op", "--intra-op", type=int, default=2)
+    p.add_argument("--inter_op", "--inter-op", type=int, default=1)
     p.add_argument("--stat", choices=["median", "p10"], default="median",
                    help="time statistic behind the Mkeys/s figures (p10 = 10th-percentile time, "
                         "less sensitive to load from other processes); both are in the JSON")
-    p.add_argument("--upsert-values", choices=["const", "random"], default="const",
+    p.add_argument("--upsert_values", "--upsert-values", choices=["const", "random"], default="const",
                    help="const: one pre-drawn [batch, dim] tensor (times the table op alone); random: "
                         "tf.random.normal drawn in-graph each step (adds the RNG's cost to every backend)")
     p.add_argument("--seed", type=int, default=1234)

@@ -40,6 +40,8 @@ from tensorflow_ext.embedding.eviction import EvictionHook
 from tensorflow_ext.embedding.eviction import EvictionSaverListener
 from tensorflow_ext.embedding.eviction import evict
 
+from tensorflow_ext.embedding.summaries import add_summaries
+
 __all__ = [
     "DynamicEmbedding",
     "DynamicEmbeddingShard",
@@ -49,6 +51,7 @@ __all__ = [
     "GraphKeys",
     "InitSpec",
     "ShardSaveable",
+    "add_summaries",
     "embedding_lookup",
     "embedding_lookup_sparse",
     "evict",

@@ -648,6 +648,27 @@ class DynamicEmbedding(object):
           sizes.append(_ops.op("tf_ext_table_size")(shard.handle))
       return tf.add_n(sizes) if len(sizes) > 1 else tf.identity(sizes[0])
 
+  def memory_bytes(self, name=None):
+    """The host memory the embedding's tables hold, in bytes (all shards).
+
+    What each shard's table says it holds (`TfExtTableMemoryBytes`): keys,
+    rows of `[embedding | optimizer slots]`, per-key metadata and the index,
+    including capacity reserved for growth. Removing keys (`remove`, eviction)
+    does not give memory back: the freed rows are reused by later keys.
+
+    Args:
+      name: optional name scope.
+
+    Returns:
+      int64 scalar tensor.
+    """
+    with tf.name_scope(name or (self._name.split("/")[-1] + "_memory_bytes")):
+      parts = []
+      for shard in self._shards:
+        with tf_ops.colocate_with(shard.handle):
+          parts.append(_ops.op("tf_ext_table_memory_bytes")(shard.handle))
+      return tf.add_n(parts) if len(parts) > 1 else tf.identity(parts[0])
+
   def export(self, with_slots=False, name=None):
     """Snapshot of the embedding (all shards concatenated, unspecified order).
 

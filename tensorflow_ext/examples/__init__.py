@@ -1,6 +1,6 @@
 """Examples of tensorflow_ext (TF1 graph mode, Estimator style).
 
-* ``python -m tensorflow_ext.examples.ctr``: the main job, a DeepFM / Wide&Deep
+* ``python -m tensorflow_ext.examples.ctr``: the CTR example, a DeepFM / Wide&Deep
   CTR Estimator with dynamic embeddings (see docs/ctr_example.md).
 * :mod:`tensorflow_ext.examples.synthetic`: the synthetic Criteo-like stream it
   trains on (also used by ``tools/bench_ctr.py``).

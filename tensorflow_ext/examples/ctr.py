@@ -1,4 +1,4 @@
-"""The main job: a CTR Estimator (DeepFM or Wide&Deep) on dynamic embeddings.
+"""The CTR example: a CTR Estimator (DeepFM or Wide&Deep) on dynamic embeddings.
 
 Run ``python -m tensorflow_ext.examples.ctr`` (``--help`` for the flags; see
 docs/ctr_example.md). It trains a ``tf.compat.v1.estimator.Estimator`` whose
@@ -20,9 +20,15 @@ the same ``--model_dir`` continues from the checkpoint (global step, dense
 weights, tables and optimizer slots): incremental, "day after day" training. On
 the synthetic stream a continued run starts at the batch after the last one
 trained, i.e. it sees new data.
+
+Output: progress lines, the evaluation metrics, where the checkpoint and the
+summaries went (stderr), then the JSON summary (stdout). TensorFlow's own
+chatter (deprecation warnings of the TF1 APIs used here, the Estimator's INFO
+log, the C++ runtime's info lines) is off unless ``--verbose``.
 """
 
 import argparse
+import contextlib
 import glob
 import json
 import os
@@ -30,11 +36,33 @@ import shutil
 import sys
 import tempfile
 import time
+import warnings
 
-os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
+
+def _wants_verbose(argv):
+    # Any unambiguous prefix of --verbose, as argparse accepts.
+    return any(len(a) >= 3 and "--verbose".startswith(a) for a in argv)
+
+
+def _quiet_tf_runtime_logs():
+    """Turns the TF C++ runtime's info lines off when run as a script (unless --verbose or set).
+
+    TensorFlow reads TF_CPP_MIN_LOG_LEVEL once, at its first log line, which it writes while
+    being imported; so this only works before TensorFlow is imported. Level 1: info lines off,
+    warnings and errors still shown. (``python -m tensorflow_ext.examples.ctr`` imports the
+    ``tensorflow_ext`` package, and with it TensorFlow, before this module runs: there TF's
+    import lines stay unless the variable is set in the environment.)
+    """
+    if "tensorflow" not in sys.modules and not _wants_verbose(sys.argv[1:]):
+        os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "1")
+
+
+if __name__ == "__main__":
+    _quiet_tf_runtime_logs()
 
 import numpy as np  # noqa: E402
 import tensorflow as tf  # noqa: E402
+from tensorflow.python.util import deprecation as _tf_deprecation  # noqa: E402
 
 from tensorflow_ext.examples import synthetic  # noqa: E402
 
@@ -49,6 +77,12 @@ _QUICK = dict(steps=100, batch_size=512, eval_steps=5, dim=4, hidden="64,32",
 _OPTIMIZERS = ("adagrad", "adam", "ftrl", "sgd", "momentum", "rmsprop")
 _DEFAULT_LR = {"adagrad": 0.5, "adam": 0.001, "ftrl": 0.05, "sgd": 0.5, "momentum": 0.05,
                "rmsprop": 0.001}
+
+
+def _embedding_module():
+    """``tf_ext.embedding`` (its import installs the stock-optimizer support)."""
+    from tensorflow_ext import embedding  # pylint: disable=g-import-not-at-top
+    return embedding
 
 
 def _feature_column_module():
@@ -127,7 +161,11 @@ def parse_args(argv=None):
                         "(default 120).")
     p.add_argument("--threads", type=int, default=0,
                    help="intra-op and inter-op threads (default 0: TensorFlow's choice).")
-    p.add_argument("--quiet", action="store_true", help="log warnings only (no progress).")
+    p.add_argument("--quiet", action="store_true",
+                   help="no progress lines: only warnings, errors and the JSON summary.")
+    p.add_argument("--verbose", action="store_true",
+                   help="also TensorFlow's own logs: the Estimator's INFO log, deprecation "
+                        "warnings of the TF1 APIs, the C++ runtime's info lines.")
     args = p.parse_args(argv)
     defaults = _QUICK if args.quick else _DEFAULTS
     for k, v in defaults.items():
@@ -144,6 +182,8 @@ def parse_args(argv=None):
             p.error("--%s must be >= 1" % name)
     if args.steps is not None and args.steps < 0:
         p.error("--steps must be >= 0")
+    if args.quiet and args.verbose:
+        p.error("--quiet and --verbose exclude each other")
     if args.data:
         args.train_files = _expand(args.data)
         if not args.train_files:
@@ -238,8 +278,13 @@ def _dense_columns():
 
 def _dynamic_tables():
     """``{name: size tensor}`` for every dynamic embedding in the current graph."""
-    from tensorflow_ext.embedding import variable as de_variable  # pylint: disable=g-import-not-at-top
-    return {emb.name: emb.size() for emb in de_variable.get_dynamic_embeddings()}
+    return {emb.name: emb.size() for emb in _embedding_module().get_dynamic_embeddings()}
+
+
+def _total_table_bytes():
+    """int64 scalar: bytes held by every dynamic embedding of the current graph."""
+    parts = [emb.memory_bytes() for emb in _embedding_module().get_dynamic_embeddings()]
+    return tf.add_n(parts) if parts else tf.constant(0, tf.int64)
 
 
 def _short_table_name(name):
@@ -340,28 +385,40 @@ def model_fn(features, labels, mode, params):
         opt = tf.compat.v1.train.RMSPropOptimizer(lr)
     train_op = opt.minimize(loss, global_step=global_step)
 
-    tf.compat.v1.summary.scalar("table_keys/total", total_keys)
-    for tname, size in sorted(tables.items()):
-        tf.compat.v1.summary.scalar("table_keys/%s" % _short_table_name(tname), size)
+    # Per table: tf_ext/<table>/size, memory_bytes and bytes_per_key.
+    _embedding_module().add_summaries()
     tf.compat.v1.summary.scalar("ctr/label_mean", tf.reduce_mean(labels))
     tf.compat.v1.summary.scalar("ctr/prediction_mean", tf.reduce_mean(probs))
     tf.compat.v1.summary.histogram("ctr/logits", logits)
-    progress = _ProgressHook(loss, total_keys, global_step, params["log_every"],
-                             params["batch_size"])
+    progress = _ProgressHook(loss, total_keys, _total_table_bytes(), global_step,
+                             params["log_every"], params["batch_size"],
+                             params.get("progress", True))
     return tf.estimator.EstimatorSpec(mode, loss=loss, train_op=train_op,
                                       training_hooks=[progress])
 
 
+def _say(message, *args):
+    """One line of the example's own output (stderr; stdout is for the JSON summary)."""
+    print("ctr: " + (message % args if args else message), file=sys.stderr, flush=True)
+
+
+def _mib(num_bytes):
+    return "%.1f MiB" % (num_bytes / float(1 << 20))
+
+
 class _ProgressHook(tf.compat.v1.train.SessionRunHook):
-    """Logs step, loss, steps/s, examples/s and table keys; keeps the run's throughput."""
+    """Prints step, loss, steps/s, examples/s and table keys; keeps the run's throughput."""
 
     # The last instance made in this process (the Estimator builds the hook inside
     # model_fn), read by main() for the summary line.
     last = None
 
-    def __init__(self, loss, total_keys, global_step, every_n, batch_size):
+    def __init__(self, loss, total_keys, total_bytes, global_step, every_n, batch_size,
+                 show=True):
         self._loss = loss
         self._keys = total_keys
+        self._bytes = total_bytes
+        self._show = show
         self._step = global_step
         self._every = max(1, int(every_n))
         self._batch = batch_size
@@ -370,6 +427,7 @@ class _ProgressHook(tf.compat.v1.train.SessionRunHook):
         self.first_step_time = None
         self.last_time = None
         self.final_keys = None
+        self.final_bytes = None
         self.final_step = None
         _ProgressHook.last = self
 
@@ -381,6 +439,7 @@ class _ProgressHook(tf.compat.v1.train.SessionRunHook):
         fetches = {"loss": self._loss, "step": self._step}
         if (self.steps + 1) % self._every == 0:
             fetches["keys"] = self._keys
+            fetches["bytes"] = self._bytes
         return tf.compat.v1.train.SessionRunArgs(fetches)
 
     def after_run(self, run_context, run_values):
@@ -399,13 +458,15 @@ class _ProgressHook(tf.compat.v1.train.SessionRunHook):
         self.last_time = now
         if "keys" in r:
             self.final_keys = int(r["keys"])
+            self.final_bytes = int(r["bytes"])
             dt = now - self._window_start
             rate = self._window_steps / dt if dt > 0 else float("nan")
-            tf.compat.v1.logging.info(
-                "step %d: loss %.4f (avg of last %d %.4f), %.1f steps/s, %.0f examples/s, "
-                "table keys %d", self.final_step, self.losses[-1], min(len(self.losses), self._every),
-                float(np.mean(self.losses[-self._every:])), rate, rate * self._batch,
-                self.final_keys)
+            if self._show:
+                _say("step %d: loss %.4f (mean of last %d: %.4f), %.1f steps/s, %.0f examples/s, "
+                     "%d table keys (%s)", self.final_step, self.losses[-1],
+                     min(len(self.losses), self._every),
+                     float(np.mean(self.losses[-self._every:])), rate, rate * self._batch,
+                     self.final_keys, _mib(self.final_bytes))
             self._window_start = now
             self._window_steps = 0
 
@@ -496,7 +557,8 @@ def run(args):
     params = dict(model=args.model, dim=args.dim, hidden_units=args.hidden_units,
                   optimizer=args.optimizer, learning_rate=args.learning_rate,
                   num_shards=args.num_shards, string_ids=string_ids,
-                  init_stddev=0.05, log_every=args.log_every, batch_size=args.batch_size)
+                  init_stddev=0.05, log_every=args.log_every, batch_size=args.batch_size,
+                  progress=not args.quiet)
     session_config = tf.compat.v1.ConfigProto(allow_soft_placement=True)
     if args.threads:
         session_config.intra_op_parallelism_threads = args.threads
@@ -528,10 +590,10 @@ def run(args):
             return _tsv_dataset(args.train_files, args.batch_size, 1, "eval")
         train_steps = args.steps
 
-    tf.compat.v1.logging.info(
-        "ctr: model=%s data=%s model_dir=%s start global_step=%d steps=%s batch=%d dim=%d "
-        "optimizer=%s(lr=%g)", args.model, source, args.model_dir, start_step, train_steps,
-        args.batch_size, args.dim, args.optimizer, args.learning_rate)
+    if not args.quiet:
+        _say("%s on %s, %s steps from global step %d (batch %d, dim %d, %s lr %g), model_dir %s",
+             args.model, source, train_steps if train_steps is not None else "all", start_step,
+             args.batch_size, args.dim, args.optimizer, args.learning_rate, args.model_dir)
     _ProgressHook.last = None
     t_train = time.time()
     if train_steps is None or train_steps > 0:
@@ -577,6 +639,48 @@ def run(args):
     return summary
 
 
+@contextlib.contextmanager
+def _tf_chatter(verbose):
+    """TensorFlow's Python-side logs for the run: all of them if verbose, else warnings only.
+
+    The example uses TF1 APIs on purpose (Estimator, feature columns, ``tf.compat.v1``), each
+    of which logs a deprecation warning on first use; those and the Estimator's INFO lines
+    are turned off for the run unless ``verbose``, and the previous settings come back after.
+    """
+    old_verbosity = tf.compat.v1.logging.get_verbosity()
+    old_print = _tf_deprecation._PRINT_DEPRECATION_WARNINGS  # pylint: disable=protected-access
+    try:
+        with warnings.catch_warnings():
+            if verbose:
+                tf.compat.v1.logging.set_verbosity(tf.compat.v1.logging.INFO)
+            else:
+                tf.compat.v1.logging.set_verbosity(tf.compat.v1.logging.WARN)
+                _tf_deprecation._PRINT_DEPRECATION_WARNINGS = False  # pylint: disable=protected-access
+                warnings.simplefilter("ignore", DeprecationWarning)
+                warnings.simplefilter("ignore", PendingDeprecationWarning)
+            yield
+    finally:
+        _tf_deprecation._PRINT_DEPRECATION_WARNINGS = old_print  # pylint: disable=protected-access
+        tf.compat.v1.logging.set_verbosity(old_verbosity)
+
+
+def _report(summary, args):
+    """Prints the evaluation metrics and where the checkpoint and summaries went."""
+    steps_per_sec = summary["steps_per_sec"]
+    _say("trained %d steps in %.1f s%s; global step %d", summary["steps"],
+         summary["train_seconds"],
+         " (%.1f steps/s, %d examples/s)" % (steps_per_sec, summary["examples_per_sec"])
+         if steps_per_sec else "", summary["global_step"])
+    oracle = summary.get("oracle_auc")
+    _say("eval: AUC %.4f%s, logloss %.4f, label mean %.4f, prediction mean %.4f",
+         summary["auc"], " (oracle %.4f)" % oracle if oracle is not None else "",
+         summary["logloss"], summary["label_mean"], summary["prediction_mean"])
+    _say("tables: %d keys in %d tables", summary["total_keys"], len(summary["table_sizes"]))
+    _say("checkpoint: %s", summary["checkpoint"])
+    _say("TensorBoard summaries (training, and eval/): tensorboard --logdir %s", args.model_dir)
+    _say("done in %.1f s", summary["wall_seconds"])
+
+
 def main(argv=None):
     """Entry point: parses flags, runs, prints the one-line JSON summary last.
 
@@ -587,14 +691,12 @@ def main(argv=None):
       0.
     """
     args = parse_args(argv)
-    tf.compat.v1.disable_v2_behavior()
-    tf.compat.v1.enable_resource_variables()
-    tf.compat.v1.logging.set_verbosity(tf.compat.v1.logging.WARN if args.quiet
-                                       else tf.compat.v1.logging.INFO)
-    summary = run(args)
-    tf.compat.v1.logging.info("ctr: done in %.1f s: AUC %.4f, %s keys in %d tables",
-                              summary["wall_seconds"], summary["auc"], summary["total_keys"],
-                              len(summary["table_sizes"]))
+    with _tf_chatter(args.verbose):
+        tf.compat.v1.disable_v2_behavior()
+        tf.compat.v1.enable_resource_variables()
+        summary = run(args)
+    if not args.quiet:
+        _report(summary, args)
     sys.stdout.flush()
     print(json.dumps(summary, sort_keys=False))
     sys.stdout.flush()

@@ -1,6 +1,6 @@
 """A synthetic Criteo-like click stream with a hidden logistic model.
 
-Used by the main job (``python -m tensorflow_ext.examples.ctr``) and by the
+Used by the CTR example (``python -m tensorflow_ext.examples.ctr``) and by the
 benchmarks (``tools/bench_ctr.py``) so that both train on the same task.
 
 The stream

@@ -29,8 +29,15 @@ OPS_SO     := tensorflow_ext/_tf_ext_ops.so
 BUILD_INFO := tensorflow_ext/_build_info.py
 GPU_SRCS   := tensorflow_ext/table/gpu/gpu_hash_table.cu.cc tensorflow_ext/table/gpu/gpu_harness.cu.cc
 GPU_LIB    := build/cuda/libtfext_gpu_table.so
+# Horovod (distributed training, tensorflow_ext.horovod): built once from source with Gloo against the venv's
+# TensorFlow and cached as a wheel outside the tree, so later runs on the machine only install it.
+HVD_VERSION := 0.28.1
+WHEEL_CACHE ?= $(HOME)/.cache/tf_ext_wheels
+HVD_STAMP  := $(VENV)/.tf_ext_horovod_$(HVD_VERSION).stamp
+HVD_ENV    := HOROVOD_WITH_TENSORFLOW=1 HOROVOD_WITH_GLOO=1 HOROVOD_WITHOUT_MPI=1 HOROVOD_WITHOUT_PYTORCH=1 \
+              HOROVOD_WITHOUT_MXNET=1 HOROVOD_CPU_OPERATIONS=GLOO
 
-.PHONY: help venv bazel build wheel test test-cc test-py demo bench cuda cuda-bazel cuda-ops clean
+.PHONY: help venv horovod bazel build wheel test test-cc test-py demo bench cuda cuda-bazel cuda-ops clean
 
 help:
 	@sed -n '2,6p' Makefile | sed 's/^# *//'
@@ -44,6 +51,24 @@ $(VENV_STAMP): requirements.txt
 	@[ -x $(VPY) ] || { echo "== creating $(VENV)"; $(PYTHON) -m venv $(VENV); }
 	@echo "== installing pinned requirements into $(VENV)"
 	$(VPY) -m pip install -q --disable-pip-version-check -r requirements.txt
+	@touch $@
+
+horovod: $(HVD_STAMP)
+
+# Needs the system cmake (a pip-installed cmake 4 breaks Horovod's bundled Gloo), a C++ compiler and Python headers.
+$(HVD_STAMP): $(VENV_STAMP)
+	@if ! ls $(WHEEL_CACHE)/horovod-$(HVD_VERSION)-*.whl >/dev/null 2>&1; then \
+	  if [ ! -x /usr/bin/cmake ] || ! command -v g++ >/dev/null 2>&1 || \
+	     [ ! -f /usr/include/python3.11/Python.h ]; then \
+	    echo "== installing cmake, g++ and python3-dev for the Horovod build"; \
+	    $(APT_GET) update -qq && $(APT_GET) install -y -qq cmake g++ python3-dev; fi; \
+	  echo "== building Horovod $(HVD_VERSION) with Gloo (once per machine, a few minutes) into $(WHEEL_CACHE)"; \
+	  mkdir -p $(WHEEL_CACHE); \
+	  cd /tmp && PATH=/usr/bin:$$PATH $(HVD_ENV) MAKEFLAGS=-j$$(nproc) $(VPY) -m pip wheel -q --disable-pip-version-check \
+	    --no-build-isolation --no-deps -w $(WHEEL_CACHE) horovod==$(HVD_VERSION); \
+	fi
+	$(VPY) -m pip install -q --disable-pip-version-check $(WHEEL_CACHE)/horovod-$(HVD_VERSION)-*.whl
+	$(VPY) -c "import horovod.tensorflow"
 	@touch $@
 
 bazel:
@@ -64,14 +89,13 @@ build: venv bazel
 wheel: build
 
 # ---------------------------------------------------------------- tests
-test: build test-cc cuda-ci test-py
+test: build test-cc cuda-ci horovod test-py
 
 # C++ unit tests (the table core, and any other cc_test under tensorflow_ext/); CUDA targets are skipped.
 test-cc: build
-	@tests="$$($(BAZEL) query --noshow_progress $(BAZEL_FLAGS) 'tests(//tensorflow_ext/...)')"; \
-	if [ -n "$$tests" ]; then $(BAZEL) test $(BAZEL_FLAGS) $$tests; else echo "== no C++ tests defined yet"; fi
+	$(BAZEL) test $(BAZEL_FLAGS) $$($(BAZEL) query --noshow_progress $(BAZEL_FLAGS) 'tests(//tensorflow_ext/...)')
 
-test-py: build
+test-py: build horovod
 	$(VPY) -m pytest -q $(PYTEST_ARGS) tensorflow_ext tests
 
 # CI: compile the CUDA sources where nvcc exists (nothing runs on a GPU there).
@@ -80,15 +104,10 @@ cuda-ci:
 	@if [ -n "$(NVCC)" ]; then $(MAKE) --no-print-directory cuda cuda-bazel; else echo "== nvcc not found: CUDA compile skipped"; fi
 
 # ---------------------------------------------------------------- main job, benchmarks
-demo: build
+demo: build horovod
 	$(VPY) -m pip install -q --disable-pip-version-check --no-deps --force-reinstall dist/tensorflow_ext-*.whl
 	@# From a neutral directory, so the installed wheel (not the source tree) is what runs.
-	@if [ -f tensorflow_ext/examples/ctr.py ]; then \
-	  cd /tmp && $(VPY) -m tensorflow_ext.examples.ctr; \
-	else \
-	  echo "== tensorflow_ext.examples.ctr not there yet: running the table benchmark (quick)"; \
-	  cd /tmp && $(VPY) $(ROOT)/tools/bench_table.py --quick; \
-	fi
+	cd /tmp && TF_CPP_MIN_LOG_LEVEL=1 $(VPY) -m tensorflow_ext.examples.ctr
 
 bench: build
 	$(VPY) tools/bench_table.py $(BENCH_ARGS)

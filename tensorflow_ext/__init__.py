@@ -31,6 +31,10 @@ _LAZY = {
     "table": (("tensorflow_ext.table",), None),
     "embedding": (("tensorflow_ext.embedding",), None),
     "utils": (("tensorflow_ext.utils",), None),
+    "tfra": (("tensorflow_ext.tfra",), None),
+    "horovod": (("tensorflow_ext.horovod",), None),
+    "tf_compat": (("tensorflow_ext.tf_compat",), None),
+    "DynamicEmbeddingOptimizer": (("tensorflow_ext.tfra",), "DynamicEmbeddingOptimizer"),
     "examples": (("tensorflow_ext.examples",), None),
 }
 
@@ -86,6 +90,11 @@ _register_ops_at_import()
 
 def __getattr__(name):
     spec = _LAZY.get(name)
+    if spec is None and not name.startswith("__"):
+        tfra = _importlib.import_module("tensorflow_ext.tfra")
+        instead = tfra._TOP_LEVEL_INSTEAD  # pylint: disable=protected-access  (a TFRA name: say what to use instead)
+        if name in instead:
+            raise AttributeError("tensorflow_ext.%s is not provided: %s" % (name, instead[name]))
     if spec is None:
         raise AttributeError("module 'tensorflow_ext' has no attribute %r" % name)
     modules, attr = spec

@@ -23,8 +23,10 @@ from tensorflow_ext.embedding.optimizers import supported_optimizers
 from tensorflow_ext.embedding.saveable import ShardSaveable
 from tensorflow_ext.embedding.variable import DynamicEmbedding
 from tensorflow_ext.embedding.variable import DynamicEmbeddingShard
+from tensorflow_ext.embedding.variable import DynamicEmbeddingSlot
 from tensorflow_ext.embedding.variable import ExportedEmbedding
 from tensorflow_ext.embedding.variable import GraphKeys
+from tensorflow_ext.embedding.variable import dense_variables
 from tensorflow_ext.embedding.variable import get_dynamic_embedding
 from tensorflow_ext.embedding.variable import get_dynamic_embeddings
 from tensorflow_ext.embedding.variable import string_to_key
@@ -33,18 +35,23 @@ from tensorflow_ext.embedding import warm_start as _warm_start
 from tensorflow_ext.embedding.warm_start import warm_start_from_checkpoint
 from tensorflow_ext.embedding.warm_start import warm_start_op
 
+from tensorflow_ext import tf_compat as _tf_compat
+
 _optimizers.install()
 _warm_start.install()
+_tf_compat.install("optimizer_get_slot", "optimizer_get_slot_names", "moving_average_apply")
 
 from tensorflow_ext.embedding.eviction import EvictionHook
 from tensorflow_ext.embedding.eviction import EvictionSaverListener
 from tensorflow_ext.embedding.eviction import evict
+from tensorflow_ext.embedding.eviction import restrict
 
 from tensorflow_ext.embedding.summaries import add_summaries
 
 __all__ = [
     "DynamicEmbedding",
     "DynamicEmbeddingShard",
+    "DynamicEmbeddingSlot",
     "EvictionHook",
     "EvictionSaverListener",
     "ExportedEmbedding",
@@ -52,11 +59,13 @@ __all__ = [
     "InitSpec",
     "ShardSaveable",
     "add_summaries",
+    "dense_variables",
     "embedding_lookup",
     "embedding_lookup_sparse",
     "evict",
     "get_dynamic_embedding",
     "get_dynamic_embeddings",
+    "restrict",
     "safe_embedding_lookup_sparse",
     "string_to_key",
     "supported_optimizers",

@@ -22,7 +22,7 @@ from tensorflow.python.framework import ops as tf_ops
 from tensorflow_ext.embedding import _ops
 from tensorflow_ext.embedding import variable as var_lib
 
-__all__ = ["evict", "EvictionSaverListener", "EvictionHook"]
+__all__ = ["evict", "restrict", "EvictionSaverListener", "EvictionHook"]
 
 
 def _check_policy(steps_to_live, min_frequency):
@@ -76,6 +76,58 @@ def evict(embeddings=None, steps_to_live=None, min_frequency=None, global_step=N
     if not removed:
       return tf.constant(0, tf.int64)
     return tf.add_n(removed)
+
+
+_RESTRICT_SCORES = {"timestamp": 3, "frequency": 4}  # index in ExportedEmbedding: versions, frequencies
+
+
+def restrict(embedding, num_reserved, trigger=None, policy="timestamp", name=None):
+  """Builds an op that keeps at most `num_reserved` keys of an embedding.
+
+  When the embedding holds more than `trigger` keys (default: num_reserved),
+  every key but the `num_reserved` best is removed with its slots: the most
+  recently trained ones (policy "timestamp": highest version) or the most
+  frequently looked up ones (policy "frequency"). Ties are broken arbitrarily.
+  This is TFRA's `Variable.restrict(num_reserved, trigger=...)` with its
+  Timestamp/Frequency restrict policies, without the policy's extra tables:
+  the version and frequency live in each row.
+
+  Args:
+    embedding: a `DynamicEmbedding`.
+    num_reserved: int >= 0, the number of keys kept.
+    trigger: int >= num_reserved or None; the op does nothing while the
+      embedding holds at most `trigger` keys.
+    policy: "timestamp" or "frequency".
+    name: optional name scope.
+
+  Returns:
+    An int64 scalar tensor: the number of keys removed.
+
+  Raises:
+    ValueError: bad num_reserved, trigger or policy.
+  """
+  if not isinstance(embedding, var_lib.DynamicEmbedding):
+    raise TypeError("restrict needs a tf_ext DynamicEmbedding, got %r" % (embedding,))
+  if isinstance(num_reserved, bool) or not isinstance(num_reserved, int) or num_reserved < 0:
+    raise ValueError("num_reserved must be a non-negative int, got %r" % (num_reserved,))
+  if trigger is None:
+    trigger = num_reserved
+  if isinstance(trigger, bool) or not isinstance(trigger, int) or trigger < num_reserved:
+    raise ValueError("trigger must be an int >= num_reserved (%d), got %r" % (num_reserved, trigger))
+  if policy not in _RESTRICT_SCORES:
+    raise ValueError("policy must be one of %s, got %r" % (sorted(_RESTRICT_SCORES), policy))
+  with tf.name_scope(name or "tf_ext_restrict"):
+    exported = embedding.export()
+    keys, scores = exported[0], exported[_RESTRICT_SCORES[policy]]
+    n = tf.size(keys)
+
+    def _remove_all_but_best():
+      _, keep = tf.math.top_k(scores, k=tf.minimum(n, num_reserved), sorted=False)
+      drop = tf.tensor_scatter_nd_update(tf.ones([n], tf.bool), tf.expand_dims(keep, 1),
+                                         tf.zeros_like(keep, tf.bool))
+      return embedding.remove(tf.boolean_mask(keys, drop))
+
+    return tf.cond(n > trigger, _remove_all_but_best, lambda: tf.constant(0, tf.int64))
 
 
 class _EvictionPolicy(object):

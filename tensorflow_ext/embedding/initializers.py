@@ -36,12 +36,34 @@ constant value, or zeros for random and generic initializers; nothing is
 inserted.
 """
 
+import copy
+import hashlib
 import math
 
 import numpy as np
 import tensorflow as tf
 
-__all__ = ["InitSpec", "resolve", "default_initializer"]
+__all__ = ["InitSpec", "resolve", "default_initializer", "require_deterministic_seeds"]
+
+_deterministic_seeds = False
+
+
+def require_deterministic_seeds(value=True):
+  """Makes embeddings created afterwards without a graph or op seed derive their seeds from their names.
+
+  Multi-process training (tensorflow_ext.horovod) calls this: replicas of an
+  embedding must give a new key the same initial row in every process.
+
+  Args:
+    value: bool.
+
+  Returns:
+    The previous setting.
+  """
+  global _deterministic_seeds
+  old = _deterministic_seeds
+  _deterministic_seeds = bool(value)
+  return old
 
 _KERNEL_KINDS = ("constant", "random_normal", "truncated_normal", "random_uniform")
 # TF's truncated normal of unit variance has stddev 0.87962566103423978 (VarianceScaling).
@@ -72,6 +94,7 @@ class InitSpec(object):
     self.fn = fn
     self.row = None if row is None else np.asarray(row, dtype=np.float32)
     self.description = description
+    self._pinned = None  # (seed, seed2) fixed by pinned_for
 
   @property
   def in_kernel(self):
@@ -93,9 +116,40 @@ class InitSpec(object):
     return [float(v) for v in self.missing_row(dim)]
 
   def seeds(self):
-    """(seed, seed2) for the kernel attrs, from the graph seed and op seed."""
+    """(seed, seed2) for the kernel attrs.
+
+    Fixed by `pinned_for` when the embedding is created (so every lookup and
+    update of one embedding draws a key's row from the same (seed, seed2,
+    key)); otherwise from the graph seed and op seed at the call.
+    """
+    if self._pinned is not None:
+      return self._pinned
     seed, seed2 = tf.compat.v1.get_seed(self.seed)
     return int(seed or 0), int(seed2 or 0)
+
+  def pinned_for(self, name):
+    """A copy of this spec whose kernel seeds are fixed now, for embedding `name`.
+
+    Seeds come from the graph and op seeds. With neither set they are 0, 0
+    (a fresh random stream per process, as TF's random ops), unless
+    `require_deterministic_seeds(True)` was called (multi-process training:
+    every process must draw the same initial row for a key): then they are
+    derived from the embedding's name.
+
+    Args:
+      name: the embedding's full name.
+
+    Returns:
+      A new InitSpec.
+    """
+    seed, seed2 = tf.compat.v1.get_seed(self.seed)
+    if seed is None and seed2 is None and _deterministic_seeds:
+      digest = hashlib.sha256(name.encode("utf-8")).digest()
+      seed = int.from_bytes(digest[:8], "little") & 0x7FFFFFFFFFFFFFFF
+      seed2 = int.from_bytes(digest[8:16], "little") & 0x7FFFFFFFFFFFFFFF
+    pinned = copy.copy(self)
+    pinned._pinned = (int(seed or 0), int(seed2 or 0))  # pylint: disable=protected-access
+    return pinned
 
   def make_rows(self, n, dim):
     """Builds in-graph initial rows [n, dim] float32 for n keys (n: int32 scalar tensor)."""

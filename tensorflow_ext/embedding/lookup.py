@@ -110,12 +110,21 @@ def _lookup_shard(shard, keys, is_training, step):
 
           shard._record_lookup(activate)  # pylint: disable=protected-access
     values = _bridge(values, handle, keys)
-  shard._unique_key_tensors.add(keys.ref())  # pylint: disable=protected-access
+  shard._record_read(keys, lambda: values)  # pylint: disable=protected-access
   return values
 
 
 def _lookup_unique(emb, unique_keys, is_training):
-  """Rows [n, dim] (dense gradient) of unique int64 keys [n], over all shards."""
+  """Rows [n, dim] (dense gradient) of unique int64 keys [n], over all shards (and processes, for an
+  embedding with a distribution)."""
+  if emb.distribution is not None:
+    return emb.distribution.lookup_unique(emb, unique_keys,
+                                          lambda e, keys: _lookup_unique_local(e, keys, is_training))
+  return _lookup_unique_local(emb, unique_keys, is_training)
+
+
+def _lookup_unique_local(emb, unique_keys, is_training):
+  """`_lookup_unique` over this process's shards."""
   if is_training is None:
     # Shards created in training graphs where an optimizer was applied already.
     if all(s.is_training for s in emb.shards):
@@ -141,7 +150,7 @@ def _lookup_ids_fused(emb, flat_keys, is_training):
   step = _global_step_tensor()
   seed, seed2 = spec.seeds()
   with tf_ops.colocate_with(shard.handle):
-    values, unique_keys, _ = _ops.op("tf_ext_embedding_lookup_ids")(
+    values, unique_keys, idx = _ops.op("tf_ext_embedding_lookup_ids")(
         shard.handle, flat_keys, step, dim=shard.dim, insert_missing=bool(is_training), count=True,
         init_kind=spec.kind, init_a=spec.a, init_b=spec.b, seed=seed, seed2=seed2)
   if is_training is None:
@@ -151,16 +160,29 @@ def _lookup_ids_fused(emb, flat_keys, is_training):
       lookup_op._set_attr("insert_missing", attr_value_pb2.AttrValue(b=True))  # pylint: disable=protected-access
 
     shard._record_lookup(activate)  # pylint: disable=protected-access
-  shard._unique_key_tensors.add(unique_keys.ref())  # pylint: disable=protected-access
+  # The rows of the unique keys, for the shard's value as a tensor: every occurrence of a key holds the same
+  # row, so the segment mean is that row, and its gradient (grad / count per occurrence) sums back to grad.
+  shard._record_read(  # pylint: disable=protected-access
+      unique_keys, lambda: tf.math.unsorted_segment_mean(values, idx, tf.size(unique_keys)))
   return values
 
 
 def _use_fused_ids(emb):
-  return (len(emb.shards) == 1 and emb.initializer.in_kernel
+  return (len(emb.shards) == 1 and emb.distribution is None and emb.initializer.in_kernel
           and _ops.has_fused("tf_ext_embedding_lookup_ids"))
 
 
-def embedding_lookup(params, ids, name=None, is_training=None, max_norm=None):
+def _refuse_return_trainable(fn, return_trainable):
+  """TFRA's lookups can return their TrainableWrapper; there is none here: say what replaces it."""
+  if return_trainable:
+    raise ValueError(
+        "%s(return_trainable=True): tensorflow_ext has no TrainableWrapper. The embedding's shards are in "
+        "tf.compat.v1.trainable_variables() and stock optimizers train them directly; for the rows a lookup "
+        "read use the shard as a tensor (tf.convert_to_tensor(emb.shards[i])), and for optimizer slots "
+        "optimizer.get_slot(shard, name). Drop return_trainable." % fn)
+
+
+def embedding_lookup(params, ids, name=None, is_training=None, max_norm=None, return_trainable=False):
   """Looks up ids in a dynamic embedding (like `tf.nn.embedding_lookup`).
 
   Args:
@@ -171,13 +193,18 @@ def embedding_lookup(params, ids, name=None, is_training=None, max_norm=None):
     is_training: None (default: find-only until an optimizer is applied to the
       embedding in this graph), True (insert missing keys with their initial
       rows), False (never insert).
+    max_norm: if set, rows are clipped to this L2 norm.
+    return_trainable: TFRA's flag; must be False (ValueError naming what to
+      use instead).
 
   Returns:
     float32 Tensor of shape `ids.shape + [dim]`.
 
   Raises:
     TypeError: params is not a DynamicEmbedding, or ids have the wrong dtype.
+    ValueError: return_trainable=True.
   """
+  _refuse_return_trainable("embedding_lookup", return_trainable)
   emb = _as_embedding(params, "embedding_lookup")
   with tf.name_scope(name or "embedding_lookup"):
     ids_t = ids if isinstance(ids, (tf.Tensor, tf.Variable)) else tf.convert_to_tensor(

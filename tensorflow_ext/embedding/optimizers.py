@@ -36,6 +36,7 @@ dynamic embedding only updates the rows of the batch (like LazyAdam).
 """
 
 import abc
+import sys
 import threading
 
 import tensorflow as tf
@@ -328,6 +329,40 @@ def _dedup(grad, shard):
   return unique, summed
 
 
+def _check_replicas_draw_alike(shard, spec):
+  """Under multi-process Horovod, a key inserted from another rank's gradient must get the same random row on
+  every rank: that needs fixed seeds (a silent divergence of the replicas otherwise)."""
+  hvd = sys.modules.get("horovod.tensorflow")
+  try:
+    multi = hvd is not None and hvd.is_initialized() and hvd.size() > 1
+  except (ValueError, RuntimeError):
+    multi = False
+  if not multi or (spec.kind == "constant"):
+    return
+  if not spec.in_kernel or spec.seeds() == (0, 0):
+    raise ValueError(
+        "dynamic embedding %s is trained by %d Horovod processes, but its initializer (%s) would draw a different "
+        "initial row for a new key in each process, so the replicas would diverge. Import tensorflow_ext.horovod "
+        "before creating the embedding (it derives fixed seeds from the name), give the initializer a seed, or use "
+        "a TF random/constant initializer (not a custom callable)."
+        % (shard.embedding.name, hvd.size(), spec.description or spec.kind))
+
+
+def _insert_missing_keys(shard, keys, step):
+  """Inserts the keys absent from `shard` with their initial rows (as a training lookup does)."""
+  spec = shard.embedding.initializer
+  _check_replicas_draw_alike(shard, spec)
+  with tf.name_scope("insert_missing"):
+    if spec.in_kernel:
+      seed, seed2 = spec.seeds()
+      return _ops.op("tf_ext_embedding_lookup")(
+          shard.handle, keys, step, dim=shard.dim, insert_missing=True, count=False, init_kind=spec.kind,
+          init_a=spec.a, init_b=spec.b, seed=seed, seed2=seed2).op
+    return _ops.op("tf_ext_table_find_or_insert")(
+        shard.handle, keys, spec.make_rows(tf.size(keys), shard.dim), step, col_begin=0, cols=shard.dim,
+        count=False).op
+
+
 def _step_for(opt):
   step = getattr(opt, "_tf_ext_step", None)
   if step is None:
@@ -372,6 +407,12 @@ def _apply_to_shard(opt, shard, grad):
   with tf.name_scope("tf_ext_" + type(opt).__name__):
     keys, values = _dedup(grad, shard)
     step = _step_for(opt)
+    if grad.indices.ref() not in shard._unique_key_tensors:  # pylint: disable=protected-access
+      # Keys that may not have been looked up here (another process's gradient, gathered by an allreduce):
+      # give the missing ones their initializer row first, as a lookup would, not the column defaults, so
+      # replicas that apply the same gradient stay identical.
+      with tf.control_dependencies([_insert_missing_keys(shard, keys, step)]):
+        keys = tf.identity(keys)
     if handler.fused is not None and _ops.has_fused(handler.fused):
       return _ops.op(handler.fused)(shard.handle, keys, values, *handler.hypers(opt), step, dim=shard.dim,
                                     slot_offset=group.offset, **handler.flags(opt))

@@ -21,6 +21,7 @@ import tensorflow as tf
 from tensorflow.core.framework import attr_value_pb2
 from tensorflow.python.framework import ops as tf_ops
 from tensorflow.python.ops import variable_scope as vs
+from tensorflow.python.util import object_identity
 from tensorflow.python.training import device_setter
 
 from tensorflow_ext.embedding import _ops
@@ -30,6 +31,7 @@ __all__ = [
     "GraphKeys",
     "DynamicEmbedding",
     "DynamicEmbeddingShard",
+    "DynamicEmbeddingSlot",
     "ExportedEmbedding",
     "get_dynamic_embedding",
     "get_dynamic_embeddings",
@@ -203,6 +205,8 @@ class DynamicEmbeddingShard(object):
     self._training = False
     self._pending_lookups = []
     self._unique_key_tensors = set()  # refs of key tensors lookups looked up (unique by construction)
+    self._reads = []  # (unique keys [n], callable -> their rows [n, dim]) of each lookup, in build order
+    self._read_cache = {}  # number of reads -> (keys, rows) tensors built by read_rows()
     self._lock = threading.Lock()
     graph = tf.compat.v1.get_default_graph()
     _teach_active_device_setters(graph)
@@ -311,6 +315,10 @@ class DynamicEmbeddingShard(object):
     if self._column_defaults is None:
       return [0.0] * self._width
     return list(self._column_defaults)
+
+  def ref(self):
+    """A hashable reference to the shard (as `tf.Variable.ref()`), for code that keys dicts by variable."""
+    return object_identity.Reference(self)
 
   def to_proto(self, export_scope=None):  # pylint: disable=unused-argument
     """Shards are not serialized into MetaGraphDef variable collections.
@@ -428,12 +436,159 @@ class DynamicEmbeddingShard(object):
     for activate in pending:
       activate()
 
+  # ---- the shard as a tensor: the rows this graph's lookups read ---------------
+
+  def _record_read(self, unique_keys, unique_rows_fn):
+    """Called by lookups: they read `unique_keys` (unique int64 [n]) of this shard.
+
+    `unique_rows_fn()` builds the rows [n, dim] of those keys, differentiable
+    w.r.t. the table handle like the lookup itself; it runs only if someone
+    asks for the shard's value (`read_rows`), so lookups pay nothing for it.
+    """
+    with self._lock:
+      self._unique_key_tensors.add(unique_keys.ref())
+      self._reads.append((unique_keys, unique_rows_fn))
+
+  def read_keys_and_rows(self, name=None):
+    """The keys and rows that this graph's lookups read from this shard.
+
+    A table has no fixed set of rows, so the rows a training step touches
+    stand for the shard wherever TF code treats a trainable variable as a
+    tensor: `tf.convert_to_tensor(shard)`, `tf.nn.l2_loss(shard)`, histogram
+    summaries over `tf.compat.v1.trainable_variables()`. One row per unique key
+    per lookup (a key read by two lookups appears twice). The rows are
+    differentiable: their gradient reaches the table like the lookups'
+    gradients, so an L2 term built from them trains with the model.
+
+    Args:
+      name: optional name scope.
+
+    Returns:
+      (keys int64 [n], rows float32 [n, dim]) tensors.
+
+    Raises:
+      ValueError: no lookup of this graph has read the shard yet (build the
+        model's lookups first).
+    """
+    with self._lock:
+      reads = list(self._reads)
+      cached = self._read_cache.get(len(reads))
+    if not reads:
+      raise ValueError(
+          "Dynamic embedding shard %s has no value as a tensor yet: it stands for the rows that this graph's "
+          "lookups read, and no tf_ext.embedding_lookup* of %r was built. Build the model (its lookups) before "
+          "using the shard as a tensor (l2 loss, summaries); to read given keys use "
+          "tf_ext.embedding_lookup(emb, ids)." % (self._name, self._embedding.name))
+    if cached is not None:
+      return cached
+    with tf.name_scope(name or (self._name + "/read_rows/")):
+      keys = [k for k, _ in reads]
+      rows = [fn() for _, fn in reads]
+      if len(reads) > 1:
+        out = (tf.concat(keys, 0), tf.concat(rows, 0))
+      else:
+        out = (tf.identity(keys[0]), tf.identity(rows[0]))
+    with self._lock:
+      self._read_cache[len(reads)] = out
+    return out
+
+  def value(self):
+    """The rows this graph's lookups read (see `read_keys_and_rows`), [n, dim].
+
+    Returns:
+      float32 tensor.
+    """
+    return self.read_keys_and_rows()[1]
+
+  read_value = value
+
+  def _as_tensor(self, dtype=None, name=None, as_ref=False):
+    # as_ref: the table handle, as for a resource variable (tf.gradients(loss, shard) differentiates
+    # w.r.t. the handle and gets IndexedSlices of keys, the gradient optimizers apply).
+    if as_ref:
+      return self._handle
+    rows = self.read_keys_and_rows()[1]
+    if dtype is not None and not tf.as_dtype(dtype).is_compatible_with(rows.dtype):
+      raise ValueError("Dynamic embedding shard %s holds float32 rows; cannot convert it to %s"
+                       % (self._name, tf.as_dtype(dtype).name))
+    return rows
+
   # ---- checkpointing ----------------------------------------------------------
 
   @property
   def saveable(self):
     """The shard's `SaveableObject` (also in `GraphKeys.SAVEABLE_OBJECTS`)."""
     return self._saveable
+
+
+class DynamicEmbeddingSlot(object):
+  """One optimizer slot of a shard (e.g. Adagrad's "accumulator"): columns of the shard's rows.
+
+  `optimizer.get_slot(shard, name)` returns this for a dynamic embedding
+  shard (a slot is not a variable here: it lives in the table row). As a
+  tensor it is the slot of the keys that this graph's lookups read, in the
+  order of `shard.read_keys_and_rows()`; `lookup(ids)` reads any keys.
+
+  Args:
+    shard: the `DynamicEmbeddingShard`.
+    optimizer: the optimizer that owns the slot.
+    slot_name: the TF slot name.
+  """
+
+  def __init__(self, shard, optimizer, slot_name):
+    self._shard = shard
+    self._optimizer = optimizer
+    self._slot_name = slot_name
+
+  @property
+  def shard(self):
+    """The `DynamicEmbeddingShard` whose rows hold the slot."""
+    return self._shard
+
+  @property
+  def name(self):
+    """`<shard name>/<optimizer name>/<slot name>` (TF names a dense slot `<var>/<optimizer>`)."""
+    return "%s/%s/%s" % (self._shard.name, self._optimizer.get_name(), self._slot_name)
+
+  @property
+  def dtype(self):
+    """float32."""
+    return tf.float32
+
+  @property
+  def shape(self):
+    """`[None, dim]`, like the shard."""
+    return self._shard.shape
+
+  def _column(self):
+    group = self._shard.slot_group(self._optimizer)
+    return group.column(self._slot_name), group.initial_values[group.slot_names.index(self._slot_name)]
+
+  def lookup(self, keys, name=None):
+    """The slot values of int64 table keys of this shard (missing keys: the slot's initial value).
+
+    Args:
+      keys: int64 tensor [n].
+      name: optional name scope.
+
+    Returns:
+      float32 [n, dim].
+    """
+    col, default = self._column()
+    dim = self._shard.dim
+    with tf.name_scope(name or "slot_lookup"), tf_ops.colocate_with(self._shard.handle):
+      values, _ = _ops.op("tf_ext_table_find")(self._shard.handle, tf.convert_to_tensor(keys, tf.int64),
+                                               tf.fill([dim], tf.constant(default, tf.float32)),
+                                               col_begin=col, cols=dim)
+      return values
+
+  def value(self):
+    """The slot of the keys this graph's lookups read (see `DynamicEmbeddingShard.read_keys_and_rows`)."""
+    keys, _ = self._shard.read_keys_and_rows()
+    return self.lookup(keys)
+
+  def __repr__(self):
+    return "<tf_ext.DynamicEmbeddingSlot %r>" % self.name
 
 
 class _NullContext(object):
@@ -476,9 +631,11 @@ class DynamicEmbedding(object):
     self._dim = dim
     self._key_dtype = key_dtype
     self._value_dtype = value_dtype
-    self._initializer = initializer
+    # One seed pair per embedding: a key's initial row depends only on (seeds, key), whichever op inserts it.
+    self._initializer = initializer.pinned_for(name)
     self._trainable = trainable
     self._devices = list(devices) if devices else None
+    self._distribution = None  # set by tensorflow_ext.horovod for model-parallel embeddings
     graph = tf.compat.v1.get_default_graph()
     self._graph = graph
     per_shard_capacity = int(initial_capacity) // num_shards if initial_capacity else 0
@@ -529,6 +686,18 @@ class DynamicEmbedding(object):
   def trainable(self):
     """Whether the shards are in `TRAINABLE_VARIABLES`."""
     return self._trainable
+
+  @property
+  def distribution(self):
+    """How the embedding spans processes: None (this process holds every key it trains), or a strategy
+    object such as `tensorflow_ext.horovod.ModelParallel` whose `lookup_unique` routes keys to their owners."""
+    return self._distribution
+
+  @distribution.setter
+  def distribution(self, value):
+    if self._distribution is not None and value is not self._distribution:
+      raise ValueError("dynamic embedding %s already has a distribution (%r)" % (self._name, self._distribution))
+    self._distribution = value
 
   @property
   def num_shards(self):
@@ -702,6 +871,76 @@ class DynamicEmbedding(object):
     group = self._shards[0].slot_group(optimizer)
     return list(group.slot_names) if group else []
 
+  # ---- TFRA's Variable methods (porting by renaming) ------------------------
+
+  def upsert(self, keys, values, name=None):
+    """TFRA's name for `insert`: inserts/overwrites the embeddings of keys.
+
+    Args:
+      keys: ids of any shape (key dtype), n elements.
+      values: float32 `[n, dim]` (or `keys.shape + [dim]`).
+      name: optional name scope.
+
+    Returns:
+      The insert op.
+    """
+    return self.insert(keys, values, name=name or "upsert")
+
+  def lookup(self, keys, return_exists=False, name=None):
+    """Reads the embeddings of keys without inserting any (TFRA's `Variable.lookup`).
+
+    Missing keys read the initializer's constant (zeros for random
+    initializers). Not differentiable: train through `tf_ext.embedding_lookup`.
+
+    Args:
+      keys: ids of any shape (key dtype).
+      return_exists: also return a bool tensor of keys' shape, True where
+        the key is in the table.
+      name: optional name scope.
+
+    Returns:
+      float32 `keys.shape + [dim]`, and the bool tensor if return_exists.
+    """
+    with tf.name_scope(name or "lookup"):
+      keys = self.to_keys(keys)
+      flat = tf.reshape(keys, [-1])
+      parts, positions = self._partition(flat)
+      rows, found = [], []
+      missing_row = tf.constant(self._initializer.missing_row(self._dim), tf.float32)
+      for shard, part in zip(self._shards, parts):
+        with tf_ops.colocate_with(shard.handle):
+          v, f = _ops.op("tf_ext_table_find")(shard.handle, part, missing_row, col_begin=0, cols=self._dim)
+        rows.append(v)
+        found.append(f)
+      if positions is None:
+        values, exists = rows[0], found[0]
+      else:
+        values, exists = tf.dynamic_stitch(positions, rows), tf.dynamic_stitch(positions, found)
+      shape = tf.shape(keys)
+      values = tf.reshape(values, tf.concat([shape, [self._dim]], 0))
+      if return_exists:
+        return values, tf.reshape(exists, shape)
+      return values
+
+  def restrict(self, num_reserved, trigger=None, policy=None, name=None):
+    """Keeps at most `num_reserved` keys (TFRA's `Variable.restrict`).
+
+    See `tf_ext.embedding.restrict`. The policy defaults to the one given to
+    `tensorflow_ext.tfra.get_variable(restrict_policy=...)`, else "timestamp".
+
+    Args:
+      num_reserved: keys kept.
+      trigger: restrict only above this many keys (default num_reserved).
+      policy: "timestamp" or "frequency" (default: see above).
+      name: optional name scope.
+
+    Returns:
+      int64 scalar tensor: keys removed.
+    """
+    from tensorflow_ext.embedding import eviction  # pylint: disable=import-outside-toplevel
+    policy = policy or getattr(self, "restrict_policy", None) or "timestamp"
+    return eviction.restrict(self, num_reserved, trigger=trigger, policy=policy, name=name)
+
   def slot_values(self, optimizer, slot_name, ids, name=None):
     """Reads an optimizer slot of some keys.
 
@@ -856,6 +1095,24 @@ def get_dynamic_embeddings(graph=None):
   return seen
 
 
+def dense_variables(var_list=None):
+  """The variables of `var_list` that are not dynamic embedding shards.
+
+  For TF code that needs real `tf.Variable`s, e.g.
+  `ema.apply(tf_ext.embedding.dense_variables(tf.compat.v1.trainable_variables()))`.
+
+  Args:
+    var_list: a list of variables and shards (default:
+      `tf.compat.v1.trainable_variables()`).
+
+  Returns:
+    list, in the input order.
+  """
+  if var_list is None:
+    var_list = tf.compat.v1.trainable_variables()
+  return [v for v in var_list if not isinstance(v, DynamicEmbeddingShard)]
+
+
 def _find(graph, full_name):
   for emb in get_dynamic_embeddings(graph):
     if emb.name == full_name:
@@ -882,7 +1139,8 @@ def get_dynamic_embedding(name,
                           partitioner=None,
                           trainable=True,
                           initial_capacity=0,
-                          reuse=None):
+                          reuse=None,
+                          **tfra_kwargs):
   """Gets an existing dynamic embedding or creates a new one (variable_scope rules).
 
   The full name is the current variable scope's name + "/" + `name`. As with
@@ -917,6 +1175,11 @@ def get_dynamic_embedding(name,
     initial_capacity: expected number of keys (all shards); tables grow on
       demand.
     reuse: overrides the variable scope's reuse (True, False or AUTO_REUSE).
+    **tfra_kwargs: TFRA's `get_variable` keywords, for code ported by
+      renaming: `init_size` (= initial_capacity). The others of TFRA
+      (kv_creator, restrict_policy, bp_v2, checkpoint, shared_name) raise a
+      TypeError that says what to use (`tensorflow_ext.tfra.get_variable`
+      takes them all).
 
   Returns:
     A `DynamicEmbedding`.
@@ -934,6 +1197,23 @@ def get_dynamic_embedding(name,
                        "tf.compat.v1.disable_v2_behavior() (or build inside a tf.Graph().as_default())")
   if not isinstance(name, str) or not name:
     raise ValueError("name must be a non-empty string, got %r" % (name,))
+  if isinstance(dim, tf.DType) or isinstance(key_dtype, (int, np.integer)) and not isinstance(key_dtype, bool):
+    raise TypeError(
+        "get_dynamic_embedding(name, dim, key_dtype, value_dtype, ...) takes dim second; got dim=%r, key_dtype=%r. "
+        "This looks like TFRA's get_variable(name, key_dtype, value_dtype, dim) order: pass keywords "
+        "(get_dynamic_embedding(name, dim=..., key_dtype=...)) or use tensorflow_ext.tfra.get_variable, which "
+        "keeps TFRA's order." % (dim, key_dtype))
+  if "init_size" in tfra_kwargs:
+    init_size = tfra_kwargs.pop("init_size")
+    if initial_capacity:
+      raise TypeError("get_dynamic_embedding: pass initial_capacity or TFRA's init_size, not both")
+    initial_capacity = init_size
+  for key in sorted(tfra_kwargs):
+    if key in ("kv_creator", "restrict_policy", "bp_v2", "checkpoint", "shared_name"):
+      raise TypeError(
+          "get_dynamic_embedding does not take TFRA's %s=; tensorflow_ext.tfra.get_variable accepts TFRA's "
+          "arguments and says what each maps to (docs/migrating_from_tfra.md)." % key)
+    raise TypeError("get_dynamic_embedding() got an unexpected keyword argument %r" % key)
   try:
     dim = _check_int("dim of dynamic embedding %r" % name, dim, 1, 1 << 20)
   except ValueError as e:
@@ -995,3 +1275,12 @@ def get_dynamic_embedding(name,
   spec = init_lib.resolve(initializer, dim)
   return DynamicEmbedding(full_name, dim, key_dtype, value_dtype, spec, num_shards, devices, trainable,
                           initial_capacity)
+
+
+def _shard_to_tensor(shard, dtype=None, name=None, as_ref=False):
+  return shard._as_tensor(dtype=dtype, name=name, as_ref=as_ref)  # pylint: disable=protected-access
+
+
+tf.register_tensor_conversion_function(DynamicEmbeddingShard, _shard_to_tensor)
+tf.register_tensor_conversion_function(
+    DynamicEmbeddingSlot, lambda slot, dtype=None, name=None, as_ref=False: slot.value())

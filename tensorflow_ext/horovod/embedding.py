@@ -1,0 +1,141 @@
+"""Dynamic embeddings across Horovod ranks: replicated (data-parallel) or partitioned (model-parallel).
+
+* **Data-parallel** (the default for any `tf_ext.get_dynamic_embedding`): every rank holds a full replica. The
+  `DistributedOptimizer` gathers every rank's sparse gradient (keys + rows), so each rank applies the same summed
+  update; a key first seen on another rank gets the same initial row everywhere (the per-key initializer with seeds
+  that all ranks share).
+* **Model-parallel** (`get_dynamic_embedding(..., parallelism="model")`): rank r holds only the keys whose owner is r,
+  ``owner(key) = HashKey(key ^ OWNER_SALT) % num_ranks``. A lookup deduplicates its ids, sends each to its owner with
+  one Horovod alltoall, the owner reads (and in training inserts) the rows, and a second alltoall brings them back.
+  The gradient travels back to the owners the same way (alltoall's gradient), so each rank updates only its keys.
+  Memory per rank is about 1/N of the table.
+"""
+
+import numpy as np
+import tensorflow as tf
+
+from tensorflow_ext.embedding import initializers as init_lib
+from tensorflow_ext.embedding import variable as var_lib
+from tensorflow_ext.horovod import _hvd
+
+__all__ = ["ModelParallel", "get_dynamic_embedding", "OWNER_SALT", "owner_of"]
+
+# Keys are also partitioned over an embedding's local shards by HashKey(key) % num_shards; salting the owner hash
+# keeps the two partitions independent (otherwise with 2 ranks and 2 local shards every key of a rank would land
+# in one of its shards).
+OWNER_SALT = 0x5BD1E9955BD1E995
+
+
+def owner_of(keys, num_ranks):
+    """The rank that owns each int64 key: HashKey(key ^ OWNER_SALT) % num_ranks (int32, keys' shape).
+
+    Args:
+      keys: int64 tensor.
+      num_ranks: python int >= 1.
+
+    Returns:
+      int32 tensor.
+    """
+    salted = tf.bitwise.bitwise_xor(keys, tf.constant(np.int64(np.uint64(OWNER_SALT).view(np.int64)), tf.int64))
+    return var_lib.hash_key_shard_ids(salted, num_ranks)
+
+
+def owner_of_numpy(keys, num_ranks):
+    """`owner_of` in numpy (tests, offline re-partitioning)."""
+    z = (np.asarray(keys, np.int64) ^ np.uint64(OWNER_SALT).view(np.int64)).view(np.uint64)
+    with np.errstate(over="ignore"):
+        z = (z ^ (z >> np.uint64(30))) * np.uint64(0xBF58476D1CE4E5B9)
+        z = (z ^ (z >> np.uint64(27))) * np.uint64(0x94D049BB133111EB)
+        z = z ^ (z >> np.uint64(31))
+    return (z % np.uint64(num_ranks)).astype(np.int32)
+
+
+class ModelParallel(object):
+    """The distribution of a model-parallel embedding: which rank owns a key, and the alltoall lookup.
+
+    Args:
+      process_set: the Horovod process set whose ranks share the table (default: all ranks).
+    """
+
+    name = "model"
+
+    def __init__(self, process_set=None):
+        hvd = _hvd.require_horovod()
+        self._process_set = process_set if process_set is not None else hvd.global_process_set
+
+    @property
+    def process_set(self):
+        """The Horovod process set."""
+        return self._process_set
+
+    def num_ranks(self):
+        """The number of ranks sharing the table."""
+        return self._process_set.size()
+
+    def rank(self):
+        """This process's rank in the process set."""
+        return self._process_set.rank()
+
+    def owner(self, keys):
+        """The rank that owns each key (see `owner_of`)."""
+        return owner_of(keys, self.num_ranks())
+
+    def lookup_unique(self, emb, unique_keys, lookup_local):
+        """Rows [n, dim] of unique int64 keys [n], read from their owners.
+
+        Args:
+          emb: the `DynamicEmbedding` (this rank's partition).
+          unique_keys: int64 [n], unique.
+          lookup_local: callable(emb, keys) -> rows [m, dim] of unique local keys (the single-process lookup).
+
+        Returns:
+          float32 [n, dim], differentiable: the gradient reaches each key's owner.
+        """
+        hvd = _hvd.require_horovod()
+        n = self.num_ranks()
+        with tf.name_scope("model_parallel_lookup"):
+            owner = self.owner(unique_keys)
+            order = tf.argsort(owner, stable=True)
+            send = tf.gather(unique_keys, order)
+            splits = tf.math.bincount(owner, minlength=n, maxlength=n, dtype=tf.int32)
+            recv, recv_splits = hvd.alltoall(send, splits=splits, process_set=self._process_set,
+                                             name=emb.name.replace("/", "_") + "_keys")
+            # Several ranks may ask for one key: read each once (its gradient is the sum of theirs).
+            recv_unique, recv_idx = tf.unique(recv, out_idx=tf.int32)
+            rows = tf.gather(lookup_local(emb, recv_unique), recv_idx)
+            back, _ = hvd.alltoall(rows, splits=recv_splits, process_set=self._process_set,
+                                   name=emb.name.replace("/", "_") + "_rows")
+            back = tf.reshape(back, [-1, emb.dim])
+            return tf.gather(back, tf.math.invert_permutation(order))
+
+
+def get_dynamic_embedding(name, dim, parallelism="data", process_set=None, **kwargs):
+    """`tf_ext.get_dynamic_embedding` for Horovod training.
+
+    Args:
+      name: the embedding's name.
+      dim: the embedding dimension.
+      parallelism: "data" (every rank holds a full replica) or "model" (each rank holds its keys; lookups go
+        through alltoall).
+      process_set: Horovod process set (default: all ranks).
+      **kwargs: the other arguments of `tf_ext.get_dynamic_embedding`.
+
+    Returns:
+      A `DynamicEmbedding`.
+
+    Raises:
+      ValueError: an unknown parallelism, or a model-parallel embedding with a reused name of another parallelism.
+    """
+    _hvd.require_horovod()
+    if parallelism not in ("data", "model"):
+        raise ValueError("parallelism must be 'data' or 'model', got %r" % (parallelism,))
+    # Every rank must draw the same initial row for a key (replicas; re-partitioned restores).
+    init_lib.require_deterministic_seeds(True)
+    emb = var_lib.get_dynamic_embedding(name, dim, **kwargs)
+    wanted = "model" if parallelism == "model" else None
+    current = emb.distribution.name if emb.distribution is not None else None
+    if current != wanted and emb.distribution is not None:
+        raise ValueError("dynamic embedding %s is already %s-parallel" % (emb.name, current))
+    if parallelism == "model" and emb.distribution is None:
+        emb.distribution = ModelParallel(process_set)
+    return emb

@@ -1,0 +1,167 @@
+"""`DistributedOptimizer`: Horovod's optimizer wrapper, extended to dynamic embeddings.
+
+It wraps any `tf.compat.v1.train` optimizer (it delegates `compute_gradients` / `apply_gradients` to it, as
+Horovod's own `_DistributedOptimizer` does) and combines the gradients across ranks before they are applied:
+
+* dense variables: Horovod's allreduce (compression, op, pre/post-scaling, `sparse_as_dense` as in Horovod);
+* data-parallel dynamic embeddings: the sparse gradients (keys + rows) of every rank are gathered
+  (`hvd.allgather`), summed per key when applied, and scaled like the dense ones (Average divides by the number
+  of ranks), so every replica applies the same update;
+* model-parallel dynamic embeddings: the gradient already reached each key's owner through the lookup's
+  alltoall; it is only scaled (Average divides by the number of ranks).
+
+The result equals one process training on the concatenation of the ranks' batches (the golden tests check this).
+"""
+
+import tensorflow as tf
+from tensorflow.python.framework import indexed_slices
+
+from tensorflow_ext.embedding import variable as var_lib
+from tensorflow_ext.horovod import _hvd
+
+__all__ = ["DistributedOptimizer"]
+
+_Shard = var_lib.DynamicEmbeddingShard
+
+
+class _DistributedOptimizer(tf.compat.v1.train.Optimizer):
+    """See `DistributedOptimizer`."""
+
+    def __init__(self, optimizer, name, use_locking, device_dense, device_sparse, compression, sparse_as_dense, op,
+                 gradient_predivide_factor, process_set):
+        super().__init__(name=name, use_locking=use_locking)
+        self._hvd = _hvd.require_horovod()
+        self._optimizer = optimizer
+        self._device_dense = device_dense
+        self._device_sparse = device_sparse
+        self._compression = compression
+        self._sparse_as_dense = sparse_as_dense
+        self._op = op
+        self._predivide = gradient_predivide_factor
+        self._process_set = process_set
+
+    @property
+    def optimizer(self):
+        """The wrapped optimizer."""
+        return self._optimizer
+
+    def _scale(self):
+        """(prescale, postscale) of an allreduce with this op, as Horovod applies gradient_predivide_factor."""
+        if self._op == self._hvd.Average and self._predivide != 1.0:
+            return 1.0 / self._predivide, self._predivide / self._process_set.size()
+        return 1.0, 1.0
+
+    def _reduce_dense(self, grad, var):
+        hvd = self._hvd
+        if isinstance(grad, indexed_slices.IndexedSlices) and self._sparse_as_dense:
+            grad = tf.convert_to_tensor(grad)
+        prescale, postscale = self._scale()
+        op = hvd.Sum if (self._op == hvd.Average and self._predivide != 1.0) else self._op
+        return hvd.allreduce(grad, device_dense=self._device_dense, device_sparse=self._device_sparse,
+                             compression=self._compression, op=op, prescale_factor=prescale,
+                             postscale_factor=postscale, process_set=self._process_set,
+                             name="tf_ext_allreduce_" + var.op.name.replace("/", "_"))
+
+    def _average_factor(self):
+        return 1.0 / self._process_set.size() if self._op == self._hvd.Average else 1.0
+
+    def _reduce_shard(self, grad, shard):
+        if not isinstance(grad, indexed_slices.IndexedSlices):
+            raise TypeError("the gradient of dynamic embedding shard %s must be IndexedSlices, got %s"
+                            % (shard.name, type(grad).__name__))
+        factor = self._average_factor()
+        values = tf.reshape(tf.convert_to_tensor(grad.values), [-1, shard.dim])
+        if shard.embedding.distribution is not None:
+            # Model-parallel: the lookup's alltoall already brought every rank's gradient of this rank's keys.
+            return indexed_slices.IndexedSlices(values * factor if factor != 1.0 else values, grad.indices)
+        hvd = self._hvd
+        name = shard.name.replace("/", "_")
+        keys = hvd.allgather(tf.cast(grad.indices, tf.int64), process_set=self._process_set,
+                             name="tf_ext_allgather_keys_" + name)
+        values = hvd.allgather(values, process_set=self._process_set, name="tf_ext_allgather_rows_" + name)
+        if factor != 1.0:
+            values = values * factor
+        return indexed_slices.IndexedSlices(values, keys)
+
+    def compute_gradients(self, *args, **kwargs):
+        """The wrapped optimizer's gradients, combined across ranks (see the module docstring).
+
+        Returns:
+          list of (gradient, variable) pairs.
+        """
+        grads_and_vars = self._optimizer.compute_gradients(*args, **kwargs)
+        if self._process_set.size() == 1:
+            return grads_and_vars
+        out = []
+        with tf.name_scope(self._name + "_Allreduce"):
+            for grad, var in grads_and_vars:
+                if grad is None:
+                    out.append((grad, var))
+                elif isinstance(var, _Shard):
+                    out.append((self._reduce_shard(grad, var), var))
+                else:
+                    out.append((self._reduce_dense(grad, var), var))
+        return out
+
+    def apply_gradients(self, grads_and_vars, global_step=None, name=None):
+        """Calls the wrapped optimizer's apply_gradients."""
+        return self._optimizer.apply_gradients(grads_and_vars, global_step=global_step, name=name)
+
+    def get_slot(self, *args, **kwargs):
+        """The wrapped optimizer's get_slot."""
+        return self._optimizer.get_slot(*args, **kwargs)
+
+    def get_slot_names(self, *args, **kwargs):
+        """The wrapped optimizer's get_slot_names."""
+        return self._optimizer.get_slot_names(*args, **kwargs)
+
+    def variables(self, *args, **kwargs):
+        """The wrapped optimizer's variables."""
+        return self._optimizer.variables(*args, **kwargs)
+
+
+def DistributedOptimizer(optimizer, name=None, use_locking=False, device_dense="", device_sparse="",  # pylint: disable=invalid-name
+                         compression=None, sparse_as_dense=False, backward_passes_per_step=1, op=None,
+                         gradient_predivide_factor=1.0, average_aggregated_gradients=False, num_groups=0,
+                         groups=None, process_set=None):
+    """Horovod's `DistributedOptimizer` (same signature) for models with dynamic embeddings.
+
+    Args:
+      optimizer: a `tf.compat.v1.train` optimizer.
+      name, use_locking, device_dense, device_sparse: as in Horovod.
+      compression: `hvd.Compression.none` (default) or `.fp16`, for dense gradients.
+      sparse_as_dense: densify the IndexedSlices gradients of dense variables (as in Horovod). Dynamic embedding
+        gradients always stay sparse: their "dense" form would be the whole key space.
+      backward_passes_per_step: must be 1 here (gradient accumulation over several passes is not implemented for
+        dynamic embeddings).
+      op: `hvd.Average` (default) or `hvd.Sum`.
+      gradient_predivide_factor: as in Horovod (Average only).
+      average_aggregated_gradients, num_groups, groups: Horovod's grouping options; accepted for signature
+        compatibility (Horovod fuses the allreduces of one step by itself).
+      process_set: Horovod process set (default: all ranks).
+
+    Returns:
+      An optimizer.
+
+    Raises:
+      TypeError: `optimizer` is not a `tf.compat.v1.train` optimizer.
+      ValueError: backward_passes_per_step != 1, or an unsupported op.
+    """
+    del average_aggregated_gradients, num_groups, groups
+    hvd = _hvd.require_horovod()
+    if not isinstance(optimizer, tf.compat.v1.train.Optimizer):
+        raise TypeError("tensorflow_ext.horovod.DistributedOptimizer wraps tf.compat.v1.train optimizers (they "
+                        "train dynamic embeddings); got %s" % type(optimizer).__name__)
+    if backward_passes_per_step != 1:
+        raise ValueError("backward_passes_per_step=%r: gradient accumulation over several passes is not supported "
+                         "with dynamic embeddings; use 1 (a larger batch per rank has the same effect)"
+                         % (backward_passes_per_step,))
+    op = hvd.Average if op is None else op
+    if op not in (hvd.Average, hvd.Sum):
+        raise ValueError("op must be hvd.Average or hvd.Sum, got %r" % (op,))
+    if gradient_predivide_factor != 1.0 and op != hvd.Average:
+        raise ValueError("gradient_predivide_factor needs op=hvd.Average")
+    return _DistributedOptimizer(
+        optimizer, name or "Distributed" + type(optimizer).__name__, use_locking, device_dense, device_sparse,
+        compression if compression is not None else hvd.Compression.none, sparse_as_dense, op,
+        gradient_predivide_factor, process_set if process_set is not None else hvd.global_process_set)

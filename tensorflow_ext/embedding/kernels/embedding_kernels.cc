@@ -13,9 +13,9 @@
 #include "tensorflow/core/framework/tensor.h"
 #include "tensorflow/core/framework/tensor_shape.h"
 #include "tensorflow/core/lib/core/errors.h"
-#include "tsl/platform/random.h"
 #include "tensorflow_ext/table/core/hash_table.h"
 #include "tensorflow_ext/table/kernels/table_resource.h"
+#include "tsl/platform/random.h"
 
 namespace tfext {
 namespace {
@@ -74,8 +74,8 @@ inline float PolyLog(float x) {
   const float m0 = BitsToFloat((b & 0x007fffffu) | 0x3f000000u);  // x = m0 * 2^e, m0 in [0.5, 1)
   // low (m0 < sqrt(1/2), then use 2*m0 and e - 1) from the mantissa bits:
   // 0x3f3504f3 is sqrt(1/2) with m0's exponent.
-  const uint32_t low_mask = static_cast<uint32_t>(
-      (static_cast<int32_t>(FloatToBits(m0)) - static_cast<int32_t>(0x3f3504f3u)) >> 31);
+  const uint32_t low_mask =
+      static_cast<uint32_t>((static_cast<int32_t>(FloatToBits(m0)) - static_cast<int32_t>(0x3f3504f3u)) >> 31);
   const int32_t e = static_cast<int32_t>(b >> 23) - 126 + static_cast<int32_t>(low_mask);
   const float m = BitsToFloat((FloatToBits(m0 + m0) & low_mask) | (FloatToBits(m0) & ~low_mask)) - 1.0f;
   const float z = m * m;
@@ -100,12 +100,11 @@ inline void PolySinCos(float x, float* s_out, float* c_out) {
   int32_t j = static_cast<int32_t>(x * 1.27323954473516f);  // 4 / pi
   j = (j + 1) & ~1;
   const float y = static_cast<float>(j);
-  const float r = ((x - y * 0.78515625f) - y * 2.4187564849853515625e-4f) -
-                  y * 3.77489497744594108e-8f;
+  const float r = ((x - y * 0.78515625f) - y * 2.4187564849853515625e-4f) - y * 3.77489497744594108e-8f;
   const float z = r * r;
   const float ps = ((-1.9515295891e-4f * z + 8.3321608736e-3f) * z - 1.6666654611e-1f) * z * r + r;
-  const float pc = ((2.443315711809948e-5f * z - 1.388731625493765e-3f) * z +
-                    4.166664568298827e-2f) * z * z - 0.5f * z + 1.0f;
+  const float pc =
+      ((2.443315711809948e-5f * z - 1.388731625493765e-3f) * z + 4.166664568298827e-2f) * z * z - 0.5f * z + 1.0f;
   // Quadrant q = j / 2: (sin, cos) = (ps, pc), (pc, -ps), (-ps, -pc), (-pc, ps).
   const uint32_t q = static_cast<uint32_t>(j >> 1);
   const uint32_t swap = 0u - (q & 1u);
@@ -271,16 +270,14 @@ class LookupBase : public OpKernel {
   tensorflow::Status Table(OpKernelContext* ctx, const char* op, RefCountPtr<TableResource>* table) {
     TF_RETURN_IF_ERROR(GetTableResource(ctx, 0, table));
     if ((*table)->dim() != dim_) {
-      return InvalidArgument(op, ": attr dim=", dim_, " does not match the table's dim=",
-                             (*table)->dim(), " (table layout: ",
-                             (*table)->layout().DebugString(), ")");
+      return InvalidArgument(op, ": attr dim=", dim_, " does not match the table's dim=", (*table)->dim(),
+                             " (table layout: ", (*table)->layout().DebugString(), ")");
     }
     return tensorflow::OkStatus();
   }
 
   // Rows [n, dim] of n keys (unique, or each occurrence counts) into out.
-  void Probe(OpKernelContext* ctx, TableResource* table, const int64_t* k, int64_t n,
-             int64_t step, float* out) const {
+  void Probe(OpKernelContext* ctx, TableResource* table, const int64_t* k, int64_t n, int64_t step, float* out) const {
     if (n == 0) return;
     table::HashTable* t = table->table();
     const table::ParallelFor pf = MakeParallelFor(ctx);
@@ -294,8 +291,7 @@ class LookupBase : public OpKernel {
     const int64_t dim = dim_;
     const RowInitializer& init = init_;
     t->FindOrInsertWith(
-        k, n, 0, dim,
-        [&init, k, dim](int64_t i, float* dst) { init.Fill(k[i], dst, dim); },
+        k, n, 0, dim, [&init, k, dim](int64_t i, float* dst) { init.Fill(k[i], dst, dim); },
         table->column_defaults().data(), out, nullptr, count_, step, pf);
   }
 
@@ -307,8 +303,7 @@ class LookupBase : public OpKernel {
 
 tensorflow::Status ScalarStep(const Tensor& step_t, const char* op, int64_t* step) {
   if (!TensorShapeUtils::IsScalar(step_t.shape())) {
-    return InvalidArgument(op, ": step must be an int64 scalar, got shape ",
-                           step_t.shape().DebugString());
+    return InvalidArgument(op, ": step must be an int64 scalar, got shape ", step_t.shape().DebugString());
   }
   *step = step_t.scalar<int64_t>()();
   return tensorflow::OkStatus();
@@ -381,8 +376,7 @@ void Dedup(const int64_t* keys, int64_t n, std::vector<int64_t>* uniq, int32_t* 
 // work (total * cost_per_unit cycles) is worth it.
 void ParallelRows(OpKernelContext* ctx, int64_t total, int64_t cost_per_unit,
                   const std::function<void(int64_t, int64_t)>& fn) {
-  const tensorflow::DeviceBase::CpuWorkerThreads* workers =
-      ctx->device()->tensorflow_cpu_worker_threads();
+  const tensorflow::DeviceBase::CpuWorkerThreads* workers = ctx->device()->tensorflow_cpu_worker_threads();
   if (workers == nullptr || workers->workers == nullptr || workers->num_threads <= 1 ||
       total * cost_per_unit < 200000) {
     fn(0, total);
@@ -401,8 +395,7 @@ class EmbeddingLookupIdsOp : public LookupBase {
     OP_REQUIRES_OK(ctx, Table(ctx, op, &table));
     const Tensor& ids = ctx->input(1);
     OP_REQUIRES(ctx, TensorShapeUtils::IsVector(ids.shape()),
-                InvalidArgument(op, ": ids must be a vector of int64 keys, got shape ",
-                                ids.shape().DebugString()));
+                InvalidArgument(op, ": ids must be a vector of int64 keys, got shape ", ids.shape().DebugString()));
     const int64_t n = ids.dim_size(0);
     OP_REQUIRES(ctx, n <= std::numeric_limits<int32_t>::max(),
                 InvalidArgument(op, ": at most 2^31 - 1 ids per call, got ", n));
@@ -455,11 +448,9 @@ class EmbeddingLookupIdsGradOp : public OpKernel {
     const Tensor& idx_t = ctx->input(1);
     const Tensor& keys = ctx->input(2);
     OP_REQUIRES(ctx, TensorShapeUtils::IsVector(idx_t.shape()),
-                InvalidArgument(op, ": idx must be an int32 vector, got shape ",
-                                idx_t.shape().DebugString()));
+                InvalidArgument(op, ": idx must be an int32 vector, got shape ", idx_t.shape().DebugString()));
     OP_REQUIRES(ctx, TensorShapeUtils::IsVector(keys.shape()),
-                InvalidArgument(op, ": unique_keys must be an int64 vector, got shape ",
-                                keys.shape().DebugString()));
+                InvalidArgument(op, ": unique_keys must be an int64 vector, got shape ", keys.shape().DebugString()));
     const int64_t n = idx_t.dim_size(0);
     const int64_t u = keys.dim_size(0);
     OP_REQUIRES(ctx, grad.dims() == 2 && grad.dim_size(0) == n,
@@ -468,9 +459,9 @@ class EmbeddingLookupIdsGradOp : public OpKernel {
     const int64_t dim = grad.dim_size(1);
     const int32_t* idx = idx_t.flat<int32_t>().data();
     for (int64_t i = 0; i < n; ++i) {
-      OP_REQUIRES(ctx, idx[i] >= 0 && idx[i] < u,
-                  InvalidArgument(op, ": idx[", i, "] = ", idx[i], " is not in [0, ", u,
-                                  ") (the number of unique keys)"));
+      OP_REQUIRES(
+          ctx, idx[i] >= 0 && idx[i] < u,
+          InvalidArgument(op, ": idx[", i, "] = ", idx[i], " is not in [0, ", u, ") (the number of unique keys)"));
     }
     Tensor* out_t = nullptr;
     OP_REQUIRES_OK(ctx, ctx->allocate_output(0, TensorShape({u, dim}), &out_t));
@@ -478,10 +469,8 @@ class EmbeddingLookupIdsGradOp : public OpKernel {
     const float* g = grad.flat<float>().data();
     // Each part owns a range of unique indices and scans all of idx, so no
     // two threads write the same row and every row adds in increasing i.
-    const tensorflow::DeviceBase::CpuWorkerThreads* workers =
-        ctx->device()->tensorflow_cpu_worker_threads();
-    const int64_t threads =
-        (workers == nullptr || workers->workers == nullptr) ? 1 : workers->num_threads;
+    const tensorflow::DeviceBase::CpuWorkerThreads* workers = ctx->device()->tensorflow_cpu_worker_threads();
+    const int64_t threads = (workers == nullptr || workers->workers == nullptr) ? 1 : workers->num_threads;
     const int64_t parts = (n * dim >= (int64_t{1} << 16) && threads > 1) ? threads : 1;
     auto run = [=](int64_t first_part, int64_t end_part) {
       for (int64_t part = first_part; part < end_part; ++part) {
@@ -504,8 +493,7 @@ class EmbeddingLookupIdsGradOp : public OpKernel {
   }
 };
 
-REGISTER_KERNEL_BUILDER(Name("TfExtEmbeddingLookupIdsGrad").Device(DEVICE_CPU),
-                        EmbeddingLookupIdsGradOp);
+REGISTER_KERNEL_BUILDER(Name("TfExtEmbeddingLookupIdsGrad").Device(DEVICE_CPU), EmbeddingLookupIdsGradOp);
 
 REGISTER_KERNEL_BUILDER(Name("TfExtEmbeddingLookup").Device(DEVICE_CPU), EmbeddingLookupOp);
 
@@ -523,8 +511,7 @@ class ShardIndexOp : public OpKernel {
                 InvalidArgument("TfExtShardIndex: num_shards must be an int32 scalar, got shape ",
                                 num_shards_t.shape().DebugString()));
     const int32_t num_shards = num_shards_t.scalar<int32_t>()();
-    OP_REQUIRES(ctx, num_shards >= 1,
-                InvalidArgument("TfExtShardIndex: num_shards must be >= 1, got ", num_shards));
+    OP_REQUIRES(ctx, num_shards >= 1, InvalidArgument("TfExtShardIndex: num_shards must be >= 1, got ", num_shards));
     Tensor* ids = nullptr;
     OP_REQUIRES_OK(ctx, ctx->allocate_output(0, keys.shape(), &ids));
     const int64_t n = keys.NumElements();

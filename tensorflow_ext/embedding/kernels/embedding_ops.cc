@@ -32,12 +32,13 @@ Status HandleInput(InferenceContext* c) { return ScalarInput(c, 0); }
 
 // The initializer and bookkeeping attrs of both lookup ops (TfExtEmbeddingLookup
 // and TfExtEmbeddingLookupIds), kept in one place so they cannot drift apart.
-#define TFEXT_LOOKUP_ATTRS                                                                   \
+#define TFEXT_LOOKUP_ATTRS                                                                  \
   Attr("dim: int >= 1")                                                                     \
       .Attr("insert_missing: bool = false")                                                 \
       .Attr("count: bool = true")                                                           \
-      .Attr("init_kind: {'constant', 'random_normal', 'truncated_normal', 'random_uniform'} " \
-            "= 'constant'")                                                                 \
+      .Attr(                                                                                \
+          "init_kind: {'constant', 'random_normal', 'truncated_normal', 'random_uniform'} " \
+          "= 'constant'")                                                                   \
       .Attr("init_a: float = 0.0")                                                          \
       .Attr("init_b: float = 1.0")                                                          \
       .Attr("seed: int = 0")                                                                \
@@ -60,8 +61,7 @@ REGISTER_OP("TfExtEmbeddingLookup")
     .Input("keys: int64")
     .Input("step: int64")
     .Output("values: float")
-    .TFEXT_LOOKUP_ATTRS
-    .SetIsStateful()
+    .TFEXT_LOOKUP_ATTRS.SetIsStateful()
     .SetShapeFn([](InferenceContext* c) {
       ShapeHandle keys;
       return LookupRowsShape(c, &keys);
@@ -85,8 +85,7 @@ REGISTER_OP("TfExtEmbeddingLookupIds")
     .Output("values: float")
     .Output("unique_keys: int64")
     .Output("idx: int32")
-    .TFEXT_LOOKUP_ATTRS
-    .SetIsStateful()
+    .TFEXT_LOOKUP_ATTRS.SetIsStateful()
     .SetShapeFn([](InferenceContext* c) {
       ShapeHandle ids;
       TF_RETURN_IF_ERROR(LookupRowsShape(c, &ids));
@@ -183,10 +182,9 @@ InitOnStartupMarker RegisterApplyOp() {
 
 #define TFEXT_CONCAT_INNER_(a, b) a##b
 #define TFEXT_CONCAT_(a, b) TFEXT_CONCAT_INNER_(a, b)
-#define TFEXT_REGISTER_APPLY_OP(Opt)                                         \
-  static const InitOnStartupMarker TFEXT_CONCAT_(tfext_apply_op_reg_,        \
-                                                 __COUNTER__)                \
-      TF_ATTRIBUTE_UNUSED = InitOnStartupMarker{} << RegisterApplyOp<Opt>;
+#define TFEXT_REGISTER_APPLY_OP(Opt)                                                                     \
+  static const InitOnStartupMarker TFEXT_CONCAT_(tfext_apply_op_reg_, __COUNTER__) TF_ATTRIBUTE_UNUSED = \
+      InitOnStartupMarker{} << RegisterApplyOp<Opt>;
 
 TFEXT_FOR_EACH_EMBEDDING_OPTIMIZER(TFEXT_REGISTER_APPLY_OP)
 

@@ -45,8 +45,8 @@ namespace embedding {
 // Boolean attrs of the apply ops (only the ones an optimizer declares are
 // read; the others stay false).
 struct OptimizerFlags {
-  bool use_nesterov = false;          // Momentum
-  bool centered = false;              // RMSProp
+  bool use_nesterov = false;           // Momentum
+  bool centered = false;               // RMSProp
   bool multiply_linear_by_lr = false;  // Ftrl
 };
 
@@ -68,8 +68,7 @@ struct GradientDescentOpt {
     lr = h[0];
     return "";
   }
-  void Apply(float* var, float* /*slots*/, int64_t /*slot_stride*/,
-             const float* g, int64_t dim) const {
+  void Apply(float* var, float* /*slots*/, int64_t /*slot_stride*/, const float* g, int64_t dim) const {
     // var += (-g) * lr
     for (int64_t j = 0; j < dim; ++j) var[j] += (-g[j]) * lr;
   }
@@ -92,8 +91,7 @@ struct MomentumOpt {
     nesterov = f.use_nesterov;
     return "";
   }
-  void Apply(float* var, float* slots, int64_t /*slot_stride*/, const float* g,
-             int64_t dim) const {
+  void Apply(float* var, float* slots, int64_t /*slot_stride*/, const float* g, int64_t dim) const {
     float* a = slots;
     if (nesterov) {
       const float lr_m = lr * momentum;
@@ -124,8 +122,7 @@ struct AdagradOpt {
     lr = h[0];
     return "";
   }
-  void Apply(float* var, float* slots, int64_t /*slot_stride*/, const float* g,
-             int64_t dim) const {
+  void Apply(float* var, float* slots, int64_t /*slot_stride*/, const float* g, int64_t dim) const {
     float* a = slots;
     if (dim == 1) {
       a[0] += g[0] * g[0];
@@ -147,14 +144,12 @@ struct AdagradOpt {
 struct AdamOpt {
   static constexpr const char* kOpName = "TfExtEmbeddingSparseApplyAdam";
   static constexpr int kNumHypers = 6;
-  static constexpr const char* kHypers[kNumHypers] = {
-      "beta1_power", "beta2_power", "lr", "beta1", "beta2", "epsilon"};
+  static constexpr const char* kHypers[kNumHypers] = {"beta1_power", "beta2_power", "lr", "beta1", "beta2", "epsilon"};
   static constexpr int kNumFlags = 0;
   static constexpr const char* kFlagAttrs[1] = {nullptr};
   static int NumSlots(const OptimizerFlags&) { return 2; }  // [m, v]
 
-  float lr_t = 0, beta1 = 0, beta2 = 0, one_minus_beta1 = 0,
-        one_minus_beta2 = 0, epsilon = 0;
+  float lr_t = 0, beta1 = 0, beta2 = 0, one_minus_beta1 = 0, one_minus_beta2 = 0, epsilon = 0;
   HyperCheck Prepare(const float* h, const OptimizerFlags&) {
     const float beta1_power = h[0], beta2_power = h[1], lr = h[2];
     beta1 = h[3];
@@ -165,8 +160,7 @@ struct AdamOpt {
     one_minus_beta2 = 1.0f - beta2;
     return "";
   }
-  void Apply(float* var, float* slots, int64_t slot_stride, const float* g,
-             int64_t dim) const {
+  void Apply(float* var, float* slots, int64_t slot_stride, const float* g, int64_t dim) const {
     float* m = slots;
     float* v = slots + slot_stride;
     for (int64_t j = 0; j < dim; ++j) {
@@ -182,11 +176,9 @@ struct AdamOpt {
 struct FtrlOpt {
   static constexpr const char* kOpName = "TfExtEmbeddingSparseApplyFtrl";
   static constexpr int kNumHypers = 5;
-  static constexpr const char* kHypers[kNumHypers] = {"lr", "l1", "l2",
-                                                      "l2_shrinkage", "lr_power"};
+  static constexpr const char* kHypers[kNumHypers] = {"lr", "l1", "l2", "l2_shrinkage", "lr_power"};
   static constexpr int kNumFlags = 1;
-  static constexpr const char* kFlagAttrs[kNumFlags] = {
-      "multiply_linear_by_lr: bool = false"};
+  static constexpr const char* kFlagAttrs[kNumFlags] = {"multiply_linear_by_lr: bool = false"};
   static int NumSlots(const OptimizerFlags&) { return 2; }  // [accum, linear]
 
   float lr = 0, l1 = 0, l2 = 0, l2_shrinkage = 0, lr_power = 0;
@@ -200,16 +192,13 @@ struct FtrlOpt {
     mult = f.multiply_linear_by_lr;
     if (!(lr > 0)) return "lr is not a positive scalar: " + std::to_string(lr);
     if (!(l1 >= 0)) {
-      return "l1 regularization strength is not a non-negative scalar: " +
-             std::to_string(l1);
+      return "l1 regularization strength is not a non-negative scalar: " + std::to_string(l1);
     }
     if (!(l2 >= 0)) {
-      return "l2 regularization strength is not a non-negative scalar: " +
-             std::to_string(l2);
+      return "l2 regularization strength is not a non-negative scalar: " + std::to_string(l2);
     }
     if (!(l2_shrinkage >= 0)) {
-      return "l2 shrinkage regularization strength is not a non-negative scalar: " +
-             std::to_string(l2_shrinkage);
+      return "l2 shrinkage regularization strength is not a non-negative scalar: " + std::to_string(l2_shrinkage);
     }
     if (!(lr_power <= 0)) {
       return "lr_power is not a non-positive scalar: " + std::to_string(lr_power);
@@ -217,8 +206,7 @@ struct FtrlOpt {
     return "";
   }
 
-  void Apply(float* var, float* slots, int64_t slot_stride, const float* g,
-             int64_t dim) const {
+  void Apply(float* var, float* slots, int64_t slot_stride, const float* g, int64_t dim) const {
     float* accum = slots;
     float* linear = slots + slot_stride;
     const bool shrink = l2_shrinkage > 0;
@@ -239,15 +227,13 @@ struct FtrlOpt {
       float lin = linear[j];
       float y;
       if (mult) {
-        const float sigma = fast ? (std::sqrt(na) - std::sqrt(a))
-                                 : (std::pow(na, -lr_power) - std::pow(a, -lr_power));
+        const float sigma = fast ? (std::sqrt(na) - std::sqrt(a)) : (std::pow(na, -lr_power) - std::pow(a, -lr_power));
         lin = lin + (gs * lr - sigma * var[j]);
         const float adj = std::max(std::min(lin, l1_lr), -l1_lr);
         y = (fast ? std::sqrt(na) : std::pow(na, -lr_power)) + two_l2_lr;
         var[j] = (adj - lin) / y;
       } else {
-        const float sigma = fast ? (std::sqrt(na) - std::sqrt(a))
-                                 : (std::pow(na, -lr_power) - std::pow(a, -lr_power));
+        const float sigma = fast ? (std::sqrt(na) - std::sqrt(a)) : (std::pow(na, -lr_power) - std::pow(a, -lr_power));
         lin = lin + (gs - sigma / lr * var[j]);
         const float adj = std::max(std::min(lin, l1), -l1);
         y = (fast ? std::sqrt(na) : std::pow(na, -lr_power)) / lr + two_l2;
@@ -259,8 +245,7 @@ struct FtrlOpt {
   }
 
   // TF's scalar path (inner dimension 1): FtrlCompute.
-  void ApplyScalar(float* var, float* accum, float* linear, float g0,
-                   bool shrink) const {
+  void ApplyScalar(float* var, float* accum, float* linear, float g0, bool shrink) const {
     float& a = *accum;
     float& l = *linear;
     float& v = *var;
@@ -272,15 +257,10 @@ struct FtrlOpt {
     float quadratic;
     float adj;
     if (mult) {
-      quadratic = (lr_power == -0.5f ? std::sqrt(updated_a)
-                                     : std::pow(updated_a, -lr_power)) +
-                  2.0f * l2 * lr;
+      quadratic = (lr_power == -0.5f ? std::sqrt(updated_a) : std::pow(updated_a, -lr_power)) + 2.0f * l2 * lr;
       adj = std::max(std::min(updated_l, l1 * lr), -l1 * lr);
     } else {
-      quadratic = (lr_power == -0.5f ? std::sqrt(updated_a)
-                                     : std::pow(updated_a, -lr_power)) /
-                      lr +
-                  2.0f * l2;
+      quadratic = (lr_power == -0.5f ? std::sqrt(updated_a) : std::pow(updated_a, -lr_power)) / lr + 2.0f * l2;
       adj = std::max(std::min(updated_l, l1), -l1);
     }
     v = (adj - updated_l) / quadratic;
@@ -295,8 +275,7 @@ struct FtrlOpt {
 struct RMSPropOpt {
   static constexpr const char* kOpName = "TfExtEmbeddingSparseApplyRMSProp";
   static constexpr int kNumHypers = 4;
-  static constexpr const char* kHypers[kNumHypers] = {"lr", "rho", "momentum",
-                                                      "epsilon"};
+  static constexpr const char* kHypers[kNumHypers] = {"lr", "rho", "momentum", "epsilon"};
   static constexpr int kNumFlags = 1;
   static constexpr const char* kFlagAttrs[kNumFlags] = {"centered: bool = false"};
   static int NumSlots(const OptimizerFlags& f) { return f.centered ? 3 : 2; }
@@ -312,8 +291,7 @@ struct RMSPropOpt {
     centered = f.centered;
     return "";
   }
-  void Apply(float* var, float* slots, int64_t slot_stride, const float* g,
-             int64_t dim) const {
+  void Apply(float* var, float* slots, int64_t slot_stride, const float* g, int64_t dim) const {
     float* ms = slots;
     float* mom = slots + slot_stride;
     if (centered) {

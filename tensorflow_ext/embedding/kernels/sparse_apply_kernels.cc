@@ -34,8 +34,8 @@ using tensorflow::core::RefCountPtr;
 using tensorflow::errors::InvalidArgument;
 
 // Reads the optional boolean attrs an optimizer declares.
-tensorflow::Status ReadFlags(OpKernelConstruction* ctx, int num_flags,
-                             const char* const* specs, embedding::OptimizerFlags* f) {
+tensorflow::Status ReadFlags(OpKernelConstruction* ctx, int num_flags, const char* const* specs,
+                             embedding::OptimizerFlags* f) {
   for (int k = 0; k < num_flags; ++k) {
     const std::string spec = specs[k];
     const std::string name = spec.substr(0, spec.find(':'));
@@ -62,8 +62,7 @@ class EmbeddingSparseApplyOp : public OpKernel {
     OP_REQUIRES_OK(ctx, ctx->GetAttr("slot_offset", &slot_offset_));
     if (slot_offset_ == -1) slot_offset_ = dim_;  // slots follow the embedding
     OP_REQUIRES(ctx, slot_offset_ >= 1,
-                InvalidArgument(Opt::kOpName, ": slot_offset must be >= 1 or -1 (= dim), got ",
-                                slot_offset_));
+                InvalidArgument(Opt::kOpName, ": slot_offset must be >= 1 or -1 (= dim), got ", slot_offset_));
     OP_REQUIRES_OK(ctx, ReadFlags(ctx, Opt::kNumFlags, Opt::kFlagAttrs, &flags_));
     num_slots_ = Opt::NumSlots(flags_);
   }
@@ -73,32 +72,29 @@ class EmbeddingSparseApplyOp : public OpKernel {
     RefCountPtr<TableResource> table;
     OP_REQUIRES_OK(ctx, GetTableResource(ctx, 0, &table));
     OP_REQUIRES(ctx, table->dim() == dim_,
-                InvalidArgument(op, ": attr dim=", dim_, " does not match the table's dim=",
-                                table->dim(), " (table layout: ",
-                                table->layout().DebugString(), ")"));
+                InvalidArgument(op, ": attr dim=", dim_, " does not match the table's dim=", table->dim(),
+                                " (table layout: ", table->layout().DebugString(), ")"));
     // Slot k occupies columns [slot_offset + k*dim, slot_offset + (k+1)*dim).
     if (num_slots_ > 0) {
-      OP_REQUIRES(ctx, slot_offset_ >= dim_,
-                  InvalidArgument(op, ": slot_offset=", slot_offset_,
-                                  " overlaps the embedding columns [0, ", dim_, ")"));
+      OP_REQUIRES(
+          ctx, slot_offset_ >= dim_,
+          InvalidArgument(op, ": slot_offset=", slot_offset_, " overlaps the embedding columns [0, ", dim_, ")"));
       const int64_t end = slot_offset_ + num_slots_ * dim_;
       OP_REQUIRES(ctx, end <= table->width(),
-                  InvalidArgument(op, ": the ", num_slots_, " slot column block(s) of dim ",
-                                  dim_, " starting at slot_offset=", slot_offset_,
-                                  " need width >= ", end, ", but the table's width is ",
-                                  table->width(), " (table layout: ",
-                                  table->layout().DebugString(), ")"));
+                  InvalidArgument(op, ": the ", num_slots_, " slot column block(s) of dim ", dim_,
+                                  " starting at slot_offset=", slot_offset_, " need width >= ", end,
+                                  ", but the table's width is ", table->width(),
+                                  " (table layout: ", table->layout().DebugString(), ")"));
     }
 
     const Tensor& keys = ctx->input(1);
-    OP_REQUIRES(ctx, TensorShapeUtils::IsVector(keys.shape()),
-                InvalidArgument(op, ": keys must be a vector of unique int64 keys, got shape ",
-                                keys.shape().DebugString()));
+    OP_REQUIRES(
+        ctx, TensorShapeUtils::IsVector(keys.shape()),
+        InvalidArgument(op, ": keys must be a vector of unique int64 keys, got shape ", keys.shape().DebugString()));
     const int64_t n = keys.dim_size(0);
     const Tensor& grad = ctx->input(2);
     OP_REQUIRES(ctx, grad.dims() == 2 && grad.dim_size(0) == n && grad.dim_size(1) == dim_,
-                InvalidArgument(op, ": grad must have shape [", n, ", ", dim_,
-                                "] (number of keys, dim), got shape ",
+                InvalidArgument(op, ": grad must have shape [", n, ", ", dim_, "] (number of keys, dim), got shape ",
                                 grad.shape().DebugString()));
 
     float hypers[Opt::kNumHypers];
@@ -106,14 +102,12 @@ class EmbeddingSparseApplyOp : public OpKernel {
       const Tensor& h = ctx->input(3 + k);
       OP_REQUIRES(ctx, TensorShapeUtils::IsScalar(h.shape()) && h.dtype() == DT_FLOAT,
                   InvalidArgument(op, ": ", Opt::kHypers[k], " must be a float32 scalar, got ",
-                                  DataTypeString(h.dtype()), " of shape ",
-                                  h.shape().DebugString()));
+                                  DataTypeString(h.dtype()), " of shape ", h.shape().DebugString()));
       hypers[k] = h.scalar<float>()();
     }
     const Tensor& step_t = ctx->input(3 + Opt::kNumHypers);
     OP_REQUIRES(ctx, TensorShapeUtils::IsScalar(step_t.shape()),
-                InvalidArgument(op, ": step must be an int64 scalar, got shape ",
-                                step_t.shape().DebugString()));
+                InvalidArgument(op, ": step must be an int64 scalar, got shape ", step_t.shape().DebugString()));
     const int64_t step = step_t.scalar<int64_t>()();
 
     Opt opt;

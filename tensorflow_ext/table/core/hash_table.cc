@@ -144,8 +144,7 @@ constexpr auto kNoIo = [](int64_t) {};
 
 [[noreturn]] void ThrowOutOfMemory(const char* what, uint64_t value) {
   char buf[256];
-  std::snprintf(buf, sizeof(buf), "tf_ext table: %s (%llu)", what,
-                static_cast<unsigned long long>(value));
+  std::snprintf(buf, sizeof(buf), "tf_ext table: %s (%llu)", what, static_cast<unsigned long long>(value));
   throw OutOfMemoryError(buf);
 }
 
@@ -168,8 +167,7 @@ void MakeRoomForOne(Vector& v) {
 // failed allocation) reaches the caller: the ParallelFor's threads must not
 // see it (an exception leaving a thread-pool task terminates the process).
 // The first exception is rethrown once pf has returned.
-void RunParallel(const ParallelFor& pf, int64_t total,
-                 const std::function<void(int64_t, int64_t)>& fn) {
+void RunParallel(const ParallelFor& pf, int64_t total, const std::function<void(int64_t, int64_t)>& fn) {
   std::mutex mu;
   std::exception_ptr error;
   pf(total, [&](int64_t begin, int64_t end) {
@@ -323,8 +321,7 @@ class ChunkSource {
   // Bytes held, bookkeeping included.
   int64_t bytes() const {
     std::lock_guard<std::mutex> lock(mu_);
-    return static_cast<int64_t>(bytes_ + single_chunks_.capacity() * sizeof(char*) +
-                                slabs_.capacity() * sizeof(Slab));
+    return static_cast<int64_t>(bytes_ + single_chunks_.capacity() * sizeof(char*) + slabs_.capacity() * sizeof(Slab));
   }
 
  private:
@@ -375,13 +372,12 @@ ParallelFor InlineParallelFor() {
 std::string ValidateOptions(const TableOptions& options) {
   char buf[256];
   if (options.width < 1) {
-    std::snprintf(buf, sizeof(buf), "width must be >= 1, got %lld",
-                  static_cast<long long>(options.width));
+    std::snprintf(buf, sizeof(buf), "width must be >= 1, got %lld", static_cast<long long>(options.width));
     return buf;
   }
   if (options.width > kMaxWidth) {
-    std::snprintf(buf, sizeof(buf), "width must be <= %lld, got %lld",
-                  static_cast<long long>(kMaxWidth), static_cast<long long>(options.width));
+    std::snprintf(buf, sizeof(buf), "width must be <= %lld, got %lld", static_cast<long long>(kMaxWidth),
+                  static_cast<long long>(options.width));
     return buf;
   }
   if (options.initial_capacity < 0) {
@@ -391,19 +387,18 @@ std::string ValidateOptions(const TableOptions& options) {
   }
   if (options.initial_capacity > kMaxCapacity) {
     std::snprintf(buf, sizeof(buf), "initial_capacity must be <= 2^40 (%lld), got %lld",
-                  static_cast<long long>(kMaxCapacity),
-                  static_cast<long long>(options.initial_capacity));
+                  static_cast<long long>(kMaxCapacity), static_cast<long long>(options.initial_capacity));
     return buf;
   }
   if (options.shard_bits < -1 || options.shard_bits > kMaxShardBits) {
-    std::snprintf(buf, sizeof(buf), "shard_bits must be -1 (auto) or in [0, %d], got %d",
-                  kMaxShardBits, options.shard_bits);
+    std::snprintf(buf, sizeof(buf), "shard_bits must be -1 (auto) or in [0, %d], got %d", kMaxShardBits,
+                  options.shard_bits);
     return buf;
   }
   // Written so that NaN fails too.
   if (!(options.max_load_factor > 0.0 && options.max_load_factor <= kMaxLoadFactorLimit)) {
-    std::snprintf(buf, sizeof(buf), "max_load_factor must be in (0, %.2f], got %g",
-                  kMaxLoadFactorLimit, options.max_load_factor);
+    std::snprintf(buf, sizeof(buf), "max_load_factor must be in (0, %.2f], got %g", kMaxLoadFactorLimit,
+                  options.max_load_factor);
     return buf;
   }
   return "";
@@ -425,8 +420,8 @@ struct alignas(64) Shard {
   mutable std::shared_mutex mu;
   uint64_t* slots = g_empty_index;
   uint64_t mask = 0;
-  uint64_t capacity = 0;  // 0: no index allocated (slots = g_empty_index)
-  uint64_t grow_at = 0;   // the index doubles before holding more keys than this
+  uint64_t capacity = 0;      // 0: no index allocated (slots = g_empty_index)
+  uint64_t grow_at = 0;       // the index doubles before holding more keys than this
   bool slots_mapped = false;  // slots is a mapping (see AllocateIndexMemory)
   std::atomic<int64_t> size{0};
   std::vector<char*> chunks;
@@ -467,17 +462,13 @@ struct HashTable::Impl {
   bool huge_pages = true;  // resolved from the options and the environment
 
   // ---- addressing ----
-  int64_t ShardIndex(uint64_t hash) const {
-    return shard_bits == 0 ? 0 : static_cast<int64_t>(hash >> shard_shift);
-  }
+  int64_t ShardIndex(uint64_t hash) const { return shard_bits == 0 ? 0 : static_cast<int64_t>(hash >> shard_shift); }
   Shard& ShardFor(uint64_t hash) const { return shards[ShardIndex(hash)]; }
   char* Row(const Shard& s, uint32_t id) const {
     return s.chunks[id >> chunk_shift] + static_cast<size_t>(id & chunk_row_mask) * stride;
   }
   float* Values(char* row) const { return reinterpret_cast<float*>(row + values_offset); }
-  const float* Values(const char* row) const {
-    return reinterpret_cast<const float*>(row + values_offset);
-  }
+  const float* Values(const char* row) const { return reinterpret_cast<const float*>(row + values_offset); }
   KeyMeta LoadMeta(const char* row) const {
     KeyMeta m;
     m.version = LoadI64(row + version_offset);
@@ -545,8 +536,7 @@ struct HashTable::Impl {
   }
   // Probe that starts at slot `start`, which must lie on the key's probe
   // sequence with no slot before it holding the key (see PrefetchRow).
-  char* ProbeFrom(const Shard& s, int64_t key, uint32_t tag, uint64_t start,
-                  uint64_t* pos) const {
+  char* ProbeFrom(const Shard& s, int64_t key, uint32_t tag, uint64_t start, uint64_t* pos) const {
     uint64_t p = start;
     for (;;) {
       const uint64_t slot = s.slots[p];
@@ -604,8 +594,7 @@ struct HashTable::Impl {
       return id;
     }
     if (s.rows_handed_out >= kMaxRowsPerShard) {
-      ThrowOutOfMemory("a shard is full (too many keys for one shard: use more shards), rows",
-                       s.rows_handed_out);
+      ThrowOutOfMemory("a shard is full (too many keys for one shard: use more shards), rows", s.rows_handed_out);
     }
     const uint64_t id = s.rows_handed_out;
     if ((id >> chunk_shift) >= s.chunks.size()) {
@@ -623,9 +612,7 @@ struct HashTable::Impl {
   }
 
   // ---- prefetching ----
-  void PrefetchSlot(const Shard& s, uint64_t hash) const {
-    PrefetchLineL2(&s.slots[TagOf(hash) & s.mask]);
-  }
+  void PrefetchSlot(const Shard& s, uint64_t hash) const { PrefetchLineL2(&s.slots[TagOf(hash) & s.mask]); }
   // Looks for the key's tag in the first slots of its probe (which an earlier
   // PrefetchSlot brought in) and prefetches the row's key line and the lines
   // of bytes [first, end) of the row. A hint only: never wrong, at worst idle.
@@ -668,8 +655,8 @@ struct HashTable::Impl {
   // input/output rows are random accesses too: prefetch_io(key_index) is
   // called a few keys ahead to prefetch them.
   template <typename PrefetchIo, typename Op>
-  void ForEachKeyExclusive(const int64_t* keys, int64_t n, const ParallelFor& pf,
-                           const PrefetchIo& prefetch_io, const Op& op) const {
+  void ForEachKeyExclusive(const int64_t* keys, int64_t n, const ParallelFor& pf, const PrefetchIo& prefetch_io,
+                           const Op& op) const {
     if (n <= 0) return;
     const ShardPlan plan = Bucket(keys, n, pf);
     auto run_shards = [&](int64_t first_shard, int64_t end_shard) {
@@ -699,8 +686,8 @@ struct HashTable::Impl {
   // The caller holds every shard's read lock. [first, end_byte) is the part
   // of the row visit will read (prefetched with the key).
   template <typename Visit>
-  void VisitKeysShared(const int64_t* keys, int64_t begin, int64_t end, size_t first_byte,
-                       size_t end_byte, const Visit& visit) const {
+  void VisitKeysShared(const int64_t* keys, int64_t begin, int64_t end, size_t first_byte, size_t end_byte,
+                       const Visit& visit) const {
     // Per key in flight: its hash, then where its probe resumes. Nothing
     // moves under the read locks, so the slots PrefetchRow already looked at
     // need not be read again.
@@ -744,8 +731,7 @@ struct HashTable::Impl {
   // must not pay for hundreds of locks on a many-core machine). Locks are
   // always taken in shard order.
   template <typename Read>
-  void ForEachBlockShared(const int64_t* keys, int64_t n, const ParallelFor& pf,
-                          const Read& read) const {
+  void ForEachBlockShared(const int64_t* keys, int64_t n, const ParallelFor& pf, const Read& read) const {
     if (n <= 0) return;
     auto run_blocks = [&](int64_t first_block, int64_t end_block) {
       const int64_t begin = first_block * kReadBlock;
@@ -822,8 +808,7 @@ HashTable::Impl::Impl(const TableOptions& opts) : options(opts) {
   num_shards = int64_t{1} << shard_bits;
   shard_shift = 64 - shard_bits;
   shards.reset(new Shard[num_shards]);
-  initial_keys_per_shard =
-      KeysPerShardFor(std::min<int64_t>(opts.initial_capacity, kMaxPresizedKeys));
+  initial_keys_per_shard = KeysPerShardFor(std::min<int64_t>(opts.initial_capacity, kMaxPresizedKeys));
   for (int64_t si = 0; si < num_shards; ++si) PresizeShard(shards[si]);
 }
 
@@ -857,13 +842,12 @@ void HashTable::Impl::ReleaseShard(Shard& s) const {
 void HashTable::Impl::RehashIndex(Shard& s, uint64_t new_capacity, bool lazy) const {
   if (new_capacity <= s.capacity) return;
   if (new_capacity > kMaxIndexCapacity) {
-    ThrowOutOfMemory("a shard is full (its index would exceed 2^32 slots: use more shards), slots",
-                     new_capacity);
+    ThrowOutOfMemory("a shard is full (its index would exceed 2^32 slots: use more shards), slots", new_capacity);
   }
   // Allocate first: on failure the shard is unchanged.
   bool mapped = false;
-  uint64_t* fresh = static_cast<uint64_t*>(
-      AllocateIndexMemory(new_capacity * sizeof(uint64_t), huge_pages, lazy, &mapped));
+  uint64_t* fresh =
+      static_cast<uint64_t*>(AllocateIndexMemory(new_capacity * sizeof(uint64_t), huge_pages, lazy, &mapped));
   const uint64_t mask = new_capacity - 1;
   // Each slot's home comes from its stored tag: no row is read. Without
   // removals during the rehash, any insertion order yields a valid table.
@@ -944,7 +928,10 @@ ShardPlan HashTable::Impl::Bucket(const int64_t* keys, int64_t n, const Parallel
     }
   };
   const bool parallel = blocks > 1;
-  if (parallel) RunParallel(pf, blocks, count); else count(0, blocks);
+  if (parallel)
+    RunParallel(pf, blocks, count);
+  else
+    count(0, blocks);
   int64_t running = 0;
   for (int64_t si = 0; si < num_shards; ++si) {
     plan.begin[si] = running;
@@ -955,7 +942,10 @@ ShardPlan HashTable::Impl::Bucket(const int64_t* keys, int64_t n, const Parallel
     }
   }
   plan.begin[num_shards] = running;
-  if (parallel) RunParallel(pf, blocks, scatter); else scatter(0, blocks);
+  if (parallel)
+    RunParallel(pf, blocks, scatter);
+  else
+    scatter(0, blocks);
   return plan;
 }
 
@@ -986,9 +976,8 @@ int64_t HashTable::memory_bytes() const {
   return bytes + m.chunk_source->bytes();
 }
 
-void HashTable::Find(const int64_t* keys, int64_t n, int64_t col_begin, int64_t cols,
-                     float* out, bool* found, const float* default_row,
-                     const ParallelFor& pf) const {
+void HashTable::Find(const int64_t* keys, int64_t n, int64_t col_begin, int64_t cols, float* out, bool* found,
+                     const float* default_row, const ParallelFor& pf) const {
   const Impl& m = *impl_;
   const size_t first_byte = m.values_offset + sizeof(float) * col_begin;
   const size_t end_byte = first_byte + sizeof(float) * std::max<int64_t>(cols, 1);
@@ -1005,37 +994,30 @@ void HashTable::Find(const int64_t* keys, int64_t n, int64_t col_begin, int64_t 
   });
 }
 
-void HashTable::FindMeta(const int64_t* keys, int64_t n, KeyMeta* meta, bool* found,
-                         const ParallelFor& pf) const {
+void HashTable::FindMeta(const int64_t* keys, int64_t n, KeyMeta* meta, bool* found, const ParallelFor& pf) const {
   const Impl& m = *impl_;
   m.ForEachBlockShared(keys, n, pf, [&](int64_t begin, int64_t end) {
-    m.VisitKeysShared(keys, begin, end, m.version_offset, m.stride,
-                      [&](int64_t i, const char* row) {
-                        if (meta != nullptr) meta[i] = row != nullptr ? m.LoadMeta(row) : KeyMeta();
-                        if (found != nullptr) found[i] = row != nullptr;
-                      });
+    m.VisitKeysShared(keys, begin, end, m.version_offset, m.stride, [&](int64_t i, const char* row) {
+      if (meta != nullptr) meta[i] = row != nullptr ? m.LoadMeta(row) : KeyMeta();
+      if (found != nullptr) found[i] = row != nullptr;
+    });
   });
 }
 
-void HashTable::FindOrInsert(const int64_t* keys, int64_t n, int64_t col_begin, int64_t cols,
-                             const float* init_rows, const float* column_defaults, float* out,
-                             bool* inserted, bool count, int64_t version,
+void HashTable::FindOrInsert(const int64_t* keys, int64_t n, int64_t col_begin, int64_t cols, const float* init_rows,
+                             const float* column_defaults, float* out, bool* inserted, bool count, int64_t version,
                              const ParallelFor& pf) {
   // The same probe as FindOrInsertWith; a new key's columns come from its
   // init_rows row (one indirect call per inserted key, none per found key).
   std::function<void(int64_t, float*)> copy_init;
   if (init_rows != nullptr) {
-    copy_init = [init_rows, cols](int64_t i, float* dst) {
-      CopyFloats(dst, init_rows + i * cols, cols);
-    };
+    copy_init = [init_rows, cols](int64_t i, float* dst) { CopyFloats(dst, init_rows + i * cols, cols); };
   }
-  FindOrInsertWith(keys, n, col_begin, cols, copy_init, column_defaults, out, inserted, count,
-                   version, pf);
+  FindOrInsertWith(keys, n, col_begin, cols, copy_init, column_defaults, out, inserted, count, version, pf);
 }
 
-void HashTable::Insert(const int64_t* keys, int64_t n, int64_t col_begin, int64_t cols,
-                       const float* values, const float* column_defaults, bool count,
-                       int64_t version, const ParallelFor& pf) {
+void HashTable::Insert(const int64_t* keys, int64_t n, int64_t col_begin, int64_t cols, const float* values,
+                       const float* column_defaults, bool count, int64_t version, const ParallelFor& pf) {
   const Impl& m = *impl_;
   const size_t row_bytes = sizeof(float) * cols;
   const auto prefetch_io = [&](int64_t i) { PrefetchBytes(values + i * cols, row_bytes); };
@@ -1052,14 +1034,11 @@ void HashTable::Insert(const int64_t* keys, int64_t n, int64_t col_begin, int64_
   });
 }
 
-void HashTable::Accumulate(const int64_t* keys, int64_t n, int64_t col_begin, int64_t cols,
-                           const float* deltas, const float* column_defaults,
-                           bool insert_missing, bool count, int64_t version,
+void HashTable::Accumulate(const int64_t* keys, int64_t n, int64_t col_begin, int64_t cols, const float* deltas,
+                           const float* column_defaults, bool insert_missing, bool count, int64_t version,
                            const ParallelFor& pf) {
   const Impl& m = *impl_;
-  const auto prefetch_io = [&](int64_t i) {
-    PrefetchBytes(deltas + i * cols, sizeof(float) * cols);
-  };
+  const auto prefetch_io = [&](int64_t i) { PrefetchBytes(deltas + i * cols, sizeof(float) * cols); };
   m.ForEachKeyExclusive(keys, n, pf, prefetch_io, [&](Shard& s, int64_t i, uint64_t h) {
     char* row;
     if (insert_missing) {
@@ -1084,8 +1063,8 @@ void HashTable::Accumulate(const int64_t* keys, int64_t n, int64_t col_begin, in
 }
 
 void HashTable::Update(const int64_t* keys, int64_t n, const float* column_defaults,
-                       const std::function<void(int64_t, float*, KeyMeta*)>& fn,
-                       const ParallelFor& pf, const float* in_rows, int64_t in_cols) {
+                       const std::function<void(int64_t, float*, KeyMeta*)>& fn, const ParallelFor& pf,
+                       const float* in_rows, int64_t in_cols) {
   const Impl& m = *impl_;
   // fn's input rows (e.g. gradients) are read in shard order, i.e. at random:
   // prefetch them with the table rows (measured: the fused Adagrad apply of
@@ -1118,8 +1097,7 @@ int64_t HashTable::Remove(const int64_t* keys, int64_t n, const ParallelFor& pf)
   return removed.load();
 }
 
-int64_t HashTable::RemoveIf(
-    const std::function<bool(int64_t, const float*, const KeyMeta&)>& pred) {
+int64_t HashTable::RemoveIf(const std::function<bool(int64_t, const float*, const KeyMeta&)>& pred) {
   const Impl& m = *impl_;
   int64_t removed = 0;
   std::vector<int64_t> doomed;
@@ -1142,8 +1120,7 @@ int64_t HashTable::RemoveIf(
   return removed;
 }
 
-void HashTable::Export(int64_t col_begin, int64_t cols,
-                       const std::function<ExportBuffers(int64_t n)>& alloc) const {
+void HashTable::Export(int64_t col_begin, int64_t cols, const std::function<ExportBuffers(int64_t n)>& alloc) const {
   const Impl& m = *impl_;
   // Hold every read lock for the whole export: a consistent snapshot, and the
   // count given to alloc matches what is written.
@@ -1172,9 +1149,8 @@ void HashTable::Export(int64_t col_begin, int64_t cols,
   }
 }
 
-void HashTable::Import(const int64_t* keys, int64_t n, int64_t col_begin, int64_t cols,
-                       const float* rows, const float* column_defaults,
-                       const int64_t* versions, const uint32_t* frequencies,
+void HashTable::Import(const int64_t* keys, int64_t n, int64_t col_begin, int64_t cols, const float* rows,
+                       const float* column_defaults, const int64_t* versions, const uint32_t* frequencies,
                        const ParallelFor& pf) {
   const Impl& m = *impl_;
   const size_t row_bytes = sizeof(float) * cols;
@@ -1217,11 +1193,9 @@ void HashTable::Reserve(int64_t n) {
 }
 
 // Added for the embedding kernels (TfExtEmbeddingLookup): see hash_table.h.
-void HashTable::FindOrInsertWith(const int64_t* keys, int64_t n, int64_t col_begin,
-                                 int64_t cols,
-                                 const std::function<void(int64_t, float*)>& init,
-                                 const float* column_defaults, float* out, bool* inserted,
-                                 bool count, int64_t version, const ParallelFor& pf) {
+void HashTable::FindOrInsertWith(const int64_t* keys, int64_t n, int64_t col_begin, int64_t cols,
+                                 const std::function<void(int64_t, float*)>& init, const float* column_defaults,
+                                 float* out, bool* inserted, bool count, int64_t version, const ParallelFor& pf) {
   const Impl& m = *impl_;
   const size_t row_bytes = sizeof(float) * cols;
   const auto prefetch_io = [&](int64_t i) {

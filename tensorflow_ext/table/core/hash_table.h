@@ -80,8 +80,7 @@ namespace table {
 // calls it with coarse units (a shard, or a block of ~8-16K keys), so a
 // wrapper should give each unit a large cost and let every unit run on its
 // own thread if it wants.
-using ParallelFor =
-    std::function<void(int64_t total, const std::function<void(int64_t, int64_t)>& fn)>;
+using ParallelFor = std::function<void(int64_t total, const std::function<void(int64_t, int64_t)>& fn)>;
 
 ParallelFor InlineParallelFor();
 
@@ -158,9 +157,8 @@ class HashTable {
   // found[i] = true; else copies default_row (length cols) if non-null (if
   // null, out[i] is left untouched) and sets found[i] = false. found may be
   // null.
-  void Find(const int64_t* keys, int64_t n, int64_t col_begin, int64_t cols,
-            float* out, bool* found, const float* default_row,
-            const ParallelFor& pf) const;
+  void Find(const int64_t* keys, int64_t n, int64_t col_begin, int64_t cols, float* out, bool* found,
+            const float* default_row, const ParallelFor& pf) const;
 
   // For each key: if absent, inserts it with row = init_rows[i] for columns
   // [col_begin, col_begin+cols) and column_defaults[c] for every other column
@@ -169,23 +167,20 @@ class HashTable {
   // inserted[i] tells whether key i was inserted (may be null).
   // If count: frequency += 1 for each occurrence. If version >= 0: sets the
   // key's version.
-  void FindOrInsert(const int64_t* keys, int64_t n, int64_t col_begin,
-                    int64_t cols, const float* init_rows,
-                    const float* column_defaults, float* out, bool* inserted,
-                    bool count, int64_t version, const ParallelFor& pf);
+  void FindOrInsert(const int64_t* keys, int64_t n, int64_t col_begin, int64_t cols, const float* init_rows,
+                    const float* column_defaults, float* out, bool* inserted, bool count, int64_t version,
+                    const ParallelFor& pf);
 
   // Inserts or overwrites the columns. New keys get column_defaults for the
   // other columns (null = zeros). count/version as in FindOrInsert.
-  void Insert(const int64_t* keys, int64_t n, int64_t col_begin, int64_t cols,
-              const float* values, const float* column_defaults, bool count,
-              int64_t version, const ParallelFor& pf);
+  void Insert(const int64_t* keys, int64_t n, int64_t col_begin, int64_t cols, const float* values,
+              const float* column_defaults, bool count, int64_t version, const ParallelFor& pf);
 
   // row[cols] += deltas[i]; absent keys are inserted with column_defaults
   // plus the delta if insert_missing, else skipped. count/version as above.
-  void Accumulate(const int64_t* keys, int64_t n, int64_t col_begin,
-                  int64_t cols, const float* deltas,
-                  const float* column_defaults, bool insert_missing,
-                  bool count, int64_t version, const ParallelFor& pf);
+  void Accumulate(const int64_t* keys, int64_t n, int64_t col_begin, int64_t cols, const float* deltas,
+                  const float* column_defaults, bool insert_missing, bool count, int64_t version,
+                  const ParallelFor& pf);
 
   // Runs fn(key_index, row, meta) under the shard's write lock for each key,
   // inserting absent keys with column_defaults first. row points at all
@@ -196,9 +191,8 @@ class HashTable {
   // per-key input fn will read (e.g. the gradient rows), which the shard
   // order visits at random; it is prefetched a few keys ahead with the row.
   void Update(const int64_t* keys, int64_t n, const float* column_defaults,
-              const std::function<void(int64_t, float*, KeyMeta*)>& fn,
-              const ParallelFor& pf, const float* in_rows = nullptr,
-              int64_t in_cols = 0);
+              const std::function<void(int64_t, float*, KeyMeta*)>& fn, const ParallelFor& pf,
+              const float* in_rows = nullptr, int64_t in_cols = 0);
 
   // Removes the keys (absent ones are ignored). Returns the number removed.
   int64_t Remove(const int64_t* keys, int64_t n, const ParallelFor& pf);
@@ -208,8 +202,7 @@ class HashTable {
   int64_t RemoveIf(const std::function<bool(int64_t, const float*, const KeyMeta&)>& pred);
 
   // Metadata for keys (absent keys get zeros and found=false).
-  void FindMeta(const int64_t* keys, int64_t n, KeyMeta* meta, bool* found,
-                const ParallelFor& pf) const;
+  void FindMeta(const int64_t* keys, int64_t n, KeyMeta* meta, bool* found, const ParallelFor& pf) const;
 
   // Snapshot of every entry. Sizes the outputs through `alloc(n)`, which must
   // return buffers for n keys (keys[n], rows[n * cols], versions[n],
@@ -221,15 +214,13 @@ class HashTable {
     int64_t* versions = nullptr;
     uint32_t* frequencies = nullptr;
   };
-  void Export(int64_t col_begin, int64_t cols,
-              const std::function<ExportBuffers(int64_t n)>& alloc) const;
+  void Export(int64_t col_begin, int64_t cols, const std::function<ExportBuffers(int64_t n)>& alloc) const;
 
   // Inserts/overwrites entries with their metadata (versions/frequencies may be
   // null: then 0). rows are [n, cols] for the column range; the other columns
   // of new keys get column_defaults (null = zeros).
-  void Import(const int64_t* keys, int64_t n, int64_t col_begin, int64_t cols,
-              const float* rows, const float* column_defaults,
-              const int64_t* versions, const uint32_t* frequencies,
+  void Import(const int64_t* keys, int64_t n, int64_t col_begin, int64_t cols, const float* rows,
+              const float* column_defaults, const int64_t* versions, const uint32_t* frequencies,
               const ParallelFor& pf);
 
   // Removes every key and releases memory down to the pre-sized index of a
@@ -247,11 +238,9 @@ class HashTable {
   // column_defaults), so a lookup draws random initial values for the new keys
   // only, with one probe per key. count/version/out/inserted as in
   // FindOrInsert. init must not call back into the table.
-  void FindOrInsertWith(const int64_t* keys, int64_t n, int64_t col_begin,
-                        int64_t cols,
-                        const std::function<void(int64_t, float*)>& init,
-                        const float* column_defaults, float* out, bool* inserted,
-                        bool count, int64_t version, const ParallelFor& pf);
+  void FindOrInsertWith(const int64_t* keys, int64_t n, int64_t col_begin, int64_t cols,
+                        const std::function<void(int64_t, float*)>& init, const float* column_defaults, float* out,
+                        bool* inserted, bool count, int64_t version, const ParallelFor& pf);
 
  private:
   struct Impl;

@@ -9,10 +9,10 @@
 
 #include <algorithm>
 #include <chrono>
-#include <ctime>
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
+#include <ctime>
 #include <memory>
 #include <random>
 #include <string>
@@ -42,7 +42,7 @@ double Seconds(std::chrono::steady_clock::time_point since) {
 }
 
 struct Workload {
-  std::vector<int64_t> keys;     // the prefilled keys
+  std::vector<int64_t> keys;                  // the prefilled keys
   std::vector<std::vector<int64_t>> batches;  // drawn uniformly from keys
 };
 
@@ -100,8 +100,8 @@ int main(int argc, char** argv) {
   const int64_t only_width = FlagValue(argc, argv, "width", 0);
   const Workload w = MakeWorkload(num_keys, batch, 8);
 
-  std::printf("keys=%lld batch=%lld repeats=%d (best of repeats)\n",
-              static_cast<long long>(num_keys), static_cast<long long>(batch), repeats);
+  std::printf("keys=%lld batch=%lld repeats=%d (best of repeats)\n", static_cast<long long>(num_keys),
+              static_cast<long long>(batch), repeats);
   for (int64_t width : {16, 64}) {
     if (only_width != 0 && width != only_width) continue;
     TableOptions options;
@@ -111,8 +111,7 @@ int main(int argc, char** argv) {
     {
       tfext_test::ThreadPool pool(2);
       std::vector<float> init(w.keys.size() * width, 0.25f);
-      table.Insert(w.keys.data(), w.keys.size(), 0, width, init.data(), nullptr, false, -1,
-                   pool.AsParallelFor());
+      table.Insert(w.keys.data(), w.keys.size(), 0, width, init.data(), nullptr, false, -1, pool.AsParallelFor());
     }
     std::vector<float> out(batch * width), values(batch * width, 1.f);
     {
@@ -136,8 +135,8 @@ int main(int argc, char** argv) {
             }
           });
         });
-        std::printf("width %2lld threads %d: dense gather %5.1f (%5.1f/cpu) Mkeys/s\n",
-                    static_cast<long long>(width), threads, gather.wall, gather.per_cpu);
+        std::printf("width %2lld threads %d: dense gather %5.1f (%5.1f/cpu) Mkeys/s\n", static_cast<long long>(width),
+                    threads, gather.wall, gather.per_cpu);
       }
     }
     std::unique_ptr<bool[]> found(new bool[batch]);
@@ -150,22 +149,18 @@ int main(int argc, char** argv) {
       const Rate insert = BestRate(w, repeats, [&](const std::vector<int64_t>& keys) {
         table.Insert(keys.data(), keys.size(), 0, width, values.data(), nullptr, true, 1, pf);
       });
-      const Rate accumulate =
-          BestRate(w, repeats, [&](const std::vector<int64_t>& keys) {
-            table.Accumulate(keys.data(), keys.size(), 0, width, values.data(), nullptr, false,
-                             false, -1, pf);
-          });
-      const Rate find_or_insert =
-          BestRate(w, repeats, [&](const std::vector<int64_t>& keys) {
-            table.FindOrInsert(keys.data(), keys.size(), 0, width, values.data(), nullptr,
-                               out.data(), nullptr, false, -1, pf);
-          });
+      const Rate accumulate = BestRate(w, repeats, [&](const std::vector<int64_t>& keys) {
+        table.Accumulate(keys.data(), keys.size(), 0, width, values.data(), nullptr, false, false, -1, pf);
+      });
+      const Rate find_or_insert = BestRate(w, repeats, [&](const std::vector<int64_t>& keys) {
+        table.FindOrInsert(keys.data(), keys.size(), 0, width, values.data(), nullptr, out.data(), nullptr, false, -1,
+                           pf);
+      });
       std::printf(
           "width %2lld threads %d: find %5.1f (%5.1f/cpu)  upsert %5.1f (%5.1f/cpu)  "
           "accumulate %5.1f (%5.1f/cpu)  find_or_insert %5.1f (%5.1f/cpu) Mkeys/s\n",
-          static_cast<long long>(width), threads, find.wall, find.per_cpu, insert.wall,
-          insert.per_cpu, accumulate.wall, accumulate.per_cpu, find_or_insert.wall,
-          find_or_insert.per_cpu);
+          static_cast<long long>(width), threads, find.wall, find.per_cpu, insert.wall, insert.per_cpu, accumulate.wall,
+          accumulate.per_cpu, find_or_insert.wall, find_or_insert.per_cpu);
       std::fflush(stdout);
     }
     {
@@ -174,18 +169,16 @@ int main(int argc, char** argv) {
       const ParallelFor inline_pf = tfext::table::InlineParallelFor();
       auto start = std::chrono::steady_clock::now();
       for (int c = 0; c < calls; ++c) {
-        table.Find(&w.batches[0][c % batch], 1, 0, width, out.data(), found.get(), nullptr,
-                   inline_pf);
+        table.Find(&w.batches[0][c % batch], 1, 0, width, out.data(), found.get(), nullptr, inline_pf);
       }
       const double find_ns = Seconds(start) / calls * 1e9;
       start = std::chrono::steady_clock::now();
       for (int c = 0; c < calls; ++c) {
-        table.Insert(&w.batches[0][c % batch], 1, 0, width, values.data(), nullptr, true, 1,
-                     inline_pf);
+        table.Insert(&w.batches[0][c % batch], 1, 0, width, values.data(), nullptr, true, 1, inline_pf);
       }
       const double insert_ns = Seconds(start) / calls * 1e9;
-      std::printf("width %2lld one-key calls: find %.0f ns, upsert %.0f ns\n",
-                  static_cast<long long>(width), find_ns, insert_ns);
+      std::printf("width %2lld one-key calls: find %.0f ns, upsert %.0f ns\n", static_cast<long long>(width), find_ns,
+                  insert_ns);
     }
   }
 
@@ -202,17 +195,17 @@ int main(int argc, char** argv) {
     double worst = 0;
     for (int64_t at = 0; at < num_keys; at += step) {
       const int64_t n = std::min(step, num_keys - at);
-      table.Insert(w.keys.data() + at, n, 0, width, init.data(), nullptr, false, -1,
-                   pool.AsParallelFor());
+      table.Insert(w.keys.data() + at, n, 0, width, init.data(), nullptr, false, -1, pool.AsParallelFor());
       if (at + n >= num_keys / 4) {
         worst = std::max(worst, static_cast<double>(table.memory_bytes()) / table.size());
       }
     }
     const double per_key = static_cast<double>(table.memory_bytes()) / table.size();
-    std::printf("width %2lld: %.1f bytes/key at %lld keys (raw %.0f, %.3fx); worst from %lld keys: "
-                "%.1f (%.3fx)\n",
-                static_cast<long long>(width), per_key, static_cast<long long>(table.size()), raw,
-                per_key / raw, static_cast<long long>(num_keys / 4), worst, worst / raw);
+    std::printf(
+        "width %2lld: %.1f bytes/key at %lld keys (raw %.0f, %.3fx); worst from %lld keys: "
+        "%.1f (%.3fx)\n",
+        static_cast<long long>(width), per_key, static_cast<long long>(table.size()), raw, per_key / raw,
+        static_cast<long long>(num_keys / 4), worst, worst / raw);
   }
   return 0;
 }

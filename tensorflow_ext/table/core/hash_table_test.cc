@@ -5,6 +5,8 @@
 //       tensorflow_ext/table/core/hash_table_test.cc -o /tmp/hash_table_test
 // An optional argument runs only the tests whose name contains it.
 
+#include "tensorflow_ext/table/core/hash_table.h"
+
 #include <sys/resource.h>
 #include <sys/wait.h>
 #include <unistd.h>
@@ -25,7 +27,6 @@
 #include <unordered_map>
 #include <vector>
 
-#include "tensorflow_ext/table/core/hash_table.h"
 #include "tensorflow_ext/table/core/test_util.h"
 
 namespace {
@@ -51,8 +52,7 @@ tfext_test::ThreadPool& Pool() {
 }
 ParallelFor PoolParallelFor() { return Pool().AsParallelFor(); }
 
-TableOptions Options(int64_t width, int shard_bits = -1, int64_t capacity = 0,
-                     double load = 0.8) {
+TableOptions Options(int64_t width, int shard_bits = -1, int64_t capacity = 0, double load = 0.8) {
   TableOptions o;
   o.width = width;
   o.shard_bits = shard_bits;
@@ -66,9 +66,7 @@ struct Entry {
   std::vector<float> row;
   int64_t version = 0;
   uint32_t frequency = 0;
-  bool operator==(const Entry& o) const {
-    return row == o.row && version == o.version && frequency == o.frequency;
-  }
+  bool operator==(const Entry& o) const { return row == o.row && version == o.version && frequency == o.frequency; }
 };
 
 std::map<int64_t, Entry> Snapshot(const HashTable& t) {
@@ -123,8 +121,7 @@ class Model {
     e.version = version >= 0 ? version : 0;
   }
 
-  void Find(const int64_t* keys, int64_t n, int64_t cb, int64_t cols, float* out, bool* found,
-            const float* def) {
+  void Find(const int64_t* keys, int64_t n, int64_t cb, int64_t cols, float* out, bool* found, const float* def) {
     for (int64_t i = 0; i < n; ++i) {
       auto it = map_.find(keys[i]);
       if (it != map_.end()) {
@@ -135,9 +132,8 @@ class Model {
       found[i] = it != map_.end();
     }
   }
-  void FindOrInsert(const int64_t* keys, int64_t n, int64_t cb, int64_t cols, const float* init,
-                    const float* defaults, float* out, bool* inserted, bool count,
-                    int64_t version) {
+  void FindOrInsert(const int64_t* keys, int64_t n, int64_t cb, int64_t cols, const float* init, const float* defaults,
+                    float* out, bool* inserted, bool count, int64_t version) {
     for (int64_t i = 0; i < n; ++i) {
       auto it = map_.find(keys[i]);
       const bool add = it == map_.end();
@@ -153,8 +149,8 @@ class Model {
       inserted[i] = add;
     }
   }
-  void Insert(const int64_t* keys, int64_t n, int64_t cb, int64_t cols, const float* values,
-              const float* defaults, bool count, int64_t version) {
+  void Insert(const int64_t* keys, int64_t n, int64_t cb, int64_t cols, const float* values, const float* defaults,
+              bool count, int64_t version) {
     for (int64_t i = 0; i < n; ++i) {
       auto it = map_.find(keys[i]);
       if (it == map_.end()) {
@@ -167,8 +163,8 @@ class Model {
       std::copy_n(values + i * cols, cols, it->second.row.data() + cb);
     }
   }
-  void Accumulate(const int64_t* keys, int64_t n, int64_t cb, int64_t cols, const float* deltas,
-                  const float* defaults, bool insert_missing, bool count, int64_t version) {
+  void Accumulate(const int64_t* keys, int64_t n, int64_t cb, int64_t cols, const float* deltas, const float* defaults,
+                  bool insert_missing, bool count, int64_t version) {
     for (int64_t i = 0; i < n; ++i) {
       auto it = map_.find(keys[i]);
       if (it == map_.end()) {
@@ -187,8 +183,8 @@ class Model {
     for (int64_t i = 0; i < n; ++i) removed += static_cast<int64_t>(map_.erase(keys[i]));
     return removed;
   }
-  void Import(const int64_t* keys, int64_t n, int64_t cb, int64_t cols, const float* rows,
-              const float* defaults, const int64_t* versions, const uint32_t* freqs) {
+  void Import(const int64_t* keys, int64_t n, int64_t cb, int64_t cols, const float* rows, const float* defaults,
+              const int64_t* versions, const uint32_t* freqs) {
     for (int64_t i = 0; i < n; ++i) {
       auto it = map_.find(keys[i]);
       if (it == map_.end()) it = map_.emplace(keys[i], NewEntry(defaults)).first;
@@ -238,10 +234,9 @@ TFEXT_TEST(ValidateOptionsNamesTheProblem) {
   CHECK_EQ(ValidateOptions(Options(0)), std::string("width must be >= 1, got 0"));
   CHECK(ValidateOptions(Options(-3)).find("width must be >= 1, got -3") != std::string::npos);
   CHECK(ValidateOptions(Options(int64_t{1} << 30)).find("width must be <=") != std::string::npos);
-  CHECK_EQ(ValidateOptions(Options(4, -1, -5)),
-           std::string("initial_capacity must be >= 0, got -5"));
-  CHECK(ValidateOptions(Options(4, -1, (int64_t{1} << 40) + 1))
-            .find("initial_capacity must be <= 2^40") != std::string::npos);
+  CHECK_EQ(ValidateOptions(Options(4, -1, -5)), std::string("initial_capacity must be >= 0, got -5"));
+  CHECK(ValidateOptions(Options(4, -1, (int64_t{1} << 40) + 1)).find("initial_capacity must be <= 2^40") !=
+        std::string::npos);
   CHECK_EQ(ValidateOptions(Options(4, -1, int64_t{1} << 40)), std::string());
   CHECK(ValidateOptions(Options(4, -2)).find("shard_bits") != std::string::npos);
   CHECK(ValidateOptions(Options(4, 13)).find("shard_bits") != std::string::npos);
@@ -250,8 +245,7 @@ TFEXT_TEST(ValidateOptionsNamesTheProblem) {
         std::string::npos);
   CHECK(ValidateOptions(Options(4, -1, 0, 1.0)).find("max_load_factor") != std::string::npos);
   CHECK(ValidateOptions(Options(4, -1, 0, -0.5)).find("max_load_factor") != std::string::npos);
-  CHECK(ValidateOptions(Options(4, -1, 0, std::nan(""))).find("max_load_factor") !=
-        std::string::npos);
+  CHECK(ValidateOptions(Options(4, -1, 0, std::nan(""))).find("max_load_factor") != std::string::npos);
   CHECK_EQ(ValidateOptions(Options(4, -1, 0, 0.95)), std::string());
 }
 
@@ -266,7 +260,8 @@ TFEXT_TEST(EmptyTableAndEmptyBatches) {
   t.FindOrInsert(nullptr, 0, 0, 4, nullptr, nullptr, nullptr, nullptr, true, 1, pf);
   t.Insert(nullptr, 0, 0, 4, nullptr, nullptr, true, 1, pf);
   t.Accumulate(nullptr, 0, 0, 4, nullptr, nullptr, true, true, 1, pf);
-  t.Update(nullptr, 0, nullptr, [](int64_t, float*, KeyMeta*) { CHECK(false); }, pf);
+  t.Update(
+      nullptr, 0, nullptr, [](int64_t, float*, KeyMeta*) { CHECK(false); }, pf);
   CHECK_EQ(t.Remove(nullptr, 0, pf), int64_t{0});
   t.FindMeta(nullptr, 0, nullptr, nullptr, pf);
   t.Import(nullptr, 0, 0, 4, nullptr, nullptr, nullptr, nullptr, pf);
@@ -510,25 +505,31 @@ TFEXT_TEST(MetadataVersionAndSaturatingFrequency) {
   CHECK_EQ(m.version, int64_t{0});
   CHECK_EQ(m.frequency, uint32_t{0});
   // Update sees and writes metadata.
-  t.Update(&k, 1, nullptr, [](int64_t, float* row, KeyMeta* meta) {
-    CHECK_EQ(meta->version, int64_t{5});
-    meta->version = 77;
-    meta->frequency = 4;
-    row[0] = 42;
-  }, pf);
+  t.Update(
+      &k, 1, nullptr,
+      [](int64_t, float* row, KeyMeta* meta) {
+        CHECK_EQ(meta->version, int64_t{5});
+        meta->version = 77;
+        meta->frequency = 4;
+        row[0] = 42;
+      },
+      pf);
   t.FindMeta(&k, 1, &m, &found, pf);
   CHECK_EQ(m.version, int64_t{77});
   CHECK_EQ(m.frequency, uint32_t{4});
   // Update inserts absent keys with column_defaults and zero metadata.
   const float defaults[1] = {6};
   const int64_t k2 = 9;
-  t.Update(&k2, 1, defaults, [](int64_t i, float* row, KeyMeta* meta) {
-    CHECK_EQ(i, int64_t{0});
-    CHECK_EQ(row[0], 6.f);
-    CHECK_EQ(meta->version, int64_t{0});
-    CHECK_EQ(meta->frequency, uint32_t{0});
-    row[0] += 1;
-  }, pf);
+  t.Update(
+      &k2, 1, defaults,
+      [](int64_t i, float* row, KeyMeta* meta) {
+        CHECK_EQ(i, int64_t{0});
+        CHECK_EQ(row[0], 6.f);
+        CHECK_EQ(meta->version, int64_t{0});
+        CHECK_EQ(meta->frequency, uint32_t{0});
+        row[0] += 1;
+      },
+      pf);
   float out;
   t.Find(&k2, 1, 0, 1, &out, nullptr, nullptr, pf);
   CHECK_EQ(out, 7.f);
@@ -551,13 +552,14 @@ TFEXT_TEST(FindOrInsertWithInitializesOnlyNewKeys) {
     std::vector<std::atomic<int>> init_calls(n);
     std::vector<float> out(n * 2);
     std::unique_ptr<bool[]> inserted(new bool[n]);
-    t.FindOrInsertWith(keys.data(), n, 1, 2,
-                       [&](int64_t i, float* dst) {
-                         ++init_calls[i];
-                         dst[0] = static_cast<float>(keys[i]);
-                         dst[1] = -static_cast<float>(keys[i]);
-                       },
-                       defaults, out.data(), inserted.get(), true, 4, pf);
+    t.FindOrInsertWith(
+        keys.data(), n, 1, 2,
+        [&](int64_t i, float* dst) {
+          ++init_calls[i];
+          dst[0] = static_cast<float>(keys[i]);
+          dst[1] = -static_cast<float>(keys[i]);
+        },
+        defaults, out.data(), inserted.get(), true, 4, pf);
     for (int64_t i = 0; i < n; ++i) {
       const bool first = i < 2500;
       CHECK_EQ(init_calls[i].load(), first ? 1 : 0);
@@ -735,8 +737,7 @@ void RunRandomOps(uint64_t seed, int ops) {
   const int shard_bits_choice[4] = {-1, 0, 1, 3};
   const double loads[3] = {0.5, 0.8, 0.95};
   TableOptions opts =
-      Options(width, shard_bits_choice[uniform(0, 3)], uniform(0, 1) ? 0 : uniform(0, 500),
-              loads[uniform(0, 2)]);
+      Options(width, shard_bits_choice[uniform(0, 3)], uniform(0, 1) ? 0 : uniform(0, 500), loads[uniform(0, 2)]);
   HashTable t(opts);
   Model model(width);
   const ParallelFor pf = uniform(0, 1) ? InlineParallelFor() : PoolParallelFor();
@@ -770,19 +771,17 @@ void RunRandomOps(uint64_t seed, int ops) {
       const bool with_default = uniform(0, 1);
       std::vector<float> got(n * cols, 123.f), want(n * cols, 123.f);
       std::unique_ptr<bool[]> got_found(new bool[n + 1]), want_found(new bool[n + 1]);
-      t.Find(keys.data(), n, cb, cols, got.data(), got_found.get(),
-             with_default ? def.data() : nullptr, pf);
-      model.Find(keys.data(), n, cb, cols, want.data(), want_found.get(),
-                 with_default ? def.data() : nullptr);
+      t.Find(keys.data(), n, cb, cols, got.data(), got_found.get(), with_default ? def.data() : nullptr, pf);
+      model.Find(keys.data(), n, cb, cols, want.data(), want_found.get(), with_default ? def.data() : nullptr);
       CHECK(got == want);
       for (int64_t i = 0; i < n; ++i) CHECK_EQ(got_found[i], want_found[i]);
     } else if (kind < 35) {  // FindOrInsert
       std::vector<float> got(n * cols), want(n * cols);
       std::unique_ptr<bool[]> got_ins(new bool[n + 1]), want_ins(new bool[n + 1]);
-      t.FindOrInsert(keys.data(), n, cb, cols, data.data(), defaults_or_null, got.data(),
-                     got_ins.get(), count, version, pf);
-      model.FindOrInsert(keys.data(), n, cb, cols, data.data(), defaults_or_null, want.data(),
-                         want_ins.get(), count, version);
+      t.FindOrInsert(keys.data(), n, cb, cols, data.data(), defaults_or_null, got.data(), got_ins.get(), count, version,
+                     pf);
+      model.FindOrInsert(keys.data(), n, cb, cols, data.data(), defaults_or_null, want.data(), want_ins.get(), count,
+                         version);
       CHECK(got == want);
       for (int64_t i = 0; i < n; ++i) CHECK_EQ(got_ins[i], want_ins[i]);
     } else if (kind < 50) {  // Insert
@@ -790,10 +789,8 @@ void RunRandomOps(uint64_t seed, int ops) {
       model.Insert(keys.data(), n, cb, cols, data.data(), defaults_or_null, count, version);
     } else if (kind < 63) {  // Accumulate
       const bool insert_missing = uniform(0, 1);
-      t.Accumulate(keys.data(), n, cb, cols, data.data(), defaults_or_null, insert_missing, count,
-                   version, pf);
-      model.Accumulate(keys.data(), n, cb, cols, data.data(), defaults_or_null, insert_missing,
-                       count, version);
+      t.Accumulate(keys.data(), n, cb, cols, data.data(), defaults_or_null, insert_missing, count, version, pf);
+      model.Accumulate(keys.data(), n, cb, cols, data.data(), defaults_or_null, insert_missing, count, version);
     } else if (kind < 70) {  // Update (duplicates included: batch order per key)
       auto fn = [&](int64_t i, float* row, KeyMeta* meta) {
         for (int64_t c = 0; c < width; ++c) row[c] = row[c] * 0.5f + static_cast<float>(i % 7);
@@ -802,8 +799,7 @@ void RunRandomOps(uint64_t seed, int ops) {
       };
       // The per-key input rows are only a prefetch hint: same results either way.
       const bool hint = uniform(0, 1) == 1;
-      t.Update(keys.data(), n, defaults_or_null, fn, pf, hint ? data.data() : nullptr,
-               hint ? cols : 0);
+      t.Update(keys.data(), n, defaults_or_null, fn, pf, hint ? data.data() : nullptr, hint ? cols : 0);
       for (int64_t i = 0; i < n; ++i) {
         auto it = model.map().find(keys[i]);
         if (it == model.map().end()) it = model.map().emplace(keys[i], model.NewEntry(defaults_or_null)).first;
@@ -852,10 +848,10 @@ void RunRandomOps(uint64_t seed, int ops) {
         freqs[i] = static_cast<uint32_t>(rng());
       }
       const bool with_meta = uniform(0, 1);
-      t.Import(keys.data(), n, cb, cols, data.data(), defaults_or_null,
-               with_meta ? versions.data() : nullptr, with_meta ? freqs.data() : nullptr, pf);
-      model.Import(keys.data(), n, cb, cols, data.data(), defaults_or_null,
-                   with_meta ? versions.data() : nullptr, with_meta ? freqs.data() : nullptr);
+      t.Import(keys.data(), n, cb, cols, data.data(), defaults_or_null, with_meta ? versions.data() : nullptr,
+               with_meta ? freqs.data() : nullptr, pf);
+      model.Import(keys.data(), n, cb, cols, data.data(), defaults_or_null, with_meta ? versions.data() : nullptr,
+                   with_meta ? freqs.data() : nullptr);
     } else if (kind < 98) {
       t.Clear();
       model.map().clear();
@@ -961,8 +957,7 @@ TFEXT_TEST(VeryLargeBatch) {
     CHECK_EQ(meta[i].version, int64_t{3});
   }
   std::unique_ptr<bool[]> inserted(new bool[n]);
-  t.FindOrInsert(keys.data(), n, 0, 1, ones.data(), nullptr, out.data(), inserted.get(), false,
-                 -1, pf);
+  t.FindOrInsert(keys.data(), n, 0, 1, ones.data(), nullptr, out.data(), inserted.get(), false, -1, pf);
   for (int64_t i = 0; i < n; ++i) CHECK(!inserted[i]);
   CHECK_EQ(t.Remove(keys.data(), n, pf), n / 2);
   CHECK_EQ(t.size(), int64_t{0});
@@ -1093,8 +1088,7 @@ TFEXT_TEST(MemoryPerKeyWithinBudget) {
       }
     }
     std::printf("  width %lld: worst memory/raw over [2^18, 2^20] keys = %.3f, at 2^20: %.1f bytes/key\n",
-                static_cast<long long>(width), worst,
-                static_cast<double>(t.memory_bytes()) / t.size());
+                static_cast<long long>(width), worst, static_cast<double>(t.memory_bytes()) / t.size());
     CHECK_LE(worst, 1.5);
   }
 }
@@ -1142,8 +1136,8 @@ TFEXT_TEST(HugeInitialCapacityIsAHint) {
       CHECK(out == vals);
       CHECK_LT(ResidentBytes() - rss_before, int64_t{96} << 20);
       std::printf("  capacity 2^%d, shard_bits %d: %.1f MiB reserved, %.1f MiB more resident\n",
-                  static_cast<int>(std::log2(static_cast<double>(capacity))), shard_bits,
-                  t.memory_bytes() / 1048576.0, (ResidentBytes() - rss_before) / 1048576.0);
+                  static_cast<int>(std::log2(static_cast<double>(capacity))), shard_bits, t.memory_bytes() / 1048576.0,
+                  (ResidentBytes() - rss_before) / 1048576.0);
       t.Clear();
       CHECK_EQ(t.size(), int64_t{0});
     }
@@ -1168,12 +1162,13 @@ TFEXT_TEST(ExceptionOnAWorkerThreadReachesTheCaller) {
   for (int64_t i = 0; i < n; ++i) keys[i] = i * 13 + 1;
   bool caught = false;
   try {
-    t.Update(keys.data(), n, nullptr,
-             [&](int64_t i, float* row, KeyMeta*) {
-               if (i == n / 2) throw std::runtime_error("callback failed");
-               row[0] = 1.f;
-             },
-             pf);
+    t.Update(
+        keys.data(), n, nullptr,
+        [&](int64_t i, float* row, KeyMeta*) {
+          if (i == n / 2) throw std::runtime_error("callback failed");
+          row[0] = 1.f;
+        },
+        pf);
   } catch (const std::runtime_error& e) {
     caught = std::string(e.what()) == "callback failed";
   }

@@ -55,8 +55,7 @@ inline std::mutex& PrintMutex() {
 }
 
 template <typename A, typename B>
-std::string DescribeComparison(const char* expr_a, const char* op, const char* expr_b,
-                               const A& a, const B& b) {
+std::string DescribeComparison(const char* expr_a, const char* op, const char* expr_b, const A& a, const B& b) {
   std::ostringstream os;
   os << expr_a << " " << op << " " << expr_b << " (" << a << " vs " << b << ")";
   return os.str();
@@ -81,9 +80,7 @@ inline int RunAllTests(int argc, char** argv) {
       std::fprintf(stderr, "uncaught exception: %s\n", e.what());
       ok = false;
     }
-    const double ms = std::chrono::duration<double, std::milli>(
-                          std::chrono::steady_clock::now() - start)
-                          .count();
+    const double ms = std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - start).count();
     std::printf("[ %s ] %s (%.0f ms)\n", ok ? " OK " : "FAIL", t.name, ms);
     ok ? ++passed : ++failed;
   }
@@ -137,9 +134,7 @@ class ThreadPool {
   }
 
   tfext::table::ParallelFor AsParallelFor() {
-    return [this](int64_t total, const std::function<void(int64_t, int64_t)>& fn) {
-      ParallelFor(total, fn);
-    };
+    return [this](int64_t total, const std::function<void(int64_t, int64_t)>& fn) { ParallelFor(total, fn); };
   }
 
  private:
@@ -189,24 +184,23 @@ class ThreadPool {
 
 }  // namespace tfext_test
 
-#define TFEXT_TEST(name)                                                  \
-  static void name();                                                     \
-  static ::tfext_test::Registrar name##_registrar(#name, &name);          \
+#define TFEXT_TEST(name)                                         \
+  static void name();                                            \
+  static ::tfext_test::Registrar name##_registrar(#name, &name); \
   static void name()
 
-#define CHECK(cond)                                                         \
-  do {                                                                      \
-    if (!(cond)) ::tfext_test::FailCheck(__FILE__, __LINE__, #cond);        \
+#define CHECK(cond)                                                  \
+  do {                                                               \
+    if (!(cond)) ::tfext_test::FailCheck(__FILE__, __LINE__, #cond); \
   } while (0)
 
-#define TFEXT_CHECK_OP(a, op, b)                                                          \
-  do {                                                                                    \
-    const auto& check_a_ = (a);                                                           \
-    const auto& check_b_ = (b);                                                           \
-    if (!(check_a_ op check_b_)) {                                                        \
-      ::tfext_test::FailCheck(__FILE__, __LINE__,                                         \
-                              ::tfext_test::DescribeComparison(#a, #op, #b, check_a_, check_b_)); \
-    }                                                                                     \
+#define TFEXT_CHECK_OP(a, op, b)                                                                                      \
+  do {                                                                                                                \
+    const auto& check_a_ = (a);                                                                                       \
+    const auto& check_b_ = (b);                                                                                       \
+    if (!(check_a_ op check_b_)) {                                                                                    \
+      ::tfext_test::FailCheck(__FILE__, __LINE__, ::tfext_test::DescribeComparison(#a, #op, #b, check_a_, check_b_)); \
+    }                                                                                                                 \
   } while (0)
 
 #define CHECK_EQ(a, b) TFEXT_CHECK_OP(a, ==, b)

@@ -71,8 +71,8 @@ int64_t tfext_gpu_table_insert(void* table, const int64_t* keys, int64_t n, cons
   if (err == cudaSuccess && n > 0)
     err = cudaMemcpy(d_values.ptr, values, n * t->width * sizeof(float), cudaMemcpyHostToDevice);
   if (err != cudaSuccess) return Fail("insert: copy in", err);
-  err = tfext::table::gpu::GpuTableInsert(*t, static_cast<int64_t*>(d_keys.ptr), n,
-                                          static_cast<float*>(d_values.ptr), 0);
+  err =
+      tfext::table::gpu::GpuTableInsert(*t, static_cast<int64_t*>(d_keys.ptr), n, static_cast<float*>(d_values.ptr), 0);
   if (err != cudaSuccess) return Fail("GpuTableInsert", err);
   int64_t failed = 0;
   err = tfext::table::gpu::GpuTableStats(*t, 0, nullptr, &failed, /*reset_failed=*/true);
@@ -94,8 +94,7 @@ int tfext_gpu_table_find(void* table, const int64_t* keys, int64_t n, const floa
     err = cudaMemcpy(d_default.ptr, default_row, t->width * sizeof(float), cudaMemcpyHostToDevice);
   if (err != cudaSuccess) return Fail("find: copy in", err);
   err = tfext::table::gpu::GpuTableFind(*t, static_cast<int64_t*>(d_keys.ptr), n, static_cast<float*>(d_out.ptr),
-                                        static_cast<uint8_t*>(d_found.ptr),
-                                        static_cast<float*>(d_default.ptr), 0);
+                                        static_cast<uint8_t*>(d_found.ptr), static_cast<float*>(d_default.ptr), 0);
   if (err != cudaSuccess) return Fail("GpuTableFind", err);
   if (n > 0) {
     err = cudaMemcpy(out, d_out.ptr, n * t->width * sizeof(float), cudaMemcpyDeviceToHost);

@@ -162,7 +162,7 @@ cudaError_t GpuTableDestroy(GpuHashTable* table) {
 
 cudaError_t GpuTableClear(GpuHashTable* table, cudaStream_t stream) {
   FillKernel<<<Blocks(table->capacity + 1, kThreads), kThreads, 0, stream>>>(table->keys, table->owner,
-                                                                              table->capacity);
+                                                                             table->capacity);
   cudaError_t err = cudaGetLastError();
   if (err != cudaSuccess) return err;
   return cudaMemsetAsync(table->counters, 0, 3 * sizeof(unsigned long long), stream);

@@ -20,9 +20,9 @@
 #ifndef TENSORFLOW_EXT_TABLE_GPU_GPU_HASH_TABLE_H_
 #define TENSORFLOW_EXT_TABLE_GPU_GPU_HASH_TABLE_H_
 
-#include <cstdint>
-
 #include <cuda_runtime.h>
+
+#include <cstdint>
 
 namespace tfext {
 namespace table {
@@ -31,11 +31,12 @@ namespace gpu {
 constexpr int64_t kEmptyKey = INT64_MIN;
 
 struct GpuHashTable {
-  int64_t* keys = nullptr;              // [capacity], kEmptyKey = free slot
-  float* values = nullptr;              // [(capacity + 1) * width]; row `capacity` belongs to kEmptyKey
-  long long* owner = nullptr;           // [capacity + 1], -1 between Inserts: last batch index writing the slot
-  unsigned long long* counters = nullptr;  // [0] = size, [1] = failed inserts (since the last reset), [2] = kEmptyKey present
-  int64_t capacity = 0;                 // power of two
+  int64_t* keys = nullptr;     // [capacity], kEmptyKey = free slot
+  float* values = nullptr;     // [(capacity + 1) * width]; row `capacity` belongs to kEmptyKey
+  long long* owner = nullptr;  // [capacity + 1], -1 between Inserts: last batch index writing the slot
+  // [0] = size, [1] = failed inserts (since the last reset), [2] = kEmptyKey present.
+  unsigned long long* counters = nullptr;
+  int64_t capacity = 0;  // power of two
   int64_t width = 0;
 };
 

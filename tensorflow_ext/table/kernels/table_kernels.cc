@@ -17,6 +17,8 @@
 namespace tfext {
 namespace {
 
+using table_kernels_internal::CheckFloatTensor;
+using table_kernels_internal::CheckKeysTensor;
 using tensorflow::DataTypeString;
 using tensorflow::DEVICE_CPU;
 using tensorflow::DT_INT64;
@@ -28,8 +30,6 @@ using tensorflow::Tensor;
 using tensorflow::TensorShape;
 using tensorflow::core::RefCountPtr;
 using tensorflow::errors::InvalidArgument;
-using table_kernels_internal::CheckFloatTensor;
-using table_kernels_internal::CheckKeysTensor;
 namespace lookup = tensorflow::lookup;
 
 // ---------------------------------------------------------------------------
@@ -46,18 +46,17 @@ class TableHandleOp : public OpKernel {
     OP_REQUIRES_OK(ctx, layout_.Validate());
     int64_t capacity = 0;
     OP_REQUIRES_OK(ctx, ctx->GetAttr("initial_capacity", &capacity));
-    OP_REQUIRES(ctx, capacity >= 0,
-                InvalidArgument("initial_capacity must be >= 0, got ", capacity));
+    OP_REQUIRES(ctx, capacity >= 0, InvalidArgument("initial_capacity must be >= 0, got ", capacity));
     OP_REQUIRES(ctx, capacity <= kMaxTableCapacity,
-                InvalidArgument("initial_capacity is absurdly large: ", capacity,
-                                " > 2^40"));
+                InvalidArgument("initial_capacity is absurdly large: ", capacity, " > 2^40"));
     int64_t shard_bits = -1;
     OP_REQUIRES_OK(ctx, ctx->GetAttr("shard_bits", &shard_bits));
     // The core validates the range (its message names the bound); just keep
     // the int conversion exact.
     OP_REQUIRES(ctx, shard_bits >= -1 && shard_bits <= 64,
                 InvalidArgument("shard_bits must be -1 (auto) or a small shard-count "
-                                "exponent, got ", shard_bits));
+                                "exponent, got ",
+                                shard_bits));
     options_.width = layout_.width;
     options_.initial_capacity = capacity;
     options_.shard_bits = static_cast<int>(shard_bits);
@@ -71,17 +70,14 @@ class TableHandleOp : public OpKernel {
   ~TableHandleOp() override {
     if (initialized_ && cinfo_.resource_is_private_to_kernel()) {
       // May fail if a session reset already deleted it: ignore.
-      cinfo_.resource_manager()
-          ->Delete<lookup::LookupInterface>(cinfo_.container(), cinfo_.name())
-          .IgnoreError();
+      cinfo_.resource_manager()->Delete<lookup::LookupInterface>(cinfo_.container(), cinfo_.name()).IgnoreError();
     }
   }
 
   void Compute(OpKernelContext* ctx) override {
     tensorflow::mutex_lock l(mu_);
     if (!initialized_) {
-      OP_REQUIRES_OK(ctx, cinfo_.Init(ctx->resource_manager(), def(),
-                                      use_node_name_sharing_));
+      OP_REQUIRES_OK(ctx, cinfo_.Init(ctx->resource_manager(), def(), use_node_name_sharing_));
     }
     auto creator = [this](lookup::LookupInterface** ret) {
       TableResource* table = nullptr;
@@ -96,19 +92,17 @@ class TableHandleOp : public OpKernel {
     auto* table = dynamic_cast<TableResource*>(found);
     OP_REQUIRES(ctx, table != nullptr,
                 tensorflow::errors::FailedPrecondition(
-                    "a lookup table that is not a tf_ext table already exists under the name '",
-                    cinfo_.name(), "' (", found->DebugString(), ")"));
+                    "a lookup table that is not a tf_ext table already exists under the name '", cinfo_.name(), "' (",
+                    found->DebugString(), ")"));
     OP_REQUIRES(ctx, table->layout().SameAs(layout_),
-                tensorflow::errors::FailedPrecondition(
-                    "tf_ext table '", cinfo_.name(), "' already exists with layout (",
-                    table->layout().DebugString(), ") but this op asks for layout (",
-                    layout_.DebugString(), ")"));
+                tensorflow::errors::FailedPrecondition("tf_ext table '", cinfo_.name(),
+                                                       "' already exists with layout (", table->layout().DebugString(),
+                                                       ") but this op asks for layout (", layout_.DebugString(), ")"));
     initialized_ = true;
     Tensor* handle = nullptr;
     OP_REQUIRES_OK(ctx, ctx->allocate_output(0, TensorShape({}), &handle));
     handle->scalar<tensorflow::ResourceHandle>()() =
-        tensorflow::MakeResourceHandle<lookup::LookupInterface>(ctx, cinfo_.container(),
-                                                                cinfo_.name());
+        tensorflow::MakeResourceHandle<lookup::LookupInterface>(ctx, cinfo_.container(), cinfo_.name());
   }
 
  private:
@@ -126,8 +120,8 @@ class TableHandleOp : public OpKernel {
 Status GetScalarInt64(OpKernelContext* ctx, int index, const char* what, int64_t* out) {
   const Tensor& t = ctx->input(index);
   if (t.dtype() != DT_INT64 || !tensorflow::TensorShapeUtils::IsScalar(t.shape())) {
-    return InvalidArgument(what, " must be an int64 scalar, got ", DataTypeString(t.dtype()),
-                           " of shape ", t.shape().DebugString());
+    return InvalidArgument(what, " must be an int64 scalar, got ", DataTypeString(t.dtype()), " of shape ",
+                           t.shape().DebugString());
   }
   *out = t.scalar<int64_t>()();
   return tensorflow::OkStatus();
@@ -143,15 +137,13 @@ Status CheckRows(const Tensor& keys, const Tensor& rows, int64_t cols, const cha
   }
   const int64_t last = rows.dim_size(rows.dims() - 1);
   if (last != cols) {
-    return InvalidArgument("row width mismatch: ", what, " has rows of ", last,
-                           " floats but the op uses ", cols, " columns (shape ",
-                           rows.shape().DebugString(), ")");
+    return InvalidArgument("row width mismatch: ", what, " has rows of ", last, " floats but the op uses ", cols,
+                           " columns (shape ", rows.shape().DebugString(), ")");
   }
   const int64_t nrows = rows.NumElements() / (cols > 0 ? cols : 1);
   if (cols > 0 && nrows != n) {
-    return InvalidArgument(what, " has ", nrows, " rows but there are ", n,
-                           " keys (shapes ", rows.shape().DebugString(), " vs keys ",
-                           keys.shape().DebugString(), ")");
+    return InvalidArgument(what, " has ", nrows, " rows but there are ", n, " keys (shapes ",
+                           rows.shape().DebugString(), " vs keys ", keys.shape().DebugString(), ")");
   }
   return tensorflow::OkStatus();
 }
@@ -195,8 +187,7 @@ class TableOpBase : public OpKernel {
     if (has_columns) {
       OP_REQUIRES_OK(ctx, ctx->GetAttr("col_begin", &col_begin_));
       OP_REQUIRES_OK(ctx, ctx->GetAttr("cols", &cols_attr_));
-      OP_REQUIRES(ctx, col_begin_ >= 0,
-                  InvalidArgument("col_begin must be >= 0, got ", col_begin_));
+      OP_REQUIRES(ctx, col_begin_ >= 0, InvalidArgument("col_begin must be >= 0, got ", col_begin_));
       OP_REQUIRES(ctx, cols_attr_ >= 1 || cols_attr_ == -1,
                   InvalidArgument("cols must be >= 1 or -1 (= dim), got ", cols_attr_));
     }
@@ -209,9 +200,8 @@ class TableOpBase : public OpKernel {
     TF_RETURN_IF_ERROR(GetTableResource(ctx, 0, &table));
     const int64_t c = cols_attr_ < 0 ? table->dim() : cols_attr_;
     if (col_begin_ + c > table->width()) {
-      return InvalidArgument("column range [", col_begin_, ", ", col_begin_ + c,
-                             ") is out of the row [0, ", table->width(),
-                             ") of table (", table->layout().DebugString(), ")");
+      return InvalidArgument("column range [", col_begin_, ", ", col_begin_ + c, ") is out of the row [0, ",
+                             table->width(), ") of table (", table->layout().DebugString(), ")");
     }
     out->cols = c;
     return tensorflow::OkStatus();
@@ -235,8 +225,7 @@ class TableOpBase : public OpKernel {
 // subclasses name the rows input and apply the validated batch.
 class TableUpdateOpBase : public TableOpBase {
  public:
-  TableUpdateOpBase(OpKernelConstruction* ctx, const char* rows_name)
-      : TableOpBase(ctx), rows_name_(rows_name) {
+  TableUpdateOpBase(OpKernelConstruction* ctx, const char* rows_name) : TableOpBase(ctx), rows_name_(rows_name) {
     OP_REQUIRES_OK(ctx, ctx->GetAttr("count", &count_));
   }
 
@@ -271,8 +260,8 @@ class TableFindOp : public TableOpBase {
     OP_REQUIRES_OK(ctx, CheckKeysTensor(keys));
     OP_REQUIRES_OK(ctx, CheckFloatTensor(def, "default_value"));
     OP_REQUIRES(ctx, def.NumElements() == 1 || (def.dims() == 1 && def.dim_size(0) == cols),
-                InvalidArgument("default_value must be a scalar or a vector of ", cols,
-                                " floats, got shape ", def.shape().DebugString()));
+                InvalidArgument("default_value must be a scalar or a vector of ", cols, " floats, got shape ",
+                                def.shape().DebugString()));
     // Both outputs are written by the core in its single pass over the keys,
     // straight into the output tensors. `found` is only computed when the
     // graph consumes it (the executor tells through output_required; other
@@ -290,18 +279,17 @@ class TableFindOp : public TableOpBase {
       std::memcpy(default_row.data(), def.flat<float>().data(), cols * sizeof(float));
     }
     OP_REQUIRES_OK(ctx, CallTable(*tc.table, "find", [&] {
-      tc.table->table()->Find(keys.flat<int64_t>().data(), n, col_begin_, cols,
-                              values->flat<float>().data(),
-                              found != nullptr ? found->flat<bool>().data() : nullptr,
-                              default_row.data(), MakeParallelFor(ctx));
-    }));
+                     tc.table->table()->Find(keys.flat<int64_t>().data(), n, col_begin_, cols,
+                                             values->flat<float>().data(),
+                                             found != nullptr ? found->flat<bool>().data() : nullptr,
+                                             default_row.data(), MakeParallelFor(ctx));
+                   }));
   }
 };
 
 class TableFindOrInsertOp : public TableUpdateOpBase {
  public:
-  explicit TableFindOrInsertOp(OpKernelConstruction* ctx)
-      : TableUpdateOpBase(ctx, "init_values") {}
+  explicit TableFindOrInsertOp(OpKernelConstruction* ctx) : TableUpdateOpBase(ctx, "init_values") {}
 
  private:
   void Apply(OpKernelContext* ctx, const KeyedRows& in, int64_t step) override {
@@ -309,11 +297,10 @@ class TableFindOrInsertOp : public TableUpdateOpBase {
     OP_REQUIRES_OK(ctx, ctx->allocate_output(0, RowsOutputShape(*in.keys, in.cols), &values));
     if (in.n() == 0) return;
     OP_REQUIRES_OK(ctx, CallTable(*in.table, "find_or_insert", [&] {
-      in.table->table()->FindOrInsert(in.key_data(), in.n(), col_begin_, in.cols, in.row_data(),
-                                      in.table->column_defaults().data(),
-                                      values->flat<float>().data(), nullptr, count_, step,
-                                      MakeParallelFor(ctx));
-    }));
+                     in.table->table()->FindOrInsert(in.key_data(), in.n(), col_begin_, in.cols, in.row_data(),
+                                                     in.table->column_defaults().data(), values->flat<float>().data(),
+                                                     nullptr, count_, step, MakeParallelFor(ctx));
+                   }));
   }
 };
 
@@ -325,10 +312,9 @@ class TableInsertOp : public TableUpdateOpBase {
   void Apply(OpKernelContext* ctx, const KeyedRows& in, int64_t step) override {
     if (in.n() == 0) return;
     OP_REQUIRES_OK(ctx, CallTable(*in.table, "insert", [&] {
-      in.table->table()->Insert(in.key_data(), in.n(), col_begin_, in.cols, in.row_data(),
-                                in.table->column_defaults().data(), count_, step,
-                                MakeParallelFor(ctx));
-    }));
+                     in.table->table()->Insert(in.key_data(), in.n(), col_begin_, in.cols, in.row_data(),
+                                               in.table->column_defaults().data(), count_, step, MakeParallelFor(ctx));
+                   }));
   }
 };
 
@@ -342,10 +328,10 @@ class TableAccumulateOp : public TableUpdateOpBase {
   void Apply(OpKernelContext* ctx, const KeyedRows& in, int64_t step) override {
     if (in.n() == 0) return;
     OP_REQUIRES_OK(ctx, CallTable(*in.table, "accumulate", [&] {
-      in.table->table()->Accumulate(in.key_data(), in.n(), col_begin_, in.cols, in.row_data(),
-                                    in.table->column_defaults().data(), insert_missing_,
-                                    count_, step, MakeParallelFor(ctx));
-    }));
+                     in.table->table()->Accumulate(in.key_data(), in.n(), col_begin_, in.cols, in.row_data(),
+                                                   in.table->column_defaults().data(), insert_missing_, count_, step,
+                                                   MakeParallelFor(ctx));
+                   }));
   }
 
   bool insert_missing_ = true;
@@ -366,8 +352,8 @@ class TableRemoveOp : public TableOpBase {
     int64_t removed = 0;
     if (n > 0) {
       OP_REQUIRES_OK(ctx, CallTable(*table, "remove", [&] {
-        removed = table->table()->Remove(keys.flat<int64_t>().data(), n, MakeParallelFor(ctx));
-      }));
+                       removed = table->table()->Remove(keys.flat<int64_t>().data(), n, MakeParallelFor(ctx));
+                     }));
     }
     out->scalar<int64_t>()() = removed;
   }
@@ -405,27 +391,26 @@ class TableExportOp : public TableOpBase {
     Tensor freqs32;
     Tensor* freqs = nullptr;
     OP_REQUIRES_OK(ctx, CallTable(*tc.table, "export", [&] {
-      tc.table->table()->Export(col_begin_, tc.cols, [&](int64_t n) {
-        table::HashTable::ExportBuffers b;
-        Tensor* keys = nullptr;
-        Tensor* values = nullptr;
-        Tensor* versions = nullptr;
-        st = ctx->allocate_output(0, TensorShape({n}), &keys);
-        if (st.ok()) st = ctx->allocate_output(1, TensorShape({n, tc.cols}), &values);
-        if (st.ok()) st = ctx->allocate_output(2, TensorShape({n}), &versions);
-        if (st.ok()) st = ctx->allocate_output(3, TensorShape({n}), &freqs);
-        if (st.ok()) st = ctx->allocate_temp(tensorflow::DT_UINT32, TensorShape({n}), &freqs32);
-        if (!st.ok()) return b;
-        b.keys = keys->flat<int64_t>().data();
-        b.rows = values->flat<float>().data();
-        b.versions = versions->flat<int64_t>().data();
-        b.frequencies = freqs32.flat<uint32_t>().data();
-        return b;
-      });
-    }));
+                     tc.table->table()->Export(col_begin_, tc.cols, [&](int64_t n) {
+                       table::HashTable::ExportBuffers b;
+                       Tensor* keys = nullptr;
+                       Tensor* values = nullptr;
+                       Tensor* versions = nullptr;
+                       st = ctx->allocate_output(0, TensorShape({n}), &keys);
+                       if (st.ok()) st = ctx->allocate_output(1, TensorShape({n, tc.cols}), &values);
+                       if (st.ok()) st = ctx->allocate_output(2, TensorShape({n}), &versions);
+                       if (st.ok()) st = ctx->allocate_output(3, TensorShape({n}), &freqs);
+                       if (st.ok()) st = ctx->allocate_temp(tensorflow::DT_UINT32, TensorShape({n}), &freqs32);
+                       if (!st.ok()) return b;
+                       b.keys = keys->flat<int64_t>().data();
+                       b.rows = values->flat<float>().data();
+                       b.versions = versions->flat<int64_t>().data();
+                       b.frequencies = freqs32.flat<uint32_t>().data();
+                       return b;
+                     });
+                   }));
     OP_REQUIRES_OK(ctx, st);
-    OP_REQUIRES(ctx, freqs != nullptr,
-                tensorflow::errors::Internal("table export did not size its outputs"));
+    OP_REQUIRES(ctx, freqs != nullptr, tensorflow::errors::Internal("table export did not size its outputs"));
     auto f64 = freqs->flat<int64_t>();
     auto f32 = freqs32.flat<uint32_t>();
     for (int64_t i = 0; i < f64.size(); ++i) f64(i) = f32(i);
@@ -442,18 +427,19 @@ class TableImportOp : public TableOpBase {
     const Tensor& keys = ctx->input(1);
     OP_REQUIRES(ctx, keys.dims() == 1,
                 InvalidArgument("import: keys must be a vector [n] (as export returns them), got "
-                                "shape ", keys.shape().DebugString()));
+                                "shape ",
+                                keys.shape().DebugString()));
     KeyedRows in;
     OP_REQUIRES_OK(ctx, PrepareKeyedRows(ctx, "values", &in));
     const Tensor& versions = ctx->input(3);
     const Tensor& freqs = ctx->input(4);
     const int64_t n = in.n();
     OP_REQUIRES(ctx, versions.NumElements() == 0 || versions.NumElements() == n,
-                InvalidArgument("versions must be empty or have one entry per key (", n,
-                                "), got shape ", versions.shape().DebugString()));
+                InvalidArgument("versions must be empty or have one entry per key (", n, "), got shape ",
+                                versions.shape().DebugString()));
     OP_REQUIRES(ctx, freqs.NumElements() == 0 || freqs.NumElements() == n,
-                InvalidArgument("frequencies must be empty or have one entry per key (", n,
-                                "), got shape ", freqs.shape().DebugString()));
+                InvalidArgument("frequencies must be empty or have one entry per key (", n, "), got shape ",
+                                freqs.shape().DebugString()));
     std::vector<uint32_t> f32;
     if (freqs.NumElements() == n && n > 0) {
       f32.resize(n);
@@ -464,13 +450,13 @@ class TableImportOp : public TableOpBase {
       }
     }
     OP_REQUIRES_OK(ctx, CallTable(*in.table, "import", [&] {
-      if (clear_first_) in.table->table()->Clear();
-      if (n == 0) return;
-      in.table->table()->Import(
-          in.key_data(), n, col_begin_, in.cols, in.row_data(), in.table->column_defaults().data(),
-          versions.NumElements() == n ? versions.flat<int64_t>().data() : nullptr,
-          f32.empty() ? nullptr : f32.data(), MakeParallelFor(ctx));
-    }));
+                     if (clear_first_) in.table->table()->Clear();
+                     if (n == 0) return;
+                     in.table->table()->Import(in.key_data(), n, col_begin_, in.cols, in.row_data(),
+                                               in.table->column_defaults().data(),
+                                               versions.NumElements() == n ? versions.flat<int64_t>().data() : nullptr,
+                                               f32.empty() ? nullptr : f32.data(), MakeParallelFor(ctx));
+                   }));
   }
 
  private:
@@ -491,19 +477,18 @@ class TableEvictOp : public OpKernel {
     int64_t removed = 0;
     if (min_version >= 0 || min_frequency >= 0) {
       OP_REQUIRES_OK(ctx, CallTable(*table, "evict", [&] {
-        removed = table->table()->RemoveIf(
-            [min_version, min_frequency](int64_t, const float*, const table::KeyMeta& m) {
-              return (min_version >= 0 && m.version < min_version) ||
-                     (min_frequency >= 0 && static_cast<int64_t>(m.frequency) < min_frequency);
-            });
-      }));
+                       removed = table->table()->RemoveIf(
+                           [min_version, min_frequency](int64_t, const float*, const table::KeyMeta& m) {
+                             return (min_version >= 0 && m.version < min_version) ||
+                                    (min_frequency >= 0 && static_cast<int64_t>(m.frequency) < min_frequency);
+                           });
+                     }));
     }
     out->scalar<int64_t>()() = removed;
   }
 };
 
-#define TFEXT_REGISTER_CPU(name, cls) \
-  REGISTER_KERNEL_BUILDER(Name(name).Device(DEVICE_CPU), cls)
+#define TFEXT_REGISTER_CPU(name, cls) REGISTER_KERNEL_BUILDER(Name(name).Device(DEVICE_CPU), cls)
 
 TFEXT_REGISTER_CPU("TfExtTableHandle", TableHandleOp);
 TFEXT_REGISTER_CPU("TfExtTableFind", TableFindOp);

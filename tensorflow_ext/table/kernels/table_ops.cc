@@ -69,10 +69,9 @@ Status RowsShape(InferenceContext* c, int rows_index, ShapeHandle* out) {
       DimensionHandle merged;
       Status s = c->Merge(last, cols, &merged);
       if (!s.ok()) {
-        return tensorflow::errors::InvalidArgument(
-            "row width mismatch: the last dimension of input ", rows_index,
-            " is ", c->Value(last), " but the op uses ", c->Value(cols),
-            " columns");
+        return tensorflow::errors::InvalidArgument("row width mismatch: the last dimension of input ", rows_index,
+                                                   " is ", c->Value(last), " but the op uses ", c->Value(cols),
+                                                   " columns");
       }
     }
   }
@@ -83,8 +82,7 @@ Status RowsShape(InferenceContext* c, int rows_index, ShapeHandle* out) {
 Status ScalarInput(InferenceContext* c, int index, const char* what) {
   ShapeHandle s = c->input(index);
   if (c->RankKnown(s) && c->Rank(s) != 0) {
-    return tensorflow::errors::InvalidArgument(what, " must be a scalar, got rank ",
-                                               c->Rank(s));
+    return tensorflow::errors::InvalidArgument(what, " must be a scalar, got rank ", c->Rank(s));
   }
   return OkStatus();
 }
@@ -110,17 +108,16 @@ Status ScalarOutputShape(InferenceContext* c) {
 
 }  // namespace
 
-#define TFEXT_COLUMN_ATTRS \
-  Attr("col_begin: int = 0").Attr("cols: int = -1")
+#define TFEXT_COLUMN_ATTRS Attr("col_begin: int = 0").Attr("cols: int = -1")
 
 // Inputs 0-2 (handle, keys, a per-key float input) and the key/value type and
 // column attrs shared by the ops that address rows by key.
-#define TFEXT_KEYED_ROWS_OP(rows_input)    \
-  Input("table_handle: resource")          \
-      .Input("keys: Tkeys")                \
-      .Input(rows_input ": Tvalues")       \
-      .Attr("Tkeys: type = DT_INT64")      \
-      .Attr("Tvalues: type = DT_FLOAT")    \
+#define TFEXT_KEYED_ROWS_OP(rows_input) \
+  Input("table_handle: resource")       \
+      .Input("keys: Tkeys")             \
+      .Input(rows_input ": Tvalues")    \
+      .Attr("Tkeys: type = DT_INT64")   \
+      .Attr("Tvalues: type = DT_FLOAT") \
       .TFEXT_COLUMN_ATTRS
 
 REGISTER_OP("TfExtTableHandle")
@@ -142,8 +139,7 @@ REGISTER_OP("TfExtTableHandle")
       // Layout errors are reported by the kernel (InvalidArgument at run).
       DimensionHandle d = dim >= 1 ? c->MakeDim(dim) : c->UnknownDim();
       c->set_output_handle_shapes_and_types(
-          0, std::vector<ShapeAndType>{{c->Scalar(), tensorflow::DT_INT64},
-                                       {c->Vector(d), tensorflow::DT_FLOAT}});
+          0, std::vector<ShapeAndType>{{c->Scalar(), tensorflow::DT_INT64}, {c->Vector(d), tensorflow::DT_FLOAT}});
       return OkStatus();
     });
 
@@ -158,8 +154,8 @@ REGISTER_OP("TfExtTableFind")
       TF_RETURN_IF_ERROR(RowsShape(c, -1, &values));
       ShapeHandle d = c->input(2);
       if (c->RankKnown(d) && c->Rank(d) > 1) {
-        return tensorflow::errors::InvalidArgument(
-            "default_value must be a scalar or a vector of cols, got rank ", c->Rank(d));
+        return tensorflow::errors::InvalidArgument("default_value must be a scalar or a vector of cols, got rank ",
+                                                   c->Rank(d));
       }
       c->set_output(0, values);
       c->set_output(1, c->input(1));
@@ -214,8 +210,7 @@ REGISTER_OP("TfExtTableExport")
     .Output("values: float")
     .Output("versions: int64")
     .Output("frequencies: int64")
-    .TFEXT_COLUMN_ATTRS
-    .SetIsStateful()
+    .TFEXT_COLUMN_ATTRS.SetIsStateful()
     .SetShapeFn([](InferenceContext* c) {
       TF_RETURN_IF_ERROR(HandleInput(c));
       DimensionHandle cols;
@@ -240,17 +235,15 @@ REGISTER_OP("TfExtTableImport")
       ShapeHandle keys = c->input(1);
       if (c->RankKnown(keys) && c->Rank(keys) != 1) {
         return tensorflow::errors::InvalidArgument(
-            "import: keys must be a vector [n] (as export returns them), got rank ",
-            c->Rank(keys));
+            "import: keys must be a vector [n] (as export returns them), got rank ", c->Rank(keys));
       }
       ShapeHandle unused;
       return RowsShape(c, 2, &unused);
     });
 
-REGISTER_OP("TfExtTableClear")
-    .Input("table_handle: resource")
-    .SetIsStateful()
-    .SetShapeFn([](InferenceContext* c) { return HandleInput(c); });
+REGISTER_OP("TfExtTableClear").Input("table_handle: resource").SetIsStateful().SetShapeFn([](InferenceContext* c) {
+  return HandleInput(c);
+});
 
 REGISTER_OP("TfExtTableMemoryBytes")
     .Input("table_handle: resource")

@@ -19,6 +19,8 @@
 
 namespace tfext {
 
+using table_kernels_internal::CheckFloatTensor;
+using table_kernels_internal::CheckKeysTensor;
 using tensorflow::DataTypeString;
 using tensorflow::DT_RESOURCE;
 using tensorflow::OpKernelContext;
@@ -27,8 +29,6 @@ using tensorflow::Status;
 using tensorflow::Tensor;
 using tensorflow::TensorShape;
 using tensorflow::errors::InvalidArgument;
-using table_kernels_internal::CheckFloatTensor;
-using table_kernels_internal::CheckKeysTensor;
 
 Status TableLayout::Validate() const {
   if (dim < 1) return InvalidArgument("dim must be >= 1, got ", dim);
@@ -38,10 +38,8 @@ Status TableLayout::Validate() const {
   if (width > (int64_t{1} << 24)) {
     return InvalidArgument("width is absurdly large: ", width);
   }
-  if (!column_defaults.empty() &&
-      static_cast<int64_t>(column_defaults.size()) != width) {
-    return InvalidArgument("column_defaults must be empty or have width (",
-                           width, ") entries, got ",
+  if (!column_defaults.empty() && static_cast<int64_t>(column_defaults.size()) != width) {
+    return InvalidArgument("column_defaults must be empty or have width (", width, ") entries, got ",
                            column_defaults.size());
   }
   return tensorflow::OkStatus();
@@ -54,9 +52,7 @@ static std::vector<float> EffectiveDefaults(const TableLayout& l) {
 
 // Equal values, or both NaN: a NaN default (e.g. a NaN constant initializer)
 // is the same layout as itself, which `==` on floats would deny.
-static bool SameDefault(float a, float b) {
-  return a == b || (std::isnan(a) && std::isnan(b));
-}
+static bool SameDefault(float a, float b) { return a == b || (std::isnan(a) && std::isnan(b)); }
 
 bool TableLayout::SameAs(const TableLayout& other) const {
   if (dim != other.dim || width != other.width) return false;
@@ -66,8 +62,7 @@ bool TableLayout::SameAs(const TableLayout& other) const {
 }
 
 std::string TableLayout::DebugString() const {
-  std::string s = tensorflow::strings::StrCat("dim=", dim, ", width=", width,
-                                              ", column_defaults=[");
+  std::string s = tensorflow::strings::StrCat("dim=", dim, ", width=", width, ", column_defaults=[");
   const size_t n = column_defaults.size();
   for (size_t i = 0; i < n; ++i) {
     if (n > 8 && i == 4) {
@@ -89,41 +84,36 @@ TableResource::TableResource(const TableLayout& layout, table::TableOptions opti
 
 TableResource::~TableResource() = default;
 
-Status TableResource::Create(const TableLayout& layout, const table::TableOptions& options,
-                             TableResource** out) {
+Status TableResource::Create(const TableLayout& layout, const table::TableOptions& options, TableResource** out) {
   *out = nullptr;
   try {
     *out = new TableResource(layout, options);
   } catch (const std::invalid_argument& e) {
     return InvalidArgument(e.what());
   } catch (const std::bad_alloc& e) {
-    return tensorflow::errors::ResourceExhausted(
-        "tf_ext table (", layout.DebugString(), "): cannot allocate the table (", e.what(), ")");
+    return tensorflow::errors::ResourceExhausted("tf_ext table (", layout.DebugString(),
+                                                 "): cannot allocate the table (", e.what(), ")");
   }
   return tensorflow::OkStatus();
 }
 
-Status TableMemoryError(const TableResource& table, const char* what,
-                        const std::exception& error) {
+Status TableMemoryError(const TableResource& table, const char* what, const std::exception& error) {
   // The core's messages start with "tf_ext table: ", which this one says.
   tensorflow::StringPiece detail(error.what());
   tensorflow::str_util::ConsumePrefix(&detail, "tf_ext table: ");
   return tensorflow::errors::ResourceExhausted(
-      "tf_ext table ", what, " ran out of memory: ", detail, " [table: ",
-      table.layout().DebugString(), ", ", table.table()->size(), " keys, ",
-      table.table()->memory_bytes(),
+      "tf_ext table ", what, " ran out of memory: ", detail, " [table: ", table.layout().DebugString(), ", ",
+      table.table()->size(), " keys, ", table.table()->memory_bytes(),
       " bytes held]. The table is still usable; part of the batch may have been applied.");
 }
 
-Status TableResource::Find(OpKernelContext* ctx, const Tensor& keys,
-                           Tensor* values, const Tensor& default_value) {
+Status TableResource::Find(OpKernelContext* ctx, const Tensor& keys, Tensor* values, const Tensor& default_value) {
   TF_RETURN_IF_ERROR(CheckKeysTensor(keys));
   TF_RETURN_IF_ERROR(CheckFloatTensor(default_value, "default_value"));
   const int64_t n = keys.NumElements();
   const int64_t dim = layout_.dim;
   if (values->NumElements() != n * dim) {
-    return InvalidArgument("values must hold ", n * dim, " floats, got ",
-                           values->NumElements());
+    return InvalidArgument("values must hold ", n * dim, " floats, got ", values->NumElements());
   }
   if (n == 0) return tensorflow::OkStatus();
   const int64_t* k = keys.flat<int64_t>().data();
@@ -138,17 +128,14 @@ Status TableResource::Find(OpKernelContext* ctx, const Tensor& keys,
     return CallTable(*this, "find", [&] { table_->Find(k, n, 0, dim, out, nullptr, row.data(), pf); });
   }
   if (dn != n * dim) {
-    return InvalidArgument("default_value must be a scalar, [", dim,
-                           "] or keys.shape + [", dim, "], got shape ",
+    return InvalidArgument("default_value must be a scalar, [", dim, "] or keys.shape + [", dim, "], got shape ",
                            default_value.shape().DebugString());
   }
   std::unique_ptr<bool[]> found(new (std::nothrow) bool[n]);
   if (found == nullptr) {
-    return tensorflow::errors::ResourceExhausted("tf_ext table find: cannot allocate ", n,
-                                                 " found flags");
+    return tensorflow::errors::ResourceExhausted("tf_ext table find: cannot allocate ", n, " found flags");
   }
-  TF_RETURN_IF_ERROR(
-      CallTable(*this, "find", [&] { table_->Find(k, n, 0, dim, out, found.get(), nullptr, pf); }));
+  TF_RETURN_IF_ERROR(CallTable(*this, "find", [&] { table_->Find(k, n, 0, dim, out, found.get(), nullptr, pf); }));
   const float* d = default_value.flat<float>().data();
   for (int64_t i = 0; i < n; ++i) {
     if (!found[i]) std::copy_n(d + i * dim, dim, out + i * dim);
@@ -156,20 +143,18 @@ Status TableResource::Find(OpKernelContext* ctx, const Tensor& keys,
   return tensorflow::OkStatus();
 }
 
-Status TableResource::Insert(OpKernelContext* ctx, const Tensor& keys,
-                             const Tensor& values) {
+Status TableResource::Insert(OpKernelContext* ctx, const Tensor& keys, const Tensor& values) {
   TF_RETURN_IF_ERROR(CheckKeysTensor(keys));
   TF_RETURN_IF_ERROR(CheckFloatTensor(values, "values"));
   const int64_t n = keys.NumElements();
   if (values.NumElements() != n * layout_.dim) {
-    return InvalidArgument("values must have shape keys.shape + [", layout_.dim,
-                           "] (", n * layout_.dim, " floats), got shape ",
-                           values.shape().DebugString());
+    return InvalidArgument("values must have shape keys.shape + [", layout_.dim, "] (", n * layout_.dim,
+                           " floats), got shape ", values.shape().DebugString());
   }
   if (n == 0) return tensorflow::OkStatus();
   return CallTable(*this, "insert", [&] {
-    table_->Insert(keys.flat<int64_t>().data(), n, 0, layout_.dim, values.flat<float>().data(),
-                   column_defaults_.data(), /*count=*/false, /*version=*/-1, MakeParallelFor(ctx));
+    table_->Insert(keys.flat<int64_t>().data(), n, 0, layout_.dim, values.flat<float>().data(), column_defaults_.data(),
+                   /*count=*/false, /*version=*/-1, MakeParallelFor(ctx));
   });
 }
 
@@ -177,9 +162,7 @@ Status TableResource::Remove(OpKernelContext* ctx, const Tensor& keys) {
   TF_RETURN_IF_ERROR(CheckKeysTensor(keys));
   const int64_t n = keys.NumElements();
   if (n == 0) return tensorflow::OkStatus();
-  return CallTable(*this, "remove", [&] {
-    table_->Remove(keys.flat<int64_t>().data(), n, MakeParallelFor(ctx));
-  });
+  return CallTable(*this, "remove", [&] { table_->Remove(keys.flat<int64_t>().data(), n, MakeParallelFor(ctx)); });
 }
 
 size_t TableResource::size() const { return static_cast<size_t>(table_->size()); }
@@ -203,40 +186,36 @@ Status TableResource::ExportValues(OpKernelContext* ctx) {
   return st;
 }
 
-Status TableResource::ImportValues(OpKernelContext* ctx, const Tensor& keys,
-                                   const Tensor& values) {
+Status TableResource::ImportValues(OpKernelContext* ctx, const Tensor& keys, const Tensor& values) {
   TF_RETURN_IF_ERROR(CheckKeysTensor(keys));
   TF_RETURN_IF_ERROR(CheckFloatTensor(values, "values"));
   const int64_t n = keys.NumElements();
   if (values.NumElements() != n * layout_.dim) {
-    return InvalidArgument("values must have ", n, " rows of ", layout_.dim,
-                           " floats, got shape ", values.shape().DebugString());
+    return InvalidArgument("values must have ", n, " rows of ", layout_.dim, " floats, got shape ",
+                           values.shape().DebugString());
   }
   return CallTable(*this, "import", [&] {
     table_->Clear();
     if (n == 0) return;
-    table_->Import(keys.flat<int64_t>().data(), n, 0, layout_.dim, values.flat<float>().data(),
-                   column_defaults_.data(), nullptr, nullptr, MakeParallelFor(ctx));
+    table_->Import(keys.flat<int64_t>().data(), n, 0, layout_.dim, values.flat<float>().data(), column_defaults_.data(),
+                   nullptr, nullptr, MakeParallelFor(ctx));
   });
 }
 
 int64_t TableResource::MemoryUsed() const { return table_->memory_bytes(); }
 
 std::string TableResource::DebugString() const {
-  return tensorflow::strings::StrCat("tf_ext HashTable(", layout_.DebugString(),
-                                     ", size=", table_->size(), ")");
+  return tensorflow::strings::StrCat("tf_ext HashTable(", layout_.DebugString(), ", size=", table_->size(), ")");
 }
 
 table::ParallelFor MakeParallelFor(OpKernelContext* ctx, int64_t cost_per_unit) {
   const tensorflow::DeviceBase::CpuWorkerThreads* workers =
       ctx == nullptr ? nullptr : ctx->device()->tensorflow_cpu_worker_threads();
-  if (workers == nullptr || workers->workers == nullptr ||
-      workers->num_threads <= 1) {
+  if (workers == nullptr || workers->workers == nullptr || workers->num_threads <= 1) {
     return table::InlineParallelFor();
   }
   tensorflow::thread::ThreadPool* pool = workers->workers;
-  return [pool, cost_per_unit](int64_t total,
-                               const std::function<void(int64_t, int64_t)>& fn) {
+  return [pool, cost_per_unit](int64_t total, const std::function<void(int64_t, int64_t)>& fn) {
     if (total <= 0) return;
     if (total == 1) {
       fn(0, 1);
@@ -246,28 +225,23 @@ table::ParallelFor MakeParallelFor(OpKernelContext* ctx, int64_t cost_per_unit) 
   };
 }
 
-Status GetTableResource(OpKernelContext* ctx, int input_index,
-                        tensorflow::core::RefCountPtr<TableResource>* out) {
+Status GetTableResource(OpKernelContext* ctx, int input_index, tensorflow::core::RefCountPtr<TableResource>* out) {
   const Tensor& t = ctx->input(input_index);
   if (t.dtype() != DT_RESOURCE || t.NumElements() != 1) {
-    return InvalidArgument("input ", input_index,
-                           " must be a scalar tf_ext table handle (resource), got ",
-                           DataTypeString(t.dtype()), " of shape ",
-                           t.shape().DebugString());
+    return InvalidArgument("input ", input_index, " must be a scalar tf_ext table handle (resource), got ",
+                           DataTypeString(t.dtype()), " of shape ", t.shape().DebugString());
   }
   const ResourceHandle& h = t.flat<ResourceHandle>()(0);
-  if (h.hash_code() !=
-      tensorflow::TypeIndex::Make<tensorflow::lookup::LookupInterface>().hash_code()) {
-    return InvalidArgument("input ", input_index, " is not a tf_ext table handle: it refers to '",
-                           h.name(), "' of type ", h.maybe_type_name());
+  if (h.hash_code() != tensorflow::TypeIndex::Make<tensorflow::lookup::LookupInterface>().hash_code()) {
+    return InvalidArgument("input ", input_index, " is not a tf_ext table handle: it refers to '", h.name(),
+                           "' of type ", h.maybe_type_name());
   }
   tensorflow::core::RefCountPtr<tensorflow::lookup::LookupInterface> base;
   TF_RETURN_IF_ERROR(tensorflow::LookupResource(ctx, h, &base));
   auto* table = dynamic_cast<TableResource*>(base.get());
   if (table == nullptr) {
-    return InvalidArgument("input ", input_index,
-                           " is a lookup table but not a tf_ext table: '", h.name(),
-                           "' (", base->DebugString(), ")");
+    return InvalidArgument("input ", input_index, " is a lookup table but not a tf_ext table: '", h.name(), "' (",
+                           base->DebugString(), ")");
   }
   base.release();
   out->reset(table);

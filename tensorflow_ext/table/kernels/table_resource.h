@@ -64,8 +64,7 @@ class TableResource : public tensorflow::lookup::LookupInterface {
 
   // Creates a table; InvalidArgument for invalid options, ResourceExhausted
   // if its memory cannot be had. Never throws.
-  static tensorflow::Status Create(const TableLayout& layout, const table::TableOptions& options,
-                                   TableResource** out);
+  static tensorflow::Status Create(const TableLayout& layout, const table::TableOptions& options, TableResource** out);
 
   // The core table; thread-safe, so callers need no extra lock.
   table::HashTable* table() { return table_.get(); }
@@ -83,30 +82,23 @@ class TableResource : public tensorflow::lookup::LookupInterface {
 
   // --- lookup::LookupInterface (embedding columns [0, dim)) ---
   // default_value: scalar, [dim], or keys.shape + [dim] (per-key defaults).
-  tensorflow::Status Find(tensorflow::OpKernelContext* ctx,
-                          const tensorflow::Tensor& keys,
-                          tensorflow::Tensor* values,
+  tensorflow::Status Find(tensorflow::OpKernelContext* ctx, const tensorflow::Tensor& keys, tensorflow::Tensor* values,
                           const tensorflow::Tensor& default_value) override;
   // Upsert; values keys.shape + [dim]. Metadata is left unchanged for existing
   // keys (new keys: version 0, frequency 0).
-  tensorflow::Status Insert(tensorflow::OpKernelContext* ctx,
-                            const tensorflow::Tensor& keys,
+  tensorflow::Status Insert(tensorflow::OpKernelContext* ctx, const tensorflow::Tensor& keys,
                             const tensorflow::Tensor& values) override;
-  tensorflow::Status Remove(tensorflow::OpKernelContext* ctx,
-                            const tensorflow::Tensor& keys) override;
+  tensorflow::Status Remove(tensorflow::OpKernelContext* ctx, const tensorflow::Tensor& keys) override;
   size_t size() const override;
   // Outputs "keys" [n] and "values" [n, dim] of the calling op.
   tensorflow::Status ExportValues(tensorflow::OpKernelContext* ctx) override;
   // Replaces the contents (TF restore semantics): clear, then insert.
-  tensorflow::Status ImportValues(tensorflow::OpKernelContext* ctx,
-                                  const tensorflow::Tensor& keys,
+  tensorflow::Status ImportValues(tensorflow::OpKernelContext* ctx, const tensorflow::Tensor& keys,
                                   const tensorflow::Tensor& values) override;
   tensorflow::DataType key_dtype() const override { return tensorflow::DT_INT64; }
   tensorflow::DataType value_dtype() const override { return tensorflow::DT_FLOAT; }
   tensorflow::TensorShape key_shape() const override { return tensorflow::TensorShape({}); }
-  tensorflow::TensorShape value_shape() const override {
-    return tensorflow::TensorShape({layout_.dim});
-  }
+  tensorflow::TensorShape value_shape() const override { return tensorflow::TensorShape({layout_.dim}); }
   int64_t MemoryUsed() const override;
   std::string DebugString() const override;
 
@@ -126,14 +118,12 @@ class TableResource : public tensorflow::lookup::LookupInterface {
 // cycles each), so that Eigen's cost model spreads even 2 units over 2
 // threads (with 100000 it ran 2-3 units on one thread). Falls back to inline
 // execution when the context has no worker pool.
-table::ParallelFor MakeParallelFor(tensorflow::OpKernelContext* ctx,
-                                   int64_t cost_per_unit = 1000000);
+table::ParallelFor MakeParallelFor(tensorflow::OpKernelContext* ctx, int64_t cost_per_unit = 1000000);
 
 // The status for a table operation `what` (e.g. "insert") that failed because
 // the core threw `error`: ResourceExhausted naming the operation, the table
 // and the core's message (out of memory, or a full shard).
-tensorflow::Status TableMemoryError(const TableResource& table, const char* what,
-                                    const std::exception& error);
+tensorflow::Status TableMemoryError(const TableResource& table, const char* what, const std::exception& error);
 
 // Runs fn(), a call into table's core, and returns OK, or the error status
 // of an exception it threw (see TableMemoryError). Kernels must reach the
@@ -156,8 +146,7 @@ tensorflow::Status CallTable(const TableResource& table, const char* what, Fn&& 
 // refers to. InvalidArgument (naming the input) if the input is not a scalar
 // resource handle or the handle is not a tf_ext table (e.g. a variable or a
 // TF MutableHashTable); NotFound if the table was never created.
-tensorflow::Status GetTableResource(tensorflow::OpKernelContext* ctx,
-                                    int input_index,
+tensorflow::Status GetTableResource(tensorflow::OpKernelContext* ctx, int input_index,
                                     tensorflow::core::RefCountPtr<TableResource>* out);
 
 }  // namespace tfext

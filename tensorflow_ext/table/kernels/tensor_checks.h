@@ -15,8 +15,7 @@ namespace table_kernels_internal {
 
 inline tensorflow::Status CheckKeysTensor(const tensorflow::Tensor& keys) {
   if (keys.dtype() != tensorflow::DT_INT64) {
-    return tensorflow::errors::InvalidArgument("keys must be int64, got ",
-                                               tensorflow::DataTypeString(keys.dtype()));
+    return tensorflow::errors::InvalidArgument("keys must be int64, got ", tensorflow::DataTypeString(keys.dtype()));
   }
   return tensorflow::OkStatus();
 }
@@ -24,8 +23,7 @@ inline tensorflow::Status CheckKeysTensor(const tensorflow::Tensor& keys) {
 // `what` names the input in the error message.
 inline tensorflow::Status CheckFloatTensor(const tensorflow::Tensor& t, const char* what) {
   if (t.dtype() != tensorflow::DT_FLOAT) {
-    return tensorflow::errors::InvalidArgument(what, " must be float32, got ",
-                                               tensorflow::DataTypeString(t.dtype()));
+    return tensorflow::errors::InvalidArgument(what, " must be float32, got ", tensorflow::DataTypeString(t.dtype()));
   }
   return tensorflow::OkStatus();
 }

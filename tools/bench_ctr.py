@@ -274,10 +274,8 @@ class OursVariant(Variant):
         return self.emb.size()
 
     def table_bytes(self):
-        table_ops, _ = bc.import_ours_table()
-        if table_ops is None:
-            return None
-        ops = table_ops.load_table_ops()
+        from tensorflow_ext.utils import loader
+        ops = loader.load_ops()
         try:
             parts = [ops.tf_ext_table_memory_bytes(s.handle) for s in self.emb.shards]
         except Exception:

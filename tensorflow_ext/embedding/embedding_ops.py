@@ -15,30 +15,16 @@ keys an int64 vector of unique keys, grad float32 [n, dim]):
 
     TfExtEmbeddingLookup(table_handle, keys, step) -> values [n, dim]
         attrs dim, insert_missing, count, init_kind, init_a, init_b, seed, seed2
-    TfExtEmbeddingSparseApplyGradientDescent(table_handle, keys, grad, lr, step)
-    TfExtEmbeddingSparseApplyMomentum(table_handle, keys, grad, lr, momentum, step)      attr use_nesterov
-    TfExtEmbeddingSparseApplyAdagrad(table_handle, keys, grad, lr, step)
-    TfExtEmbeddingSparseApplyAdam(table_handle, keys, grad, beta1_power, beta2_power, lr, beta1, beta2,
-                                  epsilon, step)
-    TfExtEmbeddingSparseApplyFtrl(table_handle, keys, grad, lr, l1, l2, l2_shrinkage, lr_power, step)
-                                                                        attr multiply_linear_by_lr
-    TfExtEmbeddingSparseApplyRMSProp(table_handle, keys, grad, lr, rho, momentum, epsilon, step)
-                                                                        attr centered
-        (every apply op: attrs dim, slot_offset (-1 = dim: the slots follow the embedding))
+    TfExtEmbeddingSparseApply<Optimizer>(table_handle, keys, grad, <hyper-parameters>, step)
+        attrs dim, slot_offset (-1 = dim: the slots follow the embedding), <flags>
     TfExtEmbeddingLookupIds(table_handle, ids, step) -> values [n, dim], unique_keys [u], idx [n] int32
         attrs as TfExtEmbeddingLookup; ids may repeat (dedup + lookup + gather in one kernel)
     TfExtEmbeddingLookupIdsGrad(grad [n, dim], idx [n] int32, unique_keys [u]) -> [u, dim]
     TfExtShardIndex(keys, num_shards) -> int32 shard ids, keys.shape
 
-Slot columns of a row `[embedding (dim) | ...]`: slot k of an optimizer occupies columns
-`[slot_offset + k*dim, slot_offset + (k+1)*dim)`, in this order:
-
-    GradientDescent  (none)
-    Momentum         [momentum]
-    Adagrad          [accumulator]
-    Adam             [m, v]
-    Ftrl             [accum, linear]
-    RMSProp          [rms, momentum] + [mg] if centered
+The optimizers, their hyper-parameters (in op order), flags and slots are defined once, in optimizer_spec.py.
+Slot k of an optimizer occupies columns `[slot_offset + k*dim, slot_offset + (k+1)*dim)` of a row
+`[embedding (dim) | ...]`.
 
 The apply ops reproduce TF 2.15's sparse update formulas (training_ops SparseApply*, and TF1
 AdamOptimizer's sparse path for Adam). Adam is exact for the rows of the batch; TF1's dense-variable
@@ -46,12 +32,13 @@ Adam also decays m and v (and moves var) of the rows not in the batch, which a l
 Missing keys are inserted with the table's column defaults before the update.
 """
 
-import os
-
 import tensorflow as tf
 from tensorflow.python.framework import indexed_slices
 from tensorflow.python.framework import ops as tf_ops
 from tensorflow.python.framework import random_seed
+
+from tensorflow_ext.embedding import optimizer_spec
+from tensorflow_ext.utils.loader import load_ops
 
 __all__ = [
     "INIT_KINDS", "OPTIMIZER_SLOTS", "OPTIMIZER_HYPERS", "load_ops", "embedding_lookup_unique", "shard_index",
@@ -62,64 +49,19 @@ __all__ = [
 
 INIT_KINDS = ("constant", "random_normal", "truncated_normal", "random_uniform")
 
-# Slot names in column order (RMSProp's "mg" only when centered).
-OPTIMIZER_SLOTS = {
-    "GradientDescent": (),
-    "Momentum": ("momentum",),
-    "Adagrad": ("accumulator",),
-    "Adam": ("m", "v"),
-    "Ftrl": ("accum", "linear"),
-    "RMSProp": ("rms", "momentum", "mg"),
-}
-
+# Views of optimizer_spec (the one definition) for the fused optimizers.
+# Slot names in column order, every slot listed (RMSProp's "mg" only when centered: see num_slots).
+OPTIMIZER_SLOTS = {s.name: tuple(slot.name for slot in s.slots) for s in optimizer_spec.FUSED}
 # Hyper-parameter inputs in op order (after table_handle, keys, grad; before step).
-OPTIMIZER_HYPERS = {
-    "GradientDescent": ("lr",),
-    "Momentum": ("lr", "momentum"),
-    "Adagrad": ("lr",),
-    "Adam": ("beta1_power", "beta2_power", "lr", "beta1", "beta2", "epsilon"),
-    "Ftrl": ("lr", "l1", "l2", "l2_shrinkage", "lr_power"),
-    "RMSProp": ("lr", "rho", "momentum", "epsilon"),
-}
-
-_OPTIMIZER_FLAGS = {
-    "Momentum": ("use_nesterov",),
-    "Ftrl": ("multiply_linear_by_lr",),
-    "RMSProp": ("centered",),
-}
+OPTIMIZER_HYPERS = {s.name: s.hypers for s in optimizer_spec.FUSED}
 
 # First dimension of the dense_shape of the handle gradient (the key space is int64, not a dense range).
 HANDLE_GRAD_DENSE_ROWS = 2 ** 62
 
 
-def load_ops():
-  """The op module of _tf_ext_ops.so (the only place this file loads the library).
-
-  Goes through tensorflow_ext.utils.loader (TF version check; $TF_EXT_OPS_PATH overrides the path); falls back to
-  tf.load_op_library of tensorflow_ext/_tf_ext_ops.so where the loader is absent.
-  """
-  try:
-    from tensorflow_ext.utils import loader  # pylint: disable=import-outside-toplevel
-  except ImportError:
-    loader = None
-  if loader is not None and hasattr(loader, "load_ops"):
-    return loader.load_ops()
-  global _fallback_module
-  if _fallback_module is None:
-    path = os.environ.get("TF_EXT_OPS_PATH") or os.path.join(
-        os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "_tf_ext_ops.so")
-    _fallback_module = tf.load_op_library(path)
-  return _fallback_module
-
-
-_fallback_module = None
-
-
-def num_slots(optimizer, centered=False):
-  """Number of dim-wide slot column blocks the fused `optimizer` uses."""
-  if optimizer == "RMSProp":
-    return 3 if centered else 2
-  return len(OPTIMIZER_SLOTS[optimizer])
+def num_slots(optimizer, **flags):
+  """Number of dim-wide slot column blocks the fused `optimizer` uses with `flags` (e.g. centered=True)."""
+  return len(optimizer_spec.by_name(optimizer, fused=True).slot_names(flags))
 
 
 def _step(step):
@@ -183,16 +125,6 @@ def shard_index(keys, num_shards, name=None):
                                        tf.convert_to_tensor(num_shards, tf.int32), name=name)
 
 
-_APPLY_WRAPPERS = {
-    "GradientDescent": "tf_ext_embedding_sparse_apply_gradient_descent",
-    "Momentum": "tf_ext_embedding_sparse_apply_momentum",
-    "Adagrad": "tf_ext_embedding_sparse_apply_adagrad",
-    "Adam": "tf_ext_embedding_sparse_apply_adam",
-    "Ftrl": "tf_ext_embedding_sparse_apply_ftrl",
-    "RMSProp": "tf_ext_embedding_sparse_apply_rms_prop",
-}
-
-
 def sparse_apply(optimizer, table_handle, keys, grad, hypers, step=None, dim=None, slot_offset=-1, name=None,
                  **flags):
   """Fused sparse update TfExtEmbeddingSparseApply<optimizer> (returns the op).
@@ -208,8 +140,15 @@ def sparse_apply(optimizer, table_handle, keys, grad, hypers, step=None, dim=Non
     slot_offset: first slot column (-1: dim, the slots follow the embedding).
     name: op name.
     **flags: use_nesterov (Momentum), centered (RMSProp), multiply_linear_by_lr (Ftrl).
+
+  Returns:
+    The update op.
+
+  Raises:
+    ValueError: an unknown optimizer or flag, or hyper-parameters that are not the optimizer's.
   """
-  names = OPTIMIZER_HYPERS[optimizer]
+  spec = optimizer_spec.by_name(optimizer, fused=True)
+  names = spec.hypers
   if isinstance(hypers, dict):
     missing = [h for h in names if h not in hypers]
     extra = [h for h in hypers if h not in names]
@@ -220,34 +159,34 @@ def sparse_apply(optimizer, table_handle, keys, grad, hypers, step=None, dim=Non
     values = list(hypers)
     if len(values) != len(names):
       raise ValueError("%s takes %d hyper-parameters %s, got %d" % (optimizer, len(names), names, len(values)))
-  allowed = _OPTIMIZER_FLAGS.get(optimizer, ())
+  allowed = tuple(f.name for f in spec.flags)
   for f in flags:
     if f not in allowed:
       raise ValueError("%s has no flag %r (flags: %s)" % (optimizer, f, allowed))
   grad = tf.convert_to_tensor(grad, tf.float32)
-  values = [tf.cast(v, tf.float32) for v in values]
-  fn = getattr(load_ops(), _APPLY_WRAPPERS[optimizer])
-  return fn(table_handle, tf.convert_to_tensor(keys, tf.int64), grad, *values, _step(step),
-            dim=_dim_of(grad, dim), slot_offset=int(slot_offset), name=name,
-            **{k: bool(v) for k, v in flags.items()})
+  inputs = dict(zip(names, [tf.cast(v, tf.float32) for v in values]))
+  inputs.update(table_handle=table_handle, keys=tf.convert_to_tensor(keys, tf.int64), grad=grad, step=_step(step))
+  # The op's keyword-only raw wrapper: inputs and attrs are passed by their op-def names.
+  return getattr(load_ops(), spec.op_name)(dim=_dim_of(grad, dim), slot_offset=int(slot_offset), name=name,
+                                           **inputs, **{k: bool(v) for k, v in flags.items()})
 
 
 def sparse_apply_gradient_descent(table_handle, keys, grad, lr, step=None, dim=None, name=None):
   """var -= lr * grad (TF: resource_scatter_add(var, keys, -grad * lr))."""
-  return sparse_apply("GradientDescent", table_handle, keys, grad, [lr], step=step, dim=dim, name=name)
+  return sparse_apply("GradientDescent", table_handle, keys, grad, dict(lr=lr), step=step, dim=dim, name=name)
 
 
 def sparse_apply_momentum(table_handle, keys, grad, lr, momentum, step=None, dim=None, slot_offset=-1,
                           use_nesterov=False, name=None):
   """SparseApplyMomentum: accum = accum * momentum + grad; var -= lr * accum (Nesterov: lr * grad +
   lr * momentum * accum). Slot: [momentum]."""
-  return sparse_apply("Momentum", table_handle, keys, grad, [lr, momentum], step=step, dim=dim,
+  return sparse_apply("Momentum", table_handle, keys, grad, dict(lr=lr, momentum=momentum), step=step, dim=dim,
                       slot_offset=slot_offset, use_nesterov=use_nesterov, name=name)
 
 
 def sparse_apply_adagrad(table_handle, keys, grad, lr, step=None, dim=None, slot_offset=-1, name=None):
   """SparseApplyAdagrad (v1): accum += grad^2; var -= lr * grad / sqrt(accum). Slot: [accumulator]."""
-  return sparse_apply("Adagrad", table_handle, keys, grad, [lr], step=step, dim=dim, slot_offset=slot_offset,
+  return sparse_apply("Adagrad", table_handle, keys, grad, dict(lr=lr), step=step, dim=dim, slot_offset=slot_offset,
                       name=name)
 
 
@@ -257,7 +196,9 @@ def sparse_apply_adam(table_handle, keys, grad, beta1_power, beta2_power, lr, be
   lr_t = lr * sqrt(1 - beta2_power) / (1 - beta1_power); m = m * beta1 + (1 - beta1) * grad;
   v = v * beta2 + (1 - beta2) * grad^2; var -= lr_t * m / (sqrt(v) + epsilon). Slots: [m, v].
   (TF1's dense-variable Adam also decays m/v of the rows not in the batch; this lazy update does not.)"""
-  return sparse_apply("Adam", table_handle, keys, grad, [beta1_power, beta2_power, lr, beta1, beta2, epsilon],
+  return sparse_apply("Adam", table_handle, keys, grad,
+                      dict(beta1_power=beta1_power, beta2_power=beta2_power, lr=lr, beta1=beta1, beta2=beta2,
+                           epsilon=epsilon),
                       step=step, dim=dim, slot_offset=slot_offset, name=name)
 
 
@@ -265,7 +206,8 @@ def sparse_apply_ftrl(table_handle, keys, grad, lr, l1, l2, lr_power, l2_shrinka
                       slot_offset=-1, multiply_linear_by_lr=False, name=None):
   """SparseApplyFtrl (l2_shrinkage == 0) / SparseApplyFtrlV2 (l2_shrinkage > 0). Slots: [accum, linear].
   Note the op's input order is (lr, l1, l2, l2_shrinkage, lr_power), as in ResourceSparseApplyFtrlV2."""
-  return sparse_apply("Ftrl", table_handle, keys, grad, [lr, l1, l2, l2_shrinkage, lr_power], step=step,
+  return sparse_apply("Ftrl", table_handle, keys, grad,
+                      dict(lr=lr, l1=l1, l2=l2, l2_shrinkage=l2_shrinkage, lr_power=lr_power), step=step,
                       dim=dim, slot_offset=slot_offset, multiply_linear_by_lr=multiply_linear_by_lr, name=name)
 
 
@@ -273,8 +215,8 @@ def sparse_apply_rmsprop(table_handle, keys, grad, lr, rho, momentum, epsilon, s
                          slot_offset=-1, centered=False, name=None):
   """SparseApplyRMSProp / SparseApplyCenteredRMSProp (rho = TF1 RMSPropOptimizer's decay).
   Slots: [rms, momentum] (+ [mg] if centered)."""
-  return sparse_apply("RMSProp", table_handle, keys, grad, [lr, rho, momentum, epsilon], step=step, dim=dim,
-                      slot_offset=slot_offset, centered=centered, name=name)
+  return sparse_apply("RMSProp", table_handle, keys, grad, dict(lr=lr, rho=rho, momentum=momentum, epsilon=epsilon),
+                      step=step, dim=dim, slot_offset=slot_offset, centered=centered, name=name)
 
 
 def _lookup_grad(op, grad):

@@ -80,7 +80,7 @@ def _lookup_shard(shard, keys, is_training, step):
   dim = shard.dim
   handle = shard.handle
   with tf_ops.colocate_with(handle):
-    if spec.in_kernel and _ops.has_fused("tf_ext_embedding_lookup"):
+    if spec.in_kernel and _ops.use_fused():
       seed, seed2 = spec.seeds()
       values = _ops.op("tf_ext_embedding_lookup")(
           handle, keys, step, dim=dim, insert_missing=bool(is_training), count=True,
@@ -169,7 +169,7 @@ def _lookup_ids_fused(emb, flat_keys, is_training):
 
 def _use_fused_ids(emb):
   return (len(emb.shards) == 1 and emb.distribution is None and emb.initializer.in_kernel
-          and _ops.has_fused("tf_ext_embedding_lookup_ids"))
+          and _ops.use_fused())
 
 
 def _refuse_return_trainable(fn, return_trainable):

@@ -26,7 +26,7 @@ TfExtEmbeddingLookupIds, already unique and summed), then one fused op
 key, for GradientDescent, Momentum (incl. Nesterov), Adagrad, Adam, Ftrl
 (incl. l1/l2/shrinkage/beta) and RMSProp (incl. centered). AdagradDA,
 Adadelta, ProximalAdagrad and ProximalGradientDescent (and every optimizer
-when the fused ops are not in the build) use the generic path: read the rows'
+with TF_EXT_EMBEDDING_FORCE_GENERIC=1) use the generic path: read the rows'
 embedding and slot columns (`TfExtTableFind`), apply TF's sparse formula
 in-graph, write them back (`TfExtTableInsert`).
 
@@ -44,6 +44,8 @@ from tensorflow.python.framework import indexed_slices
 from tensorflow.python.training import optimizer as optimizer_lib
 
 from tensorflow_ext.embedding import _ops
+from tensorflow_ext.embedding import embedding_ops
+from tensorflow_ext.embedding import optimizer_spec
 from tensorflow_ext.embedding import variable as var_lib
 
 __all__ = ["supported_optimizers", "install", "slot_names"]
@@ -57,53 +59,38 @@ def _f32(x):
 
 
 class _Handler(abc.ABC):
-  """How one optimizer class trains a dynamic embedding."""
-  fused = None  # python name of the fused op, or None (generic path)
-
-  def slots(self, opt):
-    """[(slot_name, initial value)] in row order."""
-    return []
+  """How one optimizer trains a dynamic embedding: the code part (its data -- fused op, hyper-parameter names,
+  flags, slots -- is its optimizer_spec.OptimizerSpec)."""
 
   def create_non_slots(self, opt, dense_vars, shards):
     pass
 
   def hypers(self, opt):
-    """Fused op hyper-parameter inputs, in the op's order (fused handlers only)."""
-    raise TypeError("%s has no fused kernel; it trains through the generic path" %
-                    type(self).__name__)
-
-  def flags(self, opt):
+    """{name: float32 tensor} of the fused op's hyper-parameters (the names of the spec's `hypers`)."""
     return {}
 
   @abc.abstractmethod
-  def generic(self, opt, var, slots, grad, extra):
+  def generic(self, opt, var, slots, grad):
     """TF's sparse formula: returns (new var, [new slots]); all [n, dim] f32."""
 
 
 class _GradientDescent(_Handler):
-  fused = "tf_ext_embedding_sparse_apply_gradient_descent"
 
   def hypers(self, opt):
-    return [_f32(opt._learning_rate_tensor)]
+    return {"lr": _f32(opt._learning_rate_tensor)}
 
-  def generic(self, opt, var, slots, grad, extra):
-    return var + (-grad) * _f32(opt._learning_rate_tensor), []
+  def generic(self, opt, var, slots, grad):
+    return var + (-grad) * self.hypers(opt)["lr"], []
 
 
 class _Momentum(_Handler):
-  fused = "tf_ext_embedding_sparse_apply_momentum"
-
-  def slots(self, opt):
-    return [("momentum", 0.0)]
 
   def hypers(self, opt):
-    return [_f32(opt._learning_rate_tensor), _f32(opt._momentum_tensor)]
+    return {"lr": _f32(opt._learning_rate_tensor), "momentum": _f32(opt._momentum_tensor)}
 
-  def flags(self, opt):
-    return {"use_nesterov": bool(opt._use_nesterov)}
-
-  def generic(self, opt, var, slots, grad, extra):
-    lr, mom = _f32(opt._learning_rate_tensor), _f32(opt._momentum_tensor)
+  def generic(self, opt, var, slots, grad):
+    h = self.hypers(opt)
+    lr, mom = h["lr"], h["momentum"]
     accum = slots[0] * mom + grad
     if opt._use_nesterov:
       var = var - (lr * grad + lr * mom * accum)
@@ -113,25 +100,17 @@ class _Momentum(_Handler):
 
 
 class _Adagrad(_Handler):
-  fused = "tf_ext_embedding_sparse_apply_adagrad"
-
-  def slots(self, opt):
-    return [("accumulator", float(opt._initial_accumulator_value))]
 
   def hypers(self, opt):
-    return [_f32(opt._learning_rate_tensor)]
+    return {"lr": _f32(opt._learning_rate_tensor)}
 
-  def generic(self, opt, var, slots, grad, extra):
-    lr = _f32(opt._learning_rate_tensor)
+  def generic(self, opt, var, slots, grad):
+    lr = self.hypers(opt)["lr"]
     accum = slots[0] + grad * grad
     return var - lr * grad * tf.math.rsqrt(accum), [accum]
 
 
 class _Adam(_Handler):
-  fused = "tf_ext_embedding_sparse_apply_adam"
-
-  def slots(self, opt):
-    return [("m", 0.0), ("v", 0.0)]
 
   def create_non_slots(self, opt, dense_vars, shards):
     # TF's _create_slots makes beta1_power/beta2_power colocated with the first
@@ -142,22 +121,19 @@ class _Adam(_Handler):
 
   def hypers(self, opt):
     beta1_power, beta2_power = opt._get_beta_accumulators()
-    return [_f32(beta1_power), _f32(beta2_power), _f32(opt._lr_t), _f32(opt._beta1_t), _f32(opt._beta2_t),
-            _f32(opt._epsilon_t)]
+    return {"beta1_power": _f32(beta1_power), "beta2_power": _f32(beta2_power), "lr": _f32(opt._lr_t),
+            "beta1": _f32(opt._beta1_t), "beta2": _f32(opt._beta2_t), "epsilon": _f32(opt._epsilon_t)}
 
-  def generic(self, opt, var, slots, grad, extra):
-    beta1_power, beta2_power, lr, beta1, beta2, eps = self.hypers(opt)
-    lr_t = lr * tf.sqrt(1 - beta2_power) / (1 - beta1_power)
+  def generic(self, opt, var, slots, grad):
+    h = self.hypers(opt)
+    beta1, beta2 = h["beta1"], h["beta2"]
+    lr_t = h["lr"] * tf.sqrt(1 - h["beta2_power"]) / (1 - h["beta1_power"])
     m = slots[0] * beta1 + grad * (1 - beta1)
     v = slots[1] * beta2 + (grad * grad) * (1 - beta2)
-    return var - lr_t * m / (tf.sqrt(v) + eps), [m, v]
+    return var - lr_t * m / (tf.sqrt(v) + h["epsilon"]), [m, v]
 
 
 class _Ftrl(_Handler):
-  fused = "tf_ext_embedding_sparse_apply_ftrl"
-
-  def slots(self, opt):
-    return [("accum", float(opt._initial_accumulator_value)), ("linear", 0.0)]
 
   def _shrinkage(self, opt):
     # TF1 picks SparseApplyFtrl (no shrinkage) when the python value is <= 0.
@@ -167,15 +143,13 @@ class _Ftrl(_Handler):
     return _f32(opt._l2_shrinkage_regularization_strength_tensor)
 
   def hypers(self, opt):
-    return [_f32(opt._learning_rate_tensor), _f32(opt._l1_regularization_strength_tensor),
-            _f32(opt._adjusted_l2_regularization_strength_tensor), self._shrinkage(opt),
-            _f32(opt._learning_rate_power_tensor)]
+    return {"lr": _f32(opt._learning_rate_tensor), "l1": _f32(opt._l1_regularization_strength_tensor),
+            "l2": _f32(opt._adjusted_l2_regularization_strength_tensor), "l2_shrinkage": self._shrinkage(opt),
+            "lr_power": _f32(opt._learning_rate_power_tensor)}
 
-  def flags(self, opt):
-    return {"multiply_linear_by_lr": False}
-
-  def generic(self, opt, var, slots, grad, extra):
-    lr, l1, l2, shrink, lr_power = self.hypers(opt)
+  def generic(self, opt, var, slots, grad):
+    h = self.hypers(opt)
+    lr, l1, l2, shrink, lr_power = h["lr"], h["l1"], h["l2"], h["l2_shrinkage"], h["lr_power"]
     accum, linear = slots
     g = grad + 2.0 * shrink * var
     new_accum = accum + grad * grad
@@ -187,23 +161,14 @@ class _Ftrl(_Handler):
 
 
 class _RMSProp(_Handler):
-  fused = "tf_ext_embedding_sparse_apply_rms_prop"
-
-  def slots(self, opt):
-    slots = [("rms", 1.0), ("momentum", 0.0)]
-    if opt._centered:
-      slots.append(("mg", 0.0))
-    return slots
 
   def hypers(self, opt):
-    return [_f32(opt._learning_rate_tensor), _f32(opt._decay_tensor), _f32(opt._momentum_tensor),
-            _f32(opt._epsilon_tensor)]
+    return {"lr": _f32(opt._learning_rate_tensor), "rho": _f32(opt._decay_tensor),
+            "momentum": _f32(opt._momentum_tensor), "epsilon": _f32(opt._epsilon_tensor)}
 
-  def flags(self, opt):
-    return {"centered": bool(opt._centered)}
-
-  def generic(self, opt, var, slots, grad, extra):
-    lr, rho, momentum, eps = self.hypers(opt)
+  def generic(self, opt, var, slots, grad):
+    h = self.hypers(opt)
+    lr, rho, momentum, eps = h["lr"], h["rho"], h["momentum"], h["epsilon"]
     ms = slots[0] * rho + grad * grad * (1 - rho)
     if opt._centered:
       mg = slots[2] * rho + grad * (1 - rho)
@@ -217,11 +182,7 @@ class _RMSProp(_Handler):
 
 class _AdagradDA(_Handler):
 
-  def slots(self, opt):
-    return [("gradient_accumulator", 0.0),
-            ("gradient_squared_accumulator", float(opt._initial_gradient_squared_accumulator_value))]
-
-  def generic(self, opt, var, slots, grad, extra):
+  def generic(self, opt, var, slots, grad):
     lr = _f32(opt._learning_rate_tensor)
     l1 = _f32(opt._l1_regularization_strength)
     l2 = _f32(opt._l2_regularization_strength)
@@ -238,10 +199,7 @@ class _AdagradDA(_Handler):
 
 class _Adadelta(_Handler):
 
-  def slots(self, opt):
-    return [("accum", 0.0), ("accum_update", 0.0)]
-
-  def generic(self, opt, var, slots, grad, extra):
+  def generic(self, opt, var, slots, grad):
     lr, rho, eps = _f32(opt._lr_t), _f32(opt._rho_t), _f32(opt._epsilon_t)
     accum = slots[0] * rho + grad * grad * (1 - rho)
     update = tf.sqrt(slots[1] + eps) * tf.math.rsqrt(accum + eps) * grad
@@ -258,10 +216,7 @@ def _proximal(var, grad, lr, l1, l2, l1_python):
 
 class _ProximalAdagrad(_Handler):
 
-  def slots(self, opt):
-    return [("accumulator", float(opt._initial_accumulator_value))]
-
-  def generic(self, opt, var, slots, grad, extra):
+  def generic(self, opt, var, slots, grad):
     lr = _f32(opt._learning_rate_tensor)
     accum = slots[0] + grad * grad
     lr_t = lr * tf.math.rsqrt(accum)
@@ -271,45 +226,41 @@ class _ProximalAdagrad(_Handler):
 
 class _ProximalGradientDescent(_Handler):
 
-  def generic(self, opt, var, slots, grad, extra):
+  def generic(self, opt, var, slots, grad):
     lr = _f32(opt._learning_rate_tensor)
     return _proximal(var, grad, lr, _f32(opt._l1_regularization_strength_tensor),
                      _f32(opt._l2_regularization_strength_tensor), opt._l1_regularization_strength), []
 
 
-_train = tf.compat.v1.train
-_HANDLERS = [
-    (_train.GradientDescentOptimizer, _GradientDescent()),
-    (_train.MomentumOptimizer, _Momentum()),
-    (_train.AdagradOptimizer, _Adagrad()),
-    (_train.AdagradDAOptimizer, _AdagradDA()),
-    (_train.AdamOptimizer, _Adam()),
-    (_train.FtrlOptimizer, _Ftrl()),
-    (_train.RMSPropOptimizer, _RMSProp()),
-    (_train.AdadeltaOptimizer, _Adadelta()),
-    (_train.ProximalAdagradOptimizer, _ProximalAdagrad()),
-    (_train.ProximalGradientDescentOptimizer, _ProximalGradientDescent()),
-]
+# By optimizer_spec name: one handler per spec.
+_HANDLERS = {
+    "GradientDescent": _GradientDescent(),
+    "Momentum": _Momentum(),
+    "Adagrad": _Adagrad(),
+    "AdagradDA": _AdagradDA(),
+    "Adam": _Adam(),
+    "Ftrl": _Ftrl(),
+    "RMSProp": _RMSProp(),
+    "Adadelta": _Adadelta(),
+    "ProximalAdagrad": _ProximalAdagrad(),
+    "ProximalGradientDescent": _ProximalGradientDescent(),
+}
 
 
 def supported_optimizers():
   """The `tf.compat.v1.train` optimizer classes that train dynamic embeddings."""
-  return [cls for cls, _ in _HANDLERS]
+  return [spec.optimizer_class for spec in optimizer_spec.SPECS]
 
 
 def _handler(opt):
-  by_class = dict(_HANDLERS)
-  for cls in type(opt).__mro__:
-    if cls in by_class:
-      return by_class[cls]
-  raise TypeError(
-      "Optimizer %s (%s) cannot train dynamic embeddings; supported: %s"
-      % (opt.get_name(), type(opt).__name__, ", ".join(c.__name__ for c in supported_optimizers())))
+  """(spec, handler) of optimizer `opt` (TypeError if it cannot train dynamic embeddings)."""
+  spec = optimizer_spec.for_optimizer(opt)
+  return spec, _HANDLERS[spec.name]
 
 
 def slot_names(optimizer):
   """The slot names `optimizer` keeps in a dynamic embedding's rows."""
-  return [name for name, _ in _handler(optimizer).slots(optimizer)]
+  return [name for name, _ in optimizer_spec.for_optimizer(optimizer).slots_of(optimizer)]
 
 
 # ---- per-shard update ----------------------------------------------------------
@@ -388,7 +339,7 @@ def _apply_generic(handler, opt, shard, group, keys, grad, step):
     srows, _ = find(shard.handle, keys, tf.constant(defaults[group.offset:group.offset + nslots * dim],
                                                     tf.float32), col_begin=group.offset, cols=nslots * dim)
     slots = [srows[:, dim * k:dim * (k + 1)] for k in range(nslots)]
-  new_var, new_slots = handler.generic(opt, var, slots, grad, None)
+  new_var, new_slots = handler.generic(opt, var, slots, grad)
   if contiguous:
     return insert(shard.handle, keys, tf.concat([new_var] + list(new_slots), 1), step, col_begin=0,
                   cols=dim * (1 + nslots), count=False)
@@ -399,11 +350,11 @@ def _apply_generic(handler, opt, shard, group, keys, grad, step):
 
 
 def _apply_to_shard(opt, shard, grad):
-  handler = _handler(opt)
+  spec, handler = _handler(opt)
   group = shard.slot_group(opt)
   if group is None:  # apply_gradients registers the columns first; this covers direct processor calls
-    specs = handler.slots(opt)
-    group = shard.add_slot_columns(opt, [n for n, _ in specs], [v for _, v in specs])
+    slots = spec.slots_of(opt)
+    group = shard.add_slot_columns(opt, [n for n, _ in slots], [v for _, v in slots])
   with tf.name_scope("tf_ext_" + type(opt).__name__):
     keys, values = _dedup(grad, shard)
     step = _step_for(opt)
@@ -413,9 +364,9 @@ def _apply_to_shard(opt, shard, grad):
       # replicas that apply the same gradient stay identical.
       with tf.control_dependencies([_insert_missing_keys(shard, keys, step)]):
         keys = tf.identity(keys)
-    if handler.fused is not None and _ops.has_fused(handler.fused):
-      return _ops.op(handler.fused)(shard.handle, keys, values, *handler.hypers(opt), step, dim=shard.dim,
-                                    slot_offset=group.offset, **handler.flags(opt))
+    if spec.fused and _ops.use_fused():
+      return embedding_ops.sparse_apply(spec.name, shard.handle, keys, values, handler.hypers(opt), step=step,
+                                        dim=shard.dim, slot_offset=group.offset, **spec.flag_values(opt))
     return _apply_generic(handler, opt, shard, group, keys, values, step)
 
 
@@ -472,8 +423,8 @@ def install():
           shards.append(v)
       if not shards:
         return orig_apply(self, grads_and_vars, global_step=global_step, name=name, **kwargs)
-      handler = _handler(self)
-      slot_specs = handler.slots(self)
+      spec, handler = _handler(self)
+      slot_specs = spec.slots_of(self)
       names = [n for n, _ in slot_specs]
       inits = [v for _, v in slot_specs]
       orig_create_slots = self._create_slots

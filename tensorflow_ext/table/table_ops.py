@@ -8,56 +8,18 @@ values: `[embedding (dim) | optimizer slot columns]`, with per-key metadata
 (`find`, `find_or_insert`, `accumulate`, `evict`, ...). See docs/table.md.
 """
 
-import os
-import threading
-
 import numpy as np
 import tensorflow as tf
 from tensorflow.python.ops import lookup_ops
 from tensorflow.python.training.saving import saveable_object
 
-__all__ = ["HashTable", "load_table_ops"]
+from tensorflow_ext.utils import loader
 
-_MAX_CAPACITY = 1 << 40
+__all__ = ["HashTable", "MAX_CAPACITY"]
 
-_ops_lock = threading.Lock()
-_ops_module = None
-
-
-def load_table_ops():
-  """Returns the module of the compiled ops (loaded once, lazily).
-
-  Goes through `tensorflow_ext.utils.loader.load_ops()` when that exists (TF
-  version check, clear errors); otherwise loads `tensorflow_ext/_tf_ext_ops.so`
-  directly.
-
-  Returns:
-    The module returned by `tf.load_op_library`: one Python function per op
-    (`tf_ext_table_find`, `tf_ext_table_insert`, ...). The same module on
-    every call.
-
-  Raises:
-    errors.VersionMismatchError: the installed TensorFlow does not match the
-      library (raised by `loader.load_ops()`).
-    errors.OpLibraryNotFoundError: the library file is missing (raised by
-      `loader.load_ops()`).
-    tf.errors.NotFoundError: the library could not be loaded.
-  """
-  global _ops_module
-  if _ops_module is not None:
-    return _ops_module
-  with _ops_lock:
-    if _ops_module is None:
-      try:
-        from tensorflow_ext.utils import loader  # pylint: disable=g-import-not-at-top
-      except ImportError:
-        loader = None
-      if loader is not None and hasattr(loader, "load_ops"):
-        _ops_module = loader.load_ops()
-      else:
-        package_dir = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-        _ops_module = tf.load_op_library(os.path.join(package_dir, "_tf_ext_ops.so"))
-  return _ops_module
+# The largest initial_capacity a table accepts (the handle op refuses more): 2^40 rows, far above any machine's
+# memory, so a larger value is a mistake (e.g. a vocabulary size in bytes or a partitioner's 2^63 shape).
+MAX_CAPACITY = 1 << 40
 
 
 def _invalid(msg):
@@ -177,7 +139,7 @@ class HashTable(lookup_ops.LookupInterface):
     initial_capacity = int(initial_capacity)
     if initial_capacity < 0:
       raise _invalid("initial_capacity must be >= 0, got %d" % initial_capacity)
-    if initial_capacity > _MAX_CAPACITY:
+    if initial_capacity > MAX_CAPACITY:
       raise _invalid("initial_capacity is absurdly large: %d > 2^40" % initial_capacity)
     self._dim = dim
     self._width = width
@@ -197,7 +159,7 @@ class HashTable(lookup_ops.LookupInterface):
                                      HashTable._Saveable(self, self._table_name or name))
 
   def _create_resource(self):
-    ops = load_table_ops()
+    ops = loader.load_ops()
     handle = ops.tf_ext_table_handle(
         dim=self._dim,
         width=self._width,
@@ -267,7 +229,7 @@ class HashTable(lookup_ops.LookupInterface):
         default_value shape, column range out of the row.
     """
     col_begin, cols = self._cols(col_begin, cols)
-    values, found = load_table_ops().tf_ext_table_find(
+    values, found = loader.load_ops().tf_ext_table_find(
         self.resource_handle, _keys_tensor(keys), _float_tensor(default_value),
         col_begin=col_begin, cols=cols, name=name)
     return (values, found) if return_found else values
@@ -318,7 +280,7 @@ class HashTable(lookup_ops.LookupInterface):
     if callable(init_values):
       n = tf.size(keys, out_type=tf.int64)
       init_values = init_values(tf.stack([n, tf.constant(cols, tf.int64)]), dtype=tf.float32)
-    return load_table_ops().tf_ext_table_find_or_insert(
+    return loader.load_ops().tf_ext_table_find_or_insert(
         self.resource_handle, keys, _float_tensor(init_values), _int64_scalar(step, "step"),
         col_begin=col_begin, cols=cols, count=bool(count), name=name)
 
@@ -344,7 +306,7 @@ class HashTable(lookup_ops.LookupInterface):
       tf.errors.ResourceExhaustedError (at run time): out of memory.
     """
     col_begin, cols = self._cols(col_begin, cols)
-    return load_table_ops().tf_ext_table_insert(
+    return loader.load_ops().tf_ext_table_insert(
         self.resource_handle, _keys_tensor(keys), _float_tensor(values), _int64_scalar(step, "step"),
         col_begin=col_begin, cols=cols, count=bool(count), name=name)
 
@@ -371,7 +333,7 @@ class HashTable(lookup_ops.LookupInterface):
       tf.errors.ResourceExhaustedError (at run time): out of memory.
     """
     col_begin, cols = self._cols(col_begin, cols)
-    return load_table_ops().tf_ext_table_accumulate(
+    return loader.load_ops().tf_ext_table_accumulate(
         self.resource_handle, _keys_tensor(keys), _float_tensor(deltas), _int64_scalar(step, "step"),
         col_begin=col_begin, cols=cols, insert_missing=bool(insert_missing), count=bool(count),
         name=name)
@@ -389,7 +351,7 @@ class HashTable(lookup_ops.LookupInterface):
     Raises:
       InvalidArgumentError (at run time): keys are not int64.
     """
-    return load_table_ops().tf_ext_table_remove(self.resource_handle, _keys_tensor(keys),
+    return loader.load_ops().tf_ext_table_remove(self.resource_handle, _keys_tensor(keys),
                                                 name=name)
 
   def size(self, name=None):
@@ -401,7 +363,7 @@ class HashTable(lookup_ops.LookupInterface):
     Returns:
       int64 scalar tensor.
     """
-    return load_table_ops().tf_ext_table_size(self.resource_handle, name=name)
+    return loader.load_ops().tf_ext_table_size(self.resource_handle, name=name)
 
   def memory_bytes(self, name=None):
     """Bytes held by the table (index + rows + bookkeeping).
@@ -412,7 +374,7 @@ class HashTable(lookup_ops.LookupInterface):
     Returns:
       int64 scalar tensor.
     """
-    return load_table_ops().tf_ext_table_memory_bytes(self.resource_handle, name=name)
+    return loader.load_ops().tf_ext_table_memory_bytes(self.resource_handle, name=name)
 
   def clear(self, name=None):
     """Removes every key.
@@ -423,7 +385,7 @@ class HashTable(lookup_ops.LookupInterface):
     Returns:
       The clear op (no outputs).
     """
-    return load_table_ops().tf_ext_table_clear(self.resource_handle, name=name)
+    return loader.load_ops().tf_ext_table_clear(self.resource_handle, name=name)
 
   def export(self, col_begin=0, cols=None, full_rows=False, name=None):
     """Snapshot of the table.
@@ -441,7 +403,7 @@ class HashTable(lookup_ops.LookupInterface):
     if full_rows:
       col_begin, cols = 0, self._width
     col_begin, cols = self._cols(col_begin, cols)
-    return load_table_ops().tf_ext_table_export(self.resource_handle, col_begin=col_begin,
+    return loader.load_ops().tf_ext_table_export(self.resource_handle, col_begin=col_begin,
                                                 cols=cols, name=name)
 
   def import_(self, keys, values, versions=None, frequencies=None, clear_first=True,
@@ -479,7 +441,7 @@ class HashTable(lookup_ops.LookupInterface):
     empty = tf.zeros([0], tf.int64)
     versions = empty if versions is None else tf.cast(versions, tf.int64)
     frequencies = empty if frequencies is None else tf.cast(frequencies, tf.int64)
-    return load_table_ops().tf_ext_table_import(
+    return loader.load_ops().tf_ext_table_import(
         self.resource_handle, keys, _float_tensor(values), versions, frequencies,
         col_begin=col_begin, cols=cols, clear_first=bool(clear_first), name=name)
 
@@ -496,7 +458,7 @@ class HashTable(lookup_ops.LookupInterface):
     Returns:
       int64 scalar: the number of keys removed.
     """
-    return load_table_ops().tf_ext_table_evict(self.resource_handle,
+    return loader.load_ops().tf_ext_table_evict(self.resource_handle,
                                                _int64_scalar(min_version, "min_version"),
                                                _int64_scalar(min_frequency, "min_frequency"),
                                                name=name)

@@ -233,7 +233,7 @@ def test_linear_model_new_keys_get_initial_rows_before_update(graph, sess):
 
 
 def test_in_kernel_initial_rows_depend_only_on_seed_and_key():
-  assert tf_ext.embedding._ops.has_fused("tf_ext_embedding_lookup"), "the op library lacks TfExtEmbeddingLookup"
+  assert tf_ext.embedding._ops.use_fused(), "the fused TfExtEmbeddingLookup path is switched off"
   def rows(keys, num_shards):
     with tf.Graph().as_default():
       emb = tf_ext.get_dynamic_embedding(

@@ -14,7 +14,7 @@ import numpy as np
 import pytest
 import tensorflow as tf
 
-from tensorflow_ext.table.table_ops import HashTable
+from tensorflow_ext.table.table_ops import HashTable, MAX_CAPACITY
 
 _ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)))))
 
@@ -27,6 +27,7 @@ import numpy as np
 import tensorflow as tf
 tf.compat.v1.disable_v2_behavior()
 import tensorflow_ext as tf_ext
+from tensorflow_ext.table.table_ops import MAX_CAPACITY
 
 def rss_mib():
   with open("/proc/self/status") as f:
@@ -57,7 +58,7 @@ def test_huge_initial_capacity_creates_small_working_tables():
     base = rss_mib()
     keys = np.arange(-500, 4500, 7, dtype=np.int64) * 1000003
     vals = np.stack([keys % 97, -(keys % 13)], 1).astype(np.float32)
-    for capacity in (2**36, 2**40):
+    for capacity in (2**36, MAX_CAPACITY):
       table = tf_ext.HashTable(dim=2, initial_capacity=capacity, name="t%d" % capacity.bit_length())
       sess.run(table.insert(keys, vals))
       found = sess.run(table.find(np.concatenate([keys, [123456789]]), default_value=-1.0))
@@ -65,7 +66,7 @@ def test_huge_initial_capacity_creates_small_working_tables():
           "ok": bool(np.array_equal(found[:-1], vals)) and found[-1].tolist() == [-1.0, -1.0],
           "size": int(sess.run(table.size())),
           "rss_growth_mib": rss_mib() - base}
-    emb = tf_ext.get_dynamic_embedding("emb", 4, initializer=0.5, num_shards=2, initial_capacity=2**40)
+    emb = tf_ext.get_dynamic_embedding("emb", 4, initializer=0.5, num_shards=2, initial_capacity=MAX_CAPACITY)
     rows = sess.run(tf_ext.embedding_lookup(emb, tf.constant([1, 2, 3], tf.int64)))
     out["embedding_ok"] = bool(np.all(rows == 0.5))
     out["rss_growth_mib"] = rss_mib() - base
@@ -73,7 +74,7 @@ def test_huge_initial_capacity_creates_small_working_tables():
   """
   rc, out, err = _run_child(code)
   assert rc == 0, "child failed (rc %d): %s" % (rc, err)
-  for capacity in (2**36, 2**40):
+  for capacity in (2**36, MAX_CAPACITY):
     assert out[str(capacity)]["ok"], out
     assert out[str(capacity)]["size"] == len(range(-500, 4500, 7)), out
   assert out["embedding_ok"], out

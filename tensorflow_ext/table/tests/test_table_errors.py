@@ -4,7 +4,8 @@ import numpy as np
 import pytest
 import tensorflow as tf
 
-from tensorflow_ext.table.table_ops import HashTable, load_table_ops
+from tensorflow_ext.table.table_ops import HashTable, MAX_CAPACITY
+from tensorflow_ext.utils.loader import load_ops
 
 InvalidArgument = tf.errors.InvalidArgumentError
 
@@ -90,7 +91,7 @@ def test_column_range_out_of_row(graph, sess):
   table = HashTable(dim=2, width=4)
   _run_fails(sess, table.find([1], col_begin=3, cols=2), "column range [3, 5) is out of the row [0, 4)")
   _run_fails(sess, table.export(col_begin=0, cols=5), "column range [0, 5)")
-  ops = load_table_ops()
+  ops = load_ops()
   _run_fails(sess, ops.tf_ext_table_find(table.resource_handle, [1], 0.0, col_begin=-1),
              "col_begin must be >= 0")
   _run_fails(sess, ops.tf_ext_table_find(table.resource_handle, [1], 0.0, cols=0),
@@ -102,7 +103,7 @@ def test_column_range_out_of_row(graph, sess):
     (dict(dim=4, width=3), "width must be >= dim (4), got 3"),
     (dict(dim=2, width=3, column_defaults=[1.0, 2.0]), "column_defaults must be empty or have width (3) entries, got 2"),
     (dict(dim=2, initial_capacity=-5), "initial_capacity must be >= 0, got -5"),
-    (dict(dim=2, initial_capacity=(1 << 40) + 1), "initial_capacity is absurdly large"),
+    (dict(dim=2, initial_capacity=MAX_CAPACITY + 1), "initial_capacity is absurdly large"),
 ])
 def test_bad_layout(graph, sess, kwargs, match):
   # Python-side check.
@@ -113,20 +114,20 @@ def test_bad_layout(graph, sess, kwargs, match):
   kw = dict(kwargs)
   if "column_defaults" not in kw:
     kw["column_defaults"] = []
-  handle = load_table_ops().tf_ext_table_handle(**kw)
+  handle = load_ops().tf_ext_table_handle(**kw)
   _run_fails(sess, handle, match)
 
 
 def test_bad_shard_bits(graph, sess):
-  handle = load_table_ops().tf_ext_table_handle(dim=2, shard_bits=40)
+  handle = load_ops().tf_ext_table_handle(dim=2, shard_bits=40)
   _run_fails(sess, handle, "shard_bits must be -1 (auto) or in [0, ")
-  handle = load_table_ops().tf_ext_table_handle(dim=2, shard_bits=-2, name="h2")
+  handle = load_ops().tf_ext_table_handle(dim=2, shard_bits=-2, name="h2")
   _run_fails(sess, handle, "shard_bits must be -1 (auto)")
 
 
 def test_handle_that_is_not_a_table(graph, sess):
   var = tf.compat.v1.get_variable("v", [2], use_resource=True)
-  ops = load_table_ops()
+  ops = load_ops()
   _run_fails(sess, ops.tf_ext_table_size(var.handle), "is not a tf_ext table handle")
   tf_table = tf.lookup.experimental.MutableHashTable(tf.int64, tf.float32, 0.0)
   _run_fails(sess, ops.tf_ext_table_size(tf_table.resource_handle), "is a lookup table but not a tf_ext table")

@@ -4,7 +4,8 @@ import numpy as np
 import pytest
 import tensorflow as tf
 
-from tensorflow_ext.table.table_ops import HashTable, load_table_ops
+from tensorflow_ext.table.table_ops import HashTable
+from tensorflow_ext.utils.loader import load_ops
 
 
 def _ref_find(ref, keys, dim, default=0.0):
@@ -179,7 +180,7 @@ def test_evict(graph, sess):
 
 
 def test_static_shapes(graph):
-  ops = load_table_ops()
+  ops = load_ops()
   table = HashTable(dim=5, width=7)
   keys = tf.compat.v1.placeholder(tf.int64, [None, 3])
   assert table.find(keys).shape.as_list() == [None, 3, 5]

@@ -44,7 +44,7 @@ __all__ = [
     "INIT_KINDS", "OPTIMIZER_SLOTS", "OPTIMIZER_HYPERS", "load_ops", "embedding_lookup_unique", "shard_index",
     "sparse_apply", "sparse_apply_gradient_descent", "sparse_apply_momentum", "sparse_apply_adagrad",
     "sparse_apply_adam", "sparse_apply_ftrl", "sparse_apply_rmsprop", "num_slots", "HANDLE_GRAD_DENSE_ROWS",
-    "embedding_lookup_ids", "lookup_ids_grad",
+    "embedding_lookup_ids", "lookup_ids_grad", "with_handle_gradient",
 ]
 
 INIT_KINDS = ("constant", "random_normal", "truncated_normal", "random_uniform")
@@ -113,10 +113,58 @@ def embedding_lookup_unique(table_handle, keys, dim, step=None, insert_missing=F
   if init_kind not in INIT_KINDS:
     raise ValueError("init_kind must be one of %s, got %r" % (INIT_KINDS, init_kind))
   s1, s2 = _seeds(seed, seed2)
-  return load_ops().tf_ext_embedding_lookup(
-      table_handle, tf.convert_to_tensor(keys, tf.int64), _step(step), dim=int(dim),
-      insert_missing=bool(insert_missing), count=bool(count), init_kind=init_kind, init_a=float(init_a),
-      init_b=float(init_b), seed=s1, seed2=s2, name=name)
+  keys = tf.convert_to_tensor(keys, tf.int64)
+  values = load_ops().tf_ext_embedding_lookup(
+      table_handle, keys, _step(step), dim=int(dim), insert_missing=bool(insert_missing), count=bool(count),
+      init_kind=init_kind, init_a=float(init_a), init_b=float(init_b), seed=s1, seed2=s2, name=name)
+  return with_handle_gradient(values, table_handle, keys)
+
+
+_HANDLE_GRAD = "TfExtEmbeddingHandleGrad"
+
+
+def with_handle_gradient(values, table_handle, keys, name="lookup_grad_bridge"):
+  """`values` (the rows [n, dim] of unique `keys` read from a table, by any op), with a gradient for the table.
+
+  The rows' gradient becomes the gradient w.r.t. `table_handle`: IndexedSlices(values=d values, indices=keys,
+  dense_shape=[2**62, dim]) (an IndexedSlices gradient of the rows, e.g. through a gather with repeats, is summed
+  per key first, so the indices stay unique). Every lookup of unique keys goes through this one gradient, whatever
+  op read the rows (TfExtEmbeddingLookup, or TfExtTableFind / TfExtTableFindOrInsert for other initializers);
+  those ops have no gradient of their own. (TfExtEmbeddingLookupIds, whose ids repeat, has its own: see
+  `embedding_lookup_ids`.)
+
+  Args:
+    values: float32 [n, dim], read for `keys` from the table.
+    table_handle: the table's resource handle.
+    keys: int64 [n], unique.
+    name: name of the IdentityN op that carries the gradient.
+
+  Returns:
+    `values` (the same rows), differentiable w.r.t. `table_handle`.
+  """
+  graph = tf.compat.v1.get_default_graph()
+  with graph.gradient_override_map({"IdentityN": _HANDLE_GRAD}):
+    return tf.identity_n([values, table_handle, keys], name=name)[0]
+
+
+def _handle_grad(op, *grads):
+  """Gradient of `with_handle_gradient`'s IdentityN(values, handle, keys): d values -> IndexedSlices for the
+  handle; none for values (the reading op has no gradient) and keys."""
+  values, keys = op.inputs[0], op.inputs[2]
+  grad = grads[0]
+  if isinstance(grad, indexed_slices.IndexedSlices):
+    grad = tf.math.unsorted_segment_sum(grad.values, grad.indices, tf.shape(keys, out_type=tf.int64)[0])
+  # The update must follow the lookup (which inserts new keys with their initial rows), even when the gradient
+  # does not depend on the looked-up values (e.g. a linear model): otherwise an update could insert a new key
+  # first, with the column defaults.
+  with tf.control_dependencies([values]):
+    grad = tf.identity(grad)
+  dim = tf.compat.dimension_value(values.shape[-1]) if values.shape.rank is not None else None
+  if dim is not None:
+    dense_shape = tf.constant([HANDLE_GRAD_DENSE_ROWS, dim], tf.int64)
+  else:
+    dense_shape = tf.stack([tf.constant(HANDLE_GRAD_DENSE_ROWS, tf.int64), tf.shape(values, out_type=tf.int64)[-1]])
+  return [None, indexed_slices.IndexedSlices(grad, keys, dense_shape=dense_shape), None]
 
 
 def shard_index(keys, num_shards, name=None):
@@ -219,21 +267,6 @@ def sparse_apply_rmsprop(table_handle, keys, grad, lr, rho, momentum, epsilon, s
                       step=step, dim=dim, slot_offset=slot_offset, centered=centered, name=name)
 
 
-def _lookup_grad(op, grad):
-  """d values -> IndexedSlices(values=grad [n, dim], indices=keys) for the table handle.
-
-  The lookup's keys are unique, so the slices have unique indices (an IndexedSlices gradient of the values,
-  e.g. from a gather, is summed per key first). dense_shape is [2**62, dim] (int64): the key space is not a
-  dense range, so densifying this gradient is never meaningful.
-  """
-  keys = op.inputs[1]
-  dim = op.get_attr("dim")
-  if isinstance(grad, indexed_slices.IndexedSlices):
-    grad = tf.math.unsorted_segment_sum(grad.values, grad.indices, tf.shape(keys, out_type=tf.int64)[0])
-  dense_shape = tf.constant([HANDLE_GRAD_DENSE_ROWS, dim], tf.int64)
-  return [indexed_slices.IndexedSlices(values=grad, indices=keys, dense_shape=dense_shape), None, None]
-
-
 def embedding_lookup_ids(table_handle, ids, dim, step=None, insert_missing=False, count=True,
                          init_kind="constant", init_a=0.0, init_b=1.0, seed=None, seed2=None, name=None):
   """(values [n, dim], unique_keys [u], idx [n] int32) of an int64 vector of ids that may repeat
@@ -281,7 +314,7 @@ except KeyError:  # registered already (module reloaded)
   pass
 
 try:
-  tf_ops.RegisterGradient("TfExtEmbeddingLookup")(_lookup_grad)
+  tf_ops.RegisterGradient(_HANDLE_GRAD)(_handle_grad)
   tf_ops.NotDifferentiable("TfExtShardIndex")
 except KeyError:  # registered already (module reloaded)
   pass

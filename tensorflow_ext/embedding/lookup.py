@@ -21,33 +21,15 @@ insert keys, and its train graph does. `is_training=True/False` fixes the mode.
 
 import tensorflow as tf
 from tensorflow.core.framework import attr_value_pb2
-from tensorflow.python.framework import indexed_slices
 from tensorflow.python.framework import ops as tf_ops
 
 from tensorflow_ext.embedding import _ops
-from tensorflow_ext.embedding import embedding_ops  # noqa: F401  (registers the lookup ops' gradients)
+from tensorflow_ext.embedding import embedding_ops
 from tensorflow_ext.embedding import variable as var_lib
 
 __all__ = ["embedding_lookup", "embedding_lookup_sparse", "safe_embedding_lookup_sparse"]
 
 _COMBINERS = ("mean", "sqrtn", "sum")
-_BRIDGE_GRAD = "TfExtEmbeddingHandleGrad"
-
-
-@tf_ops.RegisterGradient(_BRIDGE_GRAD)
-def _handle_grad(op, *grads):
-  """Gradient of the lookup bridge IdentityN(values, handle, keys): the
-  gradient of the values becomes IndexedSlices(grad, keys) for the handle."""
-  grad = grads[0]
-  if isinstance(grad, indexed_slices.IndexedSlices):
-    grad = tf.convert_to_tensor(grad)
-  # The update must follow the lookup (which inserts new keys with their initial
-  # rows), even when the gradient does not depend on the looked-up values (e.g.
-  # a linear model): otherwise an update could insert a new key first with the
-  # column defaults.
-  with tf.control_dependencies([op.inputs[0]]):
-    grad = tf.identity(grad)
-  return [None, indexed_slices.IndexedSlices(grad, op.inputs[2]), None]
 
 
 def _as_embedding(params, fn):
@@ -64,14 +46,6 @@ def _global_step_tensor():
   if step is None:
     return tf.constant(-1, tf.int64)
   return tf.cast(tf.convert_to_tensor(step), tf.int64)
-
-
-def _bridge(values, handle, keys):
-  """values, with a gradient IndexedSlices(d values, keys) w.r.t. handle."""
-  graph = tf.compat.v1.get_default_graph()
-  with graph.gradient_override_map({"IdentityN": _BRIDGE_GRAD}):
-    out = tf.identity_n([values, handle, keys], name="lookup_grad_bridge")
-  return out[0]
 
 
 def _lookup_shard(shard, keys, is_training, step):
@@ -109,7 +83,7 @@ def _lookup_shard(shard, keys, is_training, step):
             find_op._add_control_input(insert.op)  # pylint: disable=protected-access
 
           shard._record_lookup(activate)  # pylint: disable=protected-access
-    values = _bridge(values, handle, keys)
+    values = embedding_ops.with_handle_gradient(values, handle, keys)
   shard._record_read(keys, lambda: values)  # pylint: disable=protected-access
   return values
 

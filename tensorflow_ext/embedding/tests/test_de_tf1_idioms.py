@@ -155,3 +155,40 @@ def test_get_slot_of_a_shard_reads_the_row_columns():
   np.testing.assert_allclose(got[order[7]], [4.25] * DIM)
   np.testing.assert_allclose(got[order[8]], [1.25] * DIM)
   np.testing.assert_allclose(want, [[4.25] * DIM, [1.25] * DIM])
+
+
+def _callable_initializer(shape, dtype=tf.float32, partition_info=None):
+  del partition_info
+  return tf.fill(shape, tf.constant(0.5, dtype))
+
+
+@pytest.mark.parametrize("num_shards", [1, 2])
+@pytest.mark.parametrize("initializer", [0.5, _callable_initializer], ids=["in_kernel", "table_find"])
+def test_every_lookup_path_has_one_handle_gradient(num_shards, initializer):
+  """The lookup kernel and the table-find lookup (other initializers) share one gradient: the rows' gradient as
+  IndexedSlices of the unique keys with dense_shape [2**62, dim]; the lookup op has none of its own."""
+  from tensorflow.python.framework import ops as tf_ops  # pylint: disable=import-outside-toplevel
+  from tensorflow_ext.embedding import embedding_ops  # pylint: disable=import-outside-toplevel
+
+  with pytest.raises(LookupError):
+    tf_ops.gradient_registry.lookup("TfExtEmbeddingLookup")
+  with tf.Graph().as_default() as g:
+    emb = tf_ext.get_dynamic_embedding("e", DIM, initializer=initializer, num_shards=num_shards)
+    assert emb.initializer.in_kernel == (initializer == 0.5)
+    ids = tf.constant([[3, 4], [3, 9]], tf.int64)
+    # Sparse lookups take the unique-key path for every embedding (also one shard with an in-kernel initializer).
+    out = tf_ext.embedding_lookup_sparse(emb, tf.sparse.from_dense(ids), None, combiner="sum")
+    w = tf.constant(np.arange(2 * DIM, dtype=np.float32).reshape(2, DIM))
+    grads = tf.gradients(tf.reduce_sum(out * w), [s.handle for s in emb.shards])
+    with tf.compat.v1.Session(graph=g, config=session_config()) as sess:
+      got = {}
+      for grad in grads:
+        assert isinstance(grad, tf.IndexedSlices)
+        keys, values, dense_shape = sess.run([grad.indices, grad.values, grad.dense_shape])
+        assert dense_shape.tolist() == [embedding_ops.HANDLE_GRAD_DENSE_ROWS, DIM]
+        assert len(set(keys.tolist())) == len(keys)  # unique
+        got.update({int(k): v for k, v in zip(keys, values)})
+  assert sorted(got) == [3, 4, 9]
+  np.testing.assert_allclose(got[3], np.arange(DIM) + np.arange(DIM, 2 * DIM))  # key 3 in both rows
+  np.testing.assert_allclose(got[4], np.arange(DIM))
+  np.testing.assert_allclose(got[9], np.arange(DIM, 2 * DIM))

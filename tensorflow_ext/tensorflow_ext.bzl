@@ -36,12 +36,14 @@ def _incompatible_without_cuda():
         "//conditions:default": ["@platforms//:incompatible"],
     })
 
-def cuda_library(name, srcs, hdrs = [], deps = [], copts = [], include_tf = False, visibility = None, **kwargs):
+def cuda_library(name, srcs, hdrs = [], deps = [], extra_hdrs = [], copts = [], include_tf = False, visibility = None, **kwargs):
     """CUDA sources compiled by nvcc (through a genrule) into a static library, wrapped as cc_library `name`.
 
     Only built with --config=cuda: without it the targets are incompatible (skipped by `bazel build //...`), so
     depend on them through if_cuda(). Objects are PIC (they go into shared op libraries) and link the static
-    CUDA runtime. `deps` are cc_library deps for the C++ side (headers, other libs).
+    CUDA runtime. `deps` are cc_library deps for the C++ side (headers, other libs). nvcc sees only the files
+    the genrule lists: headers of other packages it includes go in `extra_hdrs` (file or filegroup labels,
+    e.g. //tensorflow_ext/table/core:base_headers), with their cc_library in `deps`.
     """
     nvcc = NVCC_PATH if HAS_CUDA else "nvcc"
     tf_flags = []
@@ -75,7 +77,7 @@ def cuda_library(name, srcs, hdrs = [], deps = [], copts = [], include_tf = Fals
     lib = "lib%s_cuda.lo" % name
     native.genrule(
         name = name + "_nvcc",
-        srcs = srcs + hdrs + extra_srcs,
+        srcs = srcs + hdrs + extra_hdrs + extra_srcs,
         outs = [lib],
         cmd = "; ".join(cmds),
         message = "nvcc %s" % name,

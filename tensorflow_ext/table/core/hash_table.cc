@@ -20,22 +20,69 @@
 #include <utility>
 #include <vector>
 
+#include "tensorflow_ext/table/core/check.h"
+#include "tensorflow_ext/table/core/test_peer.h"
+
 namespace tfext {
 namespace table {
 namespace {
 
+// ---------------------------------------------------------------------------
+// Invariants. Every shard s satisfies these whenever its lock is free (a
+// writer may break them only in the middle of an operation, under the write
+// lock). CheckInvariants() verifies all of them; the TFEXT_DCHECKs below
+// (check.h, debug-check builds only) verify the preconditions and
+// postconditions each step relies on.
+//
+//  I1 Index shape. Either no index (capacity == 0, slots == g_empty_index,
+//     mask == grow_at == 0), or capacity is a power of two in
+//     [kMinIndexCapacity, kMaxIndexCapacity], mask == capacity - 1 and
+//     grow_at == GrowAt(capacity) < capacity. Powers of two make the home
+//     slot a mask of the tag and let doubling rehash from tags alone.
+//  I2 Load. size <= grow_at < capacity (or size == 0 without an index): an
+//     empty slot always exists, so every probe terminates.
+//  I3 Slots. An occupied slot is {tag, id + 1} with id < rows_handed_out;
+//     the row's key k hashes to this shard (ShardIndex(ProbeHash(k)) == s)
+//     with TagOf(ProbeHash(k)) == tag. No two slots name the same row, no two
+//     rows hold the same key, and occupied slots == size.
+//  I4 No gaps (linear probing). For an occupied slot at p with home
+//     h = tag & mask, every slot of the cyclic range [h, p] is occupied.
+//     Probes rely on it to stop at the first empty slot; backward-shift
+//     deletion (EraseAt) is what keeps it without tombstones.
+//  I5 Arena. Row ids [0, rows_handed_out) are each either named by exactly
+//     one slot or on the free list exactly once (the list is acyclic), so
+//     size + free rows == rows_handed_out <= kMaxRowsPerShard, and the chunk
+//     table covers every row handed out. Chunks never move: a row pointer
+//     stays valid while its shard lock is held.
+// ---------------------------------------------------------------------------
+
+static_assert(sizeof(size_t) == 8, "64-bit only: index arrays and arenas can exceed 4 GiB");
+
 constexpr int kMaxShardBits = 12;
-constexpr int64_t kMaxCapacity = int64_t{1} << 40;
+// Shards take the top shard_bits of the probe hash, tags its low 32 bits.
+static_assert(kMaxShardBits <= 32,
+              "shard bits and tag bits must not overlap: else all keys of a shard would share tag bits and "
+              "crowd a fraction of its index");
 constexpr int64_t kMaxWidth = int64_t{1} << 24;
 constexpr double kMaxLoadFactorLimit = 0.95;
+static_assert(kMaxLoadFactorLimit < 1.0, "a full index has no empty slot to end a probe (I2)");
+static_assert(kMaxPresizedKeys <= kMaxCapacity, "pre-sizing is bounded by what initial_capacity may ask for");
 
 // Row ids are 32-bit per shard and a slot stores id + 1 (0 = empty slot).
 constexpr uint64_t kMaxRowsPerShard = 0xFFFFFFFEull;
+static_assert(kMaxRowsPerShard + 1 <= std::numeric_limits<uint32_t>::max(),
+              "a slot stores row id + 1 in 32 bits: the largest id + 1 must fit and never wrap to 0 (empty)");
 // A slot's home is its 32-bit tag masked by the capacity, so a shard's index
 // has at most 2^32 slots.
 constexpr uint64_t kMaxIndexCapacity = uint64_t{1} << 32;
 // Smallest index a shard allocates (one cache line of slots).
 constexpr uint64_t kMinIndexCapacity = 8;
+constexpr bool IsPowerOfTwo(uint64_t v) { return v != 0 && (v & (v - 1)) == 0; }
+static_assert(IsPowerOfTwo(kMinIndexCapacity) && IsPowerOfTwo(kMaxIndexCapacity),
+              "index capacities are powers of two: home = tag & (capacity - 1), and doubling keeps that (I1)");
+static_assert(kMaxIndexCapacity <= (uint64_t{1} << 32),
+              "home = tag & mask with a 32-bit tag: a larger index would have slots that no key calls home");
+static_assert(kMinIndexCapacity * sizeof(uint64_t) == 64, "the smallest index is one cache line of 8-byte slots");
 // Arena chunks are ~16 KiB: small enough that the partly filled last chunk of
 // each shard costs little memory, large enough that the chunk table stays
 // small (a few KiB per shard at millions of keys).
@@ -49,36 +96,50 @@ constexpr size_t kTargetChunkBytes = size_t{16} << 10;
 // (hence the L2 prefetches below).
 constexpr int64_t kSlotAhead = 16;
 constexpr int64_t kRowAhead = 8;
-constexpr int64_t kHashRing = 32;  // power of two > kSlotAhead
-static_assert(kHashRing > kSlotAhead && (kHashRing & (kHashRing - 1)) == 0, "ring");
+// Readers keep the hash and probe state of the keys in flight in rings of
+// this many entries, indexed by key index & (kHashRing - 1).
+constexpr int64_t kHashRing = 32;
+static_assert(0 < kRowAhead && kRowAhead < kSlotAhead,
+              "a key's row is prefetched from its slot, so the row stage must run behind the slot stage");
+static_assert(IsPowerOfTwo(kHashRing) && kHashRing > kSlotAhead,
+              "the reader's ring must hold every key in flight (keys j .. j + kSlotAhead) and be indexed by a mask");
 
-// Readers split a batch in blocks of this many keys for the ParallelFor.
-constexpr int64_t kReadBlock = 8192;
 // Writers bucket keys in blocks of this many keys (one histogram per block).
 constexpr int64_t kBucketBlock = 16384;
 // Below this many keys the work runs on the calling thread.
 constexpr int64_t kSerialBatch = 2048;
 
-// The hash the table shards and probes with: murmur3's 64-bit finalizer, a
-// bijection with good avalanche. Deliberately different from HashKey (which
-// callers may use to partition keys across tables).
-inline uint64_t ProbeHash(int64_t key) {
-  uint64_t x = static_cast<uint64_t>(key);
-  x ^= x >> 33;
-  x *= 0xff51afd7ed558ccdULL;
-  x ^= x >> 33;
-  x *= 0xc4ceb9fe1a85ec53ULL;
-  x ^= x >> 33;
-  return x;
-}
+// The hash the table shards and probes with (mix.h): deliberately different
+// from HashKey, which callers may use to partition keys across tables.
+inline uint64_t ProbeHash(int64_t key) { return Murmur3Fmix64(static_cast<uint64_t>(key)); }
 
 // Index slot = {tag: high 32 bits, row id + 1: low 32 bits}; 0 is empty.
-inline uint32_t SlotTag(uint64_t slot) { return static_cast<uint32_t>(slot >> 32); }
-inline uint32_t SlotRow(uint64_t slot) { return static_cast<uint32_t>(slot) - 1; }
-inline uint64_t MakeSlot(uint32_t tag, uint32_t row) {
+constexpr uint32_t SlotTag(uint64_t slot) { return static_cast<uint32_t>(slot >> 32); }
+constexpr uint32_t SlotRow(uint64_t slot) { return static_cast<uint32_t>(slot) - 1; }
+constexpr uint64_t MakeSlot(uint32_t tag, uint32_t row) {
   return (static_cast<uint64_t>(tag) << 32) | (static_cast<uint64_t>(row) + 1);
 }
-inline uint32_t TagOf(uint64_t hash) { return static_cast<uint32_t>(hash); }
+static_assert(MakeSlot(0, 0) != 0 && MakeSlot(0xFFFFFFFFu, kMaxRowsPerShard - 1) != 0,
+              "an occupied slot is never 0, the empty marker, whatever its tag and row");
+static_assert(SlotTag(MakeSlot(0xFFFFFFFFu, kMaxRowsPerShard - 1)) == 0xFFFFFFFFu &&
+                  SlotRow(MakeSlot(0xFFFFFFFFu, kMaxRowsPerShard - 1)) == kMaxRowsPerShard - 1 &&
+                  SlotTag(MakeSlot(7, 0)) == 7 && SlotRow(MakeSlot(7, 0)) == 0,
+              "a slot round-trips its tag and row id");
+constexpr uint32_t TagOf(uint64_t hash) { return static_cast<uint32_t>(hash); }
+
+// Row layout (hash_table.h): [int64 key | width floats | int64 version |
+// uint32 frequency], packed, rows one stride (RowBytes) apart in chunks that
+// are 64-byte aligned.
+constexpr size_t kValuesOffset = sizeof(int64_t);
+constexpr size_t VersionOffset(int64_t width) { return kValuesOffset + sizeof(float) * static_cast<size_t>(width); }
+constexpr size_t FrequencyOffset(int64_t width) { return VersionOffset(width) + sizeof(int64_t); }
+constexpr size_t RowBytes(int64_t width) { return FrequencyOffset(width) + sizeof(uint32_t); }
+static_assert(RowBytes(1) == 24 && RowBytes(64) == 276,
+              "a row is 20 + 4 * width bytes, as hash_table.h states (memory budgets and docs rely on it)");
+static_assert(sizeof(float) == 4 && kValuesOffset % alignof(float) == 0 && RowBytes(0) % alignof(float) == 0 &&
+                  64 % alignof(float) == 0,
+              "every row's floats are accessed as float*: the stride and the values offset must keep them aligned "
+              "in 64-byte aligned chunks (the 8-byte fields are read with memcpy instead)");
 
 // Rows have a 4-byte stride, so 8-byte fields may be unaligned: memcpy is
 // the portable way to say "unaligned load" and compiles to one mov on x86.
@@ -386,7 +447,7 @@ std::string ValidateOptions(const TableOptions& options) {
     return buf;
   }
   if (options.initial_capacity > kMaxCapacity) {
-    std::snprintf(buf, sizeof(buf), "initial_capacity must be <= 2^40 (%lld), got %lld",
+    std::snprintf(buf, sizeof(buf), "initial_capacity must be <= 2^%d (%lld), got %lld", kMaxCapacityLog2,
                   static_cast<long long>(kMaxCapacity), static_cast<long long>(options.initial_capacity));
     return buf;
   }
@@ -402,13 +463,6 @@ std::string ValidateOptions(const TableOptions& options) {
     return buf;
   }
   return "";
-}
-
-uint64_t HashKey(int64_t key) {
-  uint64_t z = static_cast<uint64_t>(key);
-  z = (z ^ (z >> 30)) * 0xbf58476d1ce4e5b9ULL;
-  z = (z ^ (z >> 27)) * 0x94d049bb133111ebULL;
-  return z ^ (z >> 31);
 }
 
 namespace {
@@ -428,6 +482,9 @@ struct alignas(64) Shard {
   uint64_t rows_handed_out = 0;  // row ids [0, rows_handed_out) have been used
   uint32_t free_head = 0;        // first free row id + 1 (0: free list empty)
 };
+static_assert(sizeof(Shard) % 64 == 0,
+              "shards sit in an array: each must fill whole cache lines so that two shards' "
+              "locks never share one (writers of different shards would contend)");
 
 // Keys of a batch bucketed by shard: entries [begin[s], begin[s+1]) belong to
 // shard s, in batch order (the counting sort is stable).
@@ -446,10 +503,10 @@ struct HashTable::Impl {
   // ---- layout ----
   TableOptions options;
   int64_t width;
-  size_t values_offset = 8;  // row = [key | floats | version | frequency]
+  size_t values_offset = kValuesOffset;  // row = [key | floats | version | frequency]
   size_t version_offset;
   size_t frequency_offset;
-  size_t stride;
+  size_t stride;  // RowBytes(width)
   int chunk_shift;
   uint64_t chunk_row_mask;
   size_t chunk_bytes;
@@ -465,6 +522,7 @@ struct HashTable::Impl {
   int64_t ShardIndex(uint64_t hash) const { return shard_bits == 0 ? 0 : static_cast<int64_t>(hash >> shard_shift); }
   Shard& ShardFor(uint64_t hash) const { return shards[ShardIndex(hash)]; }
   char* Row(const Shard& s, uint32_t id) const {
+    TFEXT_DCHECK(id < s.rows_handed_out, "row id out of the arena (I3, I5)");
     return s.chunks[id >> chunk_shift] + static_cast<size_t>(id & chunk_row_mask) * stride;
   }
   float* Values(char* row) const { return reinterpret_cast<float*>(row + values_offset); }
@@ -501,6 +559,7 @@ struct HashTable::Impl {
   }
 
   uint64_t GrowAt(uint64_t capacity) const {
+    TFEXT_DCHECK(IsPowerOfTwo(capacity), "index capacities are powers of two (I1)");
     uint64_t g = static_cast<uint64_t>(static_cast<double>(capacity) * options.max_load_factor);
     return std::min(g, capacity - 1);  // always keep an empty slot: probes terminate
   }
@@ -508,6 +567,7 @@ struct HashTable::Impl {
     if (keys == 0) return 0;
     uint64_t cap = kMinIndexCapacity;
     while (GrowAt(cap) < keys) cap <<= 1;
+    TFEXT_DCHECK(IsPowerOfTwo(cap) && GrowAt(cap) >= keys, "an index sized for keys holds them below its load (I2)");
     return cap;
   }
   // Keys the fullest shard is expected to hold when the table holds `total`:
@@ -537,8 +597,16 @@ struct HashTable::Impl {
   // Probe that starts at slot `start`, which must lie on the key's probe
   // sequence with no slot before it holding the key (see PrefetchRow).
   char* ProbeFrom(const Shard& s, int64_t key, uint32_t tag, uint64_t start, uint64_t* pos) const {
+    TFEXT_DCHECK(start <= s.mask, "a probe starts inside the index");
+    TFEXT_DCHECK(static_cast<uint64_t>(s.size.load(std::memory_order_relaxed)) <= s.grow_at || s.capacity == 0,
+                 "an empty slot ends every probe (I2)");
+    uint64_t steps = 0;  // counted in debug-check builds only
     uint64_t p = start;
     for (;;) {
+      if constexpr (kDebugChecks) {
+        ++steps;
+        TFEXT_DCHECK(steps <= s.capacity + 1, "a probe went round the whole index without an empty slot (I2)");
+      }
       const uint64_t slot = s.slots[p];
       if (slot == 0) {
         *pos = p;
@@ -569,6 +637,10 @@ struct HashTable::Impl {
       pos = tag & s.mask;
       while (s.slots[pos] != 0) pos = (pos + 1) & s.mask;
     }
+    // The key goes into the first empty slot from its home: with no gap
+    // before it, a later probe finds it (I4); growth came first, so the
+    // index keeps an empty slot after it (I2).
+    TFEXT_DCHECK(s.slots[pos] == 0 && new_size <= s.grow_at, "insertion needs an empty slot below the load (I2)");
     const uint32_t id = AllocateRow(s);
     row = Row(s, id);
     StoreI64(row, key);
@@ -590,6 +662,7 @@ struct HashTable::Impl {
   uint32_t AllocateRow(Shard& s) const {
     if (s.free_head != 0) {
       const uint32_t id = s.free_head - 1;
+      TFEXT_DCHECK(id < s.rows_handed_out, "the free list holds only rows handed out before (I5)");
       s.free_head = LoadU32(Row(s, id));  // a free row stores the next free id + 1
       return id;
     }
@@ -603,10 +676,12 @@ struct HashTable::Impl {
       MakeRoomForOne(s.chunks);
       s.chunks.push_back(chunk_source->Allocate());
     }
+    TFEXT_DCHECK((id >> chunk_shift) < s.chunks.size(), "the chunk table covers every row handed out (I5)");
     ++s.rows_handed_out;
     return static_cast<uint32_t>(id);
   }
   void FreeRow(Shard& s, uint32_t id) const {
+    TFEXT_DCHECK(id < s.rows_handed_out, "only a row handed out can be freed (I5)");
     StoreU32(Row(s, id), s.free_head);
     s.free_head = id + 1;
   }
@@ -768,9 +843,9 @@ HashTable::Impl::Impl(const TableOptions& opts) : options(opts) {
   const std::string error = ValidateOptions(opts);
   if (!error.empty()) throw std::invalid_argument("tf_ext table: invalid options: " + error);
   width = opts.width;
-  version_offset = values_offset + sizeof(float) * static_cast<size_t>(width);
-  frequency_offset = version_offset + sizeof(int64_t);
-  stride = frequency_offset + sizeof(uint32_t);
+  version_offset = VersionOffset(width);
+  frequency_offset = FrequencyOffset(width);
+  stride = RowBytes(width);
 
   // Largest power-of-two row count whose chunk fits the target (at least 16).
   uint64_t rows = 16;
@@ -841,6 +916,7 @@ void HashTable::Impl::ReleaseShard(Shard& s) const {
 
 void HashTable::Impl::RehashIndex(Shard& s, uint64_t new_capacity, bool lazy) const {
   if (new_capacity <= s.capacity) return;
+  TFEXT_DCHECK(IsPowerOfTwo(new_capacity) && new_capacity >= kMinIndexCapacity, "index capacities (I1)");
   if (new_capacity > kMaxIndexCapacity) {
     ThrowOutOfMemory("a shard is full (its index would exceed 2^32 slots: use more shards), slots", new_capacity);
   }
@@ -851,13 +927,18 @@ void HashTable::Impl::RehashIndex(Shard& s, uint64_t new_capacity, bool lazy) co
   const uint64_t mask = new_capacity - 1;
   // Each slot's home comes from its stored tag: no row is read. Without
   // removals during the rehash, any insertion order yields a valid table.
+  uint64_t moved = 0;  // counted in debug-check builds only
   for (uint64_t i = 0; i < s.capacity; ++i) {
     const uint64_t slot = s.slots[i];
     if (slot == 0) continue;
     uint64_t p = SlotTag(slot) & mask;
     while (fresh[p] != 0) p = (p + 1) & mask;
     fresh[p] = slot;
+    if constexpr (kDebugChecks) ++moved;
   }
+  TFEXT_DCHECK(moved == static_cast<uint64_t>(s.size.load(std::memory_order_relaxed)),
+               "a rehash moves every key, once (I3)");
+  TFEXT_DCHECK(moved <= GrowAt(new_capacity), "the grown index holds its keys below its load (I2)");
   if (s.capacity != 0) FreeIndexMemory(s.slots, s.capacity * sizeof(uint64_t), s.slots_mapped);
   s.slots = fresh;
   s.slots_mapped = mapped;
@@ -867,6 +948,8 @@ void HashTable::Impl::RehashIndex(Shard& s, uint64_t new_capacity, bool lazy) co
 }
 
 void HashTable::Impl::EraseAt(Shard& s, uint64_t pos) const {
+  TFEXT_DCHECK(pos <= s.mask && s.slots[pos] != 0 && s.size.load(std::memory_order_relaxed) > 0,
+               "only an occupied slot can be erased");
   FreeRow(s, SlotRow(s.slots[pos]));
   // Backward shift: walk the rest of the cluster and move back into the hole
   // every entry whose home is not between the hole and its current slot, so
@@ -885,6 +968,15 @@ void HashTable::Impl::EraseAt(Shard& s, uint64_t pos) const {
   }
   s.slots[hole] = 0;
   s.size.fetch_sub(1, std::memory_order_relaxed);
+  if constexpr (kDebugChecks) {
+    // Postcondition (I4): every entry left between the new hole and the end
+    // of the cluster has its home after the hole, so no probe crosses it.
+    for (uint64_t q = (hole + 1) & s.mask; s.slots[q] != 0; q = (q + 1) & s.mask) {
+      const uint64_t home = SlotTag(s.slots[q]) & s.mask;
+      TFEXT_DCHECK(((q - home) & s.mask) < ((q - hole) & s.mask),
+                   "backward-shift deletion left a key behind the hole, unreachable from its home (I4)");
+    }
+  }
 }
 
 ShardPlan HashTable::Impl::Bucket(const int64_t* keys, int64_t n, const ParallelFor& pf) const {
@@ -928,10 +1020,11 @@ ShardPlan HashTable::Impl::Bucket(const int64_t* keys, int64_t n, const Parallel
     }
   };
   const bool parallel = blocks > 1;
-  if (parallel)
+  if (parallel) {
     RunParallel(pf, blocks, count);
-  else
+  } else {
     count(0, blocks);
+  }
   int64_t running = 0;
   for (int64_t si = 0; si < num_shards; ++si) {
     plan.begin[si] = running;
@@ -942,10 +1035,23 @@ ShardPlan HashTable::Impl::Bucket(const int64_t* keys, int64_t n, const Parallel
     }
   }
   plan.begin[num_shards] = running;
-  if (parallel)
+  TFEXT_DCHECK(running == n, "bucketing places every key once");
+  if (parallel) {
     RunParallel(pf, blocks, scatter);
-  else
+  } else {
     scatter(0, blocks);
+  }
+  if constexpr (kDebugChecks) {
+    // Postcondition: each shard's range holds its own keys in batch order
+    // (the batch-order semantics of duplicate keys rest on this).
+    for (int64_t si = 0; si < num_shards; ++si) {
+      for (int64_t j = plan.begin[si]; j < plan.begin[si + 1]; ++j) {
+        TFEXT_DCHECK(ShardIndex(plan.hash[j]) == si && plan.hash[j] == ProbeHash(keys[plan.index[j]]),
+                     "a bucketed key sits in its own shard's range");
+        TFEXT_DCHECK(j == plan.begin[si] || plan.index[j - 1] < plan.index[j], "bucketing is stable");
+      }
+    }
+  }
   return plan;
 }
 
@@ -1114,7 +1220,9 @@ int64_t HashTable::RemoveIf(const std::function<bool(int64_t, const float*, cons
       if (pred(key, m.Values(row), m.LoadMeta(row))) doomed.push_back(key);
     }
     for (const int64_t key : doomed) {
-      if (m.EraseKey(s, key, TagOf(ProbeHash(key)))) ++removed;
+      const bool erased = m.EraseKey(s, key, TagOf(ProbeHash(key)));
+      TFEXT_DCHECK(erased, "a key seen in the scan is found by its probe (I3, I4)");
+      if (erased) ++removed;
     }
   }
   return removed;
@@ -1147,6 +1255,7 @@ void HashTable::Export(int64_t col_begin, int64_t cols, const std::function<Expo
       ++k;
     }
   }
+  TFEXT_DCHECK(k == total, "occupied slots == size, so alloc's n is what is written (I3)");
 }
 
 void HashTable::Import(const int64_t* keys, int64_t n, int64_t col_begin, int64_t cols, const float* rows,
@@ -1215,6 +1324,113 @@ void HashTable::FindOrInsertWith(const int64_t* keys, int64_t n, int64_t col_beg
     if (out != nullptr) CopyFloats(out + i * cols, values, cols);
     if (inserted != nullptr) inserted[i] = added;
   });
+}
+
+std::string HashTable::CheckInvariants() const {
+  const Impl& m = *impl_;
+  for (int64_t si = 0; si < m.num_shards; ++si) m.shards[si].mu.lock_shared();
+  ScopeExit unlock([&m] {
+    for (int64_t si = m.num_shards - 1; si >= 0; --si) m.shards[si].mu.unlock_shared();
+  });
+  int64_t shard_index = 0;
+  auto violation = [&shard_index](const char* what, uint64_t a, uint64_t b) {
+    char buf[320];
+    std::snprintf(buf, sizeof(buf), "shard %lld: %s (%llu, %llu)", static_cast<long long>(shard_index), what,
+                  static_cast<unsigned long long>(a), static_cast<unsigned long long>(b));
+    return std::string(buf);
+  };
+  if (g_empty_index[0] != 0) return violation("the shared empty index was written", g_empty_index[0], 0);
+  enum : uint8_t { kUnseen = 0, kInSlot = 1, kFree = 2 };
+  std::vector<uint8_t> row_state;
+  for (; shard_index < m.num_shards; ++shard_index) {
+    const Shard& s = m.shards[shard_index];
+    const uint64_t size = static_cast<uint64_t>(s.size.load(std::memory_order_relaxed));
+    // I1, I2
+    if (s.capacity == 0) {
+      if (s.slots != g_empty_index || s.mask != 0 || s.grow_at != 0) {
+        return violation("I1: a shard without an index must have the empty index, mask 0, grow_at 0", s.mask,
+                         s.grow_at);
+      }
+      if (size != 0) return violation("I2: keys in a shard without an index", size, 0);
+    } else {
+      if (!IsPowerOfTwo(s.capacity) || s.capacity < kMinIndexCapacity || s.capacity > kMaxIndexCapacity) {
+        return violation("I1: capacity is not a power of two in [kMinIndexCapacity, kMaxIndexCapacity]", s.capacity, 0);
+      }
+      if (s.mask != s.capacity - 1) return violation("I1: mask != capacity - 1", s.mask, s.capacity);
+      if (s.grow_at != m.GrowAt(s.capacity)) return violation("I1: grow_at != GrowAt(capacity)", s.grow_at, 0);
+      if (size > s.grow_at) return violation("I2: more keys than the index's load allows", size, s.grow_at);
+    }
+    // I5 bounds
+    if (s.rows_handed_out > kMaxRowsPerShard) {
+      return violation("I5: more rows handed out than a shard may hold", s.rows_handed_out, kMaxRowsPerShard);
+    }
+    if (s.rows_handed_out > (static_cast<uint64_t>(s.chunks.size()) << m.chunk_shift)) {
+      return violation("I5: rows handed out beyond the chunk table", s.rows_handed_out, s.chunks.size());
+    }
+    row_state.assign(s.rows_handed_out, kUnseen);
+    // I3, I4: one pass over the slots in cyclic order from an empty slot (one
+    // exists by I2), remembering the last empty slot: a key's home must lie
+    // after it (no gap between home and slot).
+    uint64_t occupied = 0;
+    if (s.capacity != 0) {
+      uint64_t empty = 0;
+      while (empty < s.capacity && s.slots[empty] != 0) ++empty;
+      if (empty == s.capacity) return violation("I2: the index has no empty slot", s.capacity, size);
+      uint64_t last_empty = empty;
+      for (uint64_t i = 1; i <= s.capacity; ++i) {
+        const uint64_t p = (empty + i) & s.mask;
+        const uint64_t slot = s.slots[p];
+        if (slot == 0) {
+          last_empty = p;
+          continue;
+        }
+        ++occupied;
+        const uint32_t id = SlotRow(slot);
+        if (id >= s.rows_handed_out) return violation("I3: a slot names a row never handed out", p, id);
+        if (row_state[id] != kUnseen) return violation("I3: two slots name the same row", p, id);
+        row_state[id] = kInSlot;
+        const char* row = m.Row(s, id);
+        const int64_t key = LoadI64(row);
+        const uint64_t h = ProbeHash(key);
+        if (m.ShardIndex(h) != shard_index) {
+          return violation("I3: a key sits in another shard than its hash", p, m.ShardIndex(h));
+        }
+        if (TagOf(h) != SlotTag(slot)) return violation("I3: a slot's tag is not its key's", p, SlotTag(slot));
+        const uint64_t home = SlotTag(slot) & s.mask;
+        if (((p - home) & s.mask) >= ((p - last_empty) & s.mask)) {
+          return violation("I4: an empty slot lies between a key's home and its slot", p, home);
+        }
+        uint64_t found_at = 0;
+        if (m.Probe(s, key, SlotTag(slot), &found_at) != row || found_at != p) {
+          return violation("I3: a key is held twice (its probe ends at another slot)", p, found_at);
+        }
+      }
+    }
+    if (occupied != size) return violation("I3: occupied slots != size", occupied, size);
+    // I5: the free list names each remaining row once, and nothing else.
+    uint64_t free_rows = 0;
+    for (uint32_t head = s.free_head; head != 0; head = LoadU32(m.Row(s, head - 1))) {
+      const uint32_t id = head - 1;
+      if (id >= s.rows_handed_out) return violation("I5: the free list names a row never handed out", id, 0);
+      if (row_state[id] == kInSlot) return violation("I5: a free row is still named by a slot", id, 0);
+      if (row_state[id] == kFree) return violation("I5: the free list has a cycle", id, free_rows);
+      row_state[id] = kFree;
+      ++free_rows;
+    }
+    if (size + free_rows != s.rows_handed_out) {
+      return violation("I5: rows neither named by a slot nor free (leaked)", s.rows_handed_out - size - free_rows,
+                       s.rows_handed_out);
+    }
+  }
+  return std::string();
+}
+
+int64_t HashTableTestPeer::NumShards(const HashTable& table) { return table.impl_->num_shards; }
+
+uint64_t* HashTableTestPeer::Slots(HashTable& table, int64_t shard, uint64_t* capacity) {
+  Shard& s = table.impl_->shards[shard];
+  *capacity = s.capacity;
+  return s.capacity == 0 ? nullptr : s.slots;
 }
 
 }  // namespace table

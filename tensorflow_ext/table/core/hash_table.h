@@ -1,9 +1,64 @@
 // tensorflow_ext table core: a concurrent hash table from int64 keys to
-// fixed-width rows of float32, with per-key metadata.
+// fixed-width rows of float32, with per-key metadata (version, frequency).
 //
 // This header is the whole public interface of the core. The core knows
 // nothing about TensorFlow: it is used by the TF kernels in ../kernels and is
 // unit-tested on its own (hash_table_test.cc).
+//
+// Contract
+//  * Keys: every int64 value is a key (no reserved empty or deleted key).
+//    Rows: width() floats per key, 1 <= width <= 2^24; every read and write
+//    names a column range [col_begin, col_begin + cols) of the row.
+//  * Capacity: initial_capacity (at most kMaxCapacity = 2^40) is a hint; the
+//    table grows on demand as keys arrive, until memory runs out.
+//  * Thread safety: every method may be called from any number of threads at
+//    once; no external locking is needed. The table is split into shards,
+//    each with its own reader/writer lock. What a call sees:
+//     - A batched writer (FindOrInsert[With], Insert, Accumulate, Update,
+//       Remove, Import) applies the keys of each shard under one acquisition
+//       of that shard's write lock, shards in parallel: a concurrent reader
+//       sees, for each shard, all or none of the batch's keys in it, but may
+//       see one shard updated and another not yet.
+//     - Find and FindMeta read a batch in blocks of a few thousand keys, each
+//       block under the read locks of every shard it touches, held together:
+//       a batch of up to kReadBlock keys is one consistent view; a larger
+//       batch is a sequence of them.
+//     - Export and Clear hold every shard's lock for the whole call: Export
+//       is a consistent snapshot of the whole table, Clear is atomic.
+//     - RemoveIf, Reserve and memory_bytes visit the shards one at a time.
+//     - size() sums per-shard counters without locks: exact when no writer
+//       is running.
+//  * Batches: n may be 0 (no-op). Duplicate keys within one batch are
+//    processed in batch order, so for Insert the last occurrence wins, for
+//    Accumulate every occurrence is added, for FindOrInsert the first
+//    occurrence inserts and the later ones see the inserted row, and Update
+//    calls fn once per occurrence.
+//  * Errors: when memory cannot be had (or a shard is full, see
+//    TableOptions::shard_bits), an operation throws OutOfMemoryError (a
+//    std::bad_alloc; a plain std::bad_alloc from the C++ runtime is possible
+//    too). The exception reaches the caller's thread even when it happened on
+//    a ParallelFor thread, every lock is released, and the table stays
+//    consistent and usable; a batched writer may have applied part of its
+//    batch. The constructor throws std::invalid_argument for options that
+//    fail ValidateOptions. Nothing in the core aborts the process, except a
+//    failed internal check in a debug-check build (check.h).
+//
+// Limitations
+//  * Callbacks (Update's fn, FindOrInsertWith's init, RemoveIf's pred,
+//    Export's alloc) run under shard locks and must not call back into the
+//    same table (they would deadlock). fn and init run concurrently on the
+//    ParallelFor's threads, one shard per thread at a time.
+//  * Memory only grows until Clear(): removed rows are reused by later
+//    inserts, but a shard's index never shrinks and arena memory is released
+//    only by Clear() or destruction.
+//  * A shard holds at most ~3.4e9 keys (its index has at most 2^32 slots, at
+//    the default load factor). With the default shard_bits the shard count is
+//    raised to fit initial_capacity; with an explicit shard_bits a full shard
+//    makes writers throw OutOfMemoryError.
+//  * Export writes entries in an unspecified order (shard by shard, index
+//    order), which changes as the table grows.
+//  * Host memory only: the CUDA table (../gpu) is a separate, fixed-capacity
+//    table with its own interface.
 //
 // Design (see docs/design.md, "Table engine"):
 //  * The key space is split into 2^k shards by the top bits of a 64-bit mixed
@@ -16,7 +71,8 @@
 //    from their stored tags without touching a row. Removal uses
 //    backward-shift deletion (no tombstones), so probe lengths never degrade
 //    under insert/remove churn (eviction) and lookups stop at the first empty
-//    slot.
+//    slot. The invariants this rests on are stated in hash_table.cc and
+//    verified by CheckInvariants().
 //  * Rows live in a per-shard arena of fixed-size chunks that never moves;
 //    removed rows go to an intrusive free list (no extra memory). Once the
 //    arena is large, chunks are carved from 2 MiB slabs backed by transparent
@@ -26,40 +82,20 @@
 //    reads are adjacent, the metadata that only writers touch comes last.
 //  * The float part holds the embedding and the optimizer slots side by side,
 //    so one probe serves a lookup and an optimizer update alike.
-//  * Writers (insert/accumulate/update/remove) hash all keys, bucket them by
-//    shard with a stable counting sort, then process the shards in parallel
-//    (through the caller's ParallelFor), each under one write-lock acquisition,
-//    prefetching index slots and rows a few keys ahead.
-//  * Readers (Find, FindMeta) take every shard's read lock (in shard order, so
-//    no deadlock with writers, which hold one shard lock at a time) and walk
-//    the keys in batch order with the same prefetching: no sort is needed and
-//    the output is written sequentially.
-//  * The probe hash is an internal mixer independent of HashKey(), so tables
-//    fed by a HashKey(key) % num_tables partition keep a uniform index.
-//  * Callbacks (Update's fn, FindOrInsertWith's init, RemoveIf's pred,
-//    Export's alloc) run under shard locks and must not call back into the
-//    same table; fn and init run concurrently on the ParallelFor's threads
-//    (one shard per thread at a time).
+//  * Writers hash all keys, bucket them by shard with a stable counting sort,
+//    then process the shards in parallel (through the caller's ParallelFor),
+//    each under one write-lock acquisition, prefetching index slots and rows a
+//    few keys ahead.
+//  * Readers walk the keys in batch order with the same prefetching, taking
+//    shard read locks in shard order (so no deadlock with writers, which hold
+//    one shard lock at a time): no sort is needed and the output is written
+//    sequentially.
+//  * The probe hash (Murmur3Fmix64, mix.h) is independent of HashKey()
+//    (SplitMix64), so tables fed by a HashKey(key) % num_tables partition keep
+//    a uniform index.
 //  * Memory is only used as keys arrive: initial_capacity pre-sizes the index
-//    (up to a bound, see TableOptions) with fresh anonymous memory, which the
-//    OS backs with pages only when they are first written.
-//
-// Errors: when memory cannot be had (or a shard is full, see
-// TableOptions::shard_bits), an operation throws OutOfMemoryError (a
-// std::bad_alloc; a plain std::bad_alloc from the C++ runtime is possible
-// too). The exception reaches the caller's thread even when it happened on a
-// ParallelFor thread, every lock is released, and the table stays consistent
-// and usable; a batched writer may have applied part of its batch. The
-// constructor throws std::invalid_argument for options that fail
-// ValidateOptions. Nothing in the core aborts the process.
-//
-// Semantics shared by all batched calls:
-//  * n may be 0 (no-op).
-//  * Duplicate keys within one batch are processed in batch order within their
-//    shard, so for Insert the last occurrence wins, for Accumulate every
-//    occurrence is added, for FindOrInsert the first occurrence inserts and the
-//    later ones see the inserted row.
-//  * Keys are arbitrary int64 values (no reserved empty/deleted key).
+//    (up to kMaxPresizedKeys) with fresh anonymous memory, which the OS backs
+//    with pages only when they are first written.
 
 #ifndef TENSORFLOW_EXT_TABLE_CORE_HASH_TABLE_H_
 #define TENSORFLOW_EXT_TABLE_CORE_HASH_TABLE_H_
@@ -71,6 +107,9 @@
 #include <new>
 #include <stdexcept>
 #include <string>
+
+#include "tensorflow_ext/table/core/mix.h"
+#include "tensorflow_ext/table/core/table_limits.h"
 
 namespace tfext {
 namespace table {
@@ -87,7 +126,7 @@ ParallelFor InlineParallelFor();
 struct TableOptions {
   // Floats per row (embedding dim + optimizer slot columns). Must be >= 1.
   int64_t width = 1;
-  // Expected number of keys, a hint in [0, 2^40]; the table grows past it on
+  // Expected number of keys, a hint in [0, kMaxCapacity]; the table grows past it on
   // demand. The index is pre-sized for min(initial_capacity,
   // kMaxPresizedKeys) keys, in memory the OS backs only as keys arrive;
   // beyond that bound the table simply grows (a shard's index doubles, which
@@ -112,6 +151,10 @@ struct TableOptions {
 
 // The most keys initial_capacity pre-sizes the index for (see TableOptions).
 constexpr int64_t kMaxPresizedKeys = int64_t{1} << 22;
+
+// Find and FindMeta read a batch in blocks of this many keys, each block one
+// consistent view of the table (see "Thread safety" above).
+constexpr int64_t kReadBlock = 8192;
 
 // Returns an empty string if the options are valid, else a message naming the
 // problem (e.g. "width must be >= 1, got 0").
@@ -204,10 +247,12 @@ class HashTable {
   // Metadata for keys (absent keys get zeros and found=false).
   void FindMeta(const int64_t* keys, int64_t n, KeyMeta* meta, bool* found, const ParallelFor& pf) const;
 
-  // Snapshot of every entry. Sizes the outputs through `alloc(n)`, which must
-  // return buffers for n keys (keys[n], rows[n * cols], versions[n],
-  // frequencies[n]); any pointer may be null to skip that output. Entries are
-  // written in shard order; consistent per shard.
+  // A consistent snapshot of the whole table: every shard's read lock is held
+  // for the whole call (writers wait), so exactly the n entries given to
+  // alloc are written. Sizes the outputs through `alloc(n)`, which must return
+  // buffers for n keys (keys[n], rows[n * cols], versions[n],
+  // frequencies[n]); any pointer may be null to skip that output. Entries come
+  // in an unspecified order.
   struct ExportBuffers {
     int64_t* keys = nullptr;
     float* rows = nullptr;
@@ -227,8 +272,8 @@ class HashTable {
   // new table (best effort, as in the constructor).
   void Clear();
 
-  // Sizes the index for at least n keys in total (n is capped at 2^40); may
-  // throw OutOfMemoryError.
+  // Sizes the index for at least n keys in total (n is capped at
+  // kMaxCapacity); may throw OutOfMemoryError.
   void Reserve(int64_t n);
 
   // --- Added for the embedding kernels (TfExtEmbeddingLookup); additive. ---
@@ -242,16 +287,23 @@ class HashTable {
                         const std::function<void(int64_t, float*)>& init, const float* column_defaults, float* out,
                         bool* inserted, bool count, int64_t version, const ParallelFor& pf);
 
+  // Verifies every internal invariant of the index and the arena (stated in
+  // hash_table.cc) under all shard read locks. Returns an empty string, or a
+  // description of the first violation found. Takes time linear in the
+  // table's memory: for tests and debugging, not for serving paths.
+  std::string CheckInvariants() const;
+
  private:
   struct Impl;
+  friend struct HashTableTestPeer;  // test_peer.h: damages an index, to test CheckInvariants
   std::unique_ptr<Impl> impl_;
 };
 
-// A 64-bit mixer (the splitmix64 finalizer; bijective) for partitioning keys
-// across tables, e.g. HashKey(key) % num_tables in the Python layer. The table
-// itself shards and probes with a different internal mixer so that such a
-// partition does not bias its index.
-uint64_t HashKey(int64_t key);
+// A 64-bit mixer (SplitMix64, mix.h; bijective) for partitioning keys across
+// tables, e.g. HashKey(key) % num_tables in the Python layer. The table itself
+// shards and probes with a different mixer so that such a partition does not
+// bias its index.
+inline uint64_t HashKey(int64_t key) { return SplitMix64(static_cast<uint64_t>(key)); }
 
 }  // namespace table
 }  // namespace tfext

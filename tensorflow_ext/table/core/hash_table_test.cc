@@ -14,6 +14,7 @@
 #include <algorithm>
 #include <atomic>
 #include <cmath>
+#include <csignal>
 #include <cstdint>
 #include <cstdio>
 #include <limits>
@@ -27,12 +28,15 @@
 #include <unordered_map>
 #include <vector>
 
+#include "tensorflow_ext/table/core/check.h"
+#include "tensorflow_ext/table/core/test_peer.h"
 #include "tensorflow_ext/table/core/test_util.h"
 
 namespace {
 
 using tfext::table::HashKey;
 using tfext::table::HashTable;
+using tfext::table::HashTableTestPeer;
 using tfext::table::InlineParallelFor;
 using tfext::table::KeyMeta;
 using tfext::table::OutOfMemoryError;
@@ -859,6 +863,7 @@ void RunRandomOps(uint64_t seed, int ops) {
       t.Reserve(uniform(0, 5000));
     }
     CHECK_EQ(t.size(), static_cast<int64_t>(model.map().size()));
+    CHECK_EQ(t.CheckInvariants(), std::string());
     if (op % 50 == 49) CheckSameContents(t, model);
   }
   CheckSameContents(t, model);
@@ -907,11 +912,13 @@ static void CheckGrowthFromZeroToMillions(bool huge_pages) {
   for (int64_t i = 0; i < 100000; ++i) absent[i] = static_cast<int64_t>(rng());
   t.Find(absent.data(), 100000, 0, 2, out.data(), found.get(), nullptr, pf);
   for (int64_t i = 0; i < 100000; ++i) CHECK(!found[i]);
+  CHECK_EQ(t.CheckInvariants(), std::string());
   // Remove every other key (backward shifts everywhere), check the rest.
   std::vector<int64_t> even;
   for (int64_t i = 0; i < total; i += 2) even.push_back(keys[i]);
   CHECK_EQ(t.Remove(even.data(), even.size(), pf), static_cast<int64_t>(even.size()));
   CHECK_EQ(t.size(), total - static_cast<int64_t>(even.size()));
+  CHECK_EQ(t.CheckInvariants(), std::string());
   t.Find(keys.data(), total, 0, 2, out.data(), found.get(), nullptr, pf);
   for (int64_t i = 0; i < total; ++i) {
     CHECK_EQ(found[i], i % 2 == 1);
@@ -927,6 +934,7 @@ static void CheckGrowthFromZeroToMillions(bool huge_pages) {
   t.Clear();
   CHECK_EQ(t.size(), int64_t{0});
   CHECK_EQ(t.memory_bytes(), empty_bytes);
+  CHECK_EQ(t.CheckInvariants(), std::string());
   t.Insert(keys.data(), 1000, 0, 2, vals.data(), nullptr, false, -1, pf);
   t.Find(keys.data(), 1000, 0, 2, out.data(), found.get(), nullptr, pf);
   for (int64_t i = 0; i < 1000; ++i) CHECK(found[i] && out[2 * i] == static_cast<float>(i));
@@ -1043,6 +1051,7 @@ TFEXT_TEST(ConcurrentStressLosesNoUpdate) {
   // Structural check: every key exported once, size consistent.
   const std::map<int64_t, Entry> snap = Snapshot(t);
   CHECK_EQ(static_cast<int64_t>(snap.size()), t.size());
+  CHECK_EQ(t.CheckInvariants(), std::string());
 }
 
 // The ParallelFor path gives the same results as the inline path.
@@ -1214,8 +1223,10 @@ static int OutOfMemoryChild(bool pooled) {
   TableOptions options = Options(width, 4);
   options.huge_pages = false;
   HashTable t(options);
-  rlimit limit;
-  limit.rlim_cur = limit.rlim_max = static_cast<rlim_t>(VirtualBytes() + (int64_t{96} << 20));
+  rlimit unlimited;
+  if (getrlimit(RLIMIT_AS, &unlimited) != 0) return 2;
+  rlimit limit = unlimited;
+  limit.rlim_cur = static_cast<rlim_t>(VirtualBytes() + (int64_t{96} << 20));
   if (setrlimit(RLIMIT_AS, &limit) != 0) return 2;
   int64_t inserted = 0;
   bool threw = false;
@@ -1251,6 +1262,14 @@ static int OutOfMemoryChild(bool pooled) {
   if (t.Remove(keys.data(), batch, pf) != batch) return 7;
   t.Insert(keys.data(), batch, 0, width, vals.data(), nullptr, false, -1, pf);
   if (t.size() != size) return 8;
+  // Consistent: every invariant holds after the failed batch (checked with
+  // memory back, as the check allocates).
+  if (setrlimit(RLIMIT_AS, &unlimited) != 0) return 2;
+  const std::string broken = t.CheckInvariants();
+  if (!broken.empty()) {
+    std::fprintf(stderr, "  invariant broken after out of memory: %s\n", broken.c_str());
+    return 9;
+  }
   std::fprintf(stderr, "  (%s) out of memory after %lld keys: %s\n", pooled ? "pool" : "inline",
                static_cast<long long>(inserted), message.c_str());
   return 0;
@@ -1267,6 +1286,102 @@ TFEXT_TEST(OutOfMemoryThrowsAndTheTableStaysUsable) {
     CHECK(WIFEXITED(status));  // not killed by an abort
     CHECK_EQ(WEXITSTATUS(status), 0);
   }
+}
+
+// CheckInvariants holds after random workloads in every layout (also checked
+// after each operation of RandomOperationsAgainstModel), and it reports each
+// kind of damage to an index: the check itself must not be vacuous.
+TFEXT_TEST(CheckInvariantsHoldsAndCatchesDamage) {
+  for (const int shard_bits : {0, 2}) {
+    for (const double load : {0.5, 0.95}) {
+      HashTable t(Options(3, shard_bits, 0, load));
+      std::mt19937_64 rng(11 + shard_bits);
+      std::vector<int64_t> keys(3000);
+      std::vector<float> vals(keys.size() * 3, 1.f);
+      for (int round = 0; round < 20; ++round) {
+        for (int64_t& k : keys) k = static_cast<int64_t>(rng() % 5000) - 2500;
+        t.Insert(keys.data(), 3000, 0, 3, vals.data(), nullptr, true, round, PoolParallelFor());
+        CHECK_GT(t.Remove(keys.data(), 1000, InlineParallelFor()), int64_t{0});
+        CHECK_EQ(t.CheckInvariants(), std::string());
+      }
+      CHECK_GT(t.size(), int64_t{0});
+
+      // Each damage below breaks one invariant; CheckInvariants names it, and
+      // the table is whole again once the slot is restored.
+      auto expect_reported = [&](uint64_t* slot, uint64_t damaged, const char* invariant) {
+        const uint64_t saved = *slot;
+        *slot = damaged;
+        const std::string found = t.CheckInvariants();
+        *slot = saved;
+        if (found.find(invariant) == std::string::npos) {
+          std::fprintf(stderr, "damage not reported as \"%s\": \"%s\"\n", invariant, found.c_str());
+        }
+        CHECK(found.find(invariant) != std::string::npos);
+        CHECK_EQ(t.CheckInvariants(), std::string());
+      };
+      bool gap = false, tag = false, row = false, count = false;
+      for (int64_t si = 0; si < HashTableTestPeer::NumShards(t); ++si) {
+        uint64_t capacity = 0;
+        uint64_t* slots = HashTableTestPeer::Slots(t, si, &capacity);
+        if (slots == nullptr) continue;
+        const uint64_t mask = capacity - 1;
+        for (uint64_t p = 0; p < capacity; ++p) {
+          const uint64_t slot = slots[p];
+          if (slot == 0) {
+            if (!row) {  // a slot (at its own home) naming a row never handed out
+              expect_reported(&slots[p], (p << 32) | 0xFFFFFFF0u, "I3: a slot names a row never handed out");
+              row = true;
+            }
+            continue;
+          }
+          if (!tag) {  // a tag that is not its key's
+            expect_reported(&slots[p], slot ^ (uint64_t{1} << 63), "I3: a slot's tag is not its key's");
+            tag = true;
+          }
+          const uint64_t home = (slot >> 32) & mask;
+          if (!gap && home != p) {  // an empty slot between a displaced key and its home
+            expect_reported(&slots[home], 0, "I4");
+            gap = true;
+          }
+          if (!count && home == p && slots[(p + 1) & mask] == 0) {
+            // A key dropped from the end of its cluster: the other keys stay
+            // reachable, but the count no longer matches the size.
+            expect_reported(&slots[p], 0, "I3: occupied slots != size");
+            count = true;
+          }
+        }
+      }
+      CHECK(gap && tag && row && count);
+    }
+  }
+}
+
+// In a debug-check build a damaged index stops the process at the first
+// operation that meets it, naming the broken invariant, instead of reading
+// memory out of bounds. The optimized build has no checks to run here.
+TFEXT_TEST(DebugChecksStopAtADamagedIndex) {
+  std::printf("  debug checks %s in this build\n", tfext::table::kDebugChecks ? "on" : "off");
+  if (!tfext::table::kDebugChecks) return;
+  std::fflush(nullptr);
+  const pid_t pid = fork();
+  CHECK(pid >= 0);
+  if (pid == 0) {
+    HashTable t(Options(1, 0));
+    const int64_t key = 42;
+    const float one = 1.f;
+    t.Insert(&key, 1, 0, 1, &one, nullptr, false, -1, InlineParallelFor());
+    uint64_t capacity = 0;
+    uint64_t* slots = HashTableTestPeer::Slots(t, 0, &capacity);
+    for (uint64_t p = 0; p < capacity; ++p) {
+      if (slots[p] != 0) slots[p] = (slots[p] & ~uint64_t{0xFFFFFFFFu}) | 0xFFFFFFF0u;  // row id out of the arena
+    }
+    float out = 0.f;
+    t.Find(&key, 1, 0, 1, &out, nullptr, nullptr, InlineParallelFor());
+    _exit(0);  // not reached: the check aborts
+  }
+  int status = 0;
+  CHECK_EQ(waitpid(pid, &status, 0), pid);
+  CHECK(WIFSIGNALED(status) && WTERMSIG(status) == SIGABRT);
 }
 
 }  // namespace

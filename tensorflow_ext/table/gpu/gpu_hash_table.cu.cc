@@ -129,7 +129,7 @@ int Blocks(int64_t work_items, int64_t per_block) {
 }  // namespace
 
 cudaError_t GpuTableCreate(int64_t capacity, int64_t width, GpuHashTable* table) {
-  if (table == nullptr || width < 1 || capacity < 0 || capacity > (int64_t{1} << 40)) return cudaErrorInvalidValue;
+  if (table == nullptr || width < 1 || capacity < 0 || capacity > kMaxCapacity) return cudaErrorInvalidValue;
   int64_t cap = 32;
   while (cap < capacity) cap <<= 1;
   GpuHashTable t;

@@ -24,6 +24,9 @@
 
 #include <cstdint>
 
+#include "tensorflow_ext/table/core/mix.h"
+#include "tensorflow_ext/table/core/table_limits.h"
+
 namespace tfext {
 namespace table {
 namespace gpu {
@@ -40,7 +43,8 @@ struct GpuHashTable {
   int64_t width = 0;
 };
 
-// Allocates a table with room for at least `capacity` keys (rounded up to a power of two, >= 32). width >= 1.
+// Allocates a table with room for at least `capacity` keys (rounded up to a power of two, >= 32; at most
+// kMaxCapacity, table_limits.h). width >= 1.
 cudaError_t GpuTableCreate(int64_t capacity, int64_t width, GpuHashTable* table);
 cudaError_t GpuTableDestroy(GpuHashTable* table);
 // Removes every key (keeps the memory).
@@ -60,16 +64,8 @@ cudaError_t GpuTableInsert(const GpuHashTable& table, const int64_t* keys, int64
 cudaError_t GpuTableStats(const GpuHashTable& table, cudaStream_t stream, int64_t* size, int64_t* failed,
                           bool reset_failed);
 
-// The probe hash (a 64-bit mixer, the murmur3/splitmix finalizer).
-__host__ __device__ inline uint64_t GpuHashKey(int64_t key) {
-  uint64_t x = static_cast<uint64_t>(key);
-  x ^= x >> 33;
-  x *= 0xff51afd7ed558ccdULL;
-  x ^= x >> 33;
-  x *= 0xc4ceb9fe1a85ec53ULL;
-  x ^= x >> 33;
-  return x;
-}
+// The probe hash: the CPU core's (Murmur3Fmix64, mix.h), so both tables spread keys alike.
+__host__ __device__ inline uint64_t GpuHashKey(int64_t key) { return Murmur3Fmix64(static_cast<uint64_t>(key)); }
 
 }  // namespace gpu
 }  // namespace table

@@ -11,6 +11,7 @@
 #include "tensorflow/core/framework/tensor_shape.h"
 #include "tensorflow/core/lib/core/errors.h"
 #include "tensorflow/core/platform/mutex.h"
+#include "tensorflow_ext/table/core/table_limits.h"
 #include "tensorflow_ext/table/kernels/table_resource.h"
 #include "tensorflow_ext/table/kernels/tensor_checks.h"
 
@@ -47,8 +48,8 @@ class TableHandleOp : public OpKernel {
     int64_t capacity = 0;
     OP_REQUIRES_OK(ctx, ctx->GetAttr("initial_capacity", &capacity));
     OP_REQUIRES(ctx, capacity >= 0, InvalidArgument("initial_capacity must be >= 0, got ", capacity));
-    OP_REQUIRES(ctx, capacity <= kMaxTableCapacity,
-                InvalidArgument("initial_capacity is absurdly large: ", capacity, " > 2^40"));
+    OP_REQUIRES(ctx, capacity <= table::kMaxCapacity,
+                InvalidArgument("initial_capacity is absurdly large: ", capacity, " > 2^", table::kMaxCapacityLog2));
     int64_t shard_bits = -1;
     OP_REQUIRES_OK(ctx, ctx->GetAttr("shard_bits", &shard_bits));
     // The core validates the range (its message names the bound); just keep

@@ -35,9 +35,6 @@
 
 namespace tfext {
 
-// Upper bound accepted for initial_capacity (and other capacity-like inputs).
-constexpr int64_t kMaxTableCapacity = int64_t{1} << 40;
-
 // The layout of a table, as given by the TfExtTableHandle attrs.
 struct TableLayout {
   int64_t dim = 1;
@@ -127,8 +124,10 @@ tensorflow::Status TableMemoryError(const TableResource& table, const char* what
 
 // Runs fn(), a call into table's core, and returns OK, or the error status
 // of an exception it threw (see TableMemoryError). Kernels must reach the
-// core only through this: an exception that leaves a kernel terminates the
-// process. Example:
+// core only through this (the table ops and the embedding kernels alike): an
+// exception that leaves a kernel terminates the process. The core throws
+// only for memory once constructed (std::invalid_argument comes from its
+// constructor alone, which Create maps to InvalidArgument). Example:
 //   OP_REQUIRES_OK(ctx, CallTable(*table, "insert", [&] { table->table()->Insert(...); }));
 template <typename Fn>
 tensorflow::Status CallTable(const TableResource& table, const char* what, Fn&& fn) {

@@ -1,0 +1,26 @@
+// Test-only access to a HashTable's index, so that tests can break an
+// invariant on purpose and check that HashTable::CheckInvariants() notices.
+// Nothing outside tests may use it.
+
+#ifndef TENSORFLOW_EXT_TABLE_CORE_TEST_PEER_H_
+#define TENSORFLOW_EXT_TABLE_CORE_TEST_PEER_H_
+
+#include <cstdint>
+
+#include "tensorflow_ext/table/core/hash_table.h"
+
+namespace tfext {
+namespace table {
+
+struct HashTableTestPeer {
+  static int64_t NumShards(const HashTable& table);
+  // Shard `shard`'s index slots (*capacity of them), or nullptr when it has
+  // no index. Slot = {tag: high 32 bits, row id + 1: low 32 bits}, 0 = empty.
+  // The caller must not run other operations on the table meanwhile.
+  static uint64_t* Slots(HashTable& table, int64_t shard, uint64_t* capacity);
+};
+
+}  // namespace table
+}  // namespace tfext
+
+#endif  // TENSORFLOW_EXT_TABLE_CORE_TEST_PEER_H_

@@ -14,6 +14,7 @@
 #include "tensorflow/core/framework/tensor_shape.h"
 #include "tensorflow/core/lib/core/errors.h"
 #include "tensorflow_ext/table/core/hash_table.h"
+#include "tensorflow_ext/table/core/mix.h"
 #include "tensorflow_ext/table/kernels/table_resource.h"
 #include "tsl/platform/random.h"
 
@@ -30,12 +31,9 @@ using tensorflow::TensorShapeUtils;
 using tensorflow::core::RefCountPtr;
 using tensorflow::errors::InvalidArgument;
 
-// splitmix64 finalizer: a bijection of uint64.
-inline uint64_t Mix64(uint64_t z) {
-  z = (z ^ (z >> 30)) * 0xbf58476d1ce4e5b9ULL;
-  z = (z ^ (z >> 27)) * 0x94d049bb133111ebULL;
-  return z ^ (z >> 31);
-}
+// The splitmix64 finalizer (mix.h): a bijection of uint64, the same function
+// HashKey and the Python layer use.
+using table::SplitMix64;
 
 // ---------------------------------------------------------------------------
 // Box-Muller in blocks that the compiler vectorizes.
@@ -142,19 +140,19 @@ void BoxMullerBlock(const uint32_t* x, float* out) {
 
 // A key's random stream: SplitMix64 (Steele, Lea & Flood 2014) from the
 // key's own state, 16 uint32 per block: block b holds the 64-bit outputs
-// 8b+1 .. 8b+8, Mix64(state + k * golden gamma), split into low and high halves.
+// 8b+1 .. 8b+8, SplitMix64(state + k * golden gamma), split into low and high halves.
 constexpr uint64_t kGoldenGamma = 0x9E3779B97F4A7C15ULL;
 
 inline void StreamBlock(uint64_t state, uint64_t block, uint32_t* out) {
   for (int t = 0; t < kBoxMullerValues / 2; ++t) {
-    const uint64_t r = Mix64(state + (block * (kBoxMullerValues / 2) + t + 1) * kGoldenGamma);
+    const uint64_t r = SplitMix64(state + (block * (kBoxMullerValues / 2) + t + 1) * kGoldenGamma);
     out[2 * t] = static_cast<uint32_t>(r);
     out[2 * t + 1] = static_cast<uint32_t>(r >> 32);
   }
 }
 
 // Initial values of new keys. Each key gets its own random stream
-// (StreamBlock) whose state is Mix64(Mix64(key + Mix64(seed2)) + Mix64(seed))
+// (StreamBlock) whose state is SplitMix64(SplitMix64(key + SplitMix64(seed2)) + SplitMix64(seed))
 // (distinct for distinct keys, as every step is a bijection of the key). So
 // every key gets its own draw, and the draw depends only on (seed, seed2,
 // key): runs are reproducible for fixed seeds whatever the batch order,
@@ -188,8 +186,8 @@ class RowInitializer {
       seed = static_cast<int64_t>(tsl::random::New64());
       seed2 = static_cast<int64_t>(tsl::random::New64());
     }
-    seed_mix_ = Mix64(static_cast<uint64_t>(seed));
-    seed2_mix_ = Mix64(static_cast<uint64_t>(seed2));
+    seed_mix_ = SplitMix64(static_cast<uint64_t>(seed));
+    seed2_mix_ = SplitMix64(static_cast<uint64_t>(seed2));
     if ((kind_ == kNormal || kind_ == kTruncatedNormal) && !(b_ >= 0)) {
       return InvalidArgument("init_b (stddev) must be >= 0 for ", kind, ", got ", b_);
     }
@@ -204,7 +202,7 @@ class RowInitializer {
       for (int64_t j = 0; j < dim; ++j) out[j] = a_;
       return;
     }
-    const uint64_t state = Mix64(Mix64(static_cast<uint64_t>(key) + seed2_mix_) + seed_mix_);
+    const uint64_t state = SplitMix64(SplitMix64(static_cast<uint64_t>(key) + seed2_mix_) + seed_mix_);
     uint32_t bits[kBoxMullerValues];
     float z[kBoxMullerValues];
     uint64_t block = 0;
@@ -277,22 +275,28 @@ class LookupBase : public OpKernel {
   }
 
   // Rows [n, dim] of n keys (unique, or each occurrence counts) into out.
-  void Probe(OpKernelContext* ctx, TableResource* table, const int64_t* k, int64_t n, int64_t step, float* out) const {
-    if (n == 0) return;
+  // Through CallTable: a table that runs out of memory is a
+  // ResourceExhausted error of the op, never an exception out of the kernel.
+  tensorflow::Status Probe(OpKernelContext* ctx, TableResource* table, const int64_t* k, int64_t n, int64_t step,
+                           float* out) const {
+    if (n == 0) return tensorflow::OkStatus();
     table::HashTable* t = table->table();
     const table::ParallelFor pf = MakeParallelFor(ctx);
     if (!insert_missing_) {
       // Read-only: missing keys read the initializer's constant (0 for the
       // random kinds); no insertion, no metadata change.
-      const std::vector<float> missing(dim_, init_.MissingValue());
-      t->Find(k, n, 0, dim_, out, nullptr, missing.data(), pf);
-      return;
+      return CallTable(*table, "lookup", [&] {
+        const std::vector<float> missing(dim_, init_.MissingValue());
+        t->Find(k, n, 0, dim_, out, nullptr, missing.data(), pf);
+      });
     }
     const int64_t dim = dim_;
     const RowInitializer& init = init_;
-    t->FindOrInsertWith(
-        k, n, 0, dim, [&init, k, dim](int64_t i, float* dst) { init.Fill(k[i], dst, dim); },
-        table->column_defaults().data(), out, nullptr, count_, step, pf);
+    return CallTable(*table, "lookup", [&] {
+      t->FindOrInsertWith(
+          k, n, 0, dim, [&init, k, dim](int64_t i, float* dst) { init.Fill(k[i], dst, dim); },
+          table->column_defaults().data(), out, nullptr, count_, step, pf);
+    });
   }
 
   int64_t dim_ = 0;
@@ -329,7 +333,7 @@ class EmbeddingLookupOp : public LookupBase {
     const int64_t n = keys.dim_size(0);
     Tensor* values = nullptr;
     OP_REQUIRES_OK(ctx, ctx->allocate_output(0, TensorShape({n, dim_}), &values));
-    Probe(ctx, table.get(), keys.flat<int64_t>().data(), n, step, values->flat<float>().data());
+    OP_REQUIRES_OK(ctx, Probe(ctx, table.get(), keys.flat<int64_t>().data(), n, step, values->flat<float>().data()));
   }
 };
 
@@ -354,7 +358,7 @@ void Dedup(const int64_t* keys, int64_t n, std::vector<int64_t>* uniq, int32_t* 
   uniq->reserve(static_cast<size_t>(n));
   for (int64_t i = 0; i < n; ++i) {
     const int64_t key = keys[i];
-    uint64_t p = Mix64(static_cast<uint64_t>(key)) & mask;
+    uint64_t p = SplitMix64(static_cast<uint64_t>(key)) & mask;
     for (;;) {
       const int32_t s = slots[p];
       if (s == 0) {
@@ -415,7 +419,7 @@ class EmbeddingLookupIdsOp : public LookupBase {
     Tensor rows_t;
     OP_REQUIRES_OK(ctx, ctx->allocate_temp(tensorflow::DT_FLOAT, TensorShape({u, dim_}), &rows_t));
     const float* rows = rows_t.flat<float>().data();
-    Probe(ctx, table.get(), keys_t->flat<int64_t>().data(), u, step, rows_t.flat<float>().data());
+    OP_REQUIRES_OK(ctx, Probe(ctx, table.get(), keys_t->flat<int64_t>().data(), u, step, rows_t.flat<float>().data()));
 
     Tensor* values = nullptr;
     OP_REQUIRES_OK(ctx, ctx->allocate_output(0, TensorShape({n, dim_}), &values));

@@ -119,13 +119,18 @@ class EmbeddingSparseApplyOp : public OpKernel {
     const float* g = grad.flat<float>().data();
     const int64_t dim = dim_;
     const int64_t slot_offset = slot_offset_;
-    table->table()->Update(
-        k, n, table->column_defaults().data(),
-        [&opt, g, dim, slot_offset, step](int64_t i, float* row, table::KeyMeta* meta) {
-          opt.Apply(row, row + slot_offset, dim, g + i * dim, dim);
-          if (step >= 0) meta->version = step;
-        },
-        MakeParallelFor(ctx), g, dim);
+    // Through CallTable: inserting missing keys can run out of memory, which
+    // must become a ResourceExhausted error of the op, not an exception out
+    // of the kernel.
+    OP_REQUIRES_OK(ctx, CallTable(*table, "apply", [&] {
+                     table->table()->Update(
+                         k, n, table->column_defaults().data(),
+                         [&opt, g, dim, slot_offset, step](int64_t i, float* row, table::KeyMeta* meta) {
+                           opt.Apply(row, row + slot_offset, dim, g + i * dim, dim);
+                           if (step >= 0) meta->version = step;
+                         },
+                         MakeParallelFor(ctx), g, dim);
+                   }));
   }
 
  private:

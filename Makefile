@@ -1,6 +1,6 @@
 # tensorflow_ext: every set-up step from a fresh Debian/Ubuntu machine (root or sudo).
 #   make demo    venv + bazel + build + install the wheel into .venv, then run the main job
-#   make test    venv + bazel + build, C++ core tests, pytest (tensorflow_ext/ and tests/)
+#   make test    C++ format check, venv + bazel + build, C++ core tests, pytest (tensorflow_ext/ and tests/)
 #   make bench   table benchmark (tools/bench_table.py; BENCH_ARGS=--quick for a short run)
 #   make cuda    compile the CUDA table + ctypes harness with nvcc (build/cuda/libtfext_gpu_table.so)
 # Everything is idempotent: a second run only redoes what changed.
@@ -28,6 +28,12 @@ PYTEST_ARGS ?=
 OPS_SO     := tensorflow_ext/_tf_ext_ops.so
 BUILD_INFO := tensorflow_ext/_build_info.py
 GPU_SRCS   := tensorflow_ext/table/gpu/gpu_hash_table.cu.cc tensorflow_ext/table/gpu/gpu_harness.cu.cc
+# Headers the CUDA sources include: their own and the core's header-only base (mixers, limits).
+GPU_HDRS   := tensorflow_ext/table/gpu/gpu_hash_table.h tensorflow_ext/table/core/mix.h \
+              tensorflow_ext/table/core/table_limits.h
+# Every C++ and CUDA source (*.h, *.cc, *.cu.cc): one format, .clang-format at the root.
+CC_FORMAT_SRCS = $(shell find tensorflow_ext -name '*.h' -o -name '*.cc' | sort)
+CLANG_FORMAT ?= clang-format
 GPU_LIB    := build/cuda/libtfext_gpu_table.so
 # Horovod (distributed training, tensorflow_ext.horovod): built once from source with Gloo against the venv's
 # TensorFlow and cached as a wheel outside the tree, so later runs on the machine only install it.
@@ -37,7 +43,8 @@ HVD_STAMP  := $(VENV)/.tf_ext_horovod_$(HVD_VERSION).stamp
 HVD_ENV    := HOROVOD_WITH_TENSORFLOW=1 HOROVOD_WITH_GLOO=1 HOROVOD_WITHOUT_MPI=1 HOROVOD_WITHOUT_PYTORCH=1 \
               HOROVOD_WITHOUT_MXNET=1 HOROVOD_CPU_OPERATIONS=GLOO
 
-.PHONY: help venv horovod bazel build wheel test test-cc test-py demo bench cuda cuda-bazel cuda-ops clean
+.PHONY: help venv horovod bazel clang-format build wheel test test-cc test-py format-check-cc demo bench cuda cuda-bazel \
+        clean
 
 help:
 	@sed -n '2,6p' Makefile | sed 's/^# *//'
@@ -77,6 +84,12 @@ bazel:
 	  $(APT_GET) update -qq && $(APT_GET) install -y -qq bazel-bootstrap bazel-platforms; \
 	fi
 
+clang-format:
+	@if ! command -v $(CLANG_FORMAT) >/dev/null 2>&1; then \
+	  echo "== installing Debian's clang-format"; \
+	  $(APT_GET) update -qq && $(APT_GET) install -y -qq clang-format; \
+	fi
+
 # ---------------------------------------------------------------- build
 # The op library + the wheel (dist/), and in-tree copies of the .so and _build_info.py for pytest from the root.
 build: venv bazel
@@ -89,9 +102,15 @@ build: venv bazel
 wheel: build
 
 # ---------------------------------------------------------------- tests
-test: build test-cc cuda-ci horovod test-py
+test: format-check-cc build test-cc cuda-ci horovod test-py
 
-# C++ unit tests (the table core, and any other cc_test under tensorflow_ext/); CUDA targets are skipped.
+# C++ and CUDA sources must be formatted as .clang-format says (fix with: clang-format -i <files>).
+format-check-cc: clang-format
+	$(CLANG_FORMAT) --dry-run --Werror $(CC_FORMAT_SRCS)
+	@echo "== C++ format: $(words $(CC_FORMAT_SRCS)) files clean"
+
+# C++ unit tests (every cc_test under tensorflow_ext/; CUDA targets are skipped). The table core's tests run
+# twice: optimized (:hash_table_test) and with its debug checks on (:hash_table_debugchecks_test).
 test-cc: build
 	$(BAZEL) test $(BAZEL_FLAGS) $$($(BAZEL) query --noshow_progress $(BAZEL_FLAGS) 'tests(//tensorflow_ext/...)')
 
@@ -116,20 +135,17 @@ bench: build
 # nvcc directly: the GPU table + extern "C" harness for tools/gpu/test_gpu_table.py (sm_80, sm_90).
 cuda: $(GPU_LIB)
 
-$(GPU_LIB): $(GPU_SRCS) tensorflow_ext/table/gpu/gpu_hash_table.h
+$(GPU_LIB): $(GPU_SRCS) $(GPU_HDRS)
 	@[ -n "$(NVCC)" ] || { echo "nvcc not found (install the CUDA toolkit or set NVCC=...)"; exit 1; }
 	@mkdir -p $(dir $@)
 	$(NVCC) -std=c++17 -O3 -x cu -Xcompiler -fPIC -shared -I$(ROOT) \
 	  $(foreach a,$(CUDA_ARCHS),-gencode arch=compute_$(a),code=sm_$(a)) -o $@ $(GPU_SRCS)
 	@echo "== built $@ (test on a GPU machine: python tools/gpu/test_gpu_table.py --lib $@)"
 
-# The same through Bazel's --config=cuda (nvcc genrules, static cudart).
+# The same through Bazel's --config=cuda (nvcc genrules, static cudart). The op library does not link the CUDA
+# table (no kernel calls it), so there is no CUDA build of the op library to make.
 cuda-bazel: bazel venv
 	$(BAZEL) build $(BAZEL_FLAGS) --config=cuda //tensorflow_ext/table/gpu:all
-
-# The whole op library with its CUDA sources (slower: recompiles every kernel with -DGOOGLE_CUDA=1).
-cuda-ops: bazel venv
-	$(BAZEL) build $(BAZEL_FLAGS) --config=cuda //tensorflow_ext:_tf_ext_ops.so
 
 clean:
 	-$(BAZEL) clean

@@ -84,3 +84,79 @@ def test_moving_average_refuses_shards_with_advice():
             ema.apply(emb.shards)
         v = tf.compat.v1.get_variable("v", initializer=1.0)
         assert ema.apply([v]) is not None  # dense variables: TF's own behaviour
+
+
+def test_optimizer_get_processor_targets_the_shard_handle():
+    from tensorflow.python.training import optimizer as optimizer_lib  # pylint: disable=import-outside-toplevel
+
+    with tf.Graph().as_default() as g:
+        emb = tf_ext.get_dynamic_embedding("e", 2, initializer=1.0)
+        dense = tf.compat.v1.get_variable("d", initializer=tf.ones([2]))
+        shard = emb.shards[0]
+        assert optimizer_lib._get_processor(shard).target() is shard.handle  # pylint: disable=protected-access
+        original = tf_compat.original("optimizer_get_processor")
+        assert type(optimizer_lib._get_processor(dense)) is type(original(dense))  # pylint: disable=protected-access
+        loss = tf.reduce_sum(tf_ext.embedding_lookup(emb, tf.constant([5, 7, 5], tf.int64)) * dense)
+        opt = tf.compat.v1.train.GradientDescentOptimizer(0.5)
+        (grad, var), = opt.compute_gradients(loss, var_list=[shard])
+        assert var is shard and isinstance(grad, tf.IndexedSlices)
+        train = opt.apply_gradients([(grad, var)])  # the processor's update: the table rows change
+        rows = tf_ext.embedding_lookup(emb, tf.constant([5, 7], tf.int64), is_training=False)
+        with tf.compat.v1.Session(graph=g) as sess:
+            sess.run(tf.compat.v1.global_variables_initializer())
+            sess.run(train)
+            got = sess.run(rows)
+    np.testing.assert_allclose(got, [[0.0, 0.0], [0.5, 0.5]])  # key 5 twice: 1 - 0.5 * 2; key 7: 1 - 0.5
+
+
+def test_optimizer_compute_gradients_expands_dynamic_embeddings():
+    with tf.Graph().as_default():
+        emb = tf_ext.get_dynamic_embedding("e", 2, num_shards=3)
+        dense = tf.compat.v1.get_variable("d", initializer=tf.ones([2]))
+        loss = tf.reduce_sum(tf_ext.embedding_lookup(emb, tf.constant([1, 2, 3, 4], tf.int64)) * dense)
+        pairs = tf.compat.v1.train.AdagradOptimizer(0.1).compute_gradients(loss, var_list=[emb, dense])
+        assert [v for _, v in pairs] == list(emb.shards) + [dense]
+        assert all(isinstance(g, tf.IndexedSlices) for g, _ in pairs[:3])
+        assert isinstance(pairs[3][0], tf.Tensor)  # TF's own gradient of the dense variable
+
+
+def test_optimizer_apply_gradients_keeps_slots_in_rows():
+    with tf.Graph().as_default() as g:
+        step = tf.compat.v1.train.get_or_create_global_step()
+        emb = tf_ext.get_dynamic_embedding("e", 2, initializer=1.0)
+        dense = tf.compat.v1.get_variable("d", initializer=tf.ones([2]))
+        loss = tf.reduce_sum(tf_ext.embedding_lookup(emb, tf.constant([5], tf.int64)) * dense)
+        opt = tf.compat.v1.train.AdamOptimizer(0.1)
+        train = opt.minimize(loss, global_step=step)
+        assert "_create_slots" not in vars(opt)  # the per-call override is gone
+        # TF made slot variables for the dense variable only; the shard's m and v are columns of its rows.
+        slot_vars = sorted(v.op.name for v in tf.compat.v1.global_variables() if v.op.name.startswith("d/"))
+        assert slot_vars == ["d/Adam", "d/Adam_1"]
+        assert list(emb.shards[0].slot_group(opt).slot_names) == ["m", "v"]
+        m = opt.get_slot(emb.shards[0], "m").lookup(tf.constant([5], tf.int64))
+        beta1_power, _ = opt._get_beta_accumulators()  # pylint: disable=protected-access
+        with tf.compat.v1.Session(graph=g) as sess:
+            sess.run(tf.compat.v1.global_variables_initializer())
+            sess.run(train)
+            sess.run(train)
+            got_m, got_power, got_step = sess.run([m, beta1_power, step])
+    # m of key 5: gradient = d, which Adam moves from 1 to 0.9 in step 1: m = 0.1, then 0.9 * 0.1 + 0.1 * 0.9.
+    np.testing.assert_allclose(got_m, [[0.18, 0.18]], rtol=1e-5)
+    np.testing.assert_allclose(got_power, 0.9 ** 3, rtol=1e-6)  # advanced once per step
+    assert got_step == 2
+
+
+@pytest.mark.parametrize("make_optimizer", [lambda: tf.keras.optimizers.SGD(0.1),
+                                            lambda: tf.keras.optimizers.legacy.SGD(0.1)], ids=["keras", "legacy"])
+def test_keras_optimizers_refuse_dynamic_embeddings(make_optimizer):
+    with tf.Graph().as_default():
+        emb = tf_ext.get_dynamic_embedding("e", 2)
+        loss_fn = lambda: tf.reduce_sum(tf_ext.embedding_lookup(emb, tf.constant([1], tf.int64)))  # noqa: E731
+        opt = make_optimizer()
+        with pytest.raises(TypeError, match="cannot train dynamic embedding e.*tf.compat.v1.train"):
+            opt.minimize(loss_fn, var_list=[emb])
+        grads = tf.gradients(loss_fn(), [s.handle for s in emb.shards])
+        with pytest.raises(TypeError, match="cannot train dynamic embedding e/part_0"):
+            opt.apply_gradients(zip(grads, emb.shards))
+        dense = tf.Variable([1.0, 2.0])
+        opt.minimize(lambda: tf.reduce_sum(dense ** 2), var_list=[dense])  # dense variables: Keras's own way

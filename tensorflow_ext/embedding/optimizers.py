@@ -1,7 +1,8 @@
 """Stock `tf.compat.v1.train` optimizers train dynamic embeddings, unwrapped.
 
 Importing `tensorflow_ext.embedding` teaches `tf.compat.v1.train.Optimizer`
-about dynamic embedding shards (idempotent, additive):
+about dynamic embedding shards through three patches registered in
+`tensorflow_ext.tf_compat` (each entry there says what it replaces and why):
 
 * `optimizer._get_processor` returns, for a shard, a processor whose target is
   the shard's table handle (so `compute_gradients` differentiates the loss
@@ -16,6 +17,9 @@ about dynamic embedding shards (idempotent, additive):
   global_step increment), calling our update for the shards.
 * `Optimizer.compute_gradients` accepts `DynamicEmbedding`s in var_list
   (expanded to their shards).
+
+Keras optimizers' `minimize` / `apply_gradients` are patched too, to refuse
+dynamic embeddings with an error that names the optimizers to use.
 
 Per shard update: the gradient's duplicate keys are summed (`tf.unique` +
 `unsorted_segment_sum`, as TF does for dense variables) unless its indices are
@@ -36,13 +40,13 @@ dynamic embedding only updates the rows of the batch (like LazyAdam).
 """
 
 import abc
+import importlib.util
 import sys
-import threading
 
 import tensorflow as tf
 from tensorflow.python.framework import indexed_slices
-from tensorflow.python.training import optimizer as optimizer_lib
 
+from tensorflow_ext import tf_compat
 from tensorflow_ext.embedding import _ops
 from tensorflow_ext.embedding import embedding_ops
 from tensorflow_ext.embedding import optimizer_spec
@@ -383,112 +387,157 @@ class _ShardProcessor(object):
     return _apply_to_shard(optimizer, self._v, g)
 
 
-# ---- patches --------------------------------------------------------------------
+# ---- patches of TF (registered in tf_compat, the one registry of changes to TF objects) -----------------------
 
-_install_lock = threading.Lock()
-_installed = False
+_TF_PATCHES = ("optimizer_get_processor", "optimizer_compute_gradients", "optimizer_apply_gradients")
+_KERAS_PATCHES = ("keras_optimizer_minimize", "keras_optimizer_apply_gradients", "keras_legacy_optimizer_minimize",
+                  "keras_legacy_optimizer_apply_gradients")
 
 
 def install():
-  """Teaches tf.compat.v1.train.Optimizer about dynamic embeddings (idempotent)."""
-  global _installed
-  with _install_lock:
-    if _installed:
-      return
-    orig_get_processor = optimizer_lib._get_processor
-    orig_apply = optimizer_lib.Optimizer.apply_gradients
-    orig_compute = optimizer_lib.Optimizer.compute_gradients
+  """Teaches tf.compat.v1.train.Optimizer about dynamic embeddings, and makes Keras optimizers refuse them.
 
-    def _get_processor(v):
-      if isinstance(v, _Shard):
-        return _ShardProcessor(v)
-      return orig_get_processor(v)
+  Installs this module's tf_compat patches (idempotent).
 
-    def compute_gradients(self, loss, var_list=None, *args, **kwargs):
-      if var_list is not None and not callable(loss):
-        expanded = []
-        for v in tf.nest.flatten(var_list):
-          if isinstance(v, var_lib.DynamicEmbedding):
-            expanded.extend(v.shards)
-          else:
-            expanded.append(v)
-        var_list = expanded
-      return orig_compute(self, loss, var_list, *args, **kwargs)
+  Raises:
+    tf_compat.PatchError: a patched TF attribute moved (another TensorFlow than the supported ones).
+  """
+  tf_compat.install(*_TF_PATCHES)
+  if importlib.util.find_spec("keras") is not None:  # no Keras, no Keras optimizer to guard
+    tf_compat.install(*_KERAS_PATCHES)
 
-    def apply_gradients(self, grads_and_vars, global_step=None, name=None, **kwargs):
-      grads_and_vars = tuple(grads_and_vars)
-      shards = []
-      for g, v in grads_and_vars:
-        if g is not None and isinstance(v, _Shard) and v not in shards:
-          shards.append(v)
-      if not shards:
-        return orig_apply(self, grads_and_vars, global_step=global_step, name=name, **kwargs)
-      spec, handler = _handler(self)
-      slot_specs = spec.slots_of(self)
-      names = [n for n, _ in slot_specs]
-      inits = [v for _, v in slot_specs]
-      orig_create_slots = self._create_slots
 
-      def _create_slots(var_list):
-        dense = [v for v in var_list if not isinstance(v, _Shard)]
-        if dense:
-          orig_create_slots(dense)
-        for shard in shards:
-          shard.add_slot_columns(self, names, inits)
-        handler.create_non_slots(self, dense, shards)
+@tf_compat.register(
+    "optimizer_get_processor", "tensorflow.python.training.optimizer", "", "_get_processor",
+    why="TF1 optimizers reach a variable only through the processor _get_processor returns (its target() is what "
+    "compute_gradients differentiates, its update_op what apply_gradients runs), and the function knows only TF's "
+    "variable types. For a dynamic embedding shard the replacement returns a processor whose target is the table "
+    "handle (so the gradient is an IndexedSlices of int64 keys) and whose update applies the optimizer to the "
+    "table rows; every other variable gets TF's processor.",
+    test="tests/test_tf_compat.py::test_optimizer_get_processor_targets_the_shard_handle")
+def _make_get_processor(original):
 
-      step = global_step if global_step is not None else tf.compat.v1.train.get_global_step()
-      self._create_slots = _create_slots
-      self._tf_ext_step = step
-      try:
-        result = orig_apply(self, grads_and_vars, global_step=global_step, name=name, **kwargs)
-      finally:
-        del self._create_slots
-        self._tf_ext_step = None
+  def _get_processor(v):
+    if isinstance(v, _Shard):
+      return _ShardProcessor(v)
+    return original(v)
+
+  return _get_processor
+
+
+@tf_compat.register(
+    "optimizer_compute_gradients", "tensorflow.python.training.optimizer", "Optimizer", "compute_gradients",
+    why="compute_gradients (and minimize) take var_list as variables; a DynamicEmbedding is a group of shards, "
+    "not a variable. The replacement expands each DynamicEmbedding in var_list into its shards and calls TF's "
+    "compute_gradients unchanged.",
+    test="tests/test_tf_compat.py::test_optimizer_compute_gradients_expands_dynamic_embeddings")
+def _make_compute_gradients(original):
+
+  def compute_gradients(self, loss, var_list=None, *args, **kwargs):
+    if var_list is not None and not callable(loss):
+      expanded = []
+      for v in tf.nest.flatten(var_list):
+        if isinstance(v, var_lib.DynamicEmbedding):
+          expanded.extend(v.shards)
+        else:
+          expanded.append(v)
+      var_list = expanded
+    return original(self, loss, var_list, *args, **kwargs)
+
+  return compute_gradients
+
+
+@tf_compat.register(
+    "optimizer_apply_gradients", "tensorflow.python.training.optimizer", "Optimizer", "apply_gradients",
+    why="TF's apply_gradients creates slots through self._create_slots(var_list), which would make a slot "
+    "variable of a shard's shape; a dynamic embedding keeps its slots as columns of its table rows instead. When "
+    "some variables are shards, the replacement overrides _create_slots on the optimizer instance for the "
+    "duration of the call (TF has no hook for slots that are not variables): the override passes the dense "
+    "variables to the class's _create_slots, appends the optimizer's slot columns (with TF's initial values) "
+    "to each shard's rows and makes the optimizer's non-slot variables (Adam's beta powers) even without dense "
+    "variables; the override is removed when TF's apply_gradients returns. TF's apply_gradients itself runs "
+    "unchanged (one _prepare, one _finish, so Adam's beta powers advance once per step, one global_step "
+    "increment).",
+    test="tests/test_tf_compat.py::test_optimizer_apply_gradients_keeps_slots_in_rows")
+def _make_apply_gradients(original):
+
+  def apply_gradients(self, grads_and_vars, global_step=None, name=None, **kwargs):
+    grads_and_vars = tuple(grads_and_vars)
+    shards = []
+    for g, v in grads_and_vars:
+      if g is not None and isinstance(v, _Shard) and v not in shards:
+        shards.append(v)
+    if not shards:
+      return original(self, grads_and_vars, global_step=global_step, name=name, **kwargs)
+    spec, handler = _handler(self)
+    slot_specs = spec.slots_of(self)
+    names = [n for n, _ in slot_specs]
+    inits = [v for _, v in slot_specs]
+    orig_create_slots = self._create_slots
+
+    def _create_slots(var_list):
+      dense = [v for v in var_list if not isinstance(v, _Shard)]
+      if dense:
+        orig_create_slots(dense)
       for shard in shards:
-        shard.set_training()
-      return result
+        shard.add_slot_columns(self, names, inits)
+      handler.create_non_slots(self, dense, shards)
 
-    apply_gradients.__doc__ = orig_apply.__doc__
-    compute_gradients.__doc__ = orig_compute.__doc__
-    optimizer_lib._get_processor = _get_processor
-    optimizer_lib.Optimizer.apply_gradients = apply_gradients
-    optimizer_lib.Optimizer.compute_gradients = compute_gradients
-    _reject_keras_optimizers()
-    _installed = True
+    step = global_step if global_step is not None else tf.compat.v1.train.get_global_step()
+    self._create_slots = _create_slots
+    self._tf_ext_step = step
+    try:
+      result = original(self, grads_and_vars, global_step=global_step, name=name, **kwargs)
+    finally:
+      del self._create_slots
+      self._tf_ext_step = None
+    for shard in shards:
+      shard.set_training()
+    return result
+
+  return apply_gradients
 
 
-def _reject_keras_optimizers():
-  """Keras optimizers fail on a shard deep inside Keras/TF (a tape or a missing attribute): say why first."""
-  keras_optimizers = getattr(getattr(tf, "keras", None), "optimizers", None)
-  classes = [getattr(keras_optimizers, "Optimizer", None),
-             getattr(getattr(keras_optimizers, "legacy", None), "Optimizer", None)]
+def _refuse_embeddings(opt, variables):
+  for v in variables:
+    if isinstance(v, (_Shard, var_lib.DynamicEmbedding)):
+      raise TypeError(
+          "Keras optimizer %s cannot train dynamic embedding %s: dynamic embeddings train with "
+          "tf.compat.v1.train optimizers, e.g. tf.compat.v1.train.AdagradOptimizer, AdamOptimizer, "
+          "FtrlOptimizer or GradientDescentOptimizer (all: tf_ext.embedding.supported_optimizers())"
+          % (type(opt).__name__, v.name))
 
-  def check(opt, variables):
-    for v in variables:
-      if isinstance(v, (_Shard, var_lib.DynamicEmbedding)):
-        raise TypeError(
-            "Keras optimizer %s cannot train dynamic embedding %s: dynamic embeddings train with "
-            "tf.compat.v1.train optimizers, e.g. tf.compat.v1.train.AdagradOptimizer, AdamOptimizer, "
-            "FtrlOptimizer or GradientDescentOptimizer (all: tf_ext.embedding.supported_optimizers())"
-            % (type(opt).__name__, v.name))
 
-  for cls in classes:
-    if cls is None or getattr(cls, "_tf_ext_checked", False):
-      continue
-    orig_minimize, orig_apply_gradients = cls.minimize, cls.apply_gradients
+def _make_keras_minimize(original):
 
-    def minimize(self, loss, var_list, *args, _orig=orig_minimize, **kwargs):
-      if not callable(var_list):
-        check(self, tf.nest.flatten(var_list))
-      return _orig(self, loss, var_list, *args, **kwargs)
+  def minimize(self, loss, var_list, *args, **kwargs):
+    if not callable(var_list):
+      _refuse_embeddings(self, tf.nest.flatten(var_list))
+    return original(self, loss, var_list, *args, **kwargs)
 
-    def apply_gradients(self, grads_and_vars, *args, _orig=orig_apply_gradients, **kwargs):
-      grads_and_vars = list(grads_and_vars)
-      check(self, [p[1] for p in grads_and_vars if isinstance(p, (tuple, list)) and len(p) == 2])
-      return _orig(self, grads_and_vars, *args, **kwargs)
+  return minimize
 
-    minimize.__doc__ = orig_minimize.__doc__
-    apply_gradients.__doc__ = orig_apply_gradients.__doc__
-    cls.minimize, cls.apply_gradients = minimize, apply_gradients
-    cls._tf_ext_checked = True  # pylint: disable=protected-access
+
+def _make_keras_apply_gradients(original):
+
+  def apply_gradients(self, grads_and_vars, *args, **kwargs):
+    grads_and_vars = list(grads_and_vars)
+    _refuse_embeddings(self, [p[1] for p in grads_and_vars if isinstance(p, (tuple, list)) and len(p) == 2])
+    return original(self, grads_and_vars, *args, **kwargs)
+
+  return apply_gradients
+
+
+_KERAS_WHY = (
+    "Keras optimizers fail on a dynamic embedding deep inside Keras/TF (a tape without a gradient, or a missing "
+    "attribute) with an error that does not say why. The replacement raises a TypeError naming the embedding "
+    "and the tf.compat.v1.train optimizers that train it, and hands dense variables to Keras unchanged; Keras "
+    "has no hook to validate var_list.")
+_KERAS_TEST = "tests/test_tf_compat.py::test_keras_optimizers_refuse_dynamic_embeddings"
+for _name, _module, _owner in (("keras_optimizer", "keras.src.optimizers.optimizer", "Optimizer"),
+                               ("keras_legacy_optimizer", "keras.src.optimizers.legacy.optimizer_v2", "OptimizerV2")):
+  tf_compat.register(_name + "_minimize", _module, _owner, "minimize", why=_KERAS_WHY,
+                     test=_KERAS_TEST)(_make_keras_minimize)
+  tf_compat.register(_name + "_apply_gradients", _module, _owner, "apply_gradients", why=_KERAS_WHY,
+                     test=_KERAS_TEST)(_make_keras_apply_gradients)
+del _name, _module, _owner

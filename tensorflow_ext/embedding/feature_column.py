@@ -72,8 +72,12 @@ __all__ = [
     "embedding_column",
 ]
 
-_COMBINERS = ("mean", "sqrtn", "sum")
 _EMBEDDING_NAME = "embedding_weights"
+# TF's categorical columns come in a v1 and a v2 class; a column may be either (or both, as ours are).
+# pylint: disable=protected-access
+_CATEGORICAL_COLUMNS = (_fc_v2.CategoricalColumn, _fc_v1._CategoricalColumn)
+_SEQUENCE_COLUMNS = (_fc_v2.SequenceCategoricalColumn, _fc_v1._SequenceCategoricalColumn)
+# pylint: enable=protected-access
 
 
 class _Api(collections.namedtuple(
@@ -109,8 +113,9 @@ def _check_dim(dim):
 
 
 def _check_combiner(combiner):
-    if combiner not in _COMBINERS:
-        raise ValueError("combiner must be one of %s, got %r." % (_COMBINERS, combiner))
+    from tensorflow_ext.embedding import lookup as _lookup  # pylint: disable=g-import-not-at-top
+    if combiner not in _lookup.COMBINERS:
+        raise ValueError("combiner must be one of %s, got %r." % (_lookup.COMBINERS, combiner))
 
 
 def _check_num_shards(num_shards):
@@ -150,8 +155,7 @@ def _dense_to_sparse(ids, ignore_value):
 
 
 class DynamicIdColumn(
-        _fc_v2.CategoricalColumn,
-        _fc_v1._CategoricalColumn,  # pylint: disable=protected-access
+        *_CATEGORICAL_COLUMNS,
         collections.namedtuple("DynamicIdColumn", ("key", "dtype", "ignore_value"),
                                defaults=(None,))):
     """A categorical column of raw ids, with no vocabulary and no bucket count.
@@ -476,9 +480,7 @@ class DynamicEmbeddingColumn(
         return self._pool(sparse_tensors, self._make_embedding(trainable=trainable))
 
     def _check_not_sequence(self):
-        if isinstance(self.categorical_column,
-                      (_fc_v2.SequenceCategoricalColumn,
-                       _fc_v1._SequenceCategoricalColumn)):  # pylint: disable=protected-access
+        if isinstance(self.categorical_column, _SEQUENCE_COLUMNS):
             raise ValueError(
                 "Column %s: sequence categorical columns are not supported by dynamic "
                 "embedding columns." % self.name)
@@ -495,6 +497,23 @@ def _check_common(dim, combiner, num_shards, initializer, max_norm):
     if max_norm is not None and (isinstance(max_norm, bool) or
                                  not isinstance(max_norm, (int, float)) or max_norm <= 0):
         raise ValueError("max_norm must be None or a positive number, got %r." % (max_norm,))
+
+
+def _make_column(categorical_column, dim, combiner, initializer, num_shards, name, devices, trainable,
+                 use_safe_embedding_lookup, max_norm, embedding_kwargs):
+    """The DynamicEmbeddingColumn both constructors return (arguments checked by the caller)."""
+    return DynamicEmbeddingColumn(
+        categorical_column=categorical_column,
+        dimension=dim,
+        combiner=combiner,
+        initializer=_default_initializer(dim) if initializer is None else initializer,
+        num_shards=num_shards,
+        devices=tuple(devices) if devices is not None else None,
+        trainable=trainable,
+        use_safe_embedding_lookup=use_safe_embedding_lookup,
+        max_norm=max_norm,
+        column_name=name,
+        embedding_kwargs=tuple(sorted(embedding_kwargs.items())))
 
 
 def categorical_column_with_dynamic_embedding(key,
@@ -568,19 +587,10 @@ def categorical_column_with_dynamic_embedding(key,
         if isinstance(ignore_value, bool) or not isinstance(ignore_value, (int, np.integer)):
             raise ValueError("ignore_value must be None or an int, got %r." % (ignore_value,))
         ignore_value = int(ignore_value)
-    return DynamicEmbeddingColumn(
-        categorical_column=DynamicIdColumn(key=key, dtype=tf.string if dtype == tf.string else tf.int64,
-                                           ignore_value=ignore_value),
-        dimension=dim,
-        combiner=combiner,
-        initializer=_default_initializer(dim) if initializer is None else initializer,
-        num_shards=num_shards,
-        devices=tuple(devices) if devices is not None else None,
-        trainable=trainable,
-        use_safe_embedding_lookup=use_safe_embedding_lookup,
-        max_norm=max_norm,
-        column_name=name,
-        embedding_kwargs=tuple(sorted(embedding_kwargs.items())))
+    return _make_column(
+        DynamicIdColumn(key=key, dtype=tf.string if dtype == tf.string else tf.int64, ignore_value=ignore_value),
+        dim, combiner, initializer, num_shards, name, devices, trainable, use_safe_embedding_lookup, max_norm,
+        embedding_kwargs)
 
 
 def embedding_column(categorical_column,
@@ -628,23 +638,11 @@ def embedding_column(categorical_column,
         sequence column, or a bad ``dim``, ``combiner``, ``num_shards``,
         ``initializer`` or ``max_norm``.
     """
-    if not isinstance(categorical_column, (_fc_v2.CategoricalColumn,
-                                           _fc_v1._CategoricalColumn)):  # pylint: disable=protected-access
+    if not isinstance(categorical_column, _CATEGORICAL_COLUMNS):
         raise ValueError("categorical_column must be a categorical column, got %r."
                          % (categorical_column,))
-    if isinstance(categorical_column, (_fc_v2.SequenceCategoricalColumn,
-                                       _fc_v1._SequenceCategoricalColumn)):  # pylint: disable=protected-access
+    if isinstance(categorical_column, _SEQUENCE_COLUMNS):
         raise ValueError("sequence categorical columns are not supported: %r." % (categorical_column,))
     _check_common(dim, combiner, num_shards, initializer, max_norm)
-    return DynamicEmbeddingColumn(
-        categorical_column=categorical_column,
-        dimension=dim,
-        combiner=combiner,
-        initializer=_default_initializer(dim) if initializer is None else initializer,
-        num_shards=num_shards,
-        devices=tuple(devices) if devices is not None else None,
-        trainable=trainable,
-        use_safe_embedding_lookup=use_safe_embedding_lookup,
-        max_norm=max_norm,
-        column_name=name,
-        embedding_kwargs=tuple(sorted(embedding_kwargs.items())))
+    return _make_column(categorical_column, dim, combiner, initializer, num_shards, name, devices, trainable,
+                        use_safe_embedding_lookup, max_norm, embedding_kwargs)

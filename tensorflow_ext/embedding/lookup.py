@@ -29,7 +29,8 @@ from tensorflow_ext.embedding import variable as var_lib
 
 __all__ = ["embedding_lookup", "embedding_lookup_sparse", "safe_embedding_lookup_sparse"]
 
-_COMBINERS = ("mean", "sqrtn", "sum")
+# The ways pooled lookups combine an example's rows (as TF's embedding_lookup_sparse); feature columns use them too.
+COMBINERS = ("mean", "sqrtn", "sum")
 
 
 def _as_embedding(params, fn):
@@ -205,8 +206,9 @@ def embedding_lookup(params, ids, name=None, is_training=None, max_norm=None, re
 def _check_combiner(combiner):
   if combiner is None:
     combiner = "mean"
-  if combiner not in _COMBINERS:
-    raise ValueError("combiner must be one of 'mean', 'sqrtn' or 'sum', got %r" % (combiner,))
+  if combiner not in COMBINERS:
+    raise ValueError("combiner must be one of %s or %r, got %r"
+                     % (", ".join(map(repr, COMBINERS[:-1])), COMBINERS[-1], combiner))
   return combiner
 
 

@@ -304,3 +304,21 @@ def test_exposed_as_tf_ext_feature_column():
     assert tf_ext.feature_column.categorical_column_with_dynamic_embedding is \
         dfc.categorical_column_with_dynamic_embedding
     assert tf_ext.feature_column.embedding_column is dfc.embedding_column
+
+
+def test_columns_accept_exactly_the_lookup_combiners():
+    from tensorflow_ext.embedding import lookup  # pylint: disable=import-outside-toplevel
+
+    ids = fc_v1.categorical_column_with_identity("ids", num_buckets=10)
+    for combiner in lookup.COMBINERS:
+        assert dfc.categorical_column_with_dynamic_embedding("k", 2, combiner=combiner).combiner == combiner
+        assert dfc.embedding_column(ids, 2, combiner=combiner).combiner == combiner
+    with pytest.raises(ValueError, match=r"combiner must be one of \('mean', 'sqrtn', 'sum'\), got 'max'"):
+        dfc.categorical_column_with_dynamic_embedding("k", 2, combiner="max")
+    with pytest.raises(ValueError, match="combiner must be one of"):
+        dfc.embedding_column(ids, 2, combiner="max")
+    with tf.Graph().as_default():
+        emb = variable.get_dynamic_embedding("e", 2)
+        sp = _sp_tensor(_sparse([[1, 2]]))
+        with pytest.raises(ValueError, match="combiner must be one of 'mean', 'sqrtn' or 'sum', got 'max'"):
+            lookup.embedding_lookup_sparse(emb, sp, None, combiner="max")

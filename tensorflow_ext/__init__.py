@@ -83,6 +83,8 @@ def _register_ops_at_import():
 
     loader.load_ops()
     _importlib.import_module("tensorflow_ext.embedding.embedding_ops")
+    # replica_device_setters created from now on place tf_ext tables on parameter servers.
+    _importlib.import_module("tensorflow_ext.tf_compat").install("replica_device_setter_ps_ops")
 
 
 _register_ops_at_import()

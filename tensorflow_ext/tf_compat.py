@@ -231,3 +231,91 @@ def _make_ema_apply(original):
         return original(self, var_list)
 
     return apply
+
+
+@register(
+    "replica_device_setter_ps_ops", "tensorflow.python.training.device_setter", "", "STANDARD_PS_OPS",
+    why="replica_device_setter puts an op on a parameter server only if its type is in STANDARD_PS_OPS (read "
+    "when the setter is created); TF lists its own variable and table ops there and offers no registration. "
+    "Adding TfExtTableHandle places dynamic embedding tables on ps tasks like variables. Installed at "
+    "`import tensorflow_ext`, so setters created afterwards know it.",
+    test="tests/test_tf_compat.py::test_replica_device_setter_places_tables_on_ps")
+def _make_ps_ops(original):
+    return tuple(original) + (("TfExtTableHandle",) if "TfExtTableHandle" not in original else ())
+
+
+def _warm_start_lib():
+    from tensorflow_ext.embedding import warm_start  # pylint: disable=import-outside-toplevel
+
+    return warm_start
+
+
+@register(
+    "warm_start_grouped_variables", "tensorflow.python.training.warm_starting_util", "", "_get_grouped_variables",
+    why="tf.compat.v1.train.warm_start (and Estimator warm_start_from) select the variables to warm-start here; "
+    "a dynamic embedding shard is not a variable TF can partition-group. The replacement groups the dense "
+    "variables as TF does and adds each selected shard as its own entry (a stand-in object).",
+    test="tests/test_tf_compat.py::test_warm_start_patches_handle_shards_and_leave_variables_to_tf")
+def _make_grouped_variables(original):
+
+    def _get_grouped_variables(vars_to_warm_start):
+        import tensorflow as tf  # pylint: disable=import-outside-toplevel
+
+        ws = _warm_start_lib()
+        graph = tf.compat.v1.get_default_graph()
+        shards = ws.matching_shards(vars_to_warm_start, graph)
+        coll = graph.get_collection_ref(tf.compat.v1.GraphKeys.TRAINABLE_VARIABLES)
+        saved = list(coll)
+        coll[:] = [v for v in saved if not _is_shard(v)]
+        try:
+            arg = vars_to_warm_start
+            if isinstance(arg, list) and not all(isinstance(v, str) for v in arg):
+                arg = [v for v in arg if not _is_shard(v)]
+            grouped = original(arg) if arg != [] else {}
+        finally:
+            coll[:] = saved
+        for shard in shards:
+            grouped[shard.name] = [ws.ShardTarget(shard)]
+        return grouped
+
+    return _get_grouped_variables
+
+
+@register(
+    "warm_start_var_info", "tensorflow.python.training.warm_starting_util", "", "_get_var_info",
+    why="warm_start builds a VariableInfo (vocabulary remapping) per selected variable; a shard stand-in has no "
+    "vocabulary. The replacement passes the stand-in through with its checkpoint name.",
+    test="tests/test_tf_compat.py::test_warm_start_patches_handle_shards_and_leave_variables_to_tf")
+def _make_var_info(original):
+
+    def _get_var_info(var, prev_tensor_name=None):
+        ws = _warm_start_lib()
+        target = var[0] if isinstance(var, list) and len(var) == 1 else var
+        if isinstance(target, ws.ShardTarget):
+            return (prev_tensor_name or target.name), target
+        return original(var, prev_tensor_name)
+
+    return _get_var_info
+
+
+@register(
+    "init_from_checkpoint", "tensorflow.python.training.checkpoint_utils", "", "init_from_checkpoint",
+    why="warm_start ends in init_from_checkpoint, which overrides variable initializers; a table has none. The "
+    "replacement fills each shard stand-in from the previous embedding's checkpoint tensors (re-partitioned by "
+    "key) when the model initializes, and passes every variable to TF's function.",
+    test="tests/test_tf_compat.py::test_warm_start_patches_handle_shards_and_leave_variables_to_tf")
+def _make_init_from_checkpoint(original):
+
+    def init_from_checkpoint(ckpt_dir_or_file, assignment_map):
+        ws = _warm_start_lib()
+        rest = {}
+        for prev_name, target in dict(assignment_map).items():
+            if isinstance(target, ws.ShardTarget):
+                ws.warm_start_shard(ckpt_dir_or_file, prev_name, target.shard)
+            else:
+                rest[prev_name] = target
+        if rest or not assignment_map:
+            return original(ckpt_dir_or_file, rest)
+        return None
+
+    return init_from_checkpoint

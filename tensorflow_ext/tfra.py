@@ -89,7 +89,7 @@ def default_partition_fn(keys, shard_num):
     Returns:
       int32 tensor of keys' shape.
     """
-    return _variable.hash_key_shard_ids(tf.convert_to_tensor(keys, tf.int64), int(shard_num))
+    return _variable.HashPartition(int(shard_num)).part_ids(tf.convert_to_tensor(keys, tf.int64))
 
 
 def _policy_name(restrict_policy):

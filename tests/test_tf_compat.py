@@ -86,6 +86,39 @@ def test_moving_average_refuses_shards_with_advice():
         assert ema.apply([v]) is not None  # dense variables: TF's own behaviour
 
 
+def test_replica_device_setter_places_tables_on_ps():
+    with tf.Graph().as_default():
+        setter = tf.compat.v1.train.replica_device_setter(ps_tasks=2, ps_device="/job:ps", worker_device="/job:w")
+        with tf.compat.v1.device(setter):
+            emb = tf_ext.get_dynamic_embedding("e", 2, num_shards=2)
+            dense = tf.compat.v1.get_variable("d", [1])
+        assert [s.device for s in emb.shards] == ["/job:ps/task:0", "/job:ps/task:1"]
+        assert dense.device.startswith("/job:ps")  # TF's own placement unchanged
+
+
+def test_warm_start_patches_handle_shards_and_leave_variables_to_tf(tmp_path):
+    ckpt = str(tmp_path / "ckpt")
+    with tf.Graph().as_default() as g:
+        emb = tf_ext.get_dynamic_embedding("e", 2, initializer=0.0)
+        dense = tf.compat.v1.get_variable("d", initializer=[3.0, 4.0])
+        ins = emb.insert(tf.constant([7, -8], tf.int64), tf.constant([[1.0, 2.0], [3.0, 4.0]]))
+        with tf.compat.v1.Session(graph=g) as sess:
+            sess.run(tf.compat.v1.global_variables_initializer())
+            sess.run(ins)
+            tf.compat.v1.train.Saver().save(sess, ckpt)
+    with tf.Graph().as_default() as g:
+        emb = tf_ext.get_dynamic_embedding("e", 2, initializer=0.0, num_shards=3)  # resharded
+        dense = tf.compat.v1.get_variable("d", initializer=[0.0, 0.0])
+        tf.compat.v1.train.warm_start(ckpt, vars_to_warm_start=".*")
+        rows = tf_ext.embedding_lookup(emb, tf.constant([7, -8, 9], tf.int64), is_training=False)
+        with tf.compat.v1.Session(graph=g) as sess:
+            sess.run(tf.compat.v1.global_variables_initializer())
+            sess.run(tf_ext.embedding.warm_start_op())
+            got_rows, got_dense = sess.run([rows, dense])
+    np.testing.assert_allclose(got_rows, [[1.0, 2.0], [3.0, 4.0], [0.0, 0.0]])
+    np.testing.assert_allclose(got_dense, [3.0, 4.0])  # TF's own warm start of the variable
+
+
 def test_optimizer_get_processor_targets_the_shard_handle():
     from tensorflow.python.training import optimizer as optimizer_lib  # pylint: disable=import-outside-toplevel
 

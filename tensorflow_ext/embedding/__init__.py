@@ -23,13 +23,14 @@ from tensorflow_ext.embedding.optimizers import supported_optimizers
 from tensorflow_ext.embedding.saveable import ShardSaveable
 from tensorflow_ext.embedding.variable import DynamicEmbedding
 from tensorflow_ext.embedding.variable import DynamicEmbeddingShard
-from tensorflow_ext.embedding.variable import DynamicEmbeddingSlot
+from tensorflow_ext.embedding.layout import DynamicEmbeddingSlot
+from tensorflow_ext.embedding.keys import HashPartition
 from tensorflow_ext.embedding.variable import ExportedEmbedding
 from tensorflow_ext.embedding.variable import GraphKeys
 from tensorflow_ext.embedding.variable import dense_variables
 from tensorflow_ext.embedding.variable import get_dynamic_embedding
 from tensorflow_ext.embedding.variable import get_dynamic_embeddings
-from tensorflow_ext.embedding.variable import string_to_key
+from tensorflow_ext.embedding.keys import string_to_key
 
 from tensorflow_ext.embedding import warm_start as _warm_start
 from tensorflow_ext.embedding.warm_start import warm_start_from_checkpoint
@@ -38,8 +39,8 @@ from tensorflow_ext.embedding.warm_start import warm_start_op
 from tensorflow_ext import tf_compat as _tf_compat
 
 _optimizers.install()
-_warm_start.install()
-_tf_compat.install("optimizer_get_slot", "optimizer_get_slot_names", "moving_average_apply")
+_tf_compat.install("optimizer_get_slot", "optimizer_get_slot_names", "moving_average_apply",
+                   "warm_start_grouped_variables", "warm_start_var_info", "init_from_checkpoint")
 
 from tensorflow_ext.embedding.eviction import EvictionHook
 from tensorflow_ext.embedding.eviction import EvictionSaverListener
@@ -56,6 +57,7 @@ __all__ = [
     "EvictionSaverListener",
     "ExportedEmbedding",
     "GraphKeys",
+    "HashPartition",
     "InitSpec",
     "ShardSaveable",
     "add_summaries",

@@ -66,7 +66,7 @@ def _lookup_shard(shard, keys, is_training, step):
         def activate():
           lookup_op._set_attr("insert_missing", attr_value_pb2.AttrValue(b=True))  # pylint: disable=protected-access
 
-        shard._record_lookup(activate)  # pylint: disable=protected-access
+        shard.lookups.when_training(activate)
     else:
       n = tf.size(keys)
       if is_training:
@@ -83,9 +83,9 @@ def _lookup_shard(shard, keys, is_training, step):
           def activate():
             find_op._add_control_input(insert.op)  # pylint: disable=protected-access
 
-          shard._record_lookup(activate)  # pylint: disable=protected-access
+          shard.lookups.when_training(activate)
     values = embedding_ops.with_handle_gradient(values, handle, keys)
-  shard._record_read(keys, lambda: values)  # pylint: disable=protected-access
+  shard.lookups.record_read(keys, lambda: values)
   return values
 
 
@@ -105,7 +105,7 @@ def _lookup_unique_local(emb, unique_keys, is_training):
     if all(s.is_training for s in emb.shards):
       is_training = True
   step = _global_step_tensor()
-  parts, positions = emb._partition(unique_keys)  # pylint: disable=protected-access
+  parts, positions = emb.partition.split(unique_keys)
   rows = [_lookup_shard(shard, part, is_training, step) for shard, part in zip(emb.shards, parts)]
   out = rows[0] if positions is None else tf.dynamic_stitch(positions, rows)
   # Reshape's gradient turns IndexedSlices into a dense [n, dim] sum: the gradients
@@ -134,10 +134,10 @@ def _lookup_ids_fused(emb, flat_keys, is_training):
     def activate():
       lookup_op._set_attr("insert_missing", attr_value_pb2.AttrValue(b=True))  # pylint: disable=protected-access
 
-    shard._record_lookup(activate)  # pylint: disable=protected-access
+    shard.lookups.when_training(activate)
   # The rows of the unique keys, for the shard's value as a tensor: every occurrence of a key holds the same
   # row, so the segment mean is that row, and its gradient (grad / count per occurrence) sums back to grad.
-  shard._record_read(  # pylint: disable=protected-access
+  shard.lookups.record_read(
       unique_keys, lambda: tf.math.unsorted_segment_mean(values, idx, tf.size(unique_keys)))
   return values
 

@@ -277,7 +277,7 @@ def _dedup(grad, shard):
         "tf.gradients through tf_ext lookups), got a %s" % (shard.name, type(grad).__name__))
   keys = tf.cast(grad.indices, tf.int64)
   values = tf.reshape(_f32(grad.values), [-1, shard.dim])
-  if grad.indices.ref() in shard._unique_key_tensors:  # pylint: disable=protected-access
+  if shard.lookups.keys_are_unique(grad.indices):
     return keys, values  # the gradient of one lookup: its keys are unique already
   unique, idx = tf.unique(keys, out_idx=tf.int32)
   summed = tf.math.unsorted_segment_sum(values, idx, tf.size(unique))
@@ -362,7 +362,7 @@ def _apply_to_shard(opt, shard, grad):
   with tf.name_scope("tf_ext_" + type(opt).__name__):
     keys, values = _dedup(grad, shard)
     step = _step_for(opt)
-    if grad.indices.ref() not in shard._unique_key_tensors:  # pylint: disable=protected-access
+    if not shard.lookups.keys_are_unique(grad.indices):
       # Keys that may not have been looked up here (another process's gradient, gathered by an allreduce):
       # give the missing ones their initializer row first, as a lookup would, not the column defaults, so
       # replicas that apply the same gradient stay identical.

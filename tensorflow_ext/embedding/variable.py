@@ -13,8 +13,6 @@ before the graph first runs; see ``optimizers.py``.
 """
 
 import collections
-import threading
-import weakref
 
 import numpy as np
 import tensorflow as tf
@@ -22,10 +20,15 @@ from tensorflow.core.framework import attr_value_pb2
 from tensorflow.python.framework import ops as tf_ops
 from tensorflow.python.ops import variable_scope as vs
 from tensorflow.python.util import object_identity
-from tensorflow.python.training import device_setter
 
 from tensorflow_ext.embedding import _ops
 from tensorflow_ext.embedding import initializers as init_lib
+from tensorflow_ext.embedding import layout as layout_lib
+from tensorflow_ext.embedding import shard_lookups
+from tensorflow_ext.embedding.keys import HashPartition
+from tensorflow_ext.embedding.keys import hash_key_shard_ids  # noqa: F401  (re-exported)
+from tensorflow_ext.embedding.keys import string_to_key
+from tensorflow_ext.embedding.layout import DynamicEmbeddingSlot  # noqa: F401  (re-exported)
 
 __all__ = [
     "GraphKeys",
@@ -65,106 +68,12 @@ frequencies: int64 [n], how many times each key was looked up in training.
 """
 
 
-def _register_ps_op():
-  """Makes replica_device_setter place tf_ext tables on parameter servers."""
-  ps_ops = tuple(device_setter.STANDARD_PS_OPS)
-  if _TABLE_HANDLE_OP not in ps_ops:
-    device_setter.STANDARD_PS_OPS = ps_ops + (_TABLE_HANDLE_OP,)
-
-
-_register_ps_op()
-
-
-def _teach_active_device_setters(graph):
-  """Adds TfExtTableHandle to the ps ops of replica_device_setter choosers that
-  were created before tensorflow_ext was imported (best effort)."""
-  try:
-    stack = graph._device_function_stack.peek_objs()  # pylint: disable=protected-access
-  except AttributeError:
-    return
-  for spec in stack:
-    fn = getattr(spec, "_device_name_or_function", None) or getattr(spec, "function", None)
-    chooser = getattr(fn, "__self__", None)
-    ps_ops = getattr(chooser, "_ps_ops", None)
-    if (isinstance(ps_ops, list) and _TABLE_HANDLE_OP not in ps_ops and
-        "MutableHashTableOfTensorsV2" in ps_ops):
-      ps_ops.append(_TABLE_HANDLE_OP)
-
-
-def string_to_key(strings, name=None):
-  """Maps strings to the int64 keys a string-keyed dynamic embedding stores.
-
-  The key of a string is its 64-bit FarmHash fingerprint
-  (``tf.fingerprint(..., method="farmhash64")``, the 8 bytes bitcast to int64).
-  Distinct strings collide with probability ~n^2 / 2^65 (about 3e-8 for a
-  billion strings). The mapping is stable across processes and versions of
-  tensorflow_ext, so checkpoints of string embeddings hold these int64 keys.
-
-  Args:
-    strings: a string tensor of any shape.
-    name: optional name scope.
-
-  Returns:
-    An int64 tensor of the same shape.
-  """
-  with tf.name_scope(name or "string_to_key"):
-    strings = tf.convert_to_tensor(strings, dtype=tf.string)
-    flat = tf.reshape(strings, [-1])
-    fp = tf.fingerprint(flat, method="farmhash64")  # [n, 8] uint8
-    keys = tf.bitcast(fp, tf.int64)  # [n]
-    out = tf.reshape(keys, tf.shape(strings))
-    out.set_shape(strings.shape)
-    return out
-
-
-def _u64(value):
-  return tf.constant(np.uint64(value), tf.uint64)
-
-
-def hash_key_shard_ids(keys, num_shards):
-  """`HashKey(key) % num_shards` computed with TF ops (same result as TfExtShardIndex).
-
-  HashKey is the table core's 64-bit mixer (the splitmix64 finalizer):
-  z ^= z >> 30; z *= 0xbf58476d1ce4e5b9; z ^= z >> 27; z *= 0x94d049bb133111eb;
-  z ^= z >> 31, on the key's bits as uint64.
-
-  Args:
-    keys: int64 tensor.
-    num_shards: python int >= 1.
-
-  Returns:
-    int32 tensor of keys' shape.
-  """
-  z = tf.bitcast(keys, tf.uint64)
-  z = tf.bitwise.bitwise_xor(z, tf.bitwise.right_shift(z, _u64(30))) * _u64(0xbf58476d1ce4e5b9)
-  z = tf.bitwise.bitwise_xor(z, tf.bitwise.right_shift(z, _u64(27))) * _u64(0x94d049bb133111eb)
-  z = tf.bitwise.bitwise_xor(z, tf.bitwise.right_shift(z, _u64(31)))
-  return tf.cast(tf.math.floormod(z, _u64(num_shards)), tf.int32)
-
-
 def _int_attr(value):
   return attr_value_pb2.AttrValue(i=int(value))
 
 
 def _float_list_attr(values):
   return attr_value_pb2.AttrValue(list=attr_value_pb2.AttrValue.ListValue(f=[float(v) for v in values]))
-
-
-class _SlotGroup(object):
-  """The slot columns one optimizer added to a shard's rows."""
-
-  def __init__(self, optimizer, slot_names, initial_values, offset, dim):
-    self.optimizer_ref = weakref.ref(optimizer)
-    self.optimizer_name = optimizer.get_name()
-    self.optimizer_class = type(optimizer).__name__
-    self.slot_names = list(slot_names)
-    self.initial_values = [float(v) for v in initial_values]
-    self.offset = int(offset)
-    self.dim = int(dim)
-
-  def column(self, slot_name):
-    """First column of slot_name."""
-    return self.offset + self.slot_names.index(slot_name) * self.dim
 
 
 class DynamicEmbeddingShard(object):
@@ -195,29 +104,18 @@ class DynamicEmbeddingShard(object):
     self._index = index
     self._name = name
     self._dim = embedding.dim
-    self._width = embedding.dim
-    self._column_defaults = None  # None = zeros (attr left empty)
-    emb_defaults = embedding.initializer.embedding_column_defaults(self._dim)
-    if any(v != 0.0 for v in emb_defaults):
-      self._column_defaults = list(emb_defaults)
-    self._slot_groups = []
-    self._frozen_by = None
-    self._training = False
-    self._pending_lookups = []
-    self._unique_key_tensors = set()  # refs of key tensors lookups looked up (unique by construction)
-    self._reads = []  # (unique keys [n], callable -> their rows [n, dim]) of each lookup, in build order
-    self._read_cache = {}  # number of reads -> (keys, rows) tensors built by read_rows()
-    self._lock = threading.Lock()
+    self._layout = layout_lib.RowLayout(self._dim, embedding.initializer.embedding_column_defaults(self._dim),
+                                        embedding.name)
+    self._lookups = shard_lookups.ShardLookups(name)
     graph = tf.compat.v1.get_default_graph()
-    _teach_active_device_setters(graph)
     with tf.control_dependencies(None), tf.compat.v1.name_scope(None):
       with tf.compat.v1.name_scope(embedding.name + "/"):
         ctx = tf.device(device) if device is not None else _NullContext()
         with ctx:
           self._handle = _ops.op("tf_ext_table_handle")(
               dim=self._dim,
-              width=self._width,
-              column_defaults=self._column_defaults or [],
+              width=self._layout.width,
+              column_defaults=self._layout.column_defaults_attr,
               initial_capacity=int(initial_capacity),
               shard_bits=-1,
               # Training tables grow every step; on kernels that compact memory
@@ -307,14 +205,22 @@ class DynamicEmbeddingShard(object):
   @property
   def width(self):
     """Floats per row: dim + the optimizer slot columns."""
-    return self._width
+    return self._layout.width
 
   @property
   def column_defaults(self):
     """The `width` values a new key's columns start with."""
-    if self._column_defaults is None:
-      return [0.0] * self._width
-    return list(self._column_defaults)
+    return self._layout.column_defaults
+
+  @property
+  def layout(self):
+    """The `RowLayout` of the rows (embedding and slot columns)."""
+    return self._layout
+
+  @property
+  def lookups(self):
+    """The `ShardLookups` of this graph: training mode, unique key tensors, the rows lookups read."""
+    return self._lookups
 
   def ref(self):
     """A hashable reference to the shard (as `tf.Variable.ref()`), for code that keys dicts by variable."""
@@ -333,32 +239,25 @@ class DynamicEmbeddingShard(object):
 
   def __repr__(self):
     return "<tf_ext.DynamicEmbeddingShard %r dim=%d width=%d device=%r>" % (
-        self._name, self._dim, self._width, self.device)
+        self._name, self._dim, self._layout.width, self.device)
 
   # ---- layout ---------------------------------------------------------------
 
   def slot_group(self, optimizer):
-    """Finds the slot columns `optimizer` added to this shard.
-
-    Args:
-      optimizer: the optimizer object (compared by identity).
-
-    Returns:
-      The `_SlotGroup` of `optimizer` on this shard, or None if
-      `add_slot_columns` was never called for it.
-    """
-    for group in self._slot_groups:
-      if group.optimizer_ref() is optimizer:
-        return group
-    return None
+    """The `SlotGroup` of `optimizer` on this shard (by identity), or None."""
+    return self._layout.group(optimizer)
 
   @property
   def slot_groups(self):
-    """The `_SlotGroup`s of this shard (a new list), in layout order."""
-    return list(self._slot_groups)
+    """The `SlotGroup`s of this shard (a new list), in layout order."""
+    return self._layout.groups
 
   def add_slot_columns(self, optimizer, slot_names, initial_values):
     """Appends `optimizer`'s slot columns to the rows (once per optimizer).
+
+    The table is created when the graph first runs, with the layout its
+    handle op carries then; this updates the op's `width` and
+    `column_defaults` attrs (graph construction time only).
 
     Args:
       optimizer: the optimizer object.
@@ -366,88 +265,40 @@ class DynamicEmbeddingShard(object):
       initial_values: one float per slot: the value of a new key's slot.
 
     Returns:
-      The `_SlotGroup` (its `offset` is the first slot column).
+      The `SlotGroup` (its `offset` is the first slot column).
 
     Raises:
       ValueError: the layout was frozen (a Saver or an export with slots was
-        built for this embedding already), or the table already ran.
+        built for this embedding already).
     """
-    with self._lock:
-      group = self.slot_group(optimizer)
-      if group is not None:
-        return group
-      if not slot_names:
-        group = _SlotGroup(optimizer, [], [], self._dim, self._dim)
-        self._slot_groups.append(group)
-        return group
-      if self._frozen_by is not None:
-        raise ValueError(
-            "Cannot add the slots %s of optimizer %r to dynamic embedding %r: its table layout was frozen "
-            "when %s was built for it. Build the training op (optimizer.minimize / apply_gradients) before "
-            "creating the Saver (or calling export(with_slots=True))."
-            % (slot_names, optimizer.get_name(), self._embedding.name, self._frozen_by))
-      offset = self._width
-      group = _SlotGroup(optimizer, slot_names, initial_values, offset, self._dim)
-      defaults = self.column_defaults
-      for value in group.initial_values:
-        defaults.extend([value] * self._dim)
-      self._width += self._dim * len(slot_names)
-      self._column_defaults = defaults
-      self._slot_groups.append(group)
+    group, changed = self._layout.add_slot_columns(optimizer, slot_names, initial_values)
+    if changed:
       op = self._handle.op
-      op._set_attr("width", _int_attr(self._width))  # pylint: disable=protected-access
-      op._set_attr("column_defaults", _float_list_attr(defaults))  # pylint: disable=protected-access
-      return group
+      op._set_attr("width", _int_attr(self._layout.width))  # pylint: disable=protected-access
+      op._set_attr("column_defaults", _float_list_attr(self._layout.column_defaults))  # pylint: disable=protected-access
+    return group
 
   def freeze_layout(self, reason):
     """Marks the layout final (called when a Saver/export reads every column).
 
-    Later `add_slot_columns` calls with new slots then raise. Freezing an
-    already frozen layout keeps the first reason.
-
     Args:
       reason: str naming what froze the layout (used in the error message).
     """
-    with self._lock:
-      if self._frozen_by is None:
-        self._frozen_by = reason
+    self._layout.freeze(reason)
 
   # ---- training/inference lookups -------------------------------------------
 
   @property
   def is_training(self):
     """True once an optimizer was applied to this shard in this graph."""
-    return self._training
-
-  def _record_lookup(self, activate_fn):
-    """Records a find-only lookup that becomes an inserting one on `set_training`."""
-    with self._lock:
-      if self._training:
-        activate_fn()
-      else:
-        self._pending_lookups.append(activate_fn)
+    return self._lookups.is_training
 
   def set_training(self):
     """Turns the shard's find-only lookups (built with is_training=None) into
     inserting ones, now and for lookups built later."""
-    with self._lock:
-      pending, self._pending_lookups = self._pending_lookups, []
-      self._training = True
-    for activate in pending:
-      activate()
+    self._lookups.set_training()
 
   # ---- the shard as a tensor: the rows this graph's lookups read ---------------
-
-  def _record_read(self, unique_keys, unique_rows_fn):
-    """Called by lookups: they read `unique_keys` (unique int64 [n]) of this shard.
-
-    `unique_rows_fn()` builds the rows [n, dim] of those keys, differentiable
-    w.r.t. the table handle like the lookup itself; it runs only if someone
-    asks for the shard's value (`read_rows`), so lookups pay nothing for it.
-    """
-    with self._lock:
-      self._unique_key_tensors.add(unique_keys.ref())
-      self._reads.append((unique_keys, unique_rows_fn))
 
   def read_keys_and_rows(self, name=None):
     """The keys and rows that this graph's lookups read from this shard.
@@ -470,26 +321,13 @@ class DynamicEmbeddingShard(object):
       ValueError: no lookup of this graph has read the shard yet (build the
         model's lookups first).
     """
-    with self._lock:
-      reads = list(self._reads)
-      cached = self._read_cache.get(len(reads))
-    if not reads:
+    out = self._lookups.read_keys_and_rows(name or (self._name + "/read_rows/"))
+    if out is None:
       raise ValueError(
           "Dynamic embedding shard %s has no value as a tensor yet: it stands for the rows that this graph's "
           "lookups read, and no tf_ext.embedding_lookup* of %r was built. Build the model (its lookups) before "
           "using the shard as a tensor (l2 loss, summaries); to read given keys use "
           "tf_ext.embedding_lookup(emb, ids)." % (self._name, self._embedding.name))
-    if cached is not None:
-      return cached
-    with tf.name_scope(name or (self._name + "/read_rows/")):
-      keys = [k for k, _ in reads]
-      rows = [fn() for _, fn in reads]
-      if len(reads) > 1:
-        out = (tf.concat(keys, 0), tf.concat(rows, 0))
-      else:
-        out = (tf.identity(keys[0]), tf.identity(rows[0]))
-    with self._lock:
-      self._read_cache[len(reads)] = out
     return out
 
   def value(self):
@@ -519,76 +357,6 @@ class DynamicEmbeddingShard(object):
   def saveable(self):
     """The shard's `SaveableObject` (also in `GraphKeys.SAVEABLE_OBJECTS`)."""
     return self._saveable
-
-
-class DynamicEmbeddingSlot(object):
-  """One optimizer slot of a shard (e.g. Adagrad's "accumulator"): columns of the shard's rows.
-
-  `optimizer.get_slot(shard, name)` returns this for a dynamic embedding
-  shard (a slot is not a variable here: it lives in the table row). As a
-  tensor it is the slot of the keys that this graph's lookups read, in the
-  order of `shard.read_keys_and_rows()`; `lookup(ids)` reads any keys.
-
-  Args:
-    shard: the `DynamicEmbeddingShard`.
-    optimizer: the optimizer that owns the slot.
-    slot_name: the TF slot name.
-  """
-
-  def __init__(self, shard, optimizer, slot_name):
-    self._shard = shard
-    self._optimizer = optimizer
-    self._slot_name = slot_name
-
-  @property
-  def shard(self):
-    """The `DynamicEmbeddingShard` whose rows hold the slot."""
-    return self._shard
-
-  @property
-  def name(self):
-    """`<shard name>/<optimizer name>/<slot name>` (TF names a dense slot `<var>/<optimizer>`)."""
-    return "%s/%s/%s" % (self._shard.name, self._optimizer.get_name(), self._slot_name)
-
-  @property
-  def dtype(self):
-    """float32."""
-    return tf.float32
-
-  @property
-  def shape(self):
-    """`[None, dim]`, like the shard."""
-    return self._shard.shape
-
-  def _column(self):
-    group = self._shard.slot_group(self._optimizer)
-    return group.column(self._slot_name), group.initial_values[group.slot_names.index(self._slot_name)]
-
-  def lookup(self, keys, name=None):
-    """The slot values of int64 table keys of this shard (missing keys: the slot's initial value).
-
-    Args:
-      keys: int64 tensor [n].
-      name: optional name scope.
-
-    Returns:
-      float32 [n, dim].
-    """
-    col, default = self._column()
-    dim = self._shard.dim
-    with tf.name_scope(name or "slot_lookup"), tf_ops.colocate_with(self._shard.handle):
-      values, _ = _ops.op("tf_ext_table_find")(self._shard.handle, tf.convert_to_tensor(keys, tf.int64),
-                                               tf.fill([dim], tf.constant(default, tf.float32)),
-                                               col_begin=col, cols=dim)
-      return values
-
-  def value(self):
-    """The slot of the keys this graph's lookups read (see `DynamicEmbeddingShard.read_keys_and_rows`)."""
-    keys, _ = self._shard.read_keys_and_rows()
-    return self.lookup(keys)
-
-  def __repr__(self):
-    return "<tf_ext.DynamicEmbeddingSlot %r>" % self.name
 
 
 class _NullContext(object):
@@ -638,6 +406,7 @@ class DynamicEmbedding(object):
     self._distribution = None  # set by tensorflow_ext.horovod for model-parallel embeddings
     graph = tf.compat.v1.get_default_graph()
     self._graph = graph
+    self._partition = HashPartition(num_shards)
     per_shard_capacity = int(initial_capacity) // num_shards if initial_capacity else 0
     self._shards = []
     for i in range(num_shards):
@@ -758,6 +527,11 @@ class DynamicEmbedding(object):
       ids = tf.cast(ids, tf.int64)
     return ids
 
+  @property
+  def partition(self):
+    """The `HashPartition` of keys over this embedding's shards (`HashKey(key) % num_shards`)."""
+    return self._partition
+
   def shard_ids(self, keys):
     """The shard of each key: `HashKey(key) % num_shards`.
 
@@ -767,22 +541,7 @@ class DynamicEmbedding(object):
     Returns:
       int32 tensor of keys' shape (all zeros for a one-shard embedding).
     """
-    n = len(self._shards)
-    if n == 1:
-      return tf.zeros_like(keys, dtype=tf.int32)
-    if _ops.has_fused("tf_ext_shard_index"):
-      return _ops.op("tf_ext_shard_index")(keys, tf.constant(n, tf.int32))
-    return hash_key_shard_ids(keys, n)
-
-  def _partition(self, keys):
-    """Splits int64 keys [n] by shard: (list of keys per shard, list of positions)."""
-    n = len(self._shards)
-    if n == 1:
-      return [keys], None
-    ids = self.shard_ids(keys)
-    parts = tf.dynamic_partition(keys, ids, n)
-    positions = tf.dynamic_partition(tf.range(tf.size(keys)), ids, n)
-    return parts, positions
+    return self._partition.part_ids(keys)
 
   # ---- introspection --------------------------------------------------------
 
@@ -904,7 +663,7 @@ class DynamicEmbedding(object):
     with tf.name_scope(name or "lookup"):
       keys = self.to_keys(keys)
       flat = tf.reshape(keys, [-1])
-      parts, positions = self._partition(flat)
+      parts, positions = self._partition.split(flat)
       rows, found = [], []
       missing_row = tf.constant(self._initializer.missing_row(self._dim), tf.float32)
       for shard, part in zip(self._shards, parts):
@@ -967,7 +726,7 @@ class DynamicEmbedding(object):
       keys = self.to_keys(ids)
       flat = tf.reshape(keys, [-1])
       default = group.initial_values[group.slot_names.index(slot_name)]
-      parts, positions = self._partition(flat)
+      parts, positions = self._partition.split(flat)
       outs = []
       for shard, part in zip(self._shards, parts):
         shard_col = shard.slot_group(optimizer).column(slot_name)
@@ -1053,7 +812,7 @@ class DynamicEmbedding(object):
     """
     with tf.name_scope(name or "remove"):
       keys = tf.reshape(self.to_keys(ids), [-1])
-      parts, _ = self._partition(keys)
+      parts, _ = self._partition.split(keys)
       counts = []
       for shard, k in zip(self._shards, parts):
         with tf_ops.colocate_with(shard.handle):
@@ -1282,5 +1041,3 @@ def _shard_to_tensor(shard, dtype=None, name=None, as_ref=False):
 
 
 tf.register_tensor_conversion_function(DynamicEmbeddingShard, _shard_to_tensor)
-tf.register_tensor_conversion_function(
-    DynamicEmbeddingSlot, lambda slot, dtype=None, name=None, as_ref=False: slot.value())

@@ -41,7 +41,7 @@ from tensorflow.python.training import warm_starting_util
 from tensorflow_ext.embedding import _ops
 from tensorflow_ext.embedding import variable as var_lib
 
-__all__ = ["warm_start_from_checkpoint", "warm_start_op", "install"]
+__all__ = ["warm_start_from_checkpoint", "warm_start_op", "matching_shards", "ShardTarget", "warm_start_shard"]
 
 _Shard = var_lib.DynamicEmbeddingShard
 _COLLECTION = "tf_ext_warm_start_ops"
@@ -51,7 +51,7 @@ _DIM_MISMATCH = ("error", "truncate", "pad")
 _options = threading.local()
 
 
-class _ShardTarget(object):
+class ShardTarget(object):
   """Stands for a shard inside TF's warm_start bookkeeping."""
 
   def __init__(self, shard):
@@ -59,7 +59,7 @@ class _ShardTarget(object):
     self.name = shard.name
 
 
-def _matching_shards(vars_to_warm_start, graph):
+def matching_shards(vars_to_warm_start, graph):
   shards = [s for s in graph.get_collection(var_lib.GraphKeys.DYNAMIC_EMBEDDINGS) if isinstance(s, _Shard)]
   if vars_to_warm_start is None or isinstance(vars_to_warm_start, str):
     pattern = vars_to_warm_start
@@ -139,7 +139,7 @@ def _read_previous(ckpt, prev_name, shard, dim_mismatch):
   return keys, values, versions, freqs
 
 
-def _warm_start_shard(ckpt, prev_tensor_name, shard):
+def warm_start_shard(ckpt, prev_tensor_name, shard):
   prev = prev_tensor_name or shard.name
   prev = re.sub(r"/part_\d+$", "", prev)
   dim_mismatch = getattr(_options, "dim_mismatch", "error")
@@ -222,60 +222,3 @@ def warm_start_op(graph=None):
   """
   graph = graph or tf.compat.v1.get_default_graph()
   return tf.group(*graph.get_collection(_COLLECTION))
-
-
-_lock = threading.Lock()
-_installed = False
-
-
-def install():
-  """Patches TF's warm_start internals for dynamic embedding shards (idempotent)."""
-  global _installed
-  with _lock:
-    if _installed:
-      return
-    orig_grouped = warm_starting_util._get_grouped_variables  # pylint: disable=protected-access
-    orig_var_info = warm_starting_util._get_var_info  # pylint: disable=protected-access
-    orig_init = checkpoint_utils.init_from_checkpoint
-
-    def _get_grouped_variables(vars_to_warm_start):
-      graph = tf.compat.v1.get_default_graph()
-      shards = _matching_shards(vars_to_warm_start, graph)
-      coll = graph.get_collection_ref(tf.compat.v1.GraphKeys.TRAINABLE_VARIABLES)
-      saved = list(coll)
-      coll[:] = [v for v in saved if not isinstance(v, _Shard)]
-      try:
-        arg = vars_to_warm_start
-        if isinstance(arg, list) and not all(isinstance(v, str) for v in arg):
-          arg = [v for v in arg if not isinstance(v, _Shard)]
-        grouped = orig_grouped(arg) if arg != [] else {}
-      finally:
-        coll[:] = saved
-      for shard in shards:
-        grouped[shard.name] = [_ShardTarget(shard)]
-      return grouped
-
-    def _get_var_info(var, prev_tensor_name=None):
-      target = var[0] if isinstance(var, list) and len(var) == 1 else var
-      if isinstance(target, _ShardTarget):
-        if not prev_tensor_name:
-          prev_tensor_name = target.name
-        return prev_tensor_name, target
-      return orig_var_info(var, prev_tensor_name)
-
-    def init_from_checkpoint(ckpt_dir_or_file, assignment_map):
-      rest = {}
-      for prev_name, target in dict(assignment_map).items():
-        if isinstance(target, _ShardTarget):
-          _warm_start_shard(ckpt_dir_or_file, prev_name, target.shard)
-        else:
-          rest[prev_name] = target
-      if rest or not assignment_map:
-        return orig_init(ckpt_dir_or_file, rest)
-      return None
-
-    init_from_checkpoint.__doc__ = orig_init.__doc__
-    warm_starting_util._get_grouped_variables = _get_grouped_variables  # pylint: disable=protected-access
-    warm_starting_util._get_var_info = _get_var_info  # pylint: disable=protected-access
-    checkpoint_utils.init_from_checkpoint = init_from_checkpoint
-    _installed = True

@@ -5,10 +5,10 @@ Not part of the package: nothing under tensorflow_ext/ imports this.
 
 import ctypes
 import gc
-import inspect
 import json
 import os
 import platform
+import random
 import sys
 import time
 import warnings
@@ -39,12 +39,63 @@ tf.compat.v1.enable_resource_variables()
 tf.get_logger().setLevel("ERROR")
 
 
+def log(msg):
+    print(msg, flush=True)
+
+
+# --------------------------------------------------------------------------- sessions
+
+def add_session_args(parser):
+    """The thread-count options every benchmark's sessions share (--intra_op 2, --inter_op 1 by default)."""
+    parser.add_argument("--intra_op", "--intra-op", type=int, default=2, help="intra-op threads of every session")
+    parser.add_argument("--inter_op", "--inter-op", type=int, default=1, help="inter-op threads of every session")
+
+
 def session_config(intra=2, inter=1):
     return tf.compat.v1.ConfigProto(
         intra_op_parallelism_threads=intra,
         inter_op_parallelism_threads=inter,
         allow_soft_placement=True,
     )
+
+
+def start_session(graph, config):
+    """A session on `graph` whose variables, local variables and tables are initialized."""
+    with graph.as_default():
+        init = [tf.compat.v1.global_variables_initializer(), tf.compat.v1.local_variables_initializer(),
+                tf.compat.v1.tables_initializer()]
+    sess = tf.compat.v1.Session(graph=graph, config=config)
+    sess.run(init)
+    return sess
+
+
+# --------------------------------------------------------------------------- timing
+
+def time_call(fn, *args, **kwargs):
+    """Seconds one call of fn(*args, **kwargs) takes (wall clock)."""
+    t0 = time.perf_counter()
+    fn(*args, **kwargs)
+    return time.perf_counter() - t0
+
+
+def interleaved(items, rounds, seed):
+    """Yields (round, item) for `rounds` rounds over all `items`, reshuffled each round.
+
+    The variants under comparison take turns, so that the noise of a shared machine hits them alike.
+    """
+    rnd = random.Random(seed)
+    for r in range(rounds):
+        order = list(items)
+        rnd.shuffle(order)
+        for item in order:
+            yield r, item
+
+
+def summary_ms(seconds):
+    """Median, 10th and 90th percentile (ms) and count of a list of step times in seconds."""
+    ms = np.asarray(seconds, np.float64) * 1e3
+    return {"median_ms": float(np.median(ms)), "p10_ms": float(np.percentile(ms, 10)),
+            "p90_ms": float(np.percentile(ms, 90)), "n": int(len(ms))}
 
 
 # --------------------------------------------------------------------------- peers
@@ -62,17 +113,18 @@ def import_tfra():
             "`pip install -r requirements-bench.txt --no-deps`" % (type(e).__name__, e), None
 
 
+def _ours_unavailable(e):
+    so = os.path.join(REPO_ROOT, "tensorflow_ext", "_tf_ext_ops.so")
+    hint = "" if os.path.exists(so) else " (no %s: run `make build`)" % os.path.relpath(so, REPO_ROOT)
+    return "tensorflow_ext not importable%s: %s: %s" % (hint, type(e).__name__, e)
+
+
 def import_ours_table():
     """Returns (table_ops module, None) or (None, reason)."""
-    so = os.path.join(REPO_ROOT, "tensorflow_ext", "_tf_ext_ops.so")
     try:
         from tensorflow_ext.table import table_ops
     except Exception as e:
-        hint = "" if os.path.exists(so) else " (no %s yet)" % os.path.relpath(so, REPO_ROOT)
-        return None, "tensorflow_ext.table.table_ops not importable%s: %s: %s" % (
-            hint, type(e).__name__, e)
-    if not hasattr(table_ops, "HashTable"):
-        return None, "tensorflow_ext.table.table_ops has no HashTable"
+        return None, _ours_unavailable(e)
     return table_ops, None
 
 
@@ -80,27 +132,29 @@ def import_ours_embedding():
     """Returns (tensorflow_ext module, None) or (None, reason) for the dynamic-embedding API."""
     try:
         import tensorflow_ext as tf_ext
+        tf_ext.embedding  # imported lazily: fail here, not inside a variant
     except Exception as e:
-        return None, "tensorflow_ext not importable: %s: %s" % (type(e).__name__, e)
-    missing = [n for n in ("get_dynamic_embedding", "embedding_lookup") if not hasattr(tf_ext, n)]
-    if missing:
-        return None, "tensorflow_ext has no %s yet" % ", ".join(missing)
+        return None, _ours_unavailable(e)
     return tf_ext, None
 
 
-def call_with_supported(fn, *args, **kwargs):
-    """Calls fn passing only the keyword arguments its signature accepts.
+def available(classes_by_name, names):
+    """The classes (backends, variants) of `names` that can run here; each has unavailable_reason() and label.
 
-    Our wrapper is being written alongside these tools; this keeps the benchmark
-    working across small signature differences (e.g. initial_capacity present or not).
+    Returns:
+      (classes, skipped: {name: reason}, labels: {name: label}).
     """
-    try:
-        params = inspect.signature(fn).parameters
-    except (TypeError, ValueError):
-        return fn(*args, **kwargs)
-    if any(p.kind == p.VAR_KEYWORD for p in params.values()):
-        return fn(*args, **kwargs)
-    return fn(*args, **{k: v for k, v in kwargs.items() if k in params})
+    classes, skipped, labels = [], {}, {}
+    for name in names:
+        cls = classes_by_name[name]
+        reason = cls.unavailable_reason()
+        if reason:
+            log("skipping %s: %s" % (name, reason))
+            skipped[name] = reason
+        else:
+            classes.append(cls)
+            labels[name] = cls.label
+    return classes, skipped, labels
 
 
 # --------------------------------------------------------------------------- memory
@@ -136,6 +190,17 @@ def machine_info():
         "loadavg": load,
         "time": time.strftime("%Y-%m-%d %H:%M:%S"),
     }
+
+
+def finish(out, text, json_path):
+    """Prints the report `text` and the load average at start and end, and writes `out` as JSON to json_path."""
+    info = out["machine"]
+    info["loadavg_end"] = machine_info()["loadavg"]
+    print()
+    print(text)
+    print("\nload average start %s, end %s; wall %.0fs" % (info["loadavg"], info["loadavg_end"], out["wall_s"]))
+    write_json(json_path, out)
+    return out
 
 
 def write_json(path, obj):

@@ -156,11 +156,7 @@ class Variant(abc.ABC):
                     e = self.embed_eval(self.eval_ids)
                     xe = tf.reshape(e, [-1, keys.shape[-1] * dim])
                     self.eval_logits = mlp_logits(xe, seed)
-            init = [tf.compat.v1.global_variables_initializer(),
-                    tf.compat.v1.local_variables_initializer(),
-                    tf.compat.v1.tables_initializer()]
-        self.sess = tf.compat.v1.Session(graph=self.graph, config=config)
-        self.sess.run(init)
+        self.sess = bc.start_session(self.graph, config)
         self.sess.run(it.initializer, {kp: keys, lp: labels})
 
     # hooks
@@ -268,19 +264,13 @@ class OursVariant(Variant):
 
     def embed_eval(self, ids):
         # evaluation must not insert the held-out keys (they would count as memory)
-        return bc.call_with_supported(self.tf_ext.embedding_lookup, self.emb, ids, is_training=False)
+        return self.tf_ext.embedding_lookup(self.emb, ids, is_training=False)
 
     def table_size(self):
         return self.emb.size()
 
     def table_bytes(self):
-        from tensorflow_ext.utils import loader
-        ops = loader.load_ops()
-        try:
-            parts = [ops.tf_ext_table_memory_bytes(s.handle) for s in self.emb.shards]
-        except Exception:
-            return None
-        return tf.add_n(parts) if len(parts) > 1 else parts[0]
+        return self.emb.memory_bytes()
 
 
 class OursEvictVariant(OursVariant):
@@ -311,26 +301,17 @@ BY_NAME = {v.name: v for v in VARIANTS}
 
 # --------------------------------------------------------------------------- speed
 
-def speed_main(args, log):
+def speed_main(args):
     config = bc.session_config(args.intra_op, args.inter_op)
     rng = np.random.default_rng(args.seed)
     t0 = time.perf_counter()
     sampler = ZipfSampler(1.1, args.vocab)
     n_batches = args.warmup + args.steps
     keys, labels, _ = make_batches(n_batches, args.batch, sampler, rng, "random")
-    log("generated %d batches of %d x %d ids in %.1fs (%d distinct keys in all)" % (
+    bc.log("generated %d batches of %d x %d ids in %.1fs (%d distinct keys in all)" % (
         n_batches, args.batch, FIELDS, time.perf_counter() - t0, len(np.unique(keys))))
 
-    classes, skipped, labels_out = [], {}, {}
-    for name in args.variants:
-        cls = BY_NAME[name]
-        reason = cls.unavailable_reason()
-        if reason:
-            log("skipping %s: %s" % (name, reason))
-            skipped[name] = reason
-        else:
-            classes.append(cls)
-            labels_out[name] = cls.label
+    classes, skipped, labels_out = bc.available(BY_NAME, args.variants)
     # Every (optimizer, variant) pair is built up front and their steps are interleaved,
     # so that the "vs static Adagrad" ratios of the Adam rows come from the same minutes.
     built = []
@@ -340,32 +321,24 @@ def speed_main(args, log):
             try:
                 v = cls(keys, labels, opt, args.dim, args.seed, config, buckets=args.buckets)
             except Exception as e:
-                log("  %s/%s: FAILED to build: %s: %s" % (cls.name, opt, type(e).__name__, e))
+                bc.log("  %s/%s: FAILED to build: %s: %s" % (cls.name, opt, type(e).__name__, e))
                 skipped["%s/%s" % (cls.name, opt)] = "%s: %s" % (type(e).__name__, e)
                 continue
-            log("  %s/%s: built in %.1fs" % (cls.name, opt, time.perf_counter() - t1))
+            bc.log("  %s/%s: built in %.1fs" % (cls.name, opt, time.perf_counter() - t1))
             built.append(v)
     times = {id(v): [] for v in built}
-    order_rng = np.random.default_rng(args.seed + 1)
-    for i in range(n_batches):
-        order = list(built)
-        order_rng.shuffle(order)
-        for v in order:
-            t1 = time.perf_counter()
-            v.step()
-            dt = time.perf_counter() - t1
-            if i >= args.warmup:
-                times[id(v)].append(dt)
+    for i, v in bc.interleaved(built, n_batches, args.seed + 1):
+        dt = bc.time_call(v.step)
+        if i >= args.warmup:
+            times[id(v)].append(dt)
     results = {opt: {} for opt in args.optimizer}
     for v in built:
         opt = v.optimizer_name
-        s_ = np.array(times[id(v)]) * 1e3
-        r = {"median_ms": float(np.median(s_)), "p10_ms": float(np.percentile(s_, 10)),
-             "p90_ms": float(np.percentile(s_, 90)), "n": int(len(s_)),
-             "table_size": v.size(), "table_bytes": v.memory_bytes(),
-             "global_step": int(v.sess.run(v.global_step)), "loss": v.run_loss()}
+        r = bc.summary_ms(times[id(v)])
+        r.update({"table_size": v.size(), "table_bytes": v.memory_bytes(),
+                  "global_step": int(v.sess.run(v.global_step)), "loss": v.run_loss()})
         results[opt][v.name] = r
-        log("  %s/%s: median %.1f ms/step (p10 %.1f, p90 %.1f), table size %s" % (
+        bc.log("  %s/%s: median %.1f ms/step (p10 %.1f, p90 %.1f), table size %s" % (
             v.name, opt, r["median_ms"], r["p10_ms"], r["p90_ms"], r["table_size"]))
         v.close()
     return {"results": results, "skipped": skipped, "labels": labels_out}
@@ -430,7 +403,7 @@ def auc(y, score):
     return float((ranks[y].sum() - npos * (npos + 1) / 2.0) / (npos * nneg))
 
 
-def quality_main(args, log):
+def quality_main(args):
     """Dynamic (ours, with eviction) vs static hashed embedding at a fixed memory budget, held-out AUC.
 
     Task: the ctr26 id distribution; label ~ Bernoulli(sigmoid(bias + 0.4 * sum_f w(key_f)))
@@ -462,7 +435,7 @@ def quality_main(args, log):
     """
     runs = []
     for i in range(args.quality_seeds):
-        r = quality_one(args, args.seed + 1000 * i, log)
+        r = quality_one(args, args.seed + 1000 * i)
         if r["skipped"]:
             return r
         runs.append(r["results"])
@@ -481,7 +454,7 @@ def quality_main(args, log):
     return {"results": out, "skipped": {}, "labels": {}}
 
 
-def train_dynamic_budget(v, steps, budget, every, policy, log):
+def train_dynamic_budget(v, steps, budget, every, policy):
     """Trains v (OursEvictVariant) for `steps` steps keeping its table bytes <= budget.
 
     Every `every` steps: read (keys, bytes); the readings before the first eviction
@@ -540,7 +513,7 @@ def train_dynamic_budget(v, steps, budget, every, policy, log):
             "last_ttl": ttl if policy == "lru" else None, "train_s": time.perf_counter() - t0}
 
 
-def quality_one(args, seed, log):
+def quality_one(args, seed):
     """One seed of the quality comparison (data, hidden task draws and model init all follow the seed)."""
     config = bc.session_config(args.intra_op, args.inter_op)
     rng = np.random.default_rng(seed + 100)
@@ -550,12 +523,12 @@ def quality_one(args, seed, log):
     ekeys, elabels, elogits = make_batches(args.eval_batches, args.batch, sampler, rng, "hidden")
     ekeys = ekeys.reshape(-1, FIELDS)
     elabels = elabels.ravel()
-    log("quality, seed %d: %d training batches (%d distinct keys), %d eval examples, CTR %.3f, generated in %.1fs" % (
+    bc.log("quality, seed %d: %d training batches (%d distinct keys), %d eval examples, CTR %.3f, generated in %.1fs" % (
         seed, args.quality_steps, len(np.unique(keys)), len(elabels), labels.mean(), time.perf_counter() - t0))
     out = {"oracle_auc": auc(elabels, elogits.ravel()), "seed": seed}
     reason = OursVariant.unavailable_reason()
     if reason:
-        log("quality needs ours: %s" % reason)
+        bc.log("quality needs ours: %s" % reason)
         return {"results": out, "skipped": {"ours": reason}, "labels": {}}
 
     def evaluate(v, r):
@@ -563,7 +536,7 @@ def quality_one(args, seed, log):
         scores = np.concatenate([v.predict(ekeys[i:i + 65536]) for i in range(0, len(ekeys), 65536)])
         r["auc"] = auc(elabels, scores)
         if before is not None and not isinstance(v, StaticVariant) and v.size() != before:
-            log("  WARNING: evaluation inserted keys into the %s table" % v.name)
+            bc.log("  WARNING: evaluation inserted keys into the %s table" % v.name)
         v.close()
         return r
 
@@ -578,17 +551,13 @@ def quality_one(args, seed, log):
     for rows in args.quality_budgets:
         budget = rows * args.dim * 4 * 2
         v = OursEvictVariant(keys, labels, "adagrad", args.dim, seed, config, eval_keys=ekeys)
-        if v.mem_op is None:
-            v.close()
-            return {"results": out, "skipped": {"budget": "no TfExtTableMemoryBytes for the dynamic table"},
-                    "labels": {}}
-        dyn = train_dynamic_budget(v, args.quality_steps, budget, args.quality_evict_every, args.quality_policy, log)
+        dyn = train_dynamic_budget(v, args.quality_steps, budget, args.quality_evict_every, args.quality_policy)
         dyn.update({"table_size": v.size(), "table_bytes": v.memory_bytes(), "policy": args.quality_policy,
                     "evict_every": args.quality_evict_every})
         dyn = evaluate(v, dyn)
         st = train_static(rows)
         out["rows_%d" % rows] = {"budget_bytes": budget, "dynamic": dyn, "static": st}
-        log("  budget %d rows (%.0f MiB): dynamic AUC %.4f (%d keys at the end, peak %.1f MiB, %d evictions, "
+        bc.log("  budget %d rows (%.0f MiB): dynamic AUC %.4f (%d keys at the end, peak %.1f MiB, %d evictions, "
             "last ttl %s, train %.0fs) vs static AUC %.4f (train %.0fs): %+.4f" % (
                 rows, budget / 2**20, dyn["auc"], dyn["table_size"], dyn["peak_bytes"] / 2**20, dyn["evictions"],
                 dyn["last_ttl"], dyn["train_s"], st["auc"], st["train_s"], dyn["auc"] - st["auc"]))
@@ -602,7 +571,7 @@ def quality_one(args, seed, log):
         rows = int(dyn["table_bytes"] // (args.dim * 4 * 2))
         st = train_static(rows)
         out["all_keys"] = {"budget_bytes": dyn["table_bytes"], "dynamic": dyn, "static": st}
-        log("  all keys (no eviction): dynamic AUC %.4f (%d keys, %.1f MiB) vs static %d rows AUC %.4f: %+.4f" % (
+        bc.log("  all keys (no eviction): dynamic AUC %.4f (%d keys, %.1f MiB) vs static %d rows AUC %.4f: %+.4f" % (
             dyn["auc"], dyn["table_size"], dyn["table_bytes"] / 2**20, rows, st["auc"], dyn["auc"] - st["auc"]))
     return {"results": out, "skipped": {}, "labels": {}}
 
@@ -653,8 +622,7 @@ def main(argv=None):
     p.add_argument("--warmup", type=int, default=10)
     p.add_argument("--optimizer", nargs="+", default=["adagrad"], choices=["adagrad", "adam"])
     p.add_argument("--variants", nargs="+", default=[v.name for v in VARIANTS], choices=[v.name for v in VARIANTS])
-    p.add_argument("--intra_op", "--intra-op", type=int, default=2)
-    p.add_argument("--inter_op", "--inter-op", type=int, default=1)
+    bc.add_session_args(p)
     p.add_argument("--seed", type=int, default=2024)
     p.add_argument("--quick", action="store_true",
                    help="speed: batch 1024, 10 steps after 3; quality: 60 batches of 1024")
@@ -678,16 +646,9 @@ def main(argv=None):
         args.batch, args.steps, args.warmup = 1024, 10, 3
         args.quality_steps, args.eval_batches = 60, 8
 
-    def log(m):
-        print(m, flush=True)
-
     info = bc.machine_info()
     t0 = time.perf_counter()
-    if args.quality:
-        body = quality_main(args, log)
-    else:
-        body = speed_main(args, log)
-    info["loadavg_end"] = bc.machine_info()["loadavg"]
+    body = quality_main(args) if args.quality else speed_main(args)
     out = dict(body)
     out.update({"benchmark": "ctr26_quality" if args.quality else "ctr26",
                 "config": {k: getattr(args, k) for k in ("batch", "dim", "vocab", "buckets", "steps", "warmup",
@@ -696,11 +657,7 @@ def main(argv=None):
                                                         "quality_budgets", "quality_evict_every", "quality_policy",
                                                         "quality_all_keys")},
                 "machine": info, "wall_s": time.perf_counter() - t0})
-    print()
-    print(quality_markdown(out) if args.quality else speed_markdown(out))
-    print("\nload average start %s, end %s; wall %.0fs" % (info["loadavg"], info["loadavg_end"], out["wall_s"]))
-    bc.write_json(args.json, out)
-    return out
+    return bc.finish(out, quality_markdown(out) if args.quality else speed_markdown(out), args.json)
 
 
 if __name__ == "__main__":

@@ -11,20 +11,11 @@ Usage:
 """
 
 import argparse
-import os
-import statistics
-import sys
-import time
-import warnings
 
-sys.path.insert(0, os.path.abspath(os.path.join(os.path.dirname(__file__), "..")))
-os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
-warnings.filterwarnings("ignore", message=".*tf.layers.*deprecated.*")
+import bench_common as bc
+from bench_common import np, tf
 
-import numpy as np  # noqa: E402
-import tensorflow as tf  # noqa: E402
-
-from tensorflow_ext import mixed_precision as mp  # noqa: E402
+from tensorflow_ext import mixed_precision as mp
 
 # (label, mode, half dtype, initial precision)
 CONFIGS = [
@@ -62,12 +53,9 @@ def build(mode, half_dtype, initial, args):
         train = amp.wrap_optimizer(tf.compat.v1.train.AdamOptimizer(1e-3)).minimize(
             loss, global_step=gs)
         metrics = amp.metrics()
-        config = tf.compat.v1.ConfigProto(intra_op_parallelism_threads=args.threads,
-                                          inter_op_parallelism_threads=1)
-        sess = tf.compat.v1.Session(graph=graph, config=config)
-        sess.run(tf.compat.v1.global_variables_initializer())
-        for _ in range(args.warmup):
-            sess.run(train)
+    sess = bc.start_session(graph, bc.session_config(args.threads, 1))
+    for _ in range(args.warmup):
+        sess.run(train)
     return sess, train, metrics, gs
 
 
@@ -81,22 +69,17 @@ def main(argv=None):
     parser.add_argument("--threads", type=int, default=2)
     parser.add_argument("--rounds", type=int, default=9)
     args = parser.parse_args(argv)
-    tf.compat.v1.disable_v2_behavior()
-    tf.compat.v1.logging.set_verbosity(tf.compat.v1.logging.ERROR)
     built = [build(mode, tf.as_dtype(dt), initial, args) for _, mode, dt, initial in CONFIGS]
     times = [[] for _ in CONFIGS]
-    # Interleave the configurations in rounds so machine noise hits all alike.
+    # The configurations take turns, per_round steps each, in rounds.
     per_round = max(1, args.steps // args.rounds)
-    for _ in range(args.rounds):
-        for i, (sess, train, _, _) in enumerate(built):
-            for _ in range(per_round):
-                t0 = time.perf_counter()
-                sess.run(train)
-                times[i].append(time.perf_counter() - t0)
+    for _, i in bc.interleaved(range(len(built)), args.rounds, seed=0):
+        sess, train = built[i][:2]
+        times[i].extend(bc.time_call(sess.run, train) for _ in range(per_round))
     rows = []
     for (label, _, _, _), (sess, _, metrics, gs), t in zip(CONFIGS, built, times):
         m, applied = sess.run([metrics, gs])
-        rows.append((label, statistics.median(t) * 1e3, m["half_fraction"],
+        rows.append((label, bc.summary_ms(t)["median_ms"], m["half_fraction"],
                      applied / m["total_steps"]))
         sess.close()
     base = rows[0][1]

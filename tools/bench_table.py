@@ -25,7 +25,6 @@ Quick run while developing:     python tools/bench_table.py --quick
 
 import abc
 import argparse
-import random
 import time
 
 import bench_common as bc
@@ -64,10 +63,7 @@ class Backend(abc.ABC):
             else:
                 self.batch_values = tf.constant(pools["values"][dim])  # [batch, dim] float32
             self.build(n_keys)
-            init = [tf.compat.v1.global_variables_initializer(),
-                    tf.compat.v1.tables_initializer()]
-        self.sess = tf.compat.v1.Session(graph=self.graph, config=config)
-        self.sess.run(init)
+        self.sess = bc.start_session(self.graph, config)
         t0 = time.perf_counter()
         self.prefill(n_keys, all_keys, init_values_fn)
         self.prefill_s = time.perf_counter() - t0
@@ -174,14 +170,12 @@ class OursBackend(Backend):
     def build(self, n_keys):
         table_ops, _ = bc.import_ours_table()
         self.make_fill_placeholders()
-        self.table = bc.call_with_supported(
-            table_ops.HashTable, dim=self.dim, width=self.dim, initial_capacity=0,
-            name="ours_table")
+        self.table = table_ops.HashTable(dim=self.dim, width=self.dim, initial_capacity=0, name="ours_table")
         self.fill_op = self.table.insert(self.fill_keys, self.fill_values)
         self.find_op = tf.reduce_sum(self.table.find(self.batch_keys))
         self.upsert_op = self.table.insert(self.batch_keys, self.batch_values)
         self.size_op = self.table.size()
-        self.mem_op = self.table.memory_bytes() if hasattr(self.table, "memory_bytes") else None
+        self.mem_op = self.table.memory_bytes()
 
     def size(self):
         return int(self.sess.run(self.size_op))
@@ -215,13 +209,7 @@ def init_values_fn_for(dim, seed):
     return fn
 
 
-def time_run(sess, fetch, feed):
-    t0 = time.perf_counter()
-    sess.run(fetch, feed)
-    return time.perf_counter() - t0
-
-
-def bench_dim(dim, backend_classes, args, config, log):
+def bench_dim(dim, backend_classes, args, config):
     all_keys, pools = make_pools(args.keys, args.batch, args.pool, [dim], args.seed)
     pools["random_values"] = args.upsert_values == "random"
     init_fn = init_values_fn_for(dim, args.seed)
@@ -231,52 +219,39 @@ def bench_dim(dim, backend_classes, args, config, log):
         try:
             b = cls(dim, pools, args.keys, all_keys, init_fn, config)
         except Exception as e:
-            log("  %-8s dim %d: FAILED to build/prefill: %s: %s" % (cls.name, dim, type(e).__name__, e))
+            bc.log("  %-8s dim %d: FAILED to build/prefill: %s: %s" % (cls.name, dim, type(e).__name__, e))
             continue
         n = b.size()
-        log("  %-8s dim %d: prefilled %s keys in %.2fs (build+prefill %.2fs)" % (
+        bc.log("  %-8s dim %d: prefilled %s keys in %.2fs (build+prefill %.2fs)" % (
             cls.name, dim, n, b.prefill_s, time.perf_counter() - t0))
         if n is not None and n != args.keys:
-            log("  WARNING: %s holds %d keys, expected %d" % (cls.name, n, args.keys))
+            bc.log("  WARNING: %s holds %d keys, expected %d" % (cls.name, n, args.keys))
         built.append(b)
 
     ops = ["find", "upsert"]
     samples = {b.name: {op: [] for op in ops} for b in built}
-    rnd = random.Random(args.seed)
-    step = 0
-    total_rounds = args.warmup + args.repeats
-    for r in range(total_rounds):
-        order = list(built)
-        rnd.shuffle(order)
-        for b in order:
-            for op in ops:
-                fetch = b.find_op if op == "find" else b.upsert_op
-                feed = {b.batch_index: step % args.pool}
-                dt = time_run(b.sess, fetch, feed)
-                if r >= args.warmup:
-                    samples[b.name][op].append(dt)
-            step += 1
+    for step, (r, b) in enumerate(bc.interleaved(built, args.warmup + args.repeats, args.seed)):
+        for op in ops:
+            fetch = b.find_op if op == "find" else b.upsert_op
+            dt = bc.time_call(b.sess.run, fetch, {b.batch_index: step % args.pool})
+            if r >= args.warmup:
+                samples[b.name][op].append(dt)
     # a cheap sanity check: find gives the same sum for every hashed backend on the
     # same (last upserted) values -> all backends did the same work.
     results = {}
     for b in built:
         res = {}
         for op in ops:
-            s = np.array(samples[b.name][op])
-            med = float(np.median(s))
-            t_stat = med if args.stat == "median" else float(np.percentile(s, 10))
-            res[op] = {
-                "mkeys_s": args.batch / t_stat / MKEY,
+            res[op] = summary = bc.summary_ms(samples[b.name][op])
+            med, p10 = summary["median_ms"] / 1e3, summary["p10_ms"] / 1e3
+            summary.update({
+                "mkeys_s": args.batch / (med if args.stat == "median" else p10) / MKEY,
                 "mkeys_s_median": args.batch / med / MKEY,
-                "mkeys_s_p10": args.batch / float(np.percentile(s, 10)) / MKEY,
-                "median_ms": med * 1e3,
-                "p10_ms": float(np.percentile(s, 10)) * 1e3,
-                "p90_ms": float(np.percentile(s, 90)) * 1e3,
-                "n": int(len(s)),
-            }
+                "mkeys_s_p10": args.batch / p10 / MKEY,
+            })
         res["prefill_s"] = b.prefill_s
         res["size"] = b.size()
-        if getattr(b, "mem_op", None) is not None:
+        if getattr(b, "mem_op", None) is not None:  # ours
             try:
                 res["memory_bytes"] = int(b.sess.run(b.mem_op))
             except Exception:
@@ -349,8 +324,7 @@ def main(argv=None):
     p.add_argument("--pool", type=int, default=8, help="distinct pre-drawn batches cycled through")
     p.add_argument("--dims", type=int, nargs="+", default=[16, 64])
     p.add_argument("--backends", nargs="+", default=[b.name for b in BACKENDS], choices=[b.name for b in BACKENDS])
-    p.add_argument("--intra_op", "--intra-op", type=int, default=2)
-    p.add_argument("--inter_op", "--inter-op", type=int, default=1)
+    bc.add_session_args(p)
     p.add_argument("--stat", choices=["median", "p10"], default="median",
                    help="time statistic behind the Mkeys/s figures (p10 = 10th-percentile time, "
                         "less sensitive to load from other processes); both are in the JSON")
@@ -364,27 +338,14 @@ def main(argv=None):
     if args.quick:
         args.keys, args.batch, args.repeats, args.warmup = 1 << 18, 32768, 10, 2
 
-    def log(msg):
-        print(msg, flush=True)
-
     config = bc.session_config(args.intra_op, args.inter_op)
-    classes, skipped, labels = [], {}, {}
-    for name in args.backends:
-        cls = BY_NAME[name]
-        reason = cls.unavailable_reason()
-        if reason:
-            log("skipping %s: %s" % (name, reason))
-            skipped[name] = reason
-        else:
-            classes.append(cls)
-            labels[name] = cls.label
+    classes, skipped, labels = bc.available(BY_NAME, args.backends)
     t_start = time.perf_counter()
     info = bc.machine_info()
     results = {}
     for d in args.dims:
-        log("dim %d:" % d)
-        results[str(d)] = bench_dim(d, classes, args, config, log)
-    info["loadavg_end"] = bc.machine_info()["loadavg"]
+        bc.log("dim %d:" % d)
+        results[str(d)] = bench_dim(d, classes, args, config)
     out = {
         "benchmark": "table",
         "config": {"keys": args.keys, "batch": args.batch, "repeats": args.repeats, "warmup": args.warmup,
@@ -397,15 +358,8 @@ def main(argv=None):
         "results": results,
         "wall_s": time.perf_counter() - t_start,
     }
-    print()
-    print(markdown(out))
     t = targets(out)
-    if t:
-        print()
-        print(t)
-    print("\nload average start %s, end %s; wall %.0fs" % (info["loadavg"], info["loadavg_end"], out["wall_s"]))
-    bc.write_json(args.json, out)
-    return out
+    return bc.finish(out, markdown(out) + ("\n\n" + t if t else ""), args.json)
 
 
 if __name__ == "__main__":

@@ -63,9 +63,8 @@ def child(backend, slots, keys, dim, chunk, seed):
             if table_ops is None:
                 raise RuntimeError(reason)
             defaults = [0.0] * dim + [0.1] * (width - dim)
-            t = bc.call_with_supported(table_ops.HashTable, dim=dim, width=width,
-                                       column_defaults=defaults, initial_capacity=0,
-                                       name=prefix + "ours")
+            t = table_ops.HashTable(dim=dim, width=width, column_defaults=defaults, initial_capacity=0,
+                                    name=prefix + "ours")
             return [t], [dim]
         if backend == "tfra":
             de, reason, _ = bc.import_tfra()
@@ -95,11 +94,10 @@ def child(backend, slots, keys, dim, chunk, seed):
     vps, fill = fill_ops(tables, widths)
     size_op = tables[0].size()
     all_sizes = [t.size() for t in tables]
-    if backend == "ours" and hasattr(tables[0], "memory_bytes"):
+    if backend == "ours":
         mem_op = tables[0].memory_bytes()
 
-    sess = tf.compat.v1.Session(config=bc.session_config())
-    sess.run([tf.compat.v1.global_variables_initializer(), tf.compat.v1.tables_initializer()])
+    sess = bc.start_session(tf.compat.v1.get_default_graph(), bc.session_config())
 
     def feed_for(k, vps_, widths_):
         d = {kp: k}
@@ -202,30 +200,27 @@ def main(argv=None):
         args.keys = 1 << 18
 
     sys.path.insert(0, HERE)
+    import bench_common as bc
+    info = bc.machine_info()
     t_start = time.time()
     results, skipped = {}, {}
     for b in args.backends:
         for s in args.slots:
             r, err = run_config(b, s, args)
             if r is None:
-                print("%-8s slots=%d: skipped (%s)" % (b, s, err), flush=True)
+                bc.log("%-8s slots=%d: skipped (%s)" % (b, s, err))
                 skipped["%s/%d" % (b, s)] = err
                 continue
             results.setdefault(b, {})[str(s)] = r
             extra = (", op %.0f B/key" % r["op_bytes_per_key"]) if "op_bytes_per_key" in r else ""
-            print("%-8s slots=%d width=%d: RSS %.0f B/key%s (raw %d), %d keys, fill %.1fs" % (
-                b, s, r["width"], r["rss_bytes_per_key"], extra, r["raw_bytes_per_key"], r["size"], r["fill_s"]),
-                flush=True)
+            bc.log("%-8s slots=%d width=%d: RSS %.0f B/key%s (raw %d), %d keys, fill %.1fs" % (
+                b, s, r["width"], r["rss_bytes_per_key"], extra, r["raw_bytes_per_key"], r["size"], r["fill_s"]))
     out = {"benchmark": "table_memory",
            "config": {"keys": args.keys, "dim": args.dim, "slots": args.slots, "chunk": args.chunk,
                       "quick": args.quick},
-           "labels": LABELS, "results": results, "skipped": skipped, "wall_s": time.time() - t_start}
-    import bench_common as bc
-    out["machine"] = bc.machine_info()
-    print()
-    print(markdown(out))
-    bc.write_json(args.json, out)
-    return out
+           "labels": LABELS, "results": results, "skipped": skipped, "wall_s": time.time() - t_start,
+           "machine": info}
+    return bc.finish(out, markdown(out), args.json)
 
 
 if __name__ == "__main__":

@@ -42,13 +42,9 @@ MASK63 = (1 << 63) - 1
 # --------------------------------------------------------------------------- data
 
 def mix64(x):
-    """splitmix64 finalizer, vectorised over uint64 arrays."""
-    x = np.asarray(x, dtype=np.uint64)
-    with np.errstate(over="ignore"):
-        x = (x ^ (x >> np.uint64(30))) * np.uint64(0xBF58476D1CE4E5B9)
-        x = (x ^ (x >> np.uint64(27))) * np.uint64(0x94D049BB133111EB)
-        x = x ^ (x >> np.uint64(31))
-    return x
+    """The table's key mixer (splitmix64's finalizer) on uint64 arrays: tensorflow_ext's own HashKey."""
+    from tensorflow_ext.embedding.keys import hash_key_numpy
+    return hash_key_numpy(x)
 
 
 class ZipfSampler(object):

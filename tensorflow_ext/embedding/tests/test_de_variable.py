@@ -6,6 +6,7 @@ import tensorflow as tf
 
 import tensorflow_ext as tf_ext
 from tensorflow_ext.embedding import GraphKeys
+from tensorflow_ext.embedding.keys import hash_key_numpy
 
 
 def test_variable_scope_naming_and_reuse(graph):
@@ -247,17 +248,9 @@ def test_in_kernel_initial_rows_depend_only_on_seed_and_key():
   assert np.abs(a).max() <= 2.0 + 1e-6 and len({tuple(r) for r in a}) == 3
 
 
-def _hash_key(x):
-  m = (1 << 64) - 1
-  z = x & m
-  z = ((z ^ (z >> 30)) * 0xbf58476d1ce4e5b9) & m
-  z = ((z ^ (z >> 27)) * 0x94d049bb133111eb) & m
-  return z ^ (z >> 31)
-
-
 def test_shard_partition_is_hash_key_mod_num_shards(graph, sess):
   keys = [0, 1, -5, 123456789012345, -2 ** 63, 2 ** 63 - 1, 7919]
-  expected = [_hash_key(k) % 3 for k in keys]
+  expected = (hash_key_numpy(keys) % np.uint64(3)).astype(np.int32).tolist()
   t = tf.constant(keys, tf.int64)
   assert sess.run(tf_ext.embedding.variable.hash_key_shard_ids(t, 3)).tolist() == expected
   emb = tf_ext.get_dynamic_embedding("e", 2, num_shards=3)

@@ -496,14 +496,6 @@ def test_lookup_gradient_reaches_handle(graph, sess):
 # ---------------------------------------------------------------------------------------------------------------
 # TfExtShardIndex
 
-def _splitmix64(x):
-  x = np.asarray(x, np.int64).astype(np.uint64)
-  with np.errstate(over="ignore"):
-    x = (x ^ (x >> np.uint64(30))) * np.uint64(0xbf58476d1ce4e5b9)
-    x = (x ^ (x >> np.uint64(27))) * np.uint64(0x94d049bb133111eb)
-    return x ^ (x >> np.uint64(31))
-
-
 def test_shard_index_deterministic_balanced(graph, sess):
   keys = np.arange(200000, dtype=np.int64)
   out = eo.shard_index(keys, 8)
@@ -521,9 +513,11 @@ def test_shard_index_deterministic_balanced(graph, sess):
 
 def test_shard_index_is_hashkey_mod(graph, sess):
   """HashKey is the splitmix64 finalizer (hash_table.h), so Python can reproduce the partition."""
+  from tensorflow_ext.embedding.keys import hash_key_numpy  # pylint: disable=import-outside-toplevel
+
   keys = np.array([0, 1, -1, 2 ** 62, -2 ** 63, 2 ** 63 - 1, 123456789], np.int64)
   got = sess.run(eo.shard_index(keys, 7))
-  np.testing.assert_array_equal(got, (_splitmix64(keys) % np.uint64(7)).astype(np.int32))
+  np.testing.assert_array_equal(got, (hash_key_numpy(keys) % np.uint64(7)).astype(np.int32))
 
 
 def test_shard_index_any_shape(graph, sess):

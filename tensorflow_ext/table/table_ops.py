@@ -17,8 +17,9 @@ from tensorflow_ext.utils import loader
 
 __all__ = ["HashTable", "MAX_CAPACITY"]
 
-# The largest initial_capacity a table accepts (the handle op refuses more): 2^40 rows, far above any machine's
-# memory, so a larger value is a mistake (e.g. a vocabulary size in bytes or a partitioner's 2^63 shape).
+# The largest initial_capacity a table accepts: the table core's kMaxCapacity (table/core/table_limits.h), which
+# the handle op enforces too; Python's one copy of it. 2^40 rows is far above any machine's memory, so a larger
+# value is a mistake (e.g. a vocabulary size in bytes or a partitioner's 2^63 shape).
 MAX_CAPACITY = 1 << 40
 
 

@@ -13,6 +13,8 @@ TensorFlow it was not written for.
 """
 
 import importlib
+
+import tensorflow as tf
 import threading
 
 from tensorflow_ext import errors
@@ -319,3 +321,154 @@ def _make_init_from_checkpoint(original):
         return None
 
     return init_from_checkpoint
+
+
+# ---- tf.compat.v1.train optimizers train dynamic embeddings; Keras optimizers refuse them --------------------
+
+
+def _optimizers():
+    from tensorflow_ext.embedding import optimizers  # pylint: disable=import-outside-toplevel
+
+    return optimizers
+
+
+def _is_embedding(value):
+    from tensorflow_ext.embedding import variable  # pylint: disable=import-outside-toplevel
+
+    return isinstance(value, variable.DynamicEmbedding)
+
+
+@register(
+    "optimizer_get_processor", "tensorflow.python.training.optimizer", "", "_get_processor",
+        why="TF1 optimizers reach a variable only through the processor _get_processor returns (its target() is what "
+    "compute_gradients differentiates, its update_op what apply_gradients runs), and the function knows only TF's "
+    "variable types. For a dynamic embedding shard the replacement returns a processor whose target is the table "
+    "handle (so the gradient is an IndexedSlices of int64 keys) and whose update applies the optimizer to the "
+    "table rows; every other variable gets TF's processor.",
+        test="tests/test_tf_compat.py::test_optimizer_get_processor_targets_the_shard_handle")
+def _make_get_processor(original):
+
+    def _get_processor(v):
+        if _is_shard(v):
+            return _optimizers().ShardProcessor(v)
+        return original(v)
+
+    return _get_processor
+
+
+@register(
+    "optimizer_compute_gradients", "tensorflow.python.training.optimizer", "Optimizer", "compute_gradients",
+        why="compute_gradients (and minimize) take var_list as variables; a DynamicEmbedding is a group of shards, "
+    "not a variable. The replacement expands each DynamicEmbedding in var_list into its shards and calls TF's "
+    "compute_gradients unchanged.",
+        test="tests/test_tf_compat.py::test_optimizer_compute_gradients_expands_dynamic_embeddings")
+def _make_compute_gradients(original):
+
+    def compute_gradients(self, loss, var_list=None, *args, **kwargs):
+        if var_list is not None and not callable(loss):
+            expanded = []
+            for v in tf.nest.flatten(var_list):
+                if _is_embedding(v):
+                    expanded.extend(v.shards)
+                else:
+                    expanded.append(v)
+            var_list = expanded
+        return original(self, loss, var_list, *args, **kwargs)
+
+    return compute_gradients
+
+
+@register(
+    "optimizer_apply_gradients", "tensorflow.python.training.optimizer", "Optimizer", "apply_gradients",
+        why="TF's apply_gradients creates slots through self._create_slots(var_list), which would make a slot "
+    "variable of a shard's shape; a dynamic embedding keeps its slots as columns of its table rows instead. When "
+    "some variables are shards, the replacement overrides _create_slots on the optimizer instance for the "
+    "duration of the call (TF has no hook for slots that are not variables): the override passes the dense "
+    "variables to the class's _create_slots, appends the optimizer's slot columns (with TF's initial values) "
+    "to each shard's rows and makes the optimizer's non-slot variables (Adam's beta powers) even without dense "
+    "variables; the override is removed when TF's apply_gradients returns. TF's apply_gradients itself runs "
+    "unchanged (one _prepare, one _finish, so Adam's beta powers advance once per step, one global_step "
+    "increment).",
+        test="tests/test_tf_compat.py::test_optimizer_apply_gradients_keeps_slots_in_rows")
+def _make_apply_gradients(original):
+
+    def apply_gradients(self, grads_and_vars, global_step=None, name=None, **kwargs):
+        grads_and_vars = tuple(grads_and_vars)
+        shards = []
+        for g, v in grads_and_vars:
+            if g is not None and _is_shard(v) and v not in shards:
+                shards.append(v)
+        if not shards:
+            return original(self, grads_and_vars, global_step=global_step, name=name, **kwargs)
+        spec, handler = _optimizers().handler_for(self)
+        slot_specs = spec.slots_of(self)
+        names = [n for n, _ in slot_specs]
+        inits = [v for _, v in slot_specs]
+        orig_create_slots = self._create_slots
+
+        def _create_slots(var_list):
+            dense = [v for v in var_list if not _is_shard(v)]
+            if dense:
+                orig_create_slots(dense)
+            for shard in shards:
+                shard.add_slot_columns(self, names, inits)
+            handler.create_non_slots(self, dense, shards)
+
+        step = global_step if global_step is not None else tf.compat.v1.train.get_global_step()
+        self._create_slots = _create_slots
+        self._tf_ext_step = step
+        try:
+            result = original(self, grads_and_vars, global_step=global_step, name=name, **kwargs)
+        finally:
+            del self._create_slots
+            self._tf_ext_step = None
+        for shard in shards:
+            shard.set_training()
+        return result
+
+    return apply_gradients
+
+
+def _refuse_embeddings(opt, variables):
+    for v in variables:
+        if (_is_shard(v) or _is_embedding(v)):
+            raise TypeError(
+          "Keras optimizer %s cannot train dynamic embedding %s: dynamic embeddings train with "
+          "tf.compat.v1.train optimizers, e.g. tf.compat.v1.train.AdagradOptimizer, AdamOptimizer, "
+          "FtrlOptimizer or GradientDescentOptimizer (all: tf_ext.embedding.supported_optimizers())"
+                    % (type(opt).__name__, v.name))
+
+
+def _make_keras_minimize(original):
+
+    def minimize(self, loss, var_list, *args, **kwargs):
+        if not callable(var_list):
+            _refuse_embeddings(self, tf.nest.flatten(var_list))
+        return original(self, loss, var_list, *args, **kwargs)
+
+    return minimize
+
+
+def _make_keras_apply_gradients(original):
+
+    def apply_gradients(self, grads_and_vars, *args, **kwargs):
+        grads_and_vars = list(grads_and_vars)
+        _refuse_embeddings(self, [p[1] for p in grads_and_vars if isinstance(p, (tuple, list)) and len(p) == 2])
+        return original(self, grads_and_vars, *args, **kwargs)
+
+    return apply_gradients
+
+
+_KERAS_WHY = (
+    "Keras optimizers fail on a dynamic embedding deep inside Keras/TF (a tape without a gradient, or a missing "
+    "attribute) with an error that does not say why. The replacement raises a TypeError naming the embedding "
+    "and the tf.compat.v1.train optimizers that train it, and hands dense variables to Keras unchanged; Keras "
+    "has no hook to validate var_list.")
+_KERAS_TEST = "tests/test_tf_compat.py::test_keras_optimizers_refuse_dynamic_embeddings"
+for _name, _module, _owner in (("keras_optimizer", "keras.src.optimizers.optimizer", "Optimizer"),
+                               ("keras_legacy_optimizer", "keras.src.optimizers.legacy.optimizer_v2", "OptimizerV2")):
+    register(_name + "_minimize", _module, _owner, "minimize", why=_KERAS_WHY,
+                     test=_KERAS_TEST)(_make_keras_minimize)
+    register(_name + "_apply_gradients", _module, _owner, "apply_gradients", why=_KERAS_WHY,
+                     test=_KERAS_TEST)(_make_keras_apply_gradients)
+del _name, _module, _owner

@@ -304,7 +304,7 @@ def DynamicEmbeddingOptimizer(self, bp_v2=False, synchronous=False, **kwargs):  
         raise TypeError(
             "DynamicEmbeddingOptimizer needs a tf.compat.v1.train optimizer (e.g. AdamOptimizer); got %s. Keras "
             "optimizers do not train dynamic embeddings." % type(self).__name__)
-    _optimizers._handler(self)  # pylint: disable=protected-access  (TypeError naming the supported ones)
+    _optimizers.handler_for(self)  # a TypeError naming the supported optimizers
     return self
 
 

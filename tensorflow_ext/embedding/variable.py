@@ -29,6 +29,7 @@ from tensorflow_ext.embedding.keys import HashPartition
 from tensorflow_ext.embedding.keys import hash_key_shard_ids  # noqa: F401  (re-exported)
 from tensorflow_ext.embedding.keys import string_to_key
 from tensorflow_ext.embedding.layout import DynamicEmbeddingSlot  # noqa: F401  (re-exported)
+from tensorflow_ext.table import table_ops
 
 __all__ = [
     "GraphKeys",
@@ -43,7 +44,7 @@ __all__ = [
 
 _TABLE_HANDLE_OP = "TfExtTableHandle"
 _MAX_SHARDS = 1 << 16
-_MAX_CAPACITY = 1 << 40
+_MAX_CAPACITY = table_ops.MAX_CAPACITY  # the table core's limit, kMaxCapacity in table_limits.h
 
 
 class GraphKeys(object):

@@ -104,7 +104,7 @@ def test_handler_hyper_parameters_are_the_spec_ones(spec):
     opt = _OPTIMIZERS[spec.name]()
     var = tf.compat.v1.get_variable("v", initializer=tf.ones([3, 2]))
     opt.minimize(tf.reduce_sum(var))  # creates the optimizer's hyper-parameter tensors
-    got_spec, handler = optimizers._handler(opt)  # pylint: disable=protected-access
+    got_spec, handler = optimizers.handler_for(opt)
     assert got_spec is spec
     assert sorted(handler.hypers(opt)) == sorted(spec.hypers)
 

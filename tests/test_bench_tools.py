@@ -95,3 +95,14 @@ def test_bench_mixed_precision_tiny():
     text = _run("bench_mixed_precision.py", "--steps", "2", "--warmup", "1", "--rounds", "1", "--batch", "8",
                 "--width", "4", "--inputs", "4")
     assert "| float32 |" in text and "| switching, in float32 branch |" in text
+
+
+def test_bench_horovod_quick_two_ranks(tmp_path):
+    out = tmp_path / "hvd.json"
+    _run("bench_horovod.py", "--ranks", "2", "--quick", "--json", str(out))
+    results = json.loads(out.read_text())["results"]
+    by = {r["variant"]: r for r in results}
+    assert set(by) == {"tfext_model", "tfext_data", "hvd_static"}
+    # Model-parallel: each rank holds part of the keys; the replica holds them all; all ranks hold every key once.
+    assert by["tfext_model"]["table_bytes_per_rank"] < by["tfext_data"]["table_bytes_per_rank"]
+    assert all(r["step_ms"] > 0 and r["payload_bytes_per_rank"] > 0 for r in results)

@@ -1,0 +1,180 @@
+"""Distributed training step: tensorflow_ext.horovod (model- and data-parallel) vs plain Horovod, 1/2/4 ranks.
+
+Each configuration runs in fresh processes under `horovodrun --gloo` on this machine. The global batch is fixed
+(strong scaling): rank r trains rows [r*B/N, (r+1)*B/N) of the same global batch stream, so every rank count sees
+the same keys and the tables can be compared.
+
+Model: F categorical fields (Zipf(1.1) ids over 2^22 per field, hashed with the field), dim-16 embeddings,
+concatenated into an MLP 128-64-1, logistic loss, Adagrad 0.05 everywhere.
+
+Variants:
+  tfext_model  one tf_ext dynamic embedding, model-parallel (each rank owns 1/N of the keys; alltoall lookups)
+  tfext_data   one tf_ext dynamic embedding replicated on every rank (sparse gradients allgathered)
+  hvd_static   plain Horovod: hvd.DistributedOptimizer, a static [2^20, dim] variable (ids mod 2^20, collisions),
+               tf.nn.embedding_lookup (its IndexedSlices gradients allgathered by Horovod)
+
+Reported per configuration: median step time (ms), examples/s total and per rank, payload bytes each rank hands to
+collectives per step (what the graph passes to allreduce/allgather/alltoall; the wire traffic of a ring allreduce is
+about 2(N-1)/N of it), and table bytes per rank (tf_ext: TfExtTableMemoryBytes of the local tables; static: the
+variable and its Adagrad slot).
+
+    .venv/bin/python tools/bench_horovod.py --json docs/bench_horovod.json          # ~5 min on 2 cores
+    .venv/bin/python tools/bench_horovod.py --ranks 1 2 --steps 10 --quick           # smoke run
+"""
+
+import argparse
+import json
+import os
+import subprocess
+import sys
+import tempfile
+import time
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+ROOT = os.path.dirname(HERE)
+VARIANTS = ("tfext_model", "tfext_data", "hvd_static")
+DIM, VOCAB_BITS, STATIC_BUCKETS = 16, 22, 1 << 20
+
+
+def _zipf_ids(rng, n, fields):
+    import numpy as np  # pylint: disable=import-outside-toplevel
+
+    ids = np.minimum(rng.zipf(1.1, size=[n, fields]), 1 << VOCAB_BITS).astype(np.int64)
+    return ids + (np.arange(fields, dtype=np.int64) << 40)  # one key space per field
+
+
+def worker(args):
+    """One rank (under horovodrun): trains, times, writes its figures to args.out/rank-<r>.json."""
+    sys.path.insert(0, HERE)
+    import bench_common  # noqa: F401  pylint: disable=import-outside-toplevel,unused-import  (TF1 mode, quiet logs)
+    import numpy as np  # pylint: disable=import-outside-toplevel
+    import tensorflow as tf  # pylint: disable=import-outside-toplevel
+    import horovod.tensorflow as hvd  # pylint: disable=import-outside-toplevel
+
+    import tensorflow_ext as tf_ext  # pylint: disable=import-outside-toplevel
+    import tensorflow_ext.horovod as tfe_hvd  # pylint: disable=import-outside-toplevel
+
+    hvd.init()
+    rank, size = hvd.rank(), hvd.size()
+    per_rank = args.global_batch // size
+    fields = args.fields
+    payload = []  # (tensor, multiplier) handed to collectives per step, bytes
+
+    with tf.Graph().as_default() as g:
+        gs = tf.compat.v1.train.get_or_create_global_step()
+        ids = tf.compat.v1.placeholder(tf.int64, [per_rank, fields])
+        labels = tf.compat.v1.placeholder(tf.float32, [per_rank, 1])
+        init = tf.compat.v1.truncated_normal_initializer(0.0, 0.05, seed=1)
+        if args.variant == "hvd_static":
+            table = tf.compat.v1.get_variable("static_emb", [STATIC_BUCKETS, DIM], initializer=init)
+            x = tf.nn.embedding_lookup(table, tf.math.floormod(ids, STATIC_BUCKETS))
+            table_bytes = lambda sess: 2 * STATIC_BUCKETS * DIM * 4  # noqa: E731  (variable + Adagrad slot)
+        else:
+            emb = tfe_hvd.get_dynamic_embedding(
+                "emb", DIM, parallelism="model" if args.variant == "tfext_model" else "data", initializer=init)
+            x = tf_ext.embedding_lookup(emb, ids)
+            mem = emb.memory_bytes()
+            table_bytes = lambda sess: int(sess.run(mem))  # noqa: E731
+        x = tf.reshape(x, [per_rank, fields * DIM])
+        for width in (128, 64):
+            x = tf.compat.v1.layers.dense(x, width, activation=tf.nn.relu)
+        logits = tf.compat.v1.layers.dense(x, 1)
+        loss = tf.reduce_mean(tf.nn.sigmoid_cross_entropy_with_logits(labels=labels, logits=logits))
+        opt = tf.compat.v1.train.AdagradOptimizer(0.05)
+        if args.variant == "hvd_static":
+            opt = hvd.DistributedOptimizer(opt)
+        else:
+            opt = tfe_hvd.DistributedOptimizer(opt)
+        grads_and_vars = opt.compute_gradients(loss)
+        train = opt.apply_gradients(grads_and_vars, global_step=gs)
+        # Payload per step: look at what the graph hands to Horovod's collectives (inputs of Horovod ops).
+        for op in g.get_operations():
+            if op.type.startswith("Horovod") and op.type in ("HorovodAllreduce", "HorovodAllgather",
+                                                            "HorovodAlltoall", "HorovodGroupedAllreduce"):
+                for t in op.inputs:
+                    if t.dtype in (tf.float32, tf.float16, tf.int64, tf.int32) and t.op.type != "Const":
+                        payload.append(tf.cast(tf.size(t), tf.int64) * t.dtype.size)
+        payload_bytes = tf.add_n(payload) if payload else tf.constant(0, tf.int64)
+        bcast = hvd.broadcast_global_variables(0)
+        config = tf.compat.v1.ConfigProto(intra_op_parallelism_threads=args.intra_op,
+                                          inter_op_parallelism_threads=1)
+        with tf.compat.v1.Session(graph=g, config=config) as sess:
+            sess.run(tf.compat.v1.global_variables_initializer())
+            sess.run(bcast)
+            times, sent = [], []
+            for step in range(args.warmup + args.steps):
+                rng = np.random.RandomState(1000 + step)  # the same global batch on every rank count
+                gids = _zipf_ids(rng, args.global_batch, fields)
+                glabels = (rng.uniform(size=[args.global_batch, 1]) < 0.25).astype(np.float32)
+                sl = slice(rank * per_rank, (rank + 1) * per_rank)
+                t0 = time.perf_counter()
+                _, b = sess.run([train, payload_bytes], {ids: gids[sl], labels: glabels[sl]})
+                dt = time.perf_counter() - t0
+                if step >= args.warmup:
+                    times.append(dt)
+                    sent.append(int(b))
+            out = {"rank": rank, "size": size, "variant": args.variant, "step_ms": float(np.median(times) * 1e3),
+                   "payload_bytes": float(np.median(sent)), "table_bytes": table_bytes(sess)}
+    with open(os.path.join(args.out, "rank-%d.json" % rank), "w") as f:
+        json.dump(out, f)
+
+
+def run_config(variant, ranks, args):
+    with tempfile.TemporaryDirectory() as out:
+        cmd = [os.path.join(os.path.dirname(sys.executable), "horovodrun"), "-np", str(ranks), "--gloo", "-H",
+               "localhost:%d" % ranks, sys.executable, os.path.abspath(__file__), "--worker", "--variant", variant,
+               "--out", out, "--global_batch", str(args.global_batch), "--fields", str(args.fields), "--steps",
+               str(args.steps), "--warmup", str(args.warmup), "--intra_op", str(args.intra_op)]
+        env = dict(os.environ, PYTHONPATH=os.pathsep.join([ROOT, os.environ.get("PYTHONPATH", "")]),
+                   TF_CPP_MIN_LOG_LEVEL="2")
+        r = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=args.timeout)
+        if r.returncode != 0:
+            raise RuntimeError("%s at %d ranks failed:\n%s" % (variant, ranks, (r.stdout + r.stderr)[-4000:]))
+        per_rank = [json.load(open(os.path.join(out, "rank-%d.json" % i))) for i in range(ranks)]
+    step_ms = max(p["step_ms"] for p in per_rank)  # a synchronous step is as slow as its slowest rank
+    return {"variant": variant, "ranks": ranks, "step_ms": step_ms,
+            "examples_per_s": args.global_batch / (step_ms / 1e3),
+            "examples_per_s_per_rank": args.global_batch / ranks / (step_ms / 1e3),
+            "payload_bytes_per_rank": max(p["payload_bytes"] for p in per_rank),
+            "table_bytes_per_rank": max(p["table_bytes"] for p in per_rank),
+            "table_bytes_all_ranks": sum(p["table_bytes"] for p in per_rank)}
+
+
+def main():
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--worker", action="store_true", help=argparse.SUPPRESS)
+    parser.add_argument("--variant", choices=VARIANTS)
+    parser.add_argument("--out", help=argparse.SUPPRESS)
+    parser.add_argument("--variants", nargs="+", choices=VARIANTS, default=list(VARIANTS))
+    parser.add_argument("--ranks", nargs="+", type=int, default=[1, 2, 4])
+    parser.add_argument("--global_batch", type=int, default=4096)
+    parser.add_argument("--fields", type=int, default=8)
+    parser.add_argument("--steps", type=int, default=30)
+    parser.add_argument("--warmup", type=int, default=5)
+    parser.add_argument("--intra_op", type=int, default=1, help="intra-op threads per rank")
+    parser.add_argument("--timeout", type=int, default=900)
+    parser.add_argument("--quick", action="store_true", help="small batch, few steps (smoke run)")
+    parser.add_argument("--json", help="write the results here")
+    args = parser.parse_args()
+    if args.worker:
+        return worker(args)
+    if args.quick:
+        args.global_batch, args.steps, args.warmup = 512, 5, 2
+    results = []
+    for ranks in args.ranks:
+        for variant in args.variants:
+            res = run_config(variant, ranks, args)
+            results.append(res)
+            print("%-12s ranks=%d  step %7.1f ms  %8.0f ex/s (%7.0f per rank)  payload %6.2f MB/rank/step  "
+                  "table %7.1f MB/rank" % (variant, ranks, res["step_ms"], res["examples_per_s"],
+                                           res["examples_per_s_per_rank"], res["payload_bytes_per_rank"] / 1e6,
+                                           res["table_bytes_per_rank"] / 1e6), flush=True)
+    if args.json:
+        with open(args.json, "w") as f:
+            json.dump({"args": {k: v for k, v in vars(args).items() if k not in ("worker", "out", "variant")},
+                       "load_avg": os.getloadavg(), "results": results}, f, indent=1)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -59,6 +59,25 @@ OPTIMIZER_HYPERS = {s.name: s.hypers for s in optimizer_spec.FUSED}
 HANDLE_GRAD_DENSE_ROWS = 2 ** 62
 
 
+def _refuse_densifying(value, dtype=None, name=None, as_ref=False):
+  """Tensor conversion of IndexedSlices, tried before TF's: a dynamic-embedding gradient (dense_shape
+  [HANDLE_GRAD_DENSE_ROWS, dim]) has no dense form (it would span the whole int64 key space), so densifying it
+  (e.g. Horovod's sparse_as_dense=True) is an error that says what to do; every other IndexedSlices is left to
+  TF's own conversion."""
+  del dtype, name, as_ref
+  shape = tf.get_static_value(value.dense_shape) if value.dense_shape is not None else None
+  if shape is not None and len(shape) >= 1 and int(shape[0]) == HANDLE_GRAD_DENSE_ROWS:
+    raise ValueError(
+        "A dynamic embedding's gradient (IndexedSlices of int64 keys) cannot be converted to a dense tensor: its "
+        "rows are keys, not a dense range. Keep it sparse: with Horovod use "
+        "tensorflow_ext.horovod.DistributedOptimizer (its sparse_as_dense applies to dense variables only), or "
+        "hvd.DistributedOptimizer without sparse_as_dense.")
+  return NotImplemented
+
+
+tf.register_tensor_conversion_function(indexed_slices.IndexedSlices, _refuse_densifying, priority=99)
+
+
 def num_slots(optimizer, **flags):
   """Number of dim-wide slot column blocks the fused `optimizer` uses with `flags` (e.g. centered=True)."""
   return len(optimizer_spec.by_name(optimizer, fused=True).slot_names(flags))

@@ -192,3 +192,16 @@ def test_every_lookup_path_has_one_handle_gradient(num_shards, initializer):
   np.testing.assert_allclose(got[3], np.arange(DIM) + np.arange(DIM, 2 * DIM))  # key 3 in both rows
   np.testing.assert_allclose(got[4], np.arange(DIM))
   np.testing.assert_allclose(got[9], np.arange(DIM, 2 * DIM))
+
+
+def test_densifying_a_dynamic_embedding_gradient_is_a_clear_error():
+  """sparse_as_dense-style conversion would span the int64 key space: refused with advice, not an overflow."""
+  with tf.Graph().as_default():
+    emb = tf_ext.get_dynamic_embedding("dense_grad", DIM)
+    dense = tf.compat.v1.get_variable("table", [5, DIM])
+    loss = tf.reduce_sum(tf_ext.embedding_lookup(emb, tf.constant([1, 2], tf.int64))) + tf.reduce_sum(
+        tf.gather(dense, [0, 3]))
+    g_emb, g_dense = tf.gradients(loss, [emb.shards[0], dense])
+    with pytest.raises(ValueError, match="cannot be converted to a dense tensor.*DistributedOptimizer"):
+      tf.convert_to_tensor(g_emb)
+    assert tf.convert_to_tensor(g_dense).shape.as_list() == [5, DIM]  # other IndexedSlices: TF's conversion

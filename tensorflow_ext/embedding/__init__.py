@@ -27,9 +27,9 @@ from tensorflow_ext.embedding.layout import DynamicEmbeddingSlot
 from tensorflow_ext.embedding.keys import HashPartition
 from tensorflow_ext.embedding.variable import ExportedEmbedding
 from tensorflow_ext.embedding.variable import GraphKeys
-from tensorflow_ext.embedding.variable import dense_variables
-from tensorflow_ext.embedding.variable import get_dynamic_embedding
-from tensorflow_ext.embedding.variable import get_dynamic_embeddings
+from tensorflow_ext.embedding.creation import dense_variables
+from tensorflow_ext.embedding.creation import get_dynamic_embedding
+from tensorflow_ext.embedding.creation import get_dynamic_embeddings
 from tensorflow_ext.embedding.keys import string_to_key
 
 from tensorflow_ext.embedding import warm_start as _warm_start

@@ -48,8 +48,15 @@ def _installed_tf_version():
         return tf.__version__
     from importlib import metadata  # pylint: disable=import-outside-toplevel
 
-    for dist in ("tensorflow", "tensorflow-cpu", "tensorflow-gpu", "tensorflow-intel", "tensorflow-aarch64",
-                 "tf-nightly", "tf-nightly-cpu"):
+    for dist in (
+        "tensorflow",
+        "tensorflow-cpu",
+        "tensorflow-gpu",
+        "tensorflow-intel",
+        "tensorflow-aarch64",
+        "tf-nightly",
+        "tf-nightly-cpu",
+    ):
         try:
             return metadata.version(dist)
         except metadata.PackageNotFoundError:
@@ -62,8 +69,9 @@ def _check_tf_at_import():
         return
     installed = _installed_tf_version()
     if installed is None:
-        raise ImportError("tensorflow_ext needs TensorFlow 2.15.x: `pip install tensorflow-cpu==2.15.1` "
-                          "(or tensorflow==2.15.1)")
+        raise ImportError(
+            "tensorflow_ext needs TensorFlow 2.15.x: `pip install tensorflow-cpu==2.15.1` " "(or tensorflow==2.15.1)"
+        )
     from tensorflow_ext.utils import loader  # pylint: disable=import-outside-toplevel
 
     loader.check_tf_version(installed)
@@ -116,8 +124,9 @@ def __getattr__(name):
             continue
         globals()[name] = value  # cache: later accesses skip __getattr__
         return value
-    raise AttributeError("tensorflow_ext.%s is not available in this build (looked for %s)"
-                         % (name, ", ".join(missing)))
+    raise AttributeError(
+        "tensorflow_ext.%s is not available in this build (looked for %s)" % (name, ", ".join(missing))
+    )
 
 
 def __dir__():

@@ -71,16 +71,21 @@ class Patch(object):
 
         lo, hi = (loader._release(v) for v in self.tf_versions)  # pylint: disable=protected-access
         if not lo <= loader._release(tf.__version__) < hi:  # pylint: disable=protected-access
-            raise PatchError("tensorflow_ext patch %r (%s) was written for TensorFlow [%s, %s), not %s"
-                             % (self.name, self.target, self.tf_versions[0], self.tf_versions[1], tf.__version__))
+            raise PatchError(
+                "tensorflow_ext patch %r (%s) was written for TensorFlow [%s, %s), not %s"
+                % (self.name, self.target, self.tf_versions[0], self.tf_versions[1], tf.__version__)
+            )
         try:
             owner = self._owner_object()
         except (ImportError, AttributeError) as e:
-            raise PatchError("tensorflow_ext patch %r: %s is missing in TensorFlow %s (%s)"
-                             % (self.name, self.target, tf.__version__, e)) from e
+            raise PatchError(
+                "tensorflow_ext patch %r: %s is missing in TensorFlow %s (%s)"
+                % (self.name, self.target, tf.__version__, e)
+            ) from e
         if not hasattr(owner, self.attr):
-            raise PatchError("tensorflow_ext patch %r: %s is missing in TensorFlow %s"
-                             % (self.name, self.target, tf.__version__))
+            raise PatchError(
+                "tensorflow_ext patch %r: %s is missing in TensorFlow %s" % (self.name, self.target, tf.__version__)
+            )
         return owner
 
     def install(self):
@@ -96,8 +101,12 @@ class Patch(object):
         self.installed = True
 
     def __repr__(self):
-        return "<tf_compat.Patch %s -> %s (TF %s..%s)>" % (self.name, self.target, self.tf_versions[0],
-                                                           self.tf_versions[1])
+        return "<tf_compat.Patch %s -> %s (TF %s..%s)>" % (
+            self.name,
+            self.target,
+            self.tf_versions[0],
+            self.tf_versions[1],
+        )
 
 
 _lock = threading.RLock()
@@ -171,12 +180,16 @@ def _is_shard(value):
 
 
 @register(
-    "optimizer_get_slot", "tensorflow.python.training.optimizer", "Optimizer", "get_slot",
+    "optimizer_get_slot",
+    "tensorflow.python.training.optimizer",
+    "Optimizer",
+    "get_slot",
     why="A dynamic embedding's optimizer slots are columns of its table rows, not variables, so TF's get_slot "
     "finds nothing and returns None (code reading slots then silently skips the embedding). For a shard the "
     "replacement returns a DynamicEmbeddingSlot (a view of those columns, usable as a tensor); TF's "
     "Optimizer has no hook for slots that are not variables.",
-    test="tests/test_tf_compat.py::test_optimizer_get_slot_of_a_shard")
+    test="tests/test_tf_compat.py::test_optimizer_get_slot_of_a_shard",
+)
 def _make_get_slot(original):
 
     def get_slot(self, var, name):
@@ -193,11 +206,15 @@ def _make_get_slot(original):
 
 
 @register(
-    "optimizer_get_slot_names", "tensorflow.python.training.optimizer", "Optimizer", "get_slot_names",
+    "optimizer_get_slot_names",
+    "tensorflow.python.training.optimizer",
+    "Optimizer",
+    "get_slot_names",
     why="TF lists the slot names of the slot variables it created; an optimizer that trains only dynamic "
     "embeddings created none. The replacement adds the slot names it keeps in the rows of the default graph's "
     "dynamic embeddings.",
-    test="tests/test_tf_compat.py::test_optimizer_get_slot_names_include_embedding_slots")
+    test="tests/test_tf_compat.py::test_optimizer_get_slot_names_include_embedding_slots",
+)
 def _make_get_slot_names(original):
 
     def get_slot_names(self):
@@ -215,11 +232,15 @@ def _make_get_slot_names(original):
 
 
 @register(
-    "moving_average_apply", "tensorflow.python.training.moving_averages", "ExponentialMovingAverage", "apply",
+    "moving_average_apply",
+    "tensorflow.python.training.moving_averages",
+    "ExponentialMovingAverage",
+    "apply",
     why="ExponentialMovingAverage.apply(tf.compat.v1.trainable_variables()) would build a shadow of a dynamic "
     "embedding shard from the rows one step read, a meaningless average. The replacement refuses shards with "
     "an error that says how to average the dense variables only.",
-    test="tests/test_tf_compat.py::test_moving_average_refuses_shards_with_advice")
+    test="tests/test_tf_compat.py::test_moving_average_refuses_shards_with_advice",
+)
 def _make_ema_apply(original):
 
     def apply(self, var_list=None):
@@ -229,19 +250,24 @@ def _make_ema_apply(original):
             raise TypeError(
                 "ExponentialMovingAverage cannot average dynamic embedding shards (%s): a table has no fixed set "
                 "of rows to shadow. Average the dense variables only, e.g. "
-                "ema.apply(tf_ext.embedding.dense_variables(tf.compat.v1.trainable_variables()))." % names)
+                "ema.apply(tf_ext.embedding.dense_variables(tf.compat.v1.trainable_variables()))." % names
+            )
         return original(self, var_list)
 
     return apply
 
 
 @register(
-    "replica_device_setter_ps_ops", "tensorflow.python.training.device_setter", "", "STANDARD_PS_OPS",
+    "replica_device_setter_ps_ops",
+    "tensorflow.python.training.device_setter",
+    "",
+    "STANDARD_PS_OPS",
     why="replica_device_setter puts an op on a parameter server only if its type is in STANDARD_PS_OPS (read "
     "when the setter is created); TF lists its own variable and table ops there and offers no registration. "
     "Adding TfExtTableHandle places dynamic embedding tables on ps tasks like variables. Installed at "
     "`import tensorflow_ext`, so setters created afterwards know it.",
-    test="tests/test_tf_compat.py::test_replica_device_setter_places_tables_on_ps")
+    test="tests/test_tf_compat.py::test_replica_device_setter_places_tables_on_ps",
+)
 def _make_ps_ops(original):
     return tuple(original) + (("TfExtTableHandle",) if "TfExtTableHandle" not in original else ())
 
@@ -253,11 +279,15 @@ def _warm_start_lib():
 
 
 @register(
-    "warm_start_grouped_variables", "tensorflow.python.training.warm_starting_util", "", "_get_grouped_variables",
+    "warm_start_grouped_variables",
+    "tensorflow.python.training.warm_starting_util",
+    "",
+    "_get_grouped_variables",
     why="tf.compat.v1.train.warm_start (and Estimator warm_start_from) select the variables to warm-start here; "
     "a dynamic embedding shard is not a variable TF can partition-group. The replacement groups the dense "
     "variables as TF does and adds each selected shard as its own entry (a stand-in object).",
-    test="tests/test_tf_compat.py::test_warm_start_patches_handle_shards_and_leave_variables_to_tf")
+    test="tests/test_tf_compat.py::test_warm_start_patches_handle_shards_and_leave_variables_to_tf",
+)
 def _make_grouped_variables(original):
 
     def _get_grouped_variables(vars_to_warm_start):
@@ -284,10 +314,14 @@ def _make_grouped_variables(original):
 
 
 @register(
-    "warm_start_var_info", "tensorflow.python.training.warm_starting_util", "", "_get_var_info",
+    "warm_start_var_info",
+    "tensorflow.python.training.warm_starting_util",
+    "",
+    "_get_var_info",
     why="warm_start builds a VariableInfo (vocabulary remapping) per selected variable; a shard stand-in has no "
     "vocabulary. The replacement passes the stand-in through with its checkpoint name.",
-    test="tests/test_tf_compat.py::test_warm_start_patches_handle_shards_and_leave_variables_to_tf")
+    test="tests/test_tf_compat.py::test_warm_start_patches_handle_shards_and_leave_variables_to_tf",
+)
 def _make_var_info(original):
 
     def _get_var_info(var, prev_tensor_name=None):
@@ -301,11 +335,15 @@ def _make_var_info(original):
 
 
 @register(
-    "init_from_checkpoint", "tensorflow.python.training.checkpoint_utils", "", "init_from_checkpoint",
+    "init_from_checkpoint",
+    "tensorflow.python.training.checkpoint_utils",
+    "",
+    "init_from_checkpoint",
     why="warm_start ends in init_from_checkpoint, which overrides variable initializers; a table has none. The "
     "replacement fills each shard stand-in from the previous embedding's checkpoint tensors (re-partitioned by "
     "key) when the model initializes, and passes every variable to TF's function.",
-    test="tests/test_tf_compat.py::test_warm_start_patches_handle_shards_and_leave_variables_to_tf")
+    test="tests/test_tf_compat.py::test_warm_start_patches_handle_shards_and_leave_variables_to_tf",
+)
 def _make_init_from_checkpoint(original):
 
     def init_from_checkpoint(ckpt_dir_or_file, assignment_map):
@@ -339,13 +377,17 @@ def _is_embedding(value):
 
 
 @register(
-    "optimizer_get_processor", "tensorflow.python.training.optimizer", "", "_get_processor",
-        why="TF1 optimizers reach a variable only through the processor _get_processor returns (its target() is what "
+    "optimizer_get_processor",
+    "tensorflow.python.training.optimizer",
+    "",
+    "_get_processor",
+    why="TF1 optimizers reach a variable only through the processor _get_processor returns (its target() is what "
     "compute_gradients differentiates, its update_op what apply_gradients runs), and the function knows only TF's "
     "variable types. For a dynamic embedding shard the replacement returns a processor whose target is the table "
     "handle (so the gradient is an IndexedSlices of int64 keys) and whose update applies the optimizer to the "
     "table rows; every other variable gets TF's processor.",
-        test="tests/test_tf_compat.py::test_optimizer_get_processor_targets_the_shard_handle")
+    test="tests/test_tf_compat.py::test_optimizer_get_processor_targets_the_shard_handle",
+)
 def _make_get_processor(original):
 
     def _get_processor(v):
@@ -357,11 +399,15 @@ def _make_get_processor(original):
 
 
 @register(
-    "optimizer_compute_gradients", "tensorflow.python.training.optimizer", "Optimizer", "compute_gradients",
-        why="compute_gradients (and minimize) take var_list as variables; a DynamicEmbedding is a group of shards, "
+    "optimizer_compute_gradients",
+    "tensorflow.python.training.optimizer",
+    "Optimizer",
+    "compute_gradients",
+    why="compute_gradients (and minimize) take var_list as variables; a DynamicEmbedding is a group of shards, "
     "not a variable. The replacement expands each DynamicEmbedding in var_list into its shards and calls TF's "
     "compute_gradients unchanged.",
-        test="tests/test_tf_compat.py::test_optimizer_compute_gradients_expands_dynamic_embeddings")
+    test="tests/test_tf_compat.py::test_optimizer_compute_gradients_expands_dynamic_embeddings",
+)
 def _make_compute_gradients(original):
 
     def compute_gradients(self, loss, var_list=None, *args, **kwargs):
@@ -379,8 +425,11 @@ def _make_compute_gradients(original):
 
 
 @register(
-    "optimizer_apply_gradients", "tensorflow.python.training.optimizer", "Optimizer", "apply_gradients",
-        why="TF's apply_gradients creates slots through self._create_slots(var_list), which would make a slot "
+    "optimizer_apply_gradients",
+    "tensorflow.python.training.optimizer",
+    "Optimizer",
+    "apply_gradients",
+    why="TF's apply_gradients creates slots through self._create_slots(var_list), which would make a slot "
     "variable of a shard's shape; a dynamic embedding keeps its slots as columns of its table rows instead. When "
     "some variables are shards, the replacement overrides _create_slots on the optimizer instance for the "
     "duration of the call (TF has no hook for slots that are not variables): the override passes the dense "
@@ -389,7 +438,8 @@ def _make_compute_gradients(original):
     "variables; the override is removed when TF's apply_gradients returns. TF's apply_gradients itself runs "
     "unchanged (one _prepare, one _finish, so Adam's beta powers advance once per step, one global_step "
     "increment).",
-        test="tests/test_tf_compat.py::test_optimizer_apply_gradients_keeps_slots_in_rows")
+    test="tests/test_tf_compat.py::test_optimizer_apply_gradients_keeps_slots_in_rows",
+)
 def _make_apply_gradients(original):
 
     def apply_gradients(self, grads_and_vars, global_step=None, name=None, **kwargs):
@@ -431,12 +481,13 @@ def _make_apply_gradients(original):
 
 def _refuse_embeddings(opt, variables):
     for v in variables:
-        if (_is_shard(v) or _is_embedding(v)):
+        if _is_shard(v) or _is_embedding(v):
             raise TypeError(
-          "Keras optimizer %s cannot train dynamic embedding %s: dynamic embeddings train with "
-          "tf.compat.v1.train optimizers, e.g. tf.compat.v1.train.AdagradOptimizer, AdamOptimizer, "
-          "FtrlOptimizer or GradientDescentOptimizer (all: tf_ext.embedding.supported_optimizers())"
-                    % (type(opt).__name__, v.name))
+                "Keras optimizer %s cannot train dynamic embedding %s: dynamic embeddings train with "
+                "tf.compat.v1.train optimizers, e.g. tf.compat.v1.train.AdagradOptimizer, AdamOptimizer, "
+                "FtrlOptimizer or GradientDescentOptimizer (all: tf_ext.embedding.supported_optimizers())"
+                % (type(opt).__name__, v.name)
+            )
 
 
 def _make_keras_minimize(original):
@@ -463,12 +514,15 @@ _KERAS_WHY = (
     "Keras optimizers fail on a dynamic embedding deep inside Keras/TF (a tape without a gradient, or a missing "
     "attribute) with an error that does not say why. The replacement raises a TypeError naming the embedding "
     "and the tf.compat.v1.train optimizers that train it, and hands dense variables to Keras unchanged; Keras "
-    "has no hook to validate var_list.")
+    "has no hook to validate var_list."
+)
 _KERAS_TEST = "tests/test_tf_compat.py::test_keras_optimizers_refuse_dynamic_embeddings"
-for _name, _module, _owner in (("keras_optimizer", "keras.src.optimizers.optimizer", "Optimizer"),
-                               ("keras_legacy_optimizer", "keras.src.optimizers.legacy.optimizer_v2", "OptimizerV2")):
-    register(_name + "_minimize", _module, _owner, "minimize", why=_KERAS_WHY,
-                     test=_KERAS_TEST)(_make_keras_minimize)
-    register(_name + "_apply_gradients", _module, _owner, "apply_gradients", why=_KERAS_WHY,
-                     test=_KERAS_TEST)(_make_keras_apply_gradients)
+for _name, _module, _owner in (
+    ("keras_optimizer", "keras.src.optimizers.optimizer", "Optimizer"),
+    ("keras_legacy_optimizer", "keras.src.optimizers.legacy.optimizer_v2", "OptimizerV2"),
+):
+    register(_name + "_minimize", _module, _owner, "minimize", why=_KERAS_WHY, test=_KERAS_TEST)(_make_keras_minimize)
+    register(_name + "_apply_gradients", _module, _owner, "apply_gradients", why=_KERAS_WHY, test=_KERAS_TEST)(
+        _make_keras_apply_gradients
+    )
 del _name, _module, _owner

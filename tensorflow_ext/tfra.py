@@ -104,24 +104,28 @@ def _policy_name(restrict_policy):
         return "timestamp"
     if "Frequency" in name:
         return "frequency"
-    raise ValueError("restrict_policy must be tensorflow_ext.tfra.TimestampRestrictPolicy or "
-                     "FrequencyRestrictPolicy, got %r" % (restrict_policy,))
+    raise ValueError(
+        "restrict_policy must be tensorflow_ext.tfra.TimestampRestrictPolicy or "
+        "FrequencyRestrictPolicy, got %r" % (restrict_policy,)
+    )
 
 
-def get_variable(name,
-                 key_dtype=tf.int64,
-                 value_dtype=tf.float32,
-                 dim=1,
-                 devices=None,
-                 partitioner=default_partition_fn,
-                 shared_name="get_variable",
-                 initializer=None,
-                 trainable=True,
-                 checkpoint=True,
-                 init_size=0,
-                 kv_creator=None,
-                 restrict_policy=None,
-                 bp_v2=False):
+def get_variable(
+    name,
+    key_dtype=tf.int64,
+    value_dtype=tf.float32,
+    dim=1,
+    devices=None,
+    partitioner=default_partition_fn,
+    shared_name="get_variable",
+    initializer=None,
+    trainable=True,
+    checkpoint=True,
+    init_size=0,
+    kv_creator=None,
+    restrict_policy=None,
+    bp_v2=False,
+):
     """TFRA's `get_variable`, in its argument order: creates or reuses a `tf_ext.DynamicEmbedding`.
 
     Args:
@@ -152,21 +156,31 @@ def get_variable(name,
         raise ValueError(
             "get_variable(kv_creator=...): tensorflow_ext has one table engine (a concurrent CPU hash table that "
             "grows on demand), so there is no creator to choose. Remove kv_creator; use init_size for the expected "
-            "number of keys.")
+            "number of keys."
+        )
     if bp_v2:
         raise ValueError(
             "get_variable(bp_v2=True): tensorflow_ext's optimizers update each key's row in place in one kernel "
-            "(no read-lookup-write across processes), which is what bp_v2 emulates. Remove bp_v2.")
+            "(no read-lookup-write across processes), which is what bp_v2 emulates. Remove bp_v2."
+        )
     if partitioner is not None and partitioner is not default_partition_fn:
         raise ValueError(
             "get_variable(partitioner=%r): tensorflow_ext partitions keys over shards by a 64-bit hash of the key "
             "(tf_ext.embedding.DynamicEmbedding.shard_ids); custom partition functions are not supported. "
-            "Remove partitioner (the number of shards is len(devices))." % (partitioner,))
+            "Remove partitioner (the number of shards is len(devices))." % (partitioner,)
+        )
     policy = _policy_name(restrict_policy)
     emb = _variable.get_dynamic_embedding(
-        name, dim=dim, key_dtype=key_dtype, value_dtype=value_dtype, initializer=initializer,
-        num_shards=len(devices) if devices else None, devices=devices, trainable=trainable,
-        initial_capacity=init_size)
+        name,
+        dim=dim,
+        key_dtype=key_dtype,
+        value_dtype=value_dtype,
+        initializer=initializer,
+        num_shards=len(devices) if devices else None,
+        devices=devices,
+        trainable=trainable,
+        initial_capacity=init_size,
+    )
     if not checkpoint:
         saveables = tf.compat.v1.get_collection_ref(tf.compat.v1.GraphKeys.SAVEABLE_OBJECTS)
         for s in emb.saveables:
@@ -193,9 +207,11 @@ def restrict(var, num_reserved, trigger=None, name=None):
     """
     policy = getattr(var, "restrict_policy", None)
     if policy is None:
-        raise ValueError("dynamic embedding %r has no restrict policy: create it with "
-                         "get_variable(..., restrict_policy=TimestampRestrictPolicy) or call "
-                         "tf_ext.embedding.restrict(emb, num_reserved, policy='timestamp')" % var.name)
+        raise ValueError(
+            "dynamic embedding %r has no restrict policy: create it with "
+            "get_variable(..., restrict_policy=TimestampRestrictPolicy) or call "
+            "tf_ext.embedding.restrict(emb, num_reserved, policy='timestamp')" % var.name
+        )
     return _eviction.restrict(var, num_reserved, trigger=trigger, policy=policy, name=name)
 
 
@@ -237,8 +253,9 @@ def _with_trainable(values, params, return_trainable):
     return (values, params) if return_trainable else values
 
 
-def embedding_lookup(params, ids, partition_strategy=None, name=None, validate_indices=None, max_norm=None,
-                     return_trainable=False):
+def embedding_lookup(
+    params, ids, partition_strategy=None, name=None, validate_indices=None, max_norm=None, return_trainable=False
+):
     """TFRA's `embedding_lookup`: rows of `ids` (any shape) -> ids.shape + [dim].
 
     Duplicate ids are summed in the gradient (TFRA's plain lookup is last-writer-wins on duplicates). With
@@ -249,29 +266,60 @@ def embedding_lookup(params, ids, partition_strategy=None, name=None, validate_i
     return _with_trainable(values, params, return_trainable)
 
 
-def embedding_lookup_unique(params, ids, partition_strategy=None, name=None, validate_indices=None, max_norm=None,
-                            return_trainable=False):
+def embedding_lookup_unique(
+    params, ids, partition_strategy=None, name=None, validate_indices=None, max_norm=None, return_trainable=False
+):
     """TFRA's `embedding_lookup_unique`: the same as `embedding_lookup` (which always deduplicates here)."""
     return embedding_lookup(params, ids, partition_strategy, name, validate_indices, max_norm, return_trainable)
 
 
-def embedding_lookup_sparse(params, sp_ids, sp_weights, partition_strategy=None, name="embedding_lookup_sparse",
-                            combiner="mean", max_norm=None, return_trainable=False):
+def embedding_lookup_sparse(
+    params,
+    sp_ids,
+    sp_weights,
+    partition_strategy=None,
+    name="embedding_lookup_sparse",
+    combiner="mean",
+    max_norm=None,
+    return_trainable=False,
+):
     """TFRA's `embedding_lookup_sparse` (combiners mean, sqrtn, sum)."""
-    values = _lookup.embedding_lookup_sparse(params, sp_ids, sp_weights, partition_strategy=partition_strategy,
-                                             name=name, combiner=combiner, max_norm=max_norm,
-                                             is_training=_is_training())
+    values = _lookup.embedding_lookup_sparse(
+        params,
+        sp_ids,
+        sp_weights,
+        partition_strategy=partition_strategy,
+        name=name,
+        combiner=combiner,
+        max_norm=max_norm,
+        is_training=_is_training(),
+    )
     return _with_trainable(values, params, return_trainable)
 
 
-def safe_embedding_lookup_sparse(embedding_weights, sparse_ids, sparse_weights=None, combiner="mean",
-                                 default_id=None, name="safe_embedding_lookup_sparse", partition_strategy=None,
-                                 max_norm=None, return_trainable=False):
+def safe_embedding_lookup_sparse(
+    embedding_weights,
+    sparse_ids,
+    sparse_weights=None,
+    combiner="mean",
+    default_id=None,
+    name="safe_embedding_lookup_sparse",
+    partition_strategy=None,
+    max_norm=None,
+    return_trainable=False,
+):
     """TFRA's `safe_embedding_lookup_sparse`. Every int64 id is a key (negative ones too)."""
-    values = _lookup.safe_embedding_lookup_sparse(embedding_weights, sparse_ids, sparse_weights=sparse_weights,
-                                                  combiner=combiner, default_id=default_id, name=name,
-                                                  partition_strategy=partition_strategy, max_norm=max_norm,
-                                                  is_training=_is_training())
+    values = _lookup.safe_embedding_lookup_sparse(
+        embedding_weights,
+        sparse_ids,
+        sparse_weights=sparse_weights,
+        combiner=combiner,
+        default_id=default_id,
+        name=name,
+        partition_strategy=partition_strategy,
+        max_norm=max_norm,
+        is_training=_is_training(),
+    )
     return _with_trainable(values, embedding_weights, return_trainable)
 
 
@@ -294,27 +342,31 @@ def DynamicEmbeddingOptimizer(self, bp_v2=False, synchronous=False, **kwargs):  
     if kwargs:
         raise TypeError("DynamicEmbeddingOptimizer got unexpected arguments %s" % sorted(kwargs))
     if bp_v2:
-        raise ValueError("DynamicEmbeddingOptimizer(bp_v2=True): not needed, rows are updated in place per key. "
-                         "Remove bp_v2.")
+        raise ValueError(
+            "DynamicEmbeddingOptimizer(bp_v2=True): not needed, rows are updated in place per key. " "Remove bp_v2."
+        )
     if synchronous:
-        raise ValueError("DynamicEmbeddingOptimizer(synchronous=True) (TFRA's Horovod allreduce of dense "
-                         "gradients) is not supported: tensorflow_ext trains in one process or on parameter "
-                         "servers (replica_device_setter). Remove synchronous.")
+        raise ValueError(
+            "DynamicEmbeddingOptimizer(synchronous=True) (TFRA's Horovod allreduce of dense "
+            "gradients) is not supported: tensorflow_ext trains in one process or on parameter "
+            "servers (replica_device_setter). Remove synchronous."
+        )
     if not isinstance(self, tf.compat.v1.train.Optimizer):
         raise TypeError(
             "DynamicEmbeddingOptimizer needs a tf.compat.v1.train optimizer (e.g. AdamOptimizer); got %s. Keras "
-            "optimizers do not train dynamic embeddings." % type(self).__name__)
+            "optimizers do not train dynamic embeddings." % type(self).__name__
+        )
     _optimizers.handler_for(self)  # a TypeError naming the supported optimizers
     return self
 
 
 _INSTEAD = {
     "TrainableWrapper": "tensorflow_ext has no TrainableWrapper: the embedding's shards are trainable variables "
-                        "that stock optimizers train directly (see tensorflow_ext.tfra docs).",
+    "that stock optimizers train directly (see tensorflow_ext.tfra docs).",
     "DEResourceVariable": "tensorflow_ext has no shadow variables: lookups read the table directly.",
     "shadow_ops": "tensorflow_ext has no shadow variables: lookups read the table directly.",
     "trainable_wrapper_filter": "tensorflow_ext has no TrainableWrapper to filter: "
-                                "tf_ext.embedding.dense_variables(var_list) lists the dense variables.",
+    "tf_ext.embedding.dense_variables(var_list) lists the dense variables.",
     "CuckooHashTable": "tensorflow_ext has one table engine: tf_ext.HashTable (or get_variable for embeddings).",
     "CuckooHashTableConfig": "tensorflow_ext has one table engine: remove kv_creator.",
     "CuckooHashTableCreator": "tensorflow_ext has one table engine: remove kv_creator.",
@@ -326,11 +378,11 @@ _INSTEAD = {
     "RedisTableConfig": "tensorflow_ext has no Redis backend; remove kv_creator.",
     "RedisTableCreator": "tensorflow_ext has no Redis backend; remove kv_creator.",
     "FileSystemSaver": "checkpoints go through tf.compat.v1.train.Saver / Estimator (atomic, resharding on "
-                       "restore); remove the saver argument.",
+    "restore); remove the saver argument.",
     "RestrictPolicy": "use TimestampRestrictPolicy or FrequencyRestrictPolicy (or tf_ext.embedding.restrict).",
     "keras": "tensorflow_ext supports TF1 graph mode (Estimator, Session), not Keras layers.",
     "DistributedVariableWrapper": "tf.distribute strategies are not supported; use parameter servers "
-                                  "(replica_device_setter).",
+    "(replica_device_setter).",
     "train": "the tfra.train hooks are not needed: Saver/Estimator checkpoint dynamic embeddings.",
     "math": "use tf.math / tf.sparse ops on the looked-up rows.",
     "data_flow": "use tf.dynamic_partition / tf.dynamic_stitch.",
@@ -338,22 +390,25 @@ _INSTEAD = {
 
 
 # For `tensorflow_ext.<TFRA name>`: the native API's answer (this module provides these names itself).
-_TOP_LEVEL_INSTEAD = dict(_INSTEAD, **{
-    "get_variable": "use tf_ext.get_dynamic_embedding(name, dim, key_dtype=..., ...) (dim second), or "
-                    "tensorflow_ext.tfra.get_variable, which keeps TFRA's argument order.",
-    "embedding_lookup_unique": "tf_ext.embedding_lookup always deduplicates ids; use it.",
-    "enable_inference_mode": "tensorflow_ext needs no model mode: a graph in which no optimizer is applied to an "
-                             "embedding (Estimator eval/predict, an export for serving) only reads it and never "
-                             "inserts keys; tf_ext.embedding_lookup(..., is_training=False) forces that per lookup "
-                             "(tensorflow_ext.tfra.enable_inference_mode exists for ported code).",
-    "enable_train_mode": "tensorflow_ext needs no model mode: lookups insert new keys once an optimizer is applied "
-                         "to the embedding in the same graph; tf_ext.embedding_lookup(..., is_training=True) forces "
-                         "it.",
-    "get_model_mode": "tensorflow_ext needs no model mode (see tf_ext.embedding_lookup's is_training).",
-    "ModelMode": "tensorflow_ext needs no model mode (see tf_ext.embedding_lookup's is_training).",
-    "Variable": "tf_ext.DynamicEmbedding (created by tf_ext.get_dynamic_embedding).",
-    "restrict_policy": "tf_ext.embedding.restrict(emb, num_reserved, policy='timestamp'|'frequency').",
-})
+_TOP_LEVEL_INSTEAD = dict(
+    _INSTEAD,
+    **{
+        "get_variable": "use tf_ext.get_dynamic_embedding(name, dim, key_dtype=..., ...) (dim second), or "
+        "tensorflow_ext.tfra.get_variable, which keeps TFRA's argument order.",
+        "embedding_lookup_unique": "tf_ext.embedding_lookup always deduplicates ids; use it.",
+        "enable_inference_mode": "tensorflow_ext needs no model mode: a graph in which no optimizer is applied to an "
+        "embedding (Estimator eval/predict, an export for serving) only reads it and never "
+        "inserts keys; tf_ext.embedding_lookup(..., is_training=False) forces that per lookup "
+        "(tensorflow_ext.tfra.enable_inference_mode exists for ported code).",
+        "enable_train_mode": "tensorflow_ext needs no model mode: lookups insert new keys once an optimizer is applied "
+        "to the embedding in the same graph; tf_ext.embedding_lookup(..., is_training=True) forces "
+        "it.",
+        "get_model_mode": "tensorflow_ext needs no model mode (see tf_ext.embedding_lookup's is_training).",
+        "ModelMode": "tensorflow_ext needs no model mode (see tf_ext.embedding_lookup's is_training).",
+        "Variable": "tf_ext.DynamicEmbedding (created by tf_ext.get_dynamic_embedding).",
+        "restrict_policy": "tf_ext.embedding.restrict(emb, num_reserved, policy='timestamp'|'frequency').",
+    },
+)
 
 
 def __getattr__(name):

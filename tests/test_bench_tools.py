@@ -13,8 +13,14 @@ TOOLS = os.path.join(ROOT, "tools")
 
 def _run(tool, *args, timeout=600):
     env = dict(os.environ, TF_CPP_MIN_LOG_LEVEL="2")
-    r = subprocess.run([sys.executable, os.path.join(TOOLS, tool)] + list(args), cwd=ROOT, env=env,
-                       capture_output=True, text=True, timeout=timeout)
+    r = subprocess.run(
+        [sys.executable, os.path.join(TOOLS, tool)] + list(args),
+        cwd=ROOT,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=timeout,
+    )
     assert r.returncode == 0, "%s failed:\n%s\n%s" % (tool, r.stdout[-3000:], r.stderr[-3000:])
     return r.stdout
 
@@ -24,6 +30,7 @@ def bc():
     sys.path.insert(0, TOOLS)
     try:
         import bench_common  # pylint: disable=import-outside-toplevel
+
         yield bench_common
     finally:
         sys.path.remove(TOOLS)
@@ -39,8 +46,7 @@ def test_interleaved_visits_every_item_once_per_round_in_varying_order(bc):
 
 def test_summary_ms(bc):
     s = bc.summary_ms([0.001 * i for i in range(1, 12)])
-    assert s == {"median_ms": pytest.approx(6.0), "p10_ms": pytest.approx(2.0), "p90_ms": pytest.approx(10.0),
-                 "n": 11}
+    assert s == {"median_ms": pytest.approx(6.0), "p10_ms": pytest.approx(2.0), "p90_ms": pytest.approx(10.0), "n": 11}
 
 
 def test_available_skips_with_the_reason(bc, capsys):
@@ -72,28 +78,78 @@ def test_bench_table_quick(tmp_path):
 
 def test_bench_table_memory_tiny(tmp_path):
     out = tmp_path / "m.json"
-    _run("bench_table_memory.py", "--keys", "4096", "--chunk", "1024", "--slots", "1", "--backends", "ours",
-         "--json", str(out))
+    _run(
+        "bench_table_memory.py",
+        "--keys",
+        "4096",
+        "--chunk",
+        "1024",
+        "--slots",
+        "1",
+        "--backends",
+        "ours",
+        "--json",
+        str(out),
+    )
     r = json.loads(out.read_text())["results"]["ours"]["1"]
     assert r["size"] == 4096 and r["op_bytes_per_key"] >= r["raw_bytes_per_key"]
 
 
 def test_bench_ctr_quick_speed_and_quality(tmp_path):
     out = tmp_path / "c.json"
-    _run("bench_ctr.py", "--quick", "--vocab", "5000", "--buckets", "4096", "--variants", "static", "ours",
-         "--json", str(out))
+    _run(
+        "bench_ctr.py",
+        "--quick",
+        "--vocab",
+        "5000",
+        "--buckets",
+        "4096",
+        "--variants",
+        "static",
+        "ours",
+        "--json",
+        str(out),
+    )
     res = json.loads(out.read_text())["results"]["adagrad"]
     assert res["ours"]["n"] == 10 and res["ours"]["global_step"] == 13 and res["ours"]["table_bytes"] > 0
     out = tmp_path / "q.json"
-    _run("bench_ctr.py", "--quick", "--quality", "--vocab", "5000", "--quality_seeds", "1", "--quality_budgets",
-         "1024", "--quality_steps", "6", "--eval_batches", "1", "--json", str(out))
+    _run(
+        "bench_ctr.py",
+        "--quick",
+        "--quality",
+        "--vocab",
+        "5000",
+        "--quality_seeds",
+        "1",
+        "--quality_budgets",
+        "1024",
+        "--quality_steps",
+        "6",
+        "--eval_batches",
+        "1",
+        "--json",
+        str(out),
+    )
     budget = json.loads(out.read_text())["results"]["budgets"]["rows_1024"]
     assert 0.0 <= budget["dynamic_auc_mean"] <= 1.0
 
 
 def test_bench_mixed_precision_tiny():
-    text = _run("bench_mixed_precision.py", "--steps", "2", "--warmup", "1", "--rounds", "1", "--batch", "8",
-                "--width", "4", "--inputs", "4")
+    text = _run(
+        "bench_mixed_precision.py",
+        "--steps",
+        "2",
+        "--warmup",
+        "1",
+        "--rounds",
+        "1",
+        "--batch",
+        "8",
+        "--width",
+        "4",
+        "--inputs",
+        "4",
+    )
     assert "| float32 |" in text and "| switching, in float32 branch |" in text
 
 

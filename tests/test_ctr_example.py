@@ -19,11 +19,16 @@ def _run_ctr(*args, timeout=240):
     env = dict(os.environ, PYTHONPATH=REPO)
     # What a user sees by default: no TF logging settings inherited from the test run.
     env.pop("TF_CPP_MIN_LOG_LEVEL", None)
-    proc = subprocess.run([sys.executable] + _PREFIX + list(args), cwd=REPO, env=env,
-                          stdout=subprocess.PIPE, stderr=subprocess.PIPE, timeout=timeout,
-                          universal_newlines=True)
-    assert proc.returncode == 0, "ctr failed:\nSTDOUT:\n%s\nSTDERR:\n%s" % (
-        proc.stdout[-3000:], proc.stderr[-6000:])
+    proc = subprocess.run(
+        [sys.executable] + _PREFIX + list(args),
+        cwd=REPO,
+        env=env,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        timeout=timeout,
+        universal_newlines=True,
+    )
+    assert proc.returncode == 0, "ctr failed:\nSTDOUT:\n%s\nSTDERR:\n%s" % (proc.stdout[-3000:], proc.stderr[-6000:])
     lines = [l for l in proc.stdout.splitlines() if l.strip()]
     summary = json.loads(lines[-1])
     return summary, proc.stderr, proc.stdout
@@ -32,6 +37,7 @@ def _run_ctr(*args, timeout=240):
 def _scalar_series(model_dir, tag):
     """[(step, value)] of a scalar summary in the training event files of model_dir."""
     import tensorflow as tf
+
     out = []
     for path in glob.glob(os.path.join(model_dir, "events.out.tfevents.*")):
         for event in tf.compat.v1.train.summary_iterator(path):
@@ -61,7 +67,7 @@ def test_quick_synthetic_trains_then_continues(tmp_path):
     assert not [l for l in lines if "WARNING" in l or "INFO:" in l], "\n".join(lines)
     assert out.strip().count("\n") == 0  # stdout: the JSON summary only
     progress = [l for l in lines if l.startswith("ctr: step ")]
-    assert len(progress) == 2, "\n".join(lines)        # --quick: 100 steps, every 50
+    assert len(progress) == 2, "\n".join(lines)  # --quick: 100 steps, every 50
     assert "loss" in progress[-1] and "steps/s" in progress[-1] and "table keys" in progress[-1]
     assert "ctr: eval: AUC %.4f" % s1["auc"] in log
     assert "ctr: checkpoint: %s" % s1["checkpoint"] in log
@@ -73,6 +79,7 @@ def test_quick_synthetic_trains_then_continues(tmp_path):
     assert s1["total_keys"] == sum(s1["table_sizes"].values()) > 1000
     # The checkpoint holds the tables (keys, values, optimizer slots).
     import tensorflow as tf
+
     ckpt = dict(tf.train.list_variables(model_dir))
     prefix = "embeddings/input_layer/C1_emb/embedding_weights/part_0"
     assert ckpt[prefix + "-keys"] == [s1["table_sizes"]["C1_emb"]]
@@ -83,17 +90,16 @@ def test_quick_synthetic_trains_then_continues(tmp_path):
     mems = dict(_scalar_series(model_dir, table + "memory_bytes"))
     per_key = dict(_scalar_series(model_dir, table + "bytes_per_key"))
     assert len(sizes) >= 2, sizes
-    assert all(a[1] <= b[1] for a, b in zip(sizes, sizes[1:])), sizes   # tables only grow
+    assert all(a[1] <= b[1] for a, b in zip(sizes, sizes[1:])), sizes  # tables only grow
     assert 0 < sizes[-1][1] <= s1["table_sizes"]["C1_emb"]
     for step, size in sizes:
-        assert mems[step] >= size * (8 + 4 * 5), (step, size, mems[step])   # key + 5 floats
+        assert mems[step] >= size * (8 + 4 * 5), (step, size, mems[step])  # key + 5 floats
         if size:
             assert per_key[step] == pytest.approx(mems[step] / size, rel=1e-3)
 
     # Day two: same model_dir -> continues from the checkpoint on new data.
-    s2, log2, out2 = _run_ctr("--quick", "--model_dir", model_dir, "--quiet", "--steps", "30",
-                              "--eval_steps", "3")
-    assert "ctr:" not in log2 and "deprecat" not in log2.lower()     # --quiet: only the JSON
+    s2, log2, out2 = _run_ctr("--quick", "--model_dir", model_dir, "--quiet", "--steps", "30", "--eval_steps", "3")
+    assert "ctr:" not in log2 and "deprecat" not in log2.lower()  # --quiet: only the JSON
     assert out2.strip().count("\n") == 0
     assert s2["start_step"] == s1["global_step"]
     assert s2["global_step"] == s1["global_step"] + s2["steps"]
@@ -104,8 +110,8 @@ def test_quick_synthetic_trains_then_continues(tmp_path):
 
 def test_refuses_checkpoint_of_another_shape(tmp_path):
     from tensorflow_ext.examples import ctr
-    cfg = dict(model="deepfm", dim=4, hidden="64,32", optimizer="adagrad", num_shards=1,
-               string_ids=False)
+
+    cfg = dict(model="deepfm", dim=4, hidden="64,32", optimizer="adagrad", num_shards=1, string_ids=False)
     ctr._check_model_dir_config(str(tmp_path), cfg, has_checkpoint=False)
     ctr._check_model_dir_config(str(tmp_path), dict(cfg), has_checkpoint=True)  # same: fine
     with pytest.raises(SystemExit, match=r"--dim 4 \(checkpoint\) vs 6 \(now\)"):
@@ -116,13 +122,15 @@ def test_refuses_checkpoint_of_another_shape(tmp_path):
 
 def test_tsv_data(tmp_path):
     from tensorflow_ext.examples import synthetic
+
     path = str(tmp_path / "day0.tsv")
     synthetic.CriteoLikeStream(seed=3, max_ids=5000).write_tsv(path, 2000)
     with open(path) as f:
         first = f.readline().rstrip("\n").split("\t")
     assert len(first) == 40 and first[0] in ("0", "1")
-    s, log, _ = _run_ctr("--quick", "--verbose", "--data", path, "--model_dir",
-                         str(tmp_path / "m"), "--batch_size", "256")
+    s, log, _ = _run_ctr(
+        "--quick", "--verbose", "--data", path, "--model_dir", str(tmp_path / "m"), "--batch_size", "256"
+    )
     # --verbose gives TensorFlow's own logs back, deprecation warnings included.
     assert "is deprecated" in log and "INFO:tensorflow:" in log, log[-3000:]
     assert "ctr: eval: AUC" in log
@@ -139,8 +147,19 @@ def test_wide_deep_model_fn_in_process():
     import tensorflow as tf
     from tensorflow_ext.embedding import variable
     from tensorflow_ext.examples import ctr, synthetic
-    params = dict(model="wide_deep", dim=2, hidden_units=[8], optimizer="ftrl", learning_rate=0.05,
-                  num_shards=1, string_ids=False, init_stddev=0.05, log_every=1000, batch_size=64)
+
+    params = dict(
+        model="wide_deep",
+        dim=2,
+        hidden_units=[8],
+        optimizer="ftrl",
+        learning_rate=0.05,
+        num_shards=1,
+        string_ids=False,
+        init_stddev=0.05,
+        log_every=1000,
+        batch_size=64,
+    )
     with tf.Graph().as_default():
         ds = synthetic.CriteoLikeStream(max_ids=1000).dataset(64, 4)
         features, labels = tf.compat.v1.data.make_one_shot_iterator(ds).get_next()
@@ -157,13 +176,19 @@ def test_wide_deep_model_fn_in_process():
 
 def test_flags():
     from tensorflow_ext.examples import ctr
+
     a = ctr.parse_args(["--quick"])
     assert a.steps == 100 and a.model == "deepfm" and a.optimizer == "adagrad"
     assert a.learning_rate == 0.5 and a.hidden_units == [64, 32]
     a = ctr.parse_args(["--optimizer", "adam", "--hidden", "8,4", "--steps", "7"])
     assert a.learning_rate == 0.001 and a.hidden_units == [8, 4] and a.steps == 7
-    for bad in (["--data", "/nonexistent/*.tsv"], ["--model", "lr"], ["--hidden", "a,b"],
-                ["--batch_size", "0"], ["--quiet", "--verbose"]):
+    for bad in (
+        ["--data", "/nonexistent/*.tsv"],
+        ["--model", "lr"],
+        ["--hidden", "a,b"],
+        ["--batch_size", "0"],
+        ["--quiet", "--verbose"],
+    ):
         with pytest.raises(SystemExit) as e:
             ctr.parse_args(bad)
         assert e.value.code == 2
@@ -174,6 +199,7 @@ def test_quiet_tf_logs_are_scoped_to_the_run():
     import tensorflow as tf
     from tensorflow.python.util import deprecation
     from tensorflow_ext.examples import ctr
+
     old = tf.compat.v1.logging.get_verbosity()
     tf.compat.v1.logging.set_verbosity(tf.compat.v1.logging.INFO)
     try:
@@ -193,6 +219,7 @@ def test_quiet_tf_logs_are_scoped_to_the_run():
 @pytest.mark.parametrize("split", ["train", "eval"])
 def test_synthetic_stream_is_deterministic(split):
     from tensorflow_ext.examples import synthetic
+
     s = synthetic.CriteoLikeStream(seed=7, max_ids=1000)
     f1, y1, l1 = s.batch(3, 64, split)
     f2, y2, l2 = s.batch(3, 64, split)
@@ -206,6 +233,7 @@ def test_synthetic_stream_is_deterministic(split):
 
 def test_synthetic_oracle_beats_chance():
     from tensorflow_ext.examples import synthetic
+
     s = synthetic.CriteoLikeStream(seed=0)
     assert s.oracle_auc(2, 2048) > 0.75
     assert synthetic.auc([0, 0, 1, 1], [0.1, 0.4, 0.35, 0.8]) == 0.75

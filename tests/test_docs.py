@@ -19,8 +19,9 @@ _FENCE = re.compile(r"^```python[ \t]*\n(.*?)^```[ \t]*$", re.M | re.S)
 
 def collect_blocks():
     blocks = []
-    files = [os.path.join(ROOT, "README.md")] + sorted(glob.glob(os.path.join(ROOT, "docs", "**", "*.md"),
-                                                                 recursive=True))
+    files = [os.path.join(ROOT, "README.md")] + sorted(
+        glob.glob(os.path.join(ROOT, "docs", "**", "*.md"), recursive=True)
+    )
     for path in files:
         if not os.path.exists(path):
             continue
@@ -45,10 +46,14 @@ def test_marker_parsing():
 
 @pytest.mark.parametrize("code", BLOCKS)
 def test_doc_block(code, tmp_path):
-    env = dict(os.environ, PYTHONPATH=os.pathsep.join([ROOT] + [p for p in [os.environ.get("PYTHONPATH")] if p]),
-               TF_CPP_MIN_LOG_LEVEL="2")
-    r = subprocess.run([sys.executable, "-c", code], cwd=str(tmp_path), env=env, capture_output=True, text=True,
-                       timeout=900)
+    env = dict(
+        os.environ,
+        PYTHONPATH=os.pathsep.join([ROOT] + [p for p in [os.environ.get("PYTHONPATH")] if p]),
+        TF_CPP_MIN_LOG_LEVEL="2",
+    )
+    r = subprocess.run(
+        [sys.executable, "-c", code], cwd=str(tmp_path), env=env, capture_output=True, text=True, timeout=900
+    )
     assert r.returncode == 0, "block failed:\n%s\n--- stdout\n%s\n--- stderr\n%s" % (code, r.stdout, r.stderr[-4000:])
 
 

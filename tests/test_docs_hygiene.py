@@ -33,14 +33,17 @@ def find_violations(text):
     return found
 
 
-@pytest.mark.parametrize("text,expected", [
-    ("Targets (issue 2): find", ["issue 2"]),
-    ("see Issue #14 and issues 3", ["Issue #14", "issues 3"]),
-    ("Reference (shared/ANCHORS.md, quiet)", ["ANCHORS", "shared/"]),
-    ("the lent GPU machine has no TensorFlow", ["lent GPU"]),
-    # Ordinary words stay allowed.
-    ("a known issue with shared libraries; anchors in HTML; /usr/shared_objects/x", []),
-])
+@pytest.mark.parametrize(
+    "text,expected",
+    [
+        ("Targets (issue 2): find", ["issue 2"]),
+        ("see Issue #14 and issues 3", ["Issue #14", "issues 3"]),
+        ("Reference (shared/ANCHORS.md, quiet)", ["ANCHORS", "shared/"]),
+        ("the lent GPU machine has no TensorFlow", ["lent GPU"]),
+        # Ordinary words stay allowed.
+        ("a known issue with shared libraries; anchors in HTML; /usr/shared_objects/x", []),
+    ],
+)
 def test_detector(text, expected):
     assert sorted(m for _, _, m in find_violations(text)) == sorted(expected)
 
@@ -54,5 +57,7 @@ def test_pages_exist():
 def test_page_speaks_to_users(path):
     with open(path, encoding="utf-8") as f:
         found = find_violations(f.read())
-    assert not found, "%s mentions:\n%s" % (os.path.relpath(path, ROOT), "\n".join(
-        "  line %d: %s (%r)" % (n, what, m) for n, what, m in found))
+    assert not found, "%s mentions:\n%s" % (
+        os.path.relpath(path, ROOT),
+        "\n".join("  line %d: %s (%r)" % (n, what, m) for n, what, m in found),
+    )

@@ -30,8 +30,14 @@ def _env():
 
 
 def _run_python(code, cwd):
-    r = subprocess.run([sys.executable, "-c", textwrap.dedent(code)], cwd=str(cwd), env=_env(),
-                       capture_output=True, text=True, timeout=TIMEOUT_S)
+    r = subprocess.run(
+        [sys.executable, "-c", textwrap.dedent(code)],
+        cwd=str(cwd),
+        env=_env(),
+        capture_output=True,
+        text=True,
+        timeout=TIMEOUT_S,
+    )
     assert r.returncode == 0, "fresh process failed:\n%s\n%s" % (r.stdout[-3000:], r.stderr[-5000:])
     return r.stdout
 
@@ -46,8 +52,9 @@ def _build_and_train(export_dir=None, meta_path=None):
     with tf.Graph().as_default() as g:
         gs = tf.compat.v1.train.get_or_create_global_step()
         ids = tf.compat.v1.placeholder(tf.int64, [None, 2], name="ids")
-        emb = tf_ext.get_dynamic_embedding("fresh_emb", 4, num_shards=2,
-                                           initializer=tf.compat.v1.random_normal_initializer(0.0, 0.1, seed=3))
+        emb = tf_ext.get_dynamic_embedding(
+            "fresh_emb", 4, num_shards=2, initializer=tf.compat.v1.random_normal_initializer(0.0, 0.1, seed=3)
+        )
         x = tf.reduce_sum(tf_ext.embedding_lookup(emb, ids), axis=1)
         pred = tf.identity(tf.compat.v1.layers.dense(x, 1, name="out"), name="pred")
         loss = tf.reduce_mean(tf.square(pred - 1.0))
@@ -72,7 +79,8 @@ def test_saved_model_loads_after_plain_import_tf1_loader(tmp_path):
     export_dir = str(tmp_path / "sm")
     ids, expected = _build_and_train(export_dir=export_dir)
     np.save(tmp_path / "ids.npy", ids)
-    out = _run_python("""
+    out = _run_python(
+        """
         import numpy as np
         import tensorflow as tf
         import tensorflow_ext  # the only tf_ext line a serving process needs
@@ -84,7 +92,10 @@ def test_saved_model_loads_after_plain_import_tf1_loader(tmp_path):
             got = sess.run(sig.outputs["pred"].name, {sig.inputs["ids"].name: ids})
         np.save("got.npy", got)
         print("served", got.shape)
-    """ % export_dir, tmp_path)
+    """
+        % export_dir,
+        tmp_path,
+    )
     assert "served (3, 1)" in out
     np.testing.assert_allclose(np.load(tmp_path / "got.npy"), expected, rtol=1e-6)
 
@@ -94,7 +105,8 @@ def test_saved_model_loads_after_plain_import_tf2_api(tmp_path):
     export_dir = str(tmp_path / "sm")
     ids, expected = _build_and_train(export_dir=export_dir)
     np.save(tmp_path / "ids.npy", ids)
-    _run_python("""
+    _run_python(
+        """
         import numpy as np
         import tensorflow as tf
         import tensorflow_ext
@@ -102,7 +114,10 @@ def test_saved_model_loads_after_plain_import_tf2_api(tmp_path):
         fn = loaded.signatures["serving_default"]
         got = fn(ids=tf.constant(np.load("ids.npy")))["pred"].numpy()
         np.save("got.npy", got)
-    """ % export_dir, tmp_path)
+    """
+        % export_dir,
+        tmp_path,
+    )
     np.testing.assert_allclose(np.load(tmp_path / "got.npy"), expected, rtol=1e-6)
 
 
@@ -110,7 +125,8 @@ def test_import_meta_graph_after_plain_import(tmp_path):
     prefix = str(tmp_path / "ckpt" / "model")
     ids, expected = _build_and_train(meta_path=prefix)
     np.save(tmp_path / "ids.npy", ids)
-    _run_python("""
+    _run_python(
+        """
         import numpy as np
         import tensorflow as tf
         import tensorflow_ext
@@ -126,7 +142,10 @@ def test_import_meta_graph_after_plain_import(tmp_path):
             assert sess.run(gs) == step0 + 1
             assert not np.allclose(sess.run("pred:0", {"ids:0": np.load("ids.npy")}), got)
         np.save("got.npy", got)
-    """ % (prefix + ".meta", prefix), tmp_path)
+    """
+        % (prefix + ".meta", prefix),
+        tmp_path,
+    )
     np.testing.assert_allclose(np.load(tmp_path / "got.npy"), expected, rtol=1e-6)
 
 
@@ -140,15 +159,24 @@ def test_ps_task_that_only_imports_tensorflow_ext_hosts_tables(tmp_path):
     """A ps process started with a plain import holds the tables a worker trains through replica_device_setter."""
     ps_addr, worker_addr = "127.0.0.1:%d" % _free_port(), "127.0.0.1:%d" % _free_port()
     cluster = {"ps": [ps_addr], "worker": [worker_addr]}
-    ps_code = textwrap.dedent("""
+    ps_code = textwrap.dedent(
+        """
         import tensorflow as tf
         import tensorflow_ext
         server = tf.distribute.Server(tf.train.ClusterSpec(%r), job_name="ps", task_index=0, start=True)
         print("ps ready", flush=True)
         server.join()
-    """ % cluster)
-    ps = subprocess.Popen([sys.executable, "-c", ps_code], cwd=str(tmp_path), env=_env(), stdout=subprocess.PIPE,
-                          stderr=subprocess.STDOUT, text=True)
+    """
+        % cluster
+    )
+    ps = subprocess.Popen(
+        [sys.executable, "-c", ps_code],
+        cwd=str(tmp_path),
+        env=_env(),
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
+    )
     try:
         deadline = time.time() + TIMEOUT_S
         line = ""
@@ -156,7 +184,8 @@ def test_ps_task_that_only_imports_tensorflow_ext_hosts_tables(tmp_path):
             assert ps.poll() is None, "ps task exited: %s" % ps.stdout.read()[-3000:]
             assert time.time() < deadline, "ps task did not start"
             line = ps.stdout.readline()
-        out = _run_python("""
+        out = _run_python(
+            """
             import numpy as np
             import tensorflow as tf
             import tensorflow_ext as tf_ext
@@ -188,7 +217,10 @@ def test_ps_task_that_only_imports_tensorflow_ext_hosts_tables(tmp_path):
                     size = sess.run(same.size())
             print("losses", first, last, "size", size)
             assert last < first and size == 4
-        """ % cluster, tmp_path)
+        """
+            % cluster,
+            tmp_path,
+        )
         assert "size 4" in out
     finally:
         ps.kill()

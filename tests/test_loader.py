@@ -72,8 +72,10 @@ def test_undefined_symbol_becomes_version_mismatch(fresh_loader, monkeypatch, tm
     cxx = shutil.which("g++") or shutil.which("c++")
     assert cxx is not None, "no C++ compiler on PATH (`make build` needs one too)"
     src = tmp_path / "bad.cc"
-    src.write_text('extern "C" void tf_ext_symbol_from_another_tf_build();\n'
-                   'extern "C" void tf_ext_bad_entry() { tf_ext_symbol_from_another_tf_build(); }\n')
+    src.write_text(
+        'extern "C" void tf_ext_symbol_from_another_tf_build();\n'
+        'extern "C" void tf_ext_bad_entry() { tf_ext_symbol_from_another_tf_build(); }\n'
+    )
     lib = tmp_path / "_tf_ext_ops.so"
     subprocess.run([cxx, "-shared", "-fPIC", "-o", str(lib), str(src)], check=True)
     monkeypatch.setattr(loader, "built_tf_version", lambda: None)
@@ -89,7 +91,7 @@ def test_import_checks_tf_version_in_subprocess(tmp_path):
     fake = tmp_path / "fake_tf"
     (fake / "tensorflow").mkdir(parents=True)
     (fake / "tensorflow" / "__init__.py").write_text("__version__ = '2.16.1'\n")
-    code = ("import tensorflow, tensorflow_ext\n")
+    code = "import tensorflow, tensorflow_ext\n"
     env = dict(os.environ, PYTHONPATH=os.pathsep.join([str(fake), ROOT]))
     env.pop("TF_EXT_SKIP_VERSION_CHECK", None)
     r = subprocess.run([sys.executable, "-c", code], cwd=str(tmp_path), env=env, capture_output=True, text=True)

@@ -26,7 +26,8 @@ RESTORE_TIMEOUT_S = 75
 MAX_STEPS = 300
 
 # One script for every task: the cluster task TF_CONFIG names, or (without TF_CONFIG) the plain restoring process.
-_SCRIPT = textwrap.dedent(r'''
+_SCRIPT = textwrap.dedent(
+    r'''
     import glob, json, os, sys, time
     import numpy as np
     import tensorflow as tf
@@ -203,7 +204,8 @@ _SCRIPT = textwrap.dedent(r'''
         run_cluster_task()
       else:
         restore_and_check()
-''')
+'''
+)
 
 
 def _free_ports(n):
@@ -235,7 +237,7 @@ def _result(log_path):
     with open(log_path) as f:
         lines = [l for l in f.read().splitlines() if l.startswith("RESULT ")]
     assert lines, "no RESULT line in %s" % log_path
-    return json.loads(lines[-1][len("RESULT "):])
+    return json.loads(lines[-1][len("RESULT ") :])
 
 
 def _tail(path, n=4000):
@@ -263,7 +265,7 @@ def _auc(labels, scores):
         hi = lo
         while hi + 1 < len(s) and s[hi + 1] == s[lo]:
             hi += 1
-        ranks[lo:hi + 1] = (lo + hi) / 2.0 + 1
+        ranks[lo : hi + 1] = (lo + hi) / 2.0 + 1
         lo = hi + 1
     pos = y > 0.5
     n_pos, n_neg = pos.sum(), (~pos).sum()
@@ -285,9 +287,12 @@ def test_train_and_evaluate_with_ps_tasks_holding_dynamic_embeddings(tmp_path):
             logs[name] = str(tmp_path / (name + ".log"))
             with open(logs[name], "w") as log:
                 procs[name] = subprocess.Popen(
-                    [sys.executable, str(script), model_dir, str(MAX_STEPS)], cwd=str(tmp_path),
+                    [sys.executable, str(script), model_dir, str(MAX_STEPS)],
+                    cwd=str(tmp_path),
                     env=_env({"cluster": cluster, "task": {"type": task_type, "index": index}}),
-                    stdout=log, stderr=subprocess.STDOUT)
+                    stdout=log,
+                    stderr=subprocess.STDOUT,
+                )
 
         def diagnostics():
             return "\n".join("---- %s (rc %s):\n%s" % (n, procs[n].poll(), _tail(logs[n])) for n in procs)
@@ -335,10 +340,20 @@ def test_train_and_evaluate_with_ps_tasks_holding_dynamic_embeddings(tmp_path):
     # ... and so is every op that reads or updates them (no table op was placed on the chief).
     by_name = {node.name: node for node in graph_def.node}
     handle_names = {node.name for node in graph_def.node if node.op == "TfExtTableHandle"}
-    table_ops = [node for node in graph_def.node if node.op.startswith("TfExt") and node.op != "TfExtTableHandle"
-                 and any(inp.split(":")[0].lstrip("^") in handle_names for inp in node.input)]
-    assert {"TfExtEmbeddingLookup", "TfExtEmbeddingSparseApplyAdagrad", "TfExtEmbeddingSparseApplyFtrl",
-            "TfExtTableExport", "TfExtTableImport"} <= {node.op for node in table_ops}, table_ops
+    table_ops = [
+        node
+        for node in graph_def.node
+        if node.op.startswith("TfExt")
+        and node.op != "TfExtTableHandle"
+        and any(inp.split(":")[0].lstrip("^") in handle_names for inp in node.input)
+    ]
+    assert {
+        "TfExtEmbeddingLookup",
+        "TfExtEmbeddingSparseApplyAdagrad",
+        "TfExtEmbeddingSparseApplyFtrl",
+        "TfExtTableExport",
+        "TfExtTableImport",
+    } <= {node.op for node in table_ops}, table_ops
     for node in table_ops:
         handle = next(by_name[inp.split(":")[0]] for inp in node.input if inp.split(":")[0] in handle_names)
         assert node.device == handle.device, (node.name, node.op, node.device, handle.name, handle.device)
@@ -353,17 +368,25 @@ def test_train_and_evaluate_with_ps_tasks_holding_dynamic_embeddings(tmp_path):
 
     # One plain process (no TF_CONFIG, no cluster) restores the chief's checkpoint: every key, every row.
     restore_start = time.time()
-    r = subprocess.run([sys.executable, str(script), model_dir, str(MAX_STEPS)], cwd=str(tmp_path), env=_env(),
-                       capture_output=True, text=True, timeout=RESTORE_TIMEOUT_S)
+    r = subprocess.run(
+        [sys.executable, str(script), model_dir, str(MAX_STEPS)],
+        cwd=str(tmp_path),
+        env=_env(),
+        capture_output=True,
+        text=True,
+        timeout=RESTORE_TIMEOUT_S,
+    )
     assert r.returncode == 0, "restore failed:\n%s\n%s" % (r.stdout[-3000:], r.stderr[-5000:])
     restore_s = time.time() - restore_start
-    restored = json.loads([l for l in r.stdout.splitlines() if l.startswith("RESULT ")][-1][len("RESULT "):])
+    restored = json.loads([l for l in r.stdout.splitlines() if l.startswith("RESULT ")][-1][len("RESULT ") :])
     assert restored["checkpoint"].endswith("model.ckpt-%d" % global_step), restored
     assert restored["devices"] == [""], restored  # the plain process placed the tables locally
 
     reader = tf.compat.v1.train.NewCheckpointReader(restored["checkpoint"])
-    expected_ids = {"user_emb": np.arange(1000, dtype=np.int64) * 1000003 - 500000000000,
-                    "item_emb": np.arange(200, dtype=np.int64) * 7919 + 3}
+    expected_ids = {
+        "user_emb": np.arange(1000, dtype=np.int64) * 1000003 - 500000000000,
+        "item_emb": np.arange(200, dtype=np.int64) * 7919 + 3,
+    }
     for name, ids in expected_ids.items():
         keys = np.load(tmp_path / (name + "_keys.npy"))
         values = np.load(tmp_path / (name + "_values.npy"))
@@ -385,12 +408,17 @@ def test_train_and_evaluate_with_ps_tasks_holding_dynamic_embeddings(tmp_path):
     # the saved frequencies add up to the steps of both trainers, not to the chief's alone.
     freqs = sum(reader.get_tensor("user_emb/part_%d-freqs" % s).sum() for s in (0, 1))
     assert 0.9 * 100 * (chief_steps + worker_steps) <= freqs <= 100 * (global_step + 3), (
-        freqs, chief_steps, worker_steps)
+        freqs,
+        chief_steps,
+        worker_steps,
+    )
 
     # The restored model scores the held-out pairs as the evaluator did (tf.metrics.auc is a thresholded estimate,
     # and the evaluator's last checkpoint may be a step before the chief's last).
     auc = _auc(np.load(tmp_path / "heldout_label.npy"), np.load(tmp_path / "restored_prob.npy"))
     assert auc > 0.7, auc
     assert abs(auc - final_auc) < 0.02, (auc, final_auc)
-    print("cluster %.1f s (chief %d + worker %d steps), restore %.1f s, evals %s, restored auc %.4f"
-          % (cluster_s, chief_steps, worker_steps, restore_s, evals, auc))
+    print(
+        "cluster %.1f s (chief %d + worker %d steps), restore %.1f s, evals %s, restored auc %.4f"
+        % (cluster_s, chief_steps, worker_steps, restore_s, evals, auc)
+    )

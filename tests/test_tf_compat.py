@@ -35,16 +35,31 @@ def test_every_patch_is_documented_installed_and_has_a_test():
 
 
 def test_guard_refuses_a_tensorflow_it_was_not_written_for(monkeypatch):
-    patch = tf_compat.Patch("probe", "tensorflow.python.training.optimizer", "Optimizer", "get_slot", why="probe",
-                            test="-", make=lambda orig: orig, tf_versions=("2.15.0", "2.16.0"))
+    patch = tf_compat.Patch(
+        "probe",
+        "tensorflow.python.training.optimizer",
+        "Optimizer",
+        "get_slot",
+        why="probe",
+        test="-",
+        make=lambda orig: orig,
+        tf_versions=("2.15.0", "2.16.0"),
+    )
     monkeypatch.setattr(tf, "__version__", "2.17.0")
     with pytest.raises(tf_compat.PatchError, match=r"probe.*2\.17\.0"):
         patch.check_guard()
 
 
 def test_guard_refuses_a_moved_target():
-    patch = tf_compat.Patch("moved", "tensorflow.python.training.optimizer", "Optimizer", "no_such_method",
-                            why="probe", test="-", make=lambda orig: orig)
+    patch = tf_compat.Patch(
+        "moved",
+        "tensorflow.python.training.optimizer",
+        "Optimizer",
+        "no_such_method",
+        why="probe",
+        test="-",
+        make=lambda orig: orig,
+    )
     with pytest.raises(tf_compat.PatchError, match="no_such_method is missing"):
         patch.install()
 
@@ -131,7 +146,7 @@ def test_optimizer_get_processor_targets_the_shard_handle():
         assert type(optimizer_lib._get_processor(dense)) is type(original(dense))  # pylint: disable=protected-access
         loss = tf.reduce_sum(tf_ext.embedding_lookup(emb, tf.constant([5, 7, 5], tf.int64)) * dense)
         opt = tf.compat.v1.train.GradientDescentOptimizer(0.5)
-        (grad, var), = opt.compute_gradients(loss, var_list=[shard])
+        ((grad, var),) = opt.compute_gradients(loss, var_list=[shard])
         assert var is shard and isinstance(grad, tf.IndexedSlices)
         train = opt.apply_gradients([(grad, var)])  # the processor's update: the table rows change
         rows = tf_ext.embedding_lookup(emb, tf.constant([5, 7], tf.int64), is_training=False)
@@ -175,12 +190,15 @@ def test_optimizer_apply_gradients_keeps_slots_in_rows():
             got_m, got_power, got_step = sess.run([m, beta1_power, step])
     # m of key 5: gradient = d, which Adam moves from 1 to 0.9 in step 1: m = 0.1, then 0.9 * 0.1 + 0.1 * 0.9.
     np.testing.assert_allclose(got_m, [[0.18, 0.18]], rtol=1e-5)
-    np.testing.assert_allclose(got_power, 0.9 ** 3, rtol=1e-6)  # advanced once per step
+    np.testing.assert_allclose(got_power, 0.9**3, rtol=1e-6)  # advanced once per step
     assert got_step == 2
 
 
-@pytest.mark.parametrize("make_optimizer", [lambda: tf.keras.optimizers.SGD(0.1),
-                                            lambda: tf.keras.optimizers.legacy.SGD(0.1)], ids=["keras", "legacy"])
+@pytest.mark.parametrize(
+    "make_optimizer",
+    [lambda: tf.keras.optimizers.SGD(0.1), lambda: tf.keras.optimizers.legacy.SGD(0.1)],
+    ids=["keras", "legacy"],
+)
 def test_keras_optimizers_refuse_dynamic_embeddings(make_optimizer):
     with tf.Graph().as_default():
         emb = tf_ext.get_dynamic_embedding("e", 2)
@@ -192,4 +210,4 @@ def test_keras_optimizers_refuse_dynamic_embeddings(make_optimizer):
         with pytest.raises(TypeError, match="cannot train dynamic embedding e/part_0"):
             opt.apply_gradients(zip(grads, emb.shards))
         dense = tf.Variable([1.0, 2.0])
-        opt.minimize(lambda: tf.reduce_sum(dense ** 2), var_list=[dense])  # dense variables: Keras's own way
+        opt.minimize(lambda: tf.reduce_sum(dense**2), var_list=[dense])  # dense variables: Keras's own way

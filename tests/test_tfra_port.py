@@ -34,9 +34,9 @@ def _data(seed, n):
 def _input_fn(seed=0, n=BATCH * 30):
     def fn():
         users, movies, rating = _data(seed, n)
-        ds = tf.compat.v1.data.Dataset.from_tensor_slices({"user_id": users, "movie_id": movies,
-                                                           "user_rating": rating})
+        ds = tf.compat.v1.data.Dataset.from_tensor_slices({"user_id": users, "movie_id": movies, "user_rating": rating})
         return ds.batch(BATCH)
+
     return fn
 
 
@@ -45,33 +45,39 @@ def _model_fn(features, labels, mode, params):
     is_training = mode == tf.estimator.ModeKeys.TRAIN
     devices = ["/job:localhost/replica:0/task:0/CPU:0"] * params["ps_num"]
     initializer = tf.keras.initializers.RandomNormal(0.0, 0.1) if is_training else tf.keras.initializers.Zeros()
-    user_embeddings = de.get_variable(name="user_dynamic_embeddings", dim=8, devices=devices,
-                                      initializer=initializer)
-    movie_embeddings = de.get_variable("movie_dynamic_embeddings", tf.int64, tf.float32, 8, devices=devices,
-                                       initializer=initializer)  # TFRA's positional order
+    user_embeddings = de.get_variable(name="user_dynamic_embeddings", dim=8, devices=devices, initializer=initializer)
+    movie_embeddings = de.get_variable(
+        "movie_dynamic_embeddings", tf.int64, tf.float32, 8, devices=devices, initializer=initializer
+    )  # TFRA's positional order
     user_val, user_idx = tf.unique(features["user_id"])
-    user_w, _ = de.embedding_lookup(params=user_embeddings, ids=user_val, name="user-id-weights",
-                                    return_trainable=True)
+    user_w, _ = de.embedding_lookup(params=user_embeddings, ids=user_val, name="user-id-weights", return_trainable=True)
     movie_val, movie_idx = tf.unique(features["movie_id"])
-    movie_w, _ = de.embedding_lookup(params=movie_embeddings, ids=movie_val, name="movie-id-weights",
-                                     return_trainable=True)
+    movie_w, _ = de.embedding_lookup(
+        params=movie_embeddings, ids=movie_val, name="movie-id-weights", return_trainable=True
+    )
     x = tf.concat([tf.gather(user_w, user_idx), tf.gather(movie_w, movie_idx)], axis=1)
     hidden = tf.keras.layers.Dense(32, activation="relu")(x)
     out = tf.reshape(tf.keras.layers.Dense(1)(hidden), [-1])
     if mode == tf.estimator.ModeKeys.PREDICT:
         return tf.estimator.EstimatorSpec(
-            mode, predictions={"out": out},
-            export_outputs={"predict": tf.estimator.export.PredictOutput({"out": out})})
+            mode, predictions={"out": out}, export_outputs={"predict": tf.estimator.export.PredictOutput({"out": out})}
+        )
     loss = tf.keras.losses.MeanSquaredError()(features["user_rating"], out)
     if mode == tf.estimator.ModeKeys.EVAL:
         return tf.estimator.EstimatorSpec(mode, loss=loss)
     optimizer = de.DynamicEmbeddingOptimizer(tf.compat.v1.train.AdamOptimizer(learning_rate=0.01))
     train_op = optimizer.minimize(loss, global_step=tf.compat.v1.train.get_or_create_global_step())
-    sizes = {"user_size": user_embeddings.size(), "movie_size": movie_embeddings.size(),
-             "user_shard0": user_embeddings.size(0)}
-    return tf.estimator.EstimatorSpec(mode, loss=loss, train_op=train_op,
-                                      training_hooks=[tf.compat.v1.train.LoggingTensorHook(sizes, every_n_iter=10),
-                                                      _Capture(sizes)])
+    sizes = {
+        "user_size": user_embeddings.size(),
+        "movie_size": movie_embeddings.size(),
+        "user_shard0": user_embeddings.size(0),
+    }
+    return tf.estimator.EstimatorSpec(
+        mode,
+        loss=loss,
+        train_op=train_op,
+        training_hooks=[tf.compat.v1.train.LoggingTensorHook(sizes, every_n_iter=10), _Capture(sizes)],
+    )
 
 
 class _Capture(tf.compat.v1.train.SessionRunHook):
@@ -85,8 +91,9 @@ class _Capture(tf.compat.v1.train.SessionRunHook):
 
 
 def test_tfra_estimator_model_trains_evaluates_and_serves(tmp_path):
-    config = tf.estimator.RunConfig(model_dir=str(tmp_path / "model"), save_summary_steps=None,
-                                    log_step_count_steps=None)
+    config = tf.estimator.RunConfig(
+        model_dir=str(tmp_path / "model"), save_summary_steps=None, log_step_count_steps=None
+    )
     est = tf.estimator.Estimator(_model_fn, params={"ps_num": 2}, config=config)
     est.train(_input_fn(0), steps=30)
     first_eval = est.evaluate(_input_fn(1, BATCH * 4))
@@ -99,9 +106,12 @@ def test_tfra_estimator_model_trains_evaluates_and_serves(tmp_path):
 
     de.enable_inference_mode()
     try:
+
         def serving():
-            feats = {"user_id": tf.compat.v1.placeholder(tf.int64, [None]),
-                     "movie_id": tf.compat.v1.placeholder(tf.int64, [None])}
+            feats = {
+                "user_id": tf.compat.v1.placeholder(tf.int64, [None]),
+                "movie_id": tf.compat.v1.placeholder(tf.int64, [None]),
+            }
             return tf.estimator.export.ServingInputReceiver(feats, feats)
 
         export = est.export_saved_model(str(tmp_path / "export"), serving).decode()
@@ -116,7 +126,8 @@ def test_tfra_estimator_model_trains_evaluates_and_serves(tmp_path):
     expected = np.array([p["out"] for p in est.predict(pred_input)])
     np.save(tmp_path / "users.npy", users)
     np.save(tmp_path / "movies.npy", movies)
-    code = textwrap.dedent("""
+    code = textwrap.dedent(
+        """
         import numpy as np, tensorflow as tf
         import tensorflow_ext
         tf.compat.v1.disable_v2_behavior()
@@ -125,10 +136,13 @@ def test_tfra_estimator_model_trains_evaluates_and_serves(tmp_path):
             sig = meta.signature_def["predict"]
             feed = {sig.inputs["user_id"].name: np.load("users.npy"), sig.inputs["movie_id"].name: np.load("movies.npy")}
             np.save("got.npy", sess.run(sig.outputs["out"].name, feed))
-    """ % export)
+    """
+        % export
+    )
     env = dict(os.environ, PYTHONPATH=ROOT, TF_CPP_MIN_LOG_LEVEL="2")
-    r = subprocess.run([sys.executable, "-c", code], cwd=str(tmp_path), env=env, capture_output=True, text=True,
-                       timeout=240)
+    r = subprocess.run(
+        [sys.executable, "-c", code], cwd=str(tmp_path), env=env, capture_output=True, text=True, timeout=240
+    )
     assert r.returncode == 0, r.stderr[-4000:]
     np.testing.assert_allclose(np.load(tmp_path / "got.npy"), expected, rtol=1e-5, atol=1e-6)
 
@@ -139,8 +153,7 @@ def test_restrict_policy_keeps_the_most_recent_keys():
         emb = de.get_variable("r", dim=2, restrict_policy=de.TimestampRestrictPolicy, initializer=0.0)
         ids = tf.compat.v1.placeholder(tf.int64, [None])
         loss = tf.reduce_sum(de.embedding_lookup(emb, ids))
-        train = de.DynamicEmbeddingOptimizer(tf.compat.v1.train.AdagradOptimizer(0.1)).minimize(loss,
-                                                                                               global_step=gs)
+        train = de.DynamicEmbeddingOptimizer(tf.compat.v1.train.AdagradOptimizer(0.1)).minimize(loss, global_step=gs)
         restrict = emb.restrict(3, trigger=4)
         keys = emb.export().keys
         with tf.compat.v1.Session(graph=g) as sess:
@@ -181,8 +194,11 @@ def test_native_api_answers_tfra_habits_with_what_to_use():
         emb = tf_ext.get_dynamic_embedding("y", 4, init_size=1000)  # TFRA's init_size is accepted
         with pytest.raises(ValueError, match="no TrainableWrapper"):
             tf_ext.embedding_lookup(emb, tf.constant([1], tf.int64), return_trainable=True)
-        for name, hint in (("enable_inference_mode", "is_training=False"), ("TrainableWrapper", "optimizers"),
-                           ("get_variable", "get_dynamic_embedding")):
+        for name, hint in (
+            ("enable_inference_mode", "is_training=False"),
+            ("TrainableWrapper", "optimizers"),
+            ("get_variable", "get_dynamic_embedding"),
+        ):
             with pytest.raises(AttributeError, match=hint):
                 getattr(tf_ext, name)
         opt = tf.compat.v1.train.FtrlOptimizer(0.1)

@@ -30,13 +30,20 @@ def wheel():
 
 def test_wheel_name_and_contents(wheel):
     name = os.path.basename(wheel)
-    assert re.fullmatch(r"tensorflow_ext-%s-%s-%s-linux_x86_64\.whl" % (re.escape(_version()), PY_TAG, PY_TAG), name), name
+    assert re.fullmatch(
+        r"tensorflow_ext-%s-%s-%s-linux_x86_64\.whl" % (re.escape(_version()), PY_TAG, PY_TAG), name
+    ), name
     with zipfile.ZipFile(wheel) as z:
         names = set(z.namelist())
         meta = [n for n in names if n.endswith(".dist-info/METADATA")]
         requires = [l for l in z.read(meta[0]).decode().splitlines() if l.startswith("Requires-Dist:")]
-    for f in ("tensorflow_ext/__init__.py", "tensorflow_ext/_tf_ext_ops.so", "tensorflow_ext/_build_info.py",
-              "tensorflow_ext/utils/loader.py", "tensorflow_ext/errors.py"):
+    for f in (
+        "tensorflow_ext/__init__.py",
+        "tensorflow_ext/_tf_ext_ops.so",
+        "tensorflow_ext/_build_info.py",
+        "tensorflow_ext/utils/loader.py",
+        "tensorflow_ext/errors.py",
+    ):
         assert f in names, f
     # Every package module of the source tree is shipped (tests excluded; files newer than the wheel are skipped).
     built_at = os.path.getmtime(wheel)
@@ -45,8 +52,13 @@ def test_wheel_name_and_contents(wheel):
         if "/tests" in "/" + rel or "__pycache__" in rel:
             continue
         for f in files:
-            if (f.endswith(".py") and not f.startswith("test_") and not f.endswith("_test.py")
-                    and f != "conftest.py" and os.path.getmtime(os.path.join(dirpath, f)) <= built_at):
+            if (
+                f.endswith(".py")
+                and not f.startswith("test_")
+                and not f.endswith("_test.py")
+                and f != "conftest.py"
+                and os.path.getmtime(os.path.join(dirpath, f)) <= built_at
+            ):
                 assert os.path.join(rel, f) in names, os.path.join(rel, f)
     # No TensorFlow distribution is forced (tensorflow-cpu or tensorflow both work; checked at import).
     unconditional = [r for r in requires if "extra ==" not in r]
@@ -74,13 +86,32 @@ with tf.compat.v1.Session() as sess:
 
 def test_wheel_installs_and_runs_an_op(wheel, tmp_path):
     target = tmp_path / "site"
-    subprocess.run([sys.executable, "-m", "pip", "install", "-q", "--disable-pip-version-check", "--no-deps",
-                    "--target", str(target), wheel], check=True)
+    subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "pip",
+            "install",
+            "-q",
+            "--disable-pip-version-check",
+            "--no-deps",
+            "--target",
+            str(target),
+            wheel,
+        ],
+        check=True,
+    )
     neutral = tmp_path / "cwd"
     neutral.mkdir()
     env = dict(os.environ, PYTHONPATH=str(target), TF_CPP_MIN_LOG_LEVEL="2")
     env.pop("TF_EXT_OPS_PATH", None)
-    r = subprocess.run([sys.executable, "-c", _SMOKE, str(target)], cwd=str(neutral), env=env, capture_output=True,
-                       text=True, timeout=300)
+    r = subprocess.run(
+        [sys.executable, "-c", _SMOKE, str(target)],
+        cwd=str(neutral),
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
     assert r.returncode == 0, r.stdout + r.stderr
     assert "OK" in r.stdout

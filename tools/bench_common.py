@@ -45,6 +45,7 @@ def log(msg):
 
 # --------------------------------------------------------------------------- sessions
 
+
 def add_session_args(parser):
     """The thread-count options every benchmark's sessions share (--intra_op 2, --inter_op 1 by default)."""
     parser.add_argument("--intra_op", "--intra-op", type=int, default=2, help="intra-op threads of every session")
@@ -62,14 +63,18 @@ def session_config(intra=2, inter=1):
 def start_session(graph, config):
     """A session on `graph` whose variables, local variables and tables are initialized."""
     with graph.as_default():
-        init = [tf.compat.v1.global_variables_initializer(), tf.compat.v1.local_variables_initializer(),
-                tf.compat.v1.tables_initializer()]
+        init = [
+            tf.compat.v1.global_variables_initializer(),
+            tf.compat.v1.local_variables_initializer(),
+            tf.compat.v1.tables_initializer(),
+        ]
     sess = tf.compat.v1.Session(graph=graph, config=config)
     sess.run(init)
     return sess
 
 
 # --------------------------------------------------------------------------- timing
+
 
 def time_call(fn, *args, **kwargs):
     """Seconds one call of fn(*args, **kwargs) takes (wall clock)."""
@@ -94,23 +99,34 @@ def interleaved(items, rounds, seed):
 def summary_ms(seconds):
     """Median, 10th and 90th percentile (ms) and count of a list of step times in seconds."""
     ms = np.asarray(seconds, np.float64) * 1e3
-    return {"median_ms": float(np.median(ms)), "p10_ms": float(np.percentile(ms, 10)),
-            "p90_ms": float(np.percentile(ms, 90)), "n": int(len(ms))}
+    return {
+        "median_ms": float(np.median(ms)),
+        "p10_ms": float(np.percentile(ms, 10)),
+        "p90_ms": float(np.percentile(ms, 90)),
+        "n": int(len(ms)),
+    }
 
 
 # --------------------------------------------------------------------------- peers
+
 
 def import_tfra():
     """Returns (dynamic_embedding module, None) or (None, reason)."""
     try:
         import logging
+
         logging.getLogger("tensorflow").setLevel(logging.ERROR)
         from tensorflow_recommenders_addons import dynamic_embedding as de
         import tensorflow_recommenders_addons as tfra
+
         return de, None, tfra.__version__
     except Exception as e:  # pragma: no cover - depends on the environment
-        return None, "TFRA not importable (%s: %s); install with "\
-            "`pip install -r requirements-bench.txt --no-deps`" % (type(e).__name__, e), None
+        return (
+            None,
+            "TFRA not importable (%s: %s); install with "
+            "`pip install -r requirements-bench.txt --no-deps`" % (type(e).__name__, e),
+            None,
+        )
 
 
 def _ours_unavailable(e):
@@ -132,6 +148,7 @@ def import_ours_embedding():
     """Returns (tensorflow_ext module, None) or (None, reason) for the dynamic-embedding API."""
     try:
         import tensorflow_ext as tf_ext
+
         tf_ext.embedding  # imported lazily: fail here, not inside a variant
     except Exception as e:
         return None, _ours_unavailable(e)
@@ -159,6 +176,7 @@ def available(classes_by_name, names):
 
 # --------------------------------------------------------------------------- memory
 
+
 def rss_bytes():
     with open("/proc/self/status") as f:
         for line in f:
@@ -177,6 +195,7 @@ def trim_heap():
 
 
 # --------------------------------------------------------------------------- reporting
+
 
 def machine_info():
     try:

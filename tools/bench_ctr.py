@@ -41,9 +41,11 @@ MASK63 = (1 << 63) - 1
 
 # --------------------------------------------------------------------------- data
 
+
 def mix64(x):
     """The table's key mixer (splitmix64's finalizer) on uint64 arrays: tensorflow_ext's own HashKey."""
     from tensorflow_ext.embedding.keys import hash_key_numpy
+
     return hash_key_numpy(x)
 
 
@@ -92,15 +94,21 @@ def make_batches(n, batch, sampler, rng, label_mode, scale=0.4, bias=-1.2):
 
 # --------------------------------------------------------------------------- model
 
+
 def mlp_logits(x, seed):
     """MLP 256-128-1 on x [batch, FIELDS * dim]."""
     h = x
     for i, units in enumerate((256, 128)):
         h = tf.compat.v1.layers.dense(
-            h, units, activation=tf.nn.relu, name="fc%d" % i,
-            kernel_initializer=tf.compat.v1.glorot_uniform_initializer(seed=seed + i))
+            h,
+            units,
+            activation=tf.nn.relu,
+            name="fc%d" % i,
+            kernel_initializer=tf.compat.v1.glorot_uniform_initializer(seed=seed + i),
+        )
     return tf.compat.v1.layers.dense(
-        h, 1, name="out", kernel_initializer=tf.compat.v1.glorot_uniform_initializer(seed=seed + 9))
+        h, 1, name="out", kernel_initializer=tf.compat.v1.glorot_uniform_initializer(seed=seed + 9)
+    )
 
 
 def make_optimizer(name, lr=None):
@@ -117,6 +125,7 @@ def emb_initializer(seed):
 
 class Variant(abc.ABC):
     """One model variant: its own graph and session; the input pipeline is shared code."""
+
     name = "?"
     label = "?"
 
@@ -197,7 +206,8 @@ class StaticVariant(Variant):
 
     def embed(self, ids):
         self.table = tf.compat.v1.get_variable(
-            "emb", [self.buckets, self.dim], tf.float32, initializer=emb_initializer(11), use_resource=True)
+            "emb", [self.buckets, self.dim], tf.float32, initializer=emb_initializer(11), use_resource=True
+        )
         return tf.nn.embedding_lookup(self.table, tf.math.floormod(ids, self.buckets))
 
     def embed_eval(self, ids):
@@ -225,8 +235,9 @@ class TFRAVariant(Variant):
     def embed(self, ids):
         de, _, _ = bc.import_tfra()
         self.de = de
-        self.var = de.get_variable("emb", key_dtype=tf.int64, value_dtype=tf.float32, dim=self.dim,
-                                   initializer=emb_initializer(11))
+        self.var = de.get_variable(
+            "emb", key_dtype=tf.int64, value_dtype=tf.float32, dim=self.dim, initializer=emb_initializer(11)
+        )
         flat = tf.reshape(ids, [-1])
         uniq, idx = tf.unique(flat)
         rows = de.embedding_lookup(self.var, uniq, name="lookup")
@@ -271,14 +282,17 @@ class OursVariant(Variant):
 
 class OursEvictVariant(OursVariant):
     """Quality mode only: ours plus an eviction op fed at run time (min_version, min_frequency)."""
+
     name = "ours_evict"
 
     def table_bytes(self):
         from tensorflow_ext.embedding import _ops as emb_ops
+
         self.min_version = tf.compat.v1.placeholder(tf.int64, [])
         self.min_frequency = tf.compat.v1.placeholder(tf.int64, [])
-        removed = [emb_ops.op("tf_ext_table_evict")(s.handle, self.min_version, self.min_frequency)
-                   for s in self.emb.shards]
+        removed = [
+            emb_ops.op("tf_ext_table_evict")(s.handle, self.min_version, self.min_frequency) for s in self.emb.shards
+        ]
         self.evict_op = tf.add_n(removed) if len(removed) > 1 else removed[0]
         return OursVariant.table_bytes(self)
 
@@ -297,6 +311,7 @@ BY_NAME = {v.name: v for v in VARIANTS}
 
 # --------------------------------------------------------------------------- speed
 
+
 def speed_main(args):
     config = bc.session_config(args.intra_op, args.inter_op)
     rng = np.random.default_rng(args.seed)
@@ -304,8 +319,10 @@ def speed_main(args):
     sampler = ZipfSampler(1.1, args.vocab)
     n_batches = args.warmup + args.steps
     keys, labels, _ = make_batches(n_batches, args.batch, sampler, rng, "random")
-    bc.log("generated %d batches of %d x %d ids in %.1fs (%d distinct keys in all)" % (
-        n_batches, args.batch, FIELDS, time.perf_counter() - t0, len(np.unique(keys))))
+    bc.log(
+        "generated %d batches of %d x %d ids in %.1fs (%d distinct keys in all)"
+        % (n_batches, args.batch, FIELDS, time.perf_counter() - t0, len(np.unique(keys)))
+    )
 
     classes, skipped, labels_out = bc.available(BY_NAME, args.variants)
     # Every (optimizer, variant) pair is built up front and their steps are interleaved,
@@ -331,11 +348,19 @@ def speed_main(args):
     for v in built:
         opt = v.optimizer_name
         r = bc.summary_ms(times[id(v)])
-        r.update({"table_size": v.size(), "table_bytes": v.memory_bytes(),
-                  "global_step": int(v.sess.run(v.global_step)), "loss": v.run_loss()})
+        r.update(
+            {
+                "table_size": v.size(),
+                "table_bytes": v.memory_bytes(),
+                "global_step": int(v.sess.run(v.global_step)),
+                "loss": v.run_loss(),
+            }
+        )
         results[opt][v.name] = r
-        bc.log("  %s/%s: median %.1f ms/step (p10 %.1f, p90 %.1f), table size %s" % (
-            v.name, opt, r["median_ms"], r["p10_ms"], r["p90_ms"], r["table_size"]))
+        bc.log(
+            "  %s/%s: median %.1f ms/step (p10 %.1f, p90 %.1f), table size %s"
+            % (v.name, opt, r["median_ms"], r["p10_ms"], r["p90_ms"], r["table_size"])
+        )
         v.close()
     return {"results": results, "skipped": skipped, "labels": labels_out}
 
@@ -343,10 +368,13 @@ def speed_main(args):
 def speed_markdown(out):
     res = out["results"]
     c = out["config"]
-    lines = ["ms/step, median of %d steps after %d warm-up (lower is better); batch %d, %d fields, dim %d, "
-             "%d intra-op threads" % (c["steps"], c["warmup"], c["batch"], FIELDS, c["dim"], c["intra_op"]), "",
-             "| variant | optimizer | ms/step | p10 | p90 | vs static Adagrad | keys in table after run |",
-             "|---|---|---:|---:|---:|---:|---:|"]
+    lines = [
+        "ms/step, median of %d steps after %d warm-up (lower is better); batch %d, %d fields, dim %d, "
+        "%d intra-op threads" % (c["steps"], c["warmup"], c["batch"], FIELDS, c["dim"], c["intra_op"]),
+        "",
+        "| variant | optimizer | ms/step | p10 | p90 | vs static Adagrad | keys in table after run |",
+        "|---|---|---:|---:|---:|---:|---:|",
+    ]
     base = res.get("adagrad", {}).get("static", {}).get("median_ms")
     for opt, r in res.items():
         for cls in VARIANTS:
@@ -354,19 +382,36 @@ def speed_markdown(out):
                 continue
             x = r[cls.name]
             rel = "%.2fx" % (x["median_ms"] / base) if base else "-"
-            lines.append("| %s | %s | %.1f | %.1f | %.1f | %s | %s |" % (
-                out["labels"].get(cls.name, cls.name), opt, x["median_ms"], x["p10_ms"], x["p90_ms"], rel,
-                "{:,}".format(x["table_size"]) if x["table_size"] is not None else "-"))
+            lines.append(
+                "| %s | %s | %.1f | %.1f | %.1f | %s | %s |"
+                % (
+                    out["labels"].get(cls.name, cls.name),
+                    opt,
+                    x["median_ms"],
+                    x["p10_ms"],
+                    x["p90_ms"],
+                    rel,
+                    "{:,}".format(x["table_size"]) if x["table_size"] is not None else "-",
+                )
+            )
     targets = []
     for opt, r in res.items():
         o, s, t = (r.get(k, {}).get("median_ms") for k in ("ours", "static", "tfra"))
         if o and base:
             lim = 1.15 if opt == "adagrad" else 1.25
-            targets.append("%s: ours / static-Adagrad = %.2f (target <= %.2f): %s" % (
-                opt, o / base, lim, "MET" if o / base <= lim else "not met"))
+            targets.append(
+                "%s: ours / static-Adagrad = %.2f (target <= %.2f): %s"
+                % (opt, o / base, lim, "MET" if o / base <= lim else "not met")
+            )
         if o and t:
-            targets.append("%s: TFRA / ours = %.2f%s" % (
-                opt, t / o, (" (target >= 2.5): " + ("MET" if t / o >= 2.5 else "not met")) if opt == "adagrad" else ""))
+            targets.append(
+                "%s: TFRA / ours = %.2f%s"
+                % (
+                    opt,
+                    t / o,
+                    (" (target >= 2.5): " + ("MET" if t / o >= 2.5 else "not met")) if opt == "adagrad" else "",
+                )
+            )
     if targets:
         lines += [""] + targets
     if out["skipped"]:
@@ -377,6 +422,7 @@ def speed_markdown(out):
 
 
 # --------------------------------------------------------------------------- quality
+
 
 def auc(y, score):
     """ROC AUC by the rank statistic (ties get their mean rank)."""
@@ -440,12 +486,17 @@ def quality_main(args):
     for name in names:
         diffs = [x[name]["dynamic"]["auc"] - x[name]["static"]["auc"] for x in runs]
         out["budgets"][name] = {
-            "diffs": diffs, "diff_mean": float(np.mean(diffs)),
+            "diffs": diffs,
+            "diff_mean": float(np.mean(diffs)),
             "diff_sd": float(np.std(diffs, ddof=1)) if len(diffs) > 1 else None,
             "dynamic_auc_mean": float(np.mean([x[name]["dynamic"]["auc"] for x in runs])),
             "static_auc_mean": float(np.mean([x[name]["static"]["auc"] for x in runs])),
-            "max_peak_over_budget": max((x[name]["dynamic"].get("peak_bytes", 0) - x[name]["budget_bytes"])
-                                        for x in runs) if name != "all_keys" else None}
+            "max_peak_over_budget": (
+                max((x[name]["dynamic"].get("peak_bytes", 0) - x[name]["budget_bytes"]) for x in runs)
+                if name != "all_keys"
+                else None
+            ),
+        }
     out["oracle_auc_mean"] = float(np.mean([x["oracle_auc"] for x in runs]))
     return {"results": out, "skipped": {}, "labels": {}}
 
@@ -505,8 +556,14 @@ def train_dynamic_budget(v, steps, budget, every, policy):
         last_after = size
     size, mem, _ = v.stats()
     peak = max(peak, mem)
-    return {"peak_bytes": peak, "key_cap": cap, "evictions": evictions, "removed": removed_total,
-            "last_ttl": ttl if policy == "lru" else None, "train_s": time.perf_counter() - t0}
+    return {
+        "peak_bytes": peak,
+        "key_cap": cap,
+        "evictions": evictions,
+        "removed": removed_total,
+        "last_ttl": ttl if policy == "lru" else None,
+        "train_s": time.perf_counter() - t0,
+    }
 
 
 def quality_one(args, seed):
@@ -519,8 +576,10 @@ def quality_one(args, seed):
     ekeys, elabels, elogits = make_batches(args.eval_batches, args.batch, sampler, rng, "hidden")
     ekeys = ekeys.reshape(-1, FIELDS)
     elabels = elabels.ravel()
-    bc.log("quality, seed %d: %d training batches (%d distinct keys), %d eval examples, CTR %.3f, generated in %.1fs" % (
-        seed, args.quality_steps, len(np.unique(keys)), len(elabels), labels.mean(), time.perf_counter() - t0))
+    bc.log(
+        "quality, seed %d: %d training batches (%d distinct keys), %d eval examples, CTR %.3f, generated in %.1fs"
+        % (seed, args.quality_steps, len(np.unique(keys)), len(elabels), labels.mean(), time.perf_counter() - t0)
+    )
     out = {"oracle_auc": auc(elabels, elogits.ravel()), "seed": seed}
     reason = OursVariant.unavailable_reason()
     if reason:
@@ -529,7 +588,7 @@ def quality_one(args, seed):
 
     def evaluate(v, r):
         before = v.size() if v.size_op is not None else None
-        scores = np.concatenate([v.predict(ekeys[i:i + 65536]) for i in range(0, len(ekeys), 65536)])
+        scores = np.concatenate([v.predict(ekeys[i : i + 65536]) for i in range(0, len(ekeys), 65536)])
         r["auc"] = auc(elabels, scores)
         if before is not None and not isinstance(v, StaticVariant) and v.size() != before:
             bc.log("  WARNING: evaluation inserted keys into the %s table" % v.name)
@@ -548,15 +607,34 @@ def quality_one(args, seed):
         budget = rows * args.dim * 4 * 2
         v = OursEvictVariant(keys, labels, "adagrad", args.dim, seed, config, eval_keys=ekeys)
         dyn = train_dynamic_budget(v, args.quality_steps, budget, args.quality_evict_every, args.quality_policy)
-        dyn.update({"table_size": v.size(), "table_bytes": v.memory_bytes(), "policy": args.quality_policy,
-                    "evict_every": args.quality_evict_every})
+        dyn.update(
+            {
+                "table_size": v.size(),
+                "table_bytes": v.memory_bytes(),
+                "policy": args.quality_policy,
+                "evict_every": args.quality_evict_every,
+            }
+        )
         dyn = evaluate(v, dyn)
         st = train_static(rows)
         out["rows_%d" % rows] = {"budget_bytes": budget, "dynamic": dyn, "static": st}
-        bc.log("  budget %d rows (%.0f MiB): dynamic AUC %.4f (%d keys at the end, peak %.1f MiB, %d evictions, "
-            "last ttl %s, train %.0fs) vs static AUC %.4f (train %.0fs): %+.4f" % (
-                rows, budget / 2**20, dyn["auc"], dyn["table_size"], dyn["peak_bytes"] / 2**20, dyn["evictions"],
-                dyn["last_ttl"], dyn["train_s"], st["auc"], st["train_s"], dyn["auc"] - st["auc"]))
+        bc.log(
+            "  budget %d rows (%.0f MiB): dynamic AUC %.4f (%d keys at the end, peak %.1f MiB, %d evictions, "
+            "last ttl %s, train %.0fs) vs static AUC %.4f (train %.0fs): %+.4f"
+            % (
+                rows,
+                budget / 2**20,
+                dyn["auc"],
+                dyn["table_size"],
+                dyn["peak_bytes"] / 2**20,
+                dyn["evictions"],
+                dyn["last_ttl"],
+                dyn["train_s"],
+                st["auc"],
+                st["train_s"],
+                dyn["auc"] - st["auc"],
+            )
+        )
     if args.quality_all_keys:
         v = OursVariant(keys, labels, "adagrad", args.dim, seed, config, eval_keys=ekeys)
         t1 = time.perf_counter()
@@ -567,38 +645,71 @@ def quality_one(args, seed):
         rows = int(dyn["table_bytes"] // (args.dim * 4 * 2))
         st = train_static(rows)
         out["all_keys"] = {"budget_bytes": dyn["table_bytes"], "dynamic": dyn, "static": st}
-        bc.log("  all keys (no eviction): dynamic AUC %.4f (%d keys, %.1f MiB) vs static %d rows AUC %.4f: %+.4f" % (
-            dyn["auc"], dyn["table_size"], dyn["table_bytes"] / 2**20, rows, st["auc"], dyn["auc"] - st["auc"]))
+        bc.log(
+            "  all keys (no eviction): dynamic AUC %.4f (%d keys, %.1f MiB) vs static %d rows AUC %.4f: %+.4f"
+            % (dyn["auc"], dyn["table_size"], dyn["table_bytes"] / 2**20, rows, st["auc"], dyn["auc"] - st["auc"])
+        )
     return {"results": out, "skipped": {}, "labels": {}}
 
 
 def quality_markdown(out):
     r = out["results"]
     c = out["config"]
-    lines = ["held-out AUC after one pass over %d batches of %d (Adagrad 0.05, dim %d); dynamic: eviction policy %s "
-             "every %d steps; higher is better" % (c["quality_steps"], c["batch"], c["dim"], c.get("quality_policy"),
-                                                   c.get("quality_evict_every", 0)), ""]
+    lines = [
+        "held-out AUC after one pass over %d batches of %d (Adagrad 0.05, dim %d); dynamic: eviction policy %s "
+        "every %d steps; higher is better"
+        % (c["quality_steps"], c["batch"], c["dim"], c.get("quality_policy"), c.get("quality_evict_every", 0)),
+        "",
+    ]
     if not r.get("runs"):
         lines += ["skipped %s: %s" % kv for kv in sorted(out["skipped"].items())]
         return "\n".join(lines)
-    lines += ["| budget | seed | dynamic: keys at end | dynamic: peak bytes | dynamic AUC | static rows | static AUC "
-              "| difference |", "|---|---:|---:|---:|---:|---:|---:|---:|"]
+    lines += [
+        "| budget | seed | dynamic: keys at end | dynamic: peak bytes | dynamic AUC | static rows | static AUC "
+        "| difference |",
+        "|---|---:|---:|---:|---:|---:|---:|---:|",
+    ]
     for name in r["budgets"]:
         for x in r["runs"]:
             b = x[name]
-            lines.append("| %s (%.1f MiB) | %d | {:,} | %.1f MiB | %.4f | {:,} | %.4f | %+.4f |".format(
-                b["dynamic"]["table_size"], b["static"]["buckets"]) % (
-                name, b["budget_bytes"] / 2**20, x["seed"], b["dynamic"].get("peak_bytes", b["dynamic"]["table_bytes"])
-                / 2**20, b["dynamic"]["auc"], b["static"]["auc"], b["dynamic"]["auc"] - b["static"]["auc"]))
-    lines += ["", "| budget | dynamic AUC (mean) | static AUC (mean) | dynamic - static: mean | sd | peak over budget |",
-              "|---|---:|---:|---:|---:|---:|"]
+            lines.append(
+                "| %s (%.1f MiB) | %d | {:,} | %.1f MiB | %.4f | {:,} | %.4f | %+.4f |".format(
+                    b["dynamic"]["table_size"], b["static"]["buckets"]
+                )
+                % (
+                    name,
+                    b["budget_bytes"] / 2**20,
+                    x["seed"],
+                    b["dynamic"].get("peak_bytes", b["dynamic"]["table_bytes"]) / 2**20,
+                    b["dynamic"]["auc"],
+                    b["static"]["auc"],
+                    b["dynamic"]["auc"] - b["static"]["auc"],
+                )
+            )
+    lines += [
+        "",
+        "| budget | dynamic AUC (mean) | static AUC (mean) | dynamic - static: mean | sd | peak over budget |",
+        "|---|---:|---:|---:|---:|---:|",
+    ]
     for name, s in r["budgets"].items():
         over = s["max_peak_over_budget"]
-        lines.append("| %s | %.4f | %.4f | %+.4f | %s | %s |" % (
-            name, s["dynamic_auc_mean"], s["static_auc_mean"], s["diff_mean"],
-            "%.4f" % s["diff_sd"] if s["diff_sd"] is not None else "-",
-            "-" if over is None else ("none (max %.1f MiB under)" % (-over / 2**20) if over <= 0
-                                       else "%.1f MiB OVER" % (over / 2**20))))
+        lines.append(
+            "| %s | %.4f | %.4f | %+.4f | %s | %s |"
+            % (
+                name,
+                s["dynamic_auc_mean"],
+                s["static_auc_mean"],
+                s["diff_mean"],
+                "%.4f" % s["diff_sd"] if s["diff_sd"] is not None else "-",
+                (
+                    "-"
+                    if over is None
+                    else (
+                        "none (max %.1f MiB under)" % (-over / 2**20) if over <= 0 else "%.1f MiB OVER" % (over / 2**20)
+                    )
+                ),
+            )
+        )
     lines.append("")
     lines.append("true logits (ceiling), mean over seeds: %.4f" % r["oracle_auc_mean"])
     for k, v in sorted(out["skipped"].items()):
@@ -607,6 +718,7 @@ def quality_markdown(out):
 
 
 # --------------------------------------------------------------------------- main
+
 
 def main(argv=None):
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
@@ -620,22 +732,56 @@ def main(argv=None):
     p.add_argument("--variants", nargs="+", default=[v.name for v in VARIANTS], choices=[v.name for v in VARIANTS])
     bc.add_session_args(p)
     p.add_argument("--seed", type=int, default=2024)
-    p.add_argument("--quick", action="store_true",
-                   help="speed: batch 1024, 10 steps after 3; quality: 60 batches of 1024")
+    p.add_argument(
+        "--quick", action="store_true", help="speed: batch 1024, 10 steps after 3; quality: 60 batches of 1024"
+    )
     p.add_argument("--quality", action="store_true", help="AUC of dynamic vs static hashed at equal memory")
-    p.add_argument("--quality_steps", "--quality-steps", type=int, default=300, help="training batches (one pass) in --quality")
+    p.add_argument(
+        "--quality_steps", "--quality-steps", type=int, default=300, help="training batches (one pass) in --quality"
+    )
     p.add_argument("--eval_batches", "--eval-batches", type=int, default=16)
-    p.add_argument("--quality_seeds", "--quality-seeds", type=int, default=3,
-                   help="--quality: repeat with this many seeds (data, task and init) and report the mean difference")
-    p.add_argument("--no_static_reference", "--no-static-reference", dest="static_reference", action="store_false",
-                   help="(unused since --quality compares at fixed budgets; kept for old command lines)")
-    p.add_argument("--quality_budgets", "--quality-budgets", type=int, nargs="+", default=[1 << 20, 1 << 22],
-                   help="--quality: memory budgets, in static rows (bytes = rows * dim * 4 * 2)")
-    p.add_argument("--quality_evict_every", "--quality-evict-every", type=int, default=2, help="--quality: dynamic model evicts every N steps")
-    p.add_argument("--quality_policy", "--quality-policy", choices=["lru", "lfu"], default="lru",
-                   help="--quality: eviction policy, lru (steps_to_live) or lfu (min_frequency)")
-    p.add_argument("--quality_all_keys", "--quality-all-keys", action="store_true",
-                   help="--quality: also the earlier comparison (dynamic keeps every key, static gets its bytes)")
+    p.add_argument(
+        "--quality_seeds",
+        "--quality-seeds",
+        type=int,
+        default=3,
+        help="--quality: repeat with this many seeds (data, task and init) and report the mean difference",
+    )
+    p.add_argument(
+        "--no_static_reference",
+        "--no-static-reference",
+        dest="static_reference",
+        action="store_false",
+        help="(unused since --quality compares at fixed budgets; kept for old command lines)",
+    )
+    p.add_argument(
+        "--quality_budgets",
+        "--quality-budgets",
+        type=int,
+        nargs="+",
+        default=[1 << 20, 1 << 22],
+        help="--quality: memory budgets, in static rows (bytes = rows * dim * 4 * 2)",
+    )
+    p.add_argument(
+        "--quality_evict_every",
+        "--quality-evict-every",
+        type=int,
+        default=2,
+        help="--quality: dynamic model evicts every N steps",
+    )
+    p.add_argument(
+        "--quality_policy",
+        "--quality-policy",
+        choices=["lru", "lfu"],
+        default="lru",
+        help="--quality: eviction policy, lru (steps_to_live) or lfu (min_frequency)",
+    )
+    p.add_argument(
+        "--quality_all_keys",
+        "--quality-all-keys",
+        action="store_true",
+        help="--quality: also the earlier comparison (dynamic keeps every key, static gets its bytes)",
+    )
     p.add_argument("--json")
     args = p.parse_args(argv)
     if args.quick:
@@ -646,13 +792,36 @@ def main(argv=None):
     t0 = time.perf_counter()
     body = quality_main(args) if args.quality else speed_main(args)
     out = dict(body)
-    out.update({"benchmark": "ctr26_quality" if args.quality else "ctr26",
-                "config": {k: getattr(args, k) for k in ("batch", "dim", "vocab", "buckets", "steps", "warmup",
-                                                        "optimizer", "intra_op", "inter_op", "seed", "quick",
-                                                        "quality_steps", "eval_batches", "quality_seeds",
-                                                        "quality_budgets", "quality_evict_every", "quality_policy",
-                                                        "quality_all_keys")},
-                "machine": info, "wall_s": time.perf_counter() - t0})
+    out.update(
+        {
+            "benchmark": "ctr26_quality" if args.quality else "ctr26",
+            "config": {
+                k: getattr(args, k)
+                for k in (
+                    "batch",
+                    "dim",
+                    "vocab",
+                    "buckets",
+                    "steps",
+                    "warmup",
+                    "optimizer",
+                    "intra_op",
+                    "inter_op",
+                    "seed",
+                    "quick",
+                    "quality_steps",
+                    "eval_batches",
+                    "quality_seeds",
+                    "quality_budgets",
+                    "quality_evict_every",
+                    "quality_policy",
+                    "quality_all_keys",
+                )
+            },
+            "machine": info,
+            "wall_s": time.perf_counter() - t0,
+        }
+    )
     return bc.finish(out, quality_markdown(out) if args.quality else speed_markdown(out), args.json)
 
 

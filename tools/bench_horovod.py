@@ -71,7 +71,8 @@ def worker(args):
             table_bytes = lambda sess: 2 * STATIC_BUCKETS * DIM * 4  # noqa: E731  (variable + Adagrad slot)
         else:
             emb = tfe_hvd.get_dynamic_embedding(
-                "emb", DIM, parallelism="model" if args.variant == "tfext_model" else "data", initializer=init)
+                "emb", DIM, parallelism="model" if args.variant == "tfext_model" else "data", initializer=init
+            )
             x = tf_ext.embedding_lookup(emb, ids)
             mem = emb.memory_bytes()
             table_bytes = lambda sess: int(sess.run(mem))  # noqa: E731
@@ -89,15 +90,18 @@ def worker(args):
         train = opt.apply_gradients(grads_and_vars, global_step=gs)
         # Payload per step: look at what the graph hands to Horovod's collectives (inputs of Horovod ops).
         for op in g.get_operations():
-            if op.type.startswith("Horovod") and op.type in ("HorovodAllreduce", "HorovodAllgather",
-                                                            "HorovodAlltoall", "HorovodGroupedAllreduce"):
+            if op.type.startswith("Horovod") and op.type in (
+                "HorovodAllreduce",
+                "HorovodAllgather",
+                "HorovodAlltoall",
+                "HorovodGroupedAllreduce",
+            ):
                 for t in op.inputs:
                     if t.dtype in (tf.float32, tf.float16, tf.int64, tf.int32) and t.op.type != "Const":
                         payload.append(tf.cast(tf.size(t), tf.int64) * t.dtype.size)
         payload_bytes = tf.add_n(payload) if payload else tf.constant(0, tf.int64)
         bcast = hvd.broadcast_global_variables(0)
-        config = tf.compat.v1.ConfigProto(intra_op_parallelism_threads=args.intra_op,
-                                          inter_op_parallelism_threads=1)
+        config = tf.compat.v1.ConfigProto(intra_op_parallelism_threads=args.intra_op, inter_op_parallelism_threads=1)
         with tf.compat.v1.Session(graph=g, config=config) as sess:
             sess.run(tf.compat.v1.global_variables_initializer())
             sess.run(bcast)
@@ -113,31 +117,63 @@ def worker(args):
                 if step >= args.warmup:
                     times.append(dt)
                     sent.append(int(b))
-            out = {"rank": rank, "size": size, "variant": args.variant, "step_ms": float(np.median(times) * 1e3),
-                   "payload_bytes": float(np.median(sent)), "table_bytes": table_bytes(sess)}
+            out = {
+                "rank": rank,
+                "size": size,
+                "variant": args.variant,
+                "step_ms": float(np.median(times) * 1e3),
+                "payload_bytes": float(np.median(sent)),
+                "table_bytes": table_bytes(sess),
+            }
     with open(os.path.join(args.out, "rank-%d.json" % rank), "w") as f:
         json.dump(out, f)
 
 
 def run_config(variant, ranks, args):
     with tempfile.TemporaryDirectory() as out:
-        cmd = [os.path.join(os.path.dirname(sys.executable), "horovodrun"), "-np", str(ranks), "--gloo", "-H",
-               "localhost:%d" % ranks, sys.executable, os.path.abspath(__file__), "--worker", "--variant", variant,
-               "--out", out, "--global_batch", str(args.global_batch), "--fields", str(args.fields), "--steps",
-               str(args.steps), "--warmup", str(args.warmup), "--intra_op", str(args.intra_op)]
-        env = dict(os.environ, PYTHONPATH=os.pathsep.join([ROOT, os.environ.get("PYTHONPATH", "")]),
-                   TF_CPP_MIN_LOG_LEVEL="2")
+        cmd = [
+            os.path.join(os.path.dirname(sys.executable), "horovodrun"),
+            "-np",
+            str(ranks),
+            "--gloo",
+            "-H",
+            "localhost:%d" % ranks,
+            sys.executable,
+            os.path.abspath(__file__),
+            "--worker",
+            "--variant",
+            variant,
+            "--out",
+            out,
+            "--global_batch",
+            str(args.global_batch),
+            "--fields",
+            str(args.fields),
+            "--steps",
+            str(args.steps),
+            "--warmup",
+            str(args.warmup),
+            "--intra_op",
+            str(args.intra_op),
+        ]
+        env = dict(
+            os.environ, PYTHONPATH=os.pathsep.join([ROOT, os.environ.get("PYTHONPATH", "")]), TF_CPP_MIN_LOG_LEVEL="2"
+        )
         r = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=args.timeout)
         if r.returncode != 0:
             raise RuntimeError("%s at %d ranks failed:\n%s" % (variant, ranks, (r.stdout + r.stderr)[-4000:]))
         per_rank = [json.load(open(os.path.join(out, "rank-%d.json" % i))) for i in range(ranks)]
     step_ms = max(p["step_ms"] for p in per_rank)  # a synchronous step is as slow as its slowest rank
-    return {"variant": variant, "ranks": ranks, "step_ms": step_ms,
-            "examples_per_s": args.global_batch / (step_ms / 1e3),
-            "examples_per_s_per_rank": args.global_batch / ranks / (step_ms / 1e3),
-            "payload_bytes_per_rank": max(p["payload_bytes"] for p in per_rank),
-            "table_bytes_per_rank": max(p["table_bytes"] for p in per_rank),
-            "table_bytes_all_ranks": sum(p["table_bytes"] for p in per_rank)}
+    return {
+        "variant": variant,
+        "ranks": ranks,
+        "step_ms": step_ms,
+        "examples_per_s": args.global_batch / (step_ms / 1e3),
+        "examples_per_s_per_rank": args.global_batch / ranks / (step_ms / 1e3),
+        "payload_bytes_per_rank": max(p["payload_bytes"] for p in per_rank),
+        "table_bytes_per_rank": max(p["table_bytes"] for p in per_rank),
+        "table_bytes_all_ranks": sum(p["table_bytes"] for p in per_rank),
+    }
 
 
 def main():
@@ -165,14 +201,31 @@ def main():
         for variant in args.variants:
             res = run_config(variant, ranks, args)
             results.append(res)
-            print("%-12s ranks=%d  step %7.1f ms  %8.0f ex/s (%7.0f per rank)  payload %6.2f MB/rank/step  "
-                  "table %7.1f MB/rank" % (variant, ranks, res["step_ms"], res["examples_per_s"],
-                                           res["examples_per_s_per_rank"], res["payload_bytes_per_rank"] / 1e6,
-                                           res["table_bytes_per_rank"] / 1e6), flush=True)
+            print(
+                "%-12s ranks=%d  step %7.1f ms  %8.0f ex/s (%7.0f per rank)  payload %6.2f MB/rank/step  "
+                "table %7.1f MB/rank"
+                % (
+                    variant,
+                    ranks,
+                    res["step_ms"],
+                    res["examples_per_s"],
+                    res["examples_per_s_per_rank"],
+                    res["payload_bytes_per_rank"] / 1e6,
+                    res["table_bytes_per_rank"] / 1e6,
+                ),
+                flush=True,
+            )
     if args.json:
         with open(args.json, "w") as f:
-            json.dump({"args": {k: v for k, v in vars(args).items() if k not in ("worker", "out", "variant")},
-                       "load_avg": os.getloadavg(), "results": results}, f, indent=1)
+            json.dump(
+                {
+                    "args": {k: v for k, v in vars(args).items() if k not in ("worker", "out", "variant")},
+                    "load_avg": os.getloadavg(),
+                    "results": results,
+                },
+                f,
+                indent=1,
+            )
     return 0
 
 

@@ -44,14 +44,11 @@ def build(mode, half_dtype, initial, args):
             return tf.reduce_mean(tf.square(out - y))
 
         # Policy that never leaves the starting precision during the run.
-        policy = mp.PolicyConfig(min_full_steps=10 ** 6, max_full_steps=10 ** 6,
-                                 max_overflow_rate=0.99)
-        amp = mp.MixedPrecision(mode=mode, half_dtype=half_dtype, policy=policy,
-                                initial_precision=initial)
+        policy = mp.PolicyConfig(min_full_steps=10**6, max_full_steps=10**6, max_overflow_rate=0.99)
+        amp = mp.MixedPrecision(mode=mode, half_dtype=half_dtype, policy=policy, initial_precision=initial)
         loss = amp.build(model, x, y)
         gs = tf.compat.v1.train.get_or_create_global_step()
-        train = amp.wrap_optimizer(tf.compat.v1.train.AdamOptimizer(1e-3)).minimize(
-            loss, global_step=gs)
+        train = amp.wrap_optimizer(tf.compat.v1.train.AdamOptimizer(1e-3)).minimize(loss, global_step=gs)
         metrics = amp.metrics()
     sess = bc.start_session(graph, bc.session_config(args.threads, 1))
     for _ in range(args.warmup):
@@ -79,20 +76,28 @@ def main(argv=None):
     rows = []
     for (label, _, _, _), (sess, _, metrics, gs), t in zip(CONFIGS, built, times):
         m, applied = sess.run([metrics, gs])
-        rows.append((label, bc.summary_ms(t)["median_ms"], m["half_fraction"],
-                     applied / m["total_steps"]))
+        rows.append((label, bc.summary_ms(t)["median_ms"], m["half_fraction"], applied / m["total_steps"]))
         sess.close()
     base = rows[0][1]
-    print("MLP %d-%d-%d-1, batch %d, Adam, %d intra-op threads; median of %d steps "
-          "(%d interleaved rounds) after %d warm-up"
-          % (args.inputs, args.width, args.width, args.batch, args.threads,
-             per_round * args.rounds, args.rounds, args.warmup))
+    print(
+        "MLP %d-%d-%d-1, batch %d, Adam, %d intra-op threads; median of %d steps "
+        "(%d interleaved rounds) after %d warm-up"
+        % (
+            args.inputs,
+            args.width,
+            args.width,
+            args.batch,
+            args.threads,
+            per_round * args.rounds,
+            args.rounds,
+            args.warmup,
+        )
+    )
     print()
     print("| mode | ms/step (median) | vs float32 | steps in half | steps applied |")
     print("|---|---:|---:|---:|---:|")
     for label, ms, half, applied in rows:
-        print("| %s | %.2f | %.2fx | %.0f%% | %.0f%% |" % (label, ms, ms / base, 100 * half,
-                                                       100 * applied))
+        print("| %s | %.2f | %.2fx | %.0f%% | %.0f%% |" % (label, ms, ms / base, 100 * half, 100 * applied))
 
 
 if __name__ == "__main__":

@@ -35,12 +35,14 @@ MKEY = 1e6
 
 # --------------------------------------------------------------------------- backends
 
+
 class Backend(abc.ABC):
     """One table implementation. Subclasses build the graph; the harness times it.
 
     build() must set self.find_op (a scalar tensor) and self.upsert_op (an op),
     both reading the batch selected by the placeholder self.batch_index.
     """
+
     name = "?"
     label = "?"
     uses_positions = False  # dense: rows are 0..N-1 positions instead of hashed keys
@@ -77,9 +79,8 @@ class Backend(abc.ABC):
         """Default: insert all keys in chunks through self.fill_keys/self.fill_values feeds."""
         chunk = 1 << 17
         for s in range(0, n_keys, chunk):
-            k = all_keys[s:s + chunk]
-            self.sess.run(self.fill_op, {self.fill_keys: k,
-                                         self.fill_values: init_values_fn(s, len(k))})
+            k = all_keys[s : s + chunk]
+            self.sess.run(self.fill_op, {self.fill_keys: k, self.fill_values: init_values_fn(s, len(k))})
 
     def make_fill_placeholders(self):
         self.fill_keys = tf.compat.v1.placeholder(tf.int64, [None], name="fill_keys")
@@ -100,8 +101,8 @@ class DenseBackend(Backend):
     def build(self, n_keys):
         self.init_ph = tf.compat.v1.placeholder(tf.float32, [n_keys, self.dim])
         self.var = tf.compat.v1.get_variable(
-            "table", [n_keys, self.dim], tf.float32,
-            initializer=tf.compat.v1.zeros_initializer(), use_resource=True)
+            "table", [n_keys, self.dim], tf.float32, initializer=tf.compat.v1.zeros_initializer(), use_resource=True
+        )
         self.fill_op = self.var.assign(self.init_ph, read_value=False)
         self.find_op = tf.reduce_sum(tf.gather(self.var, self.batch_keys))
         self.upsert_op = tf.compat.v1.scatter_update(self.var, self.batch_keys, self.batch_values).op
@@ -120,9 +121,12 @@ class TFDenseHashBackend(Backend):
     def build(self, n_keys):
         self.make_fill_placeholders()
         self.table = tf.lookup.experimental.DenseHashTable(
-            key_dtype=tf.int64, value_dtype=tf.float32,
+            key_dtype=tf.int64,
+            value_dtype=tf.float32,
             default_value=tf.zeros([self.dim], tf.float32),
-            empty_key=-1, deleted_key=-2)
+            empty_key=-1,
+            deleted_key=-2,
+        )
         self.fill_op = self.table.insert(self.fill_keys, self.fill_values)
         self.find_op = tf.reduce_sum(self.table.lookup(self.batch_keys))
         self.upsert_op = self.table.insert(self.batch_keys, self.batch_values)
@@ -147,8 +151,11 @@ class TFRABackend(Backend):
         de, _, _ = bc.import_tfra()
         self.make_fill_placeholders()
         self.table = de.CuckooHashTable(
-            key_dtype=tf.int64, value_dtype=tf.float32,
-            default_value=tf.zeros([self.dim], tf.float32), name="tfra_table")
+            key_dtype=tf.int64,
+            value_dtype=tf.float32,
+            default_value=tf.zeros([self.dim], tf.float32),
+            name="tfra_table",
+        )
         self.fill_op = self.table.insert(self.fill_keys, self.fill_values)
         self.find_op = tf.reduce_sum(self.table.lookup(self.batch_keys))
         self.upsert_op = self.table.insert(self.batch_keys, self.batch_values)
@@ -187,6 +194,7 @@ BY_NAME = {b.name: b for b in BACKENDS}
 
 # --------------------------------------------------------------------------- harness
 
+
 def make_pools(n_keys, batch, n_batches, dims, seed):
     rng = np.random.default_rng(seed)
     # Hashed-feature-like keys: distinct, spread over the positive int64 range
@@ -206,6 +214,7 @@ def init_values_fn_for(dim, seed):
     def fn(start, n):
         rng = np.random.default_rng(seed + start)
         return rng.standard_normal((n, dim)).astype(np.float32)
+
     return fn
 
 
@@ -222,8 +231,10 @@ def bench_dim(dim, backend_classes, args, config):
             bc.log("  %-8s dim %d: FAILED to build/prefill: %s: %s" % (cls.name, dim, type(e).__name__, e))
             continue
         n = b.size()
-        bc.log("  %-8s dim %d: prefilled %s keys in %.2fs (build+prefill %.2fs)" % (
-            cls.name, dim, n, b.prefill_s, time.perf_counter() - t0))
+        bc.log(
+            "  %-8s dim %d: prefilled %s keys in %.2fs (build+prefill %.2fs)"
+            % (cls.name, dim, n, b.prefill_s, time.perf_counter() - t0)
+        )
         if n is not None and n != args.keys:
             bc.log("  WARNING: %s holds %d keys, expected %d" % (cls.name, n, args.keys))
         built.append(b)
@@ -244,11 +255,13 @@ def bench_dim(dim, backend_classes, args, config):
         for op in ops:
             res[op] = summary = bc.summary_ms(samples[b.name][op])
             med, p10 = summary["median_ms"] / 1e3, summary["p10_ms"] / 1e3
-            summary.update({
-                "mkeys_s": args.batch / (med if args.stat == "median" else p10) / MKEY,
-                "mkeys_s_median": args.batch / med / MKEY,
-                "mkeys_s_p10": args.batch / p10 / MKEY,
-            })
+            summary.update(
+                {
+                    "mkeys_s": args.batch / (med if args.stat == "median" else p10) / MKEY,
+                    "mkeys_s_median": args.batch / med / MKEY,
+                    "mkeys_s_p10": args.batch / p10 / MKEY,
+                }
+            )
         res["prefill_s"] = b.prefill_s
         res["size"] = b.size()
         if getattr(b, "mem_op", None) is not None:  # ours
@@ -279,22 +292,34 @@ def markdown(out):
     results, dims = out["results"], out["config"]["dims"]
     cols = [(d, op) for d in dims for op in ("find", "upsert")]
     head = "| backend | " + " | ".join("%s dim%d" % (op, d) for d, op in cols) + " |"
-    lines = ["Mkeys/s, %s of %d repeats (higher is better); %d keys, batch %d, %d intra-op threads" % (
-        out["config"].get("stat", "median"), out["config"]["repeats"], out["config"]["keys"], out["config"]["batch"], out["config"]["intra_op"])
+    lines = [
+        "Mkeys/s, %s of %d repeats (higher is better); %d keys, batch %d, %d intra-op threads"
+        % (
+            out["config"].get("stat", "median"),
+            out["config"]["repeats"],
+            out["config"]["keys"],
+            out["config"]["batch"],
+            out["config"]["intra_op"],
+        )
         + ("; upsert values drawn in-graph each step" if out["config"].get("upsert_values") == "random" else ""),
-        "", head, "|---|" + "---:|" * len(cols)]
+        "",
+        head,
+        "|---|" + "---:|" * len(cols),
+    ]
     for cls in BACKENDS:
         if not any(cls.name in results.get(str(d), {}) for d in dims):
             continue
         lab = out["labels"].get(cls.name, cls.name)
-        lines.append("| %s | " % lab + " | ".join(
-            bc.fmt(get(results, d, cls.name, op)) for d, op in cols) + " |")
-    for num, den, what in (("ours", "dense", "ours / dense"), ("ours", "tfra", "ours / TFRA"),
-                           ("tfra", "dense", "TFRA / dense"), ("tfdense", "dense", "DenseHashTable / dense")):
+        lines.append("| %s | " % lab + " | ".join(bc.fmt(get(results, d, cls.name, op)) for d, op in cols) + " |")
+    for num, den, what in (
+        ("ours", "dense", "ours / dense"),
+        ("ours", "tfra", "ours / TFRA"),
+        ("tfra", "dense", "TFRA / dense"),
+        ("tfdense", "dense", "DenseHashTable / dense"),
+    ):
         vals = [ratio(get(results, d, num, op), get(results, d, den, op)) for d, op in cols]
         if any(v is not None for v in vals):
-            lines.append("| *%s* | " % what + " | ".join(
-                ("%.2fx" % v if v is not None else "-") for v in vals) + " |")
+            lines.append("| *%s* | " % what + " | ".join(("%.2fx" % v if v is not None else "-") for v in vals) + " |")
     if out["skipped"]:
         lines.append("")
         for k, v in out["skipped"].items():
@@ -309,9 +334,13 @@ def targets(out):
         f = ratio(get(res, d, "ours", "find"), get(res, d, "dense", "find"))
         u = ratio(get(res, d, "ours", "upsert"), get(res, d, "tfra", "upsert"))
         if f is not None:
-            lines.append("dim %d find  ours/dense = %.2f (target >= 0.75): %s" % (d, f, "MET" if f >= 0.75 else "not met"))
+            lines.append(
+                "dim %d find  ours/dense = %.2f (target >= 0.75): %s" % (d, f, "MET" if f >= 0.75 else "not met")
+            )
         if u is not None:
-            lines.append("dim %d upsert ours/TFRA = %.2f (target >= 2.0): %s" % (d, u, "MET" if u >= 2.0 else "not met"))
+            lines.append(
+                "dim %d upsert ours/TFRA = %.2f (target >= 2.0): %s" % (d, u, "MET" if u >= 2.0 else "not met")
+            )
     return "\n".join(lines)
 
 
@@ -325,14 +354,25 @@ def main(argv=None):
     p.add_argument("--dims", type=int, nargs="+", default=[16, 64])
     p.add_argument("--backends", nargs="+", default=[b.name for b in BACKENDS], choices=[b.name for b in BACKENDS])
     bc.add_session_args(p)
-    p.add_argument("--stat", choices=["median", "p10"], default="median",
-                   help="time statistic behind the Mkeys/s figures (p10 = 10th-percentile time, "
-                        "less sensitive to load from other processes); both are in the JSON")
-    p.add_argument("--upsert_values", "--upsert-values", choices=["const", "random"], default="const",
-                   help="const: one pre-drawn [batch, dim] tensor (times the table op alone); random: "
-                        "tf.random.normal drawn in-graph each step (adds the RNG's cost to every backend)")
+    p.add_argument(
+        "--stat",
+        choices=["median", "p10"],
+        default="median",
+        help="time statistic behind the Mkeys/s figures (p10 = 10th-percentile time, "
+        "less sensitive to load from other processes); both are in the JSON",
+    )
+    p.add_argument(
+        "--upsert_values",
+        "--upsert-values",
+        choices=["const", "random"],
+        default="const",
+        help="const: one pre-drawn [batch, dim] tensor (times the table op alone); random: "
+        "tf.random.normal drawn in-graph each step (adds the RNG's cost to every backend)",
+    )
     p.add_argument("--seed", type=int, default=1234)
-    p.add_argument("--quick", action="store_true", help="small run while developing: 256K keys, batch 32768, 10 repeats")
+    p.add_argument(
+        "--quick", action="store_true", help="small run while developing: 256K keys, batch 32768, 10 repeats"
+    )
     p.add_argument("--json", help="write the results here (input of tools/plot_benchmarks.py)")
     args = p.parse_args(argv)
     if args.quick:
@@ -348,10 +388,19 @@ def main(argv=None):
         results[str(d)] = bench_dim(d, classes, args, config)
     out = {
         "benchmark": "table",
-        "config": {"keys": args.keys, "batch": args.batch, "repeats": args.repeats, "warmup": args.warmup,
-                   "dims": args.dims, "intra_op": args.intra_op, "inter_op": args.inter_op,
-                   "pool": args.pool, "quick": args.quick, "stat": args.stat,
-                   "upsert_values": args.upsert_values},
+        "config": {
+            "keys": args.keys,
+            "batch": args.batch,
+            "repeats": args.repeats,
+            "warmup": args.warmup,
+            "dims": args.dims,
+            "intra_op": args.intra_op,
+            "inter_op": args.inter_op,
+            "pool": args.pool,
+            "quick": args.quick,
+            "stat": args.stat,
+            "upsert_values": args.upsert_values,
+        },
         "machine": info,
         "labels": labels,
         "skipped": skipped,

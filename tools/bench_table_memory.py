@@ -41,6 +41,7 @@ LABELS = {
 
 # --------------------------------------------------------------------------- child
 
+
 def child(backend, slots, keys, dim, chunk, seed):
     import bench_common as bc
     from bench_common import np, tf
@@ -53,8 +54,14 @@ def child(backend, slots, keys, dim, chunk, seed):
 
     kp = tf.compat.v1.placeholder(tf.int64, [None])
     mem_op = None
-    result = {"backend": backend, "slots": slots, "dim": dim, "width": width, "keys": keys,
-              "raw_bytes_per_key": 8 + 4 * width}
+    result = {
+        "backend": backend,
+        "slots": slots,
+        "dim": dim,
+        "width": width,
+        "keys": keys,
+        "raw_bytes_per_key": 8 + 4 * width,
+    }
 
     def make_tables(prefix):
         """Returns (list of (table, value_width)), the fill op for keys kp and values vps."""
@@ -63,20 +70,28 @@ def child(backend, slots, keys, dim, chunk, seed):
             if table_ops is None:
                 raise RuntimeError(reason)
             defaults = [0.0] * dim + [0.1] * (width - dim)
-            t = table_ops.HashTable(dim=dim, width=width, column_defaults=defaults, initial_capacity=0,
-                                    name=prefix + "ours")
+            t = table_ops.HashTable(
+                dim=dim, width=width, column_defaults=defaults, initial_capacity=0, name=prefix + "ours"
+            )
             return [t], [dim]
         if backend == "tfra":
             de, reason, _ = bc.import_tfra()
             if de is None:
                 raise RuntimeError(reason)
-            ts = [de.CuckooHashTable(tf.int64, tf.float32, tf.zeros([dim]),
-                                     name="%stfra_%d" % (prefix, i)) for i in range(1 + slots)]
+            ts = [
+                de.CuckooHashTable(tf.int64, tf.float32, tf.zeros([dim]), name="%stfra_%d" % (prefix, i))
+                for i in range(1 + slots)
+            ]
             return ts, [dim] * len(ts)
         if backend == "tfdense":
             t = tf.lookup.experimental.DenseHashTable(
-                tf.int64, tf.float32, default_value=tf.zeros([width]), empty_key=-(2**62), deleted_key=-(2**62) - 1,
-                name=prefix + "tfdense")
+                tf.int64,
+                tf.float32,
+                default_value=tf.zeros([width]),
+                empty_key=-(2**62),
+                deleted_key=-(2**62) - 1,
+                name=prefix + "tfdense",
+            )
             return [t], [width]
         raise ValueError(backend)
 
@@ -115,7 +130,7 @@ def child(backend, slots, keys, dim, chunk, seed):
     rss0 = bc.rss_bytes()
     t0 = time.perf_counter()
     for s in range(0, keys, chunk):
-        k = all_keys[s:s + chunk]
+        k = all_keys[s : s + chunk]
         sess.run(fill, feed_for(k, vps, widths))
     result["fill_s"] = time.perf_counter() - t0
     n = int(sess.run(size_op))
@@ -135,14 +150,26 @@ def child(backend, slots, keys, dim, chunk, seed):
 
 # --------------------------------------------------------------------------- parent
 
+
 def run_config(backend, slots, args):
-    cmd = [sys.executable, os.path.abspath(__file__), "--child", backend, str(slots),
-           "--keys", str(args.keys), "--dim", str(args.dim), "--chunk", str(args.chunk)]
+    cmd = [
+        sys.executable,
+        os.path.abspath(__file__),
+        "--child",
+        backend,
+        str(slots),
+        "--keys",
+        str(args.keys),
+        "--dim",
+        str(args.dim),
+        "--chunk",
+        str(args.chunk),
+    ]
     t0 = time.perf_counter()
     p = subprocess.run(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, universal_newlines=True)
     for line in p.stdout.splitlines():
         if line.startswith("RESULT "):
-            r = json.loads(line[len("RESULT "):])
+            r = json.loads(line[len("RESULT ") :])
             r["wall_s"] = time.perf_counter() - t0
             return r, None
     err = [l for l in p.stderr.splitlines() if l.strip() and "WARNING" not in l and "deprecat" not in l.lower()]
@@ -151,23 +178,35 @@ def run_config(backend, slots, args):
 
 def markdown(out):
     res, slots = out["results"], out["config"]["slots"]
-    lines = ["bytes per key, dim %d, %d keys (lower is better); raw = 8 + 4*width" % (
-        out["config"]["dim"], out["config"]["keys"]), "",
-        "| table | " + " | ".join("%d slot%s (width %d)" % (s, "" if s == 1 else "s", out["config"]["dim"] * (1 + s))
-                                  for s in slots) + " |",
-        "|---|" + "---:|" * len(slots)]
+    lines = [
+        "bytes per key, dim %d, %d keys (lower is better); raw = 8 + 4*width"
+        % (out["config"]["dim"], out["config"]["keys"]),
+        "",
+        "| table | "
+        + " | ".join("%d slot%s (width %d)" % (s, "" if s == 1 else "s", out["config"]["dim"] * (1 + s)) for s in slots)
+        + " |",
+        "|---|" + "---:|" * len(slots),
+    ]
 
     def cell(b, s, field):
         r = res.get(b, {}).get(str(s))
         return "%.0f" % r[field] if r and r.get(field) is not None else "-"
 
-    lines.append("| raw (8 + 4*width) | " + " | ".join("%d" % (8 + 4 * out["config"]["dim"] * (1 + s)) for s in slots) + " |")
+    lines.append(
+        "| raw (8 + 4*width) | " + " | ".join("%d" % (8 + 4 * out["config"]["dim"] * (1 + s)) for s in slots) + " |"
+    )
     for b in BACKENDS:
         if b not in res:
             continue
         if b == "ours":
-            lines.append("| %s, TfExtTableMemoryBytes | " % LABELS[b] + " | ".join(cell(b, s, "op_bytes_per_key") for s in slots) + " |")
-        lines.append("| %s, RSS delta | " % LABELS[b] + " | ".join(cell(b, s, "rss_bytes_per_key") for s in slots) + " |")
+            lines.append(
+                "| %s, TfExtTableMemoryBytes | " % LABELS[b]
+                + " | ".join(cell(b, s, "op_bytes_per_key") for s in slots)
+                + " |"
+            )
+        lines.append(
+            "| %s, RSS delta | " % LABELS[b] + " | ".join(cell(b, s, "rss_bytes_per_key") for s in slots) + " |"
+        )
     if "ours" in res:
         vals = []
         for s in slots:
@@ -201,6 +240,7 @@ def main(argv=None):
 
     sys.path.insert(0, HERE)
     import bench_common as bc
+
     info = bc.machine_info()
     t_start = time.time()
     results, skipped = {}, {}
@@ -213,13 +253,19 @@ def main(argv=None):
                 continue
             results.setdefault(b, {})[str(s)] = r
             extra = (", op %.0f B/key" % r["op_bytes_per_key"]) if "op_bytes_per_key" in r else ""
-            bc.log("%-8s slots=%d width=%d: RSS %.0f B/key%s (raw %d), %d keys, fill %.1fs" % (
-                b, s, r["width"], r["rss_bytes_per_key"], extra, r["raw_bytes_per_key"], r["size"], r["fill_s"]))
-    out = {"benchmark": "table_memory",
-           "config": {"keys": args.keys, "dim": args.dim, "slots": args.slots, "chunk": args.chunk,
-                      "quick": args.quick},
-           "labels": LABELS, "results": results, "skipped": skipped, "wall_s": time.time() - t_start,
-           "machine": info}
+            bc.log(
+                "%-8s slots=%d width=%d: RSS %.0f B/key%s (raw %d), %d keys, fill %.1fs"
+                % (b, s, r["width"], r["rss_bytes_per_key"], extra, r["raw_bytes_per_key"], r["size"], r["fill_s"])
+            )
+    out = {
+        "benchmark": "table_memory",
+        "config": {"keys": args.keys, "dim": args.dim, "slots": args.slots, "chunk": args.chunk, "quick": args.quick},
+        "labels": LABELS,
+        "results": results,
+        "skipped": skipped,
+        "wall_s": time.time() - t_start,
+        "machine": info,
+    }
     return bc.finish(out, markdown(out), args.json)
 
 

@@ -20,10 +20,21 @@ import matplotlib
 matplotlib.use("Agg")
 import matplotlib.pyplot as plt  # noqa: E402
 
-COLORS = {"dense": "#9e9e9e", "tfdense": "#64b5f6", "tfra": "#ef8a62", "ours": "#1b7837",
-          "static": "#9e9e9e", "raw": "#d9d9d9"}
-SHORT = {"dense": "dense gather/scatter (limit)", "tfdense": "TF DenseHashTable", "tfra": "TFRA CuckooHashTable",
-         "ours": "tensorflow_ext", "static": "static embedding"}
+COLORS = {
+    "dense": "#9e9e9e",
+    "tfdense": "#64b5f6",
+    "tfra": "#ef8a62",
+    "ours": "#1b7837",
+    "static": "#9e9e9e",
+    "raw": "#d9d9d9",
+}
+SHORT = {
+    "dense": "dense gather/scatter (limit)",
+    "tfdense": "TF DenseHashTable",
+    "tfra": "TFRA CuckooHashTable",
+    "ours": "tensorflow_ext",
+    "static": "static embedding",
+}
 
 
 def _load(path):
@@ -54,8 +65,12 @@ def _bars(ax, groups, series, values, colors, labels, fmt="%.1f"):
 def _subtitle(d):
     m = d.get("machine", {})
     la = m.get("loadavg")
-    return "%s, TF %s, %s CPUs%s" % (m.get("time", ""), m.get("tensorflow", "?"), m.get("cpus", "?"),
-                                     ", load avg %.1f at start" % la[0] if la else "")
+    return "%s, TF %s, %s CPUs%s" % (
+        m.get("time", ""),
+        m.get("tensorflow", "?"),
+        m.get("cpus", "?"),
+        ", load avg %.1f at start" % la[0] if la else "",
+    )
 
 
 def plot_table(d, out_dir):
@@ -73,9 +88,11 @@ def plot_table(d, out_dir):
     _bars(ax, groups, series, values, COLORS, SHORT)
     c = d["config"]
     ax.set_ylabel("Mkeys/s (higher is better)")
-    ax.set_title("Table ops: %s keys, batch %d, %d intra-op threads, %s of %d\n%s" % (
-        "{:,}".format(c["keys"]), c["batch"], c["intra_op"], c.get("stat", "median"), c["repeats"], _subtitle(d)),
-        fontsize=9)
+    ax.set_title(
+        "Table ops: %s keys, batch %d, %d intra-op threads, %s of %d\n%s"
+        % ("{:,}".format(c["keys"]), c["batch"], c["intra_op"], c.get("stat", "median"), c["repeats"], _subtitle(d)),
+        fontsize=9,
+    )
     ax.legend(fontsize=8)
     fig.tight_layout()
     path = os.path.join(out_dir, "table_throughput.png")
@@ -105,8 +122,10 @@ def plot_memory(d, out_dir):
     fig, ax = plt.subplots(figsize=(8, 4.2))
     _bars(ax, groups, series, values, colors, labels, fmt="%.0f")
     ax.set_ylabel("bytes per key (lower is better)")
-    ax.set_title("Table memory at steady state: dim %d, %s keys\n%s" % (
-        dim, "{:,}".format(d["config"]["keys"]), _subtitle(d)), fontsize=9)
+    ax.set_title(
+        "Table memory at steady state: dim %d, %s keys\n%s" % (dim, "{:,}".format(d["config"]["keys"]), _subtitle(d)),
+        fontsize=9,
+    )
     ax.legend(fontsize=8)
     fig.tight_layout()
     path = os.path.join(out_dir, "table_memory.png")
@@ -124,8 +143,10 @@ def plot_ctr(d, out_dir):
     _bars(ax, [o.capitalize() for o in opts], series, values, COLORS, labels)
     c = d["config"]
     ax.set_ylabel("ms per training step (lower is better)")
-    ax.set_title("ctr26: batch %d, 26 fields, dim %d, median of %d steps\n%s" % (
-        c["batch"], c["dim"], c["steps"], _subtitle(d)), fontsize=9)
+    ax.set_title(
+        "ctr26: batch %d, 26 fields, dim %d, median of %d steps\n%s" % (c["batch"], c["dim"], c["steps"], _subtitle(d)),
+        fontsize=9,
+    )
     ax.legend(fontsize=8)
     fig.tight_layout()
     path = os.path.join(out_dir, "ctr26_step.png")
@@ -139,8 +160,9 @@ def main(argv=None):
     p.add_argument("--table", help="JSON of tools/bench_table.py")
     p.add_argument("--memory", help="JSON of tools/bench_table_memory.py")
     p.add_argument("--ctr", help="JSON of tools/bench_ctr.py (speed mode)")
-    p.add_argument("--out", default=os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))),
-                                                 "docs", "images"))
+    p.add_argument(
+        "--out", default=os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "docs", "images")
+    )
     args = p.parse_args(argv)
     os.makedirs(args.out, exist_ok=True)
     done = []

@@ -39,8 +39,14 @@ from tensorflow_ext.embedding.warm_start import warm_start_op
 from tensorflow_ext import tf_compat as _tf_compat
 
 _optimizers.install()
-_tf_compat.install("optimizer_get_slot", "optimizer_get_slot_names", "moving_average_apply",
-                   "warm_start_grouped_variables", "warm_start_var_info", "init_from_checkpoint")
+_tf_compat.install(
+    "optimizer_get_slot",
+    "optimizer_get_slot_names",
+    "moving_average_apply",
+    "warm_start_grouped_variables",
+    "warm_start_var_info",
+    "init_from_checkpoint",
+)
 
 from tensorflow_ext.embedding.eviction import EvictionHook
 from tensorflow_ext.embedding.eviction import EvictionSaverListener

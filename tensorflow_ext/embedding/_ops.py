@@ -17,32 +17,32 @@ _force_generic = os.environ.get("TF_EXT_EMBEDDING_FORCE_GENERIC") == "1"
 
 
 def force_generic(value=True):
-  """Makes new graphs use the table-op (generic) paths instead of the fused ops.
+    """Makes new graphs use the table-op (generic) paths instead of the fused ops.
 
-  Args:
-    value: bool.
+    Args:
+      value: bool.
 
-  Returns:
-    The previous setting.
-  """
-  global _force_generic
-  old = _force_generic
-  _force_generic = bool(value)
-  return old
+    Returns:
+      The previous setting.
+    """
+    global _force_generic
+    old = _force_generic
+    _force_generic = bool(value)
+    return old
 
 
 def use_fused():
-  """True unless the generic path is forced (see :func:`force_generic`)."""
-  return not _force_generic
+    """True unless the generic path is forced (see :func:`force_generic`)."""
+    return not _force_generic
 
 
 def op(py_name):
-  """The Python wrapper ``py_name`` (e.g. ``"tf_ext_table_find"``) of the op library.
+    """The Python wrapper ``py_name`` (e.g. ``"tf_ext_table_find"``) of the op library.
 
-  Raises:
-    AttributeError: the library has no such op (a misspelt name: the library has every op of this package).
-  """
-  fn = getattr(loader.load_ops(), py_name, None)
-  if fn is None:
-    raise AttributeError("tensorflow_ext's op library has no op %r" % py_name)
-  return fn
+    Raises:
+      AttributeError: the library has no such op (a misspelt name: the library has every op of this package).
+    """
+    fn = getattr(loader.load_ops(), py_name, None)
+    if fn is None:
+        raise AttributeError("tensorflow_ext's op library has no op %r" % py_name)
+    return fn

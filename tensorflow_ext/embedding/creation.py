@@ -11,201 +11,215 @@ from tensorflow_ext.embedding import variable as var_lib
 __all__ = ["dense_variables", "get_dynamic_embedding", "get_dynamic_embeddings"]
 
 
-
 def get_dynamic_embeddings(graph=None):
-  """The dynamic embeddings of a graph.
+    """The dynamic embeddings of a graph.
 
-  Args:
-    graph: a `tf.Graph` (default: the default graph).
+    Args:
+      graph: a `tf.Graph` (default: the default graph).
 
-  Returns:
-    list of `DynamicEmbedding`, in creation order.
-  """
-  graph = graph or tf.compat.v1.get_default_graph()
-  seen = []
-  for shard in graph.get_collection(var_lib.GraphKeys.DYNAMIC_EMBEDDINGS):
-    if isinstance(shard, var_lib.DynamicEmbeddingShard) and shard.embedding not in seen:
-      seen.append(shard.embedding)
-  return seen
+    Returns:
+      list of `DynamicEmbedding`, in creation order.
+    """
+    graph = graph or tf.compat.v1.get_default_graph()
+    seen = []
+    for shard in graph.get_collection(var_lib.GraphKeys.DYNAMIC_EMBEDDINGS):
+        if isinstance(shard, var_lib.DynamicEmbeddingShard) and shard.embedding not in seen:
+            seen.append(shard.embedding)
+    return seen
 
 
 def dense_variables(var_list=None):
-  """The variables of `var_list` that are not dynamic embedding shards.
+    """The variables of `var_list` that are not dynamic embedding shards.
 
-  For TF code that needs real `tf.Variable`s, e.g.
-  `ema.apply(tf_ext.embedding.dense_variables(tf.compat.v1.trainable_variables()))`.
+    For TF code that needs real `tf.Variable`s, e.g.
+    `ema.apply(tf_ext.embedding.dense_variables(tf.compat.v1.trainable_variables()))`.
 
-  Args:
-    var_list: a list of variables and shards (default:
-      `tf.compat.v1.trainable_variables()`).
+    Args:
+      var_list: a list of variables and shards (default:
+        `tf.compat.v1.trainable_variables()`).
 
-  Returns:
-    list, in the input order.
-  """
-  if var_list is None:
-    var_list = tf.compat.v1.trainable_variables()
-  return [v for v in var_list if not isinstance(v, var_lib.DynamicEmbeddingShard)]
+    Returns:
+      list, in the input order.
+    """
+    if var_list is None:
+        var_list = tf.compat.v1.trainable_variables()
+    return [v for v in var_list if not isinstance(v, var_lib.DynamicEmbeddingShard)]
 
 
 def _find(graph, full_name):
-  for emb in get_dynamic_embeddings(graph):
-    if emb.name == full_name:
-      return emb
-  return None
+    for emb in get_dynamic_embeddings(graph):
+        if emb.name == full_name:
+            return emb
+    return None
 
 
 def _check_int(name, value, lo, hi=None):
-  if isinstance(value, (bool, np.bool_)) or not isinstance(value, (int, np.integer)):
-    raise TypeError("%s must be an int, got %r" % (name, value))
-  value = int(value)
-  if value < lo or (hi is not None and value > hi):
-    raise ValueError("%s must be in [%d, %s], got %d" % (name, lo, hi if hi is not None else "inf", value))
-  return value
+    if isinstance(value, (bool, np.bool_)) or not isinstance(value, (int, np.integer)):
+        raise TypeError("%s must be an int, got %r" % (name, value))
+    value = int(value)
+    if value < lo or (hi is not None and value > hi):
+        raise ValueError("%s must be in [%d, %s], got %d" % (name, lo, hi if hi is not None else "inf", value))
+    return value
 
 
-def get_dynamic_embedding(name,
-                          dim,
-                          key_dtype=tf.int64,
-                          value_dtype=tf.float32,
-                          initializer=None,
-                          num_shards=None,
-                          devices=None,
-                          partitioner=None,
-                          trainable=True,
-                          initial_capacity=0,
-                          reuse=None,
-                          **tfra_kwargs):
-  """Gets an existing dynamic embedding or creates a new one (variable_scope rules).
+def get_dynamic_embedding(
+    name,
+    dim,
+    key_dtype=tf.int64,
+    value_dtype=tf.float32,
+    initializer=None,
+    num_shards=None,
+    devices=None,
+    partitioner=None,
+    trainable=True,
+    initial_capacity=0,
+    reuse=None,
+    **tfra_kwargs,
+):
+    """Gets an existing dynamic embedding or creates a new one (variable_scope rules).
 
-  The full name is the current variable scope's name + "/" + `name`. As with
-  `tf.compat.v1.get_variable`, a new embedding is created unless the scope
-  reuses (`reuse=True` requires it to exist, `tf.compat.v1.AUTO_REUSE`
-  creates or reuses).
+    The full name is the current variable scope's name + "/" + `name`. As with
+    `tf.compat.v1.get_variable`, a new embedding is created unless the scope
+    reuses (`reuse=True` requires it to exist, `tf.compat.v1.AUTO_REUSE`
+    creates or reuses).
 
-  Keys are partitioned over `num_shards` tables by `HashKey(key) % num_shards`;
-  shard i is placed on `devices[i % len(devices)]`, or by the active device
-  functions (so `tf.compat.v1.train.replica_device_setter` puts the tables on
-  parameter servers, round robin).
+    Keys are partitioned over `num_shards` tables by `HashKey(key) % num_shards`;
+    shard i is placed on `devices[i % len(devices)]`, or by the active device
+    functions (so `tf.compat.v1.train.replica_device_setter` puts the tables on
+    parameter servers, round robin).
 
-  Args:
-    name: the embedding's name (no "/"-free requirement; scoped like a
-      variable).
-    dim: int >= 1, the embedding dimension.
-    key_dtype: tf.int64 (default), tf.int32, or tf.string. String ids are
-      mapped to int64 keys by a 64-bit fingerprint (`string_to_key`).
-    value_dtype: tf.float32 (the only supported value type).
-    initializer: None (the variable scope's initializer, else
-      truncated_normal(0, 1/sqrt(dim))), a python number (constant), any
-      TF/Keras initializer, or a callable `init(shape, dtype)`. Every new key
-      gets its own draw (see `initializers.py`).
-    num_shards: number of tables (default 1, or len(devices)).
-    devices: optional list of device strings for the shards.
-    partitioner: optional TF partitioner (e.g.
-      `tf.compat.v1.fixed_size_partitioner(4)`): num_shards = its partition
-      count along axis 0. Defaults to the variable scope's partitioner when
-      neither num_shards nor devices is given.
-    trainable: add the shards to `TRAINABLE_VARIABLES` (stock optimizers then
-      train them through `minimize`).
-    initial_capacity: expected number of keys (all shards); tables grow on
-      demand.
-    reuse: overrides the variable scope's reuse (True, False or AUTO_REUSE).
-    **tfra_kwargs: TFRA's `get_variable` keywords, for code ported by
-      renaming: `init_size` (= initial_capacity). The others of TFRA
-      (kv_creator, restrict_policy, bp_v2, checkpoint, shared_name) raise a
-      TypeError that says what to use (`tensorflow_ext.tfra.get_variable`
-      takes them all).
+    Args:
+      name: the embedding's name (no "/"-free requirement; scoped like a
+        variable).
+      dim: int >= 1, the embedding dimension.
+      key_dtype: tf.int64 (default), tf.int32, or tf.string. String ids are
+        mapped to int64 keys by a 64-bit fingerprint (`string_to_key`).
+      value_dtype: tf.float32 (the only supported value type).
+      initializer: None (the variable scope's initializer, else
+        truncated_normal(0, 1/sqrt(dim))), a python number (constant), any
+        TF/Keras initializer, or a callable `init(shape, dtype)`. Every new key
+        gets its own draw (see `initializers.py`).
+      num_shards: number of tables (default 1, or len(devices)).
+      devices: optional list of device strings for the shards.
+      partitioner: optional TF partitioner (e.g.
+        `tf.compat.v1.fixed_size_partitioner(4)`): num_shards = its partition
+        count along axis 0. Defaults to the variable scope's partitioner when
+        neither num_shards nor devices is given.
+      trainable: add the shards to `TRAINABLE_VARIABLES` (stock optimizers then
+        train them through `minimize`).
+      initial_capacity: expected number of keys (all shards); tables grow on
+        demand.
+      reuse: overrides the variable scope's reuse (True, False or AUTO_REUSE).
+      **tfra_kwargs: TFRA's `get_variable` keywords, for code ported by
+        renaming: `init_size` (= initial_capacity). The others of TFRA
+        (kv_creator, restrict_policy, bp_v2, checkpoint, shared_name) raise a
+        TypeError that says what to use (`tensorflow_ext.tfra.get_variable`
+        takes them all).
 
-  Returns:
-    A `DynamicEmbedding`.
+    Returns:
+      A `DynamicEmbedding`.
 
-  Raises:
-    ValueError: the embedding exists and the scope does not reuse, it does not
-      exist and reuse=True, a reused embedding has another dim/key dtype, a
-      dense variable of that name exists, dim <= 0, num_shards <= 0, or
-      unsupported dtypes.
-    TypeError: dim/num_shards not integers, bad initializer.
-    RuntimeError: called in eager mode (TF1 graph mode is required).
-  """
-  if tf.executing_eagerly():
-    raise RuntimeError("get_dynamic_embedding needs TF1 graph mode: call "
-                       "tf.compat.v1.disable_v2_behavior() (or build inside a tf.Graph().as_default())")
-  if not isinstance(name, str) or not name:
-    raise ValueError("name must be a non-empty string, got %r" % (name,))
-  if isinstance(dim, tf.DType) or isinstance(key_dtype, (int, np.integer)) and not isinstance(key_dtype, bool):
-    raise TypeError(
-        "get_dynamic_embedding(name, dim, key_dtype, value_dtype, ...) takes dim second; got dim=%r, key_dtype=%r. "
-        "This looks like TFRA's get_variable(name, key_dtype, value_dtype, dim) order: pass keywords "
-        "(get_dynamic_embedding(name, dim=..., key_dtype=...)) or use tensorflow_ext.tfra.get_variable, which "
-        "keeps TFRA's order." % (dim, key_dtype))
-  if "init_size" in tfra_kwargs:
-    init_size = tfra_kwargs.pop("init_size")
-    if initial_capacity:
-      raise TypeError("get_dynamic_embedding: pass initial_capacity or TFRA's init_size, not both")
-    initial_capacity = init_size
-  for key in sorted(tfra_kwargs):
-    if key in ("kv_creator", "restrict_policy", "bp_v2", "checkpoint", "shared_name"):
-      raise TypeError(
-          "get_dynamic_embedding does not take TFRA's %s=; tensorflow_ext.tfra.get_variable accepts TFRA's "
-          "arguments and says what each maps to (docs/migrating_from_tfra.md)." % key)
-    raise TypeError("get_dynamic_embedding() got an unexpected keyword argument %r" % key)
-  try:
-    dim = _check_int("dim of dynamic embedding %r" % name, dim, 1, 1 << 20)
-  except ValueError as e:
-    raise ValueError(str(e)) from None
-  key_dtype = tf.as_dtype(key_dtype)
-  if key_dtype not in (tf.int64, tf.int32, tf.string):
-    raise ValueError("key_dtype of dynamic embedding %r must be tf.int64, tf.int32 or tf.string, got %s"
-                     % (name, key_dtype.name))
-  value_dtype = tf.as_dtype(value_dtype)
-  if value_dtype != tf.float32:
-    raise ValueError("value_dtype of dynamic embedding %r must be tf.float32, got %s" % (name, value_dtype.name))
-  initial_capacity = _check_int("initial_capacity of dynamic embedding %r" % name, initial_capacity, 0,
-                                var_lib.MAX_CAPACITY)
+    Raises:
+      ValueError: the embedding exists and the scope does not reuse, it does not
+        exist and reuse=True, a reused embedding has another dim/key dtype, a
+        dense variable of that name exists, dim <= 0, num_shards <= 0, or
+        unsupported dtypes.
+      TypeError: dim/num_shards not integers, bad initializer.
+      RuntimeError: called in eager mode (TF1 graph mode is required).
+    """
+    if tf.executing_eagerly():
+        raise RuntimeError(
+            "get_dynamic_embedding needs TF1 graph mode: call "
+            "tf.compat.v1.disable_v2_behavior() (or build inside a tf.Graph().as_default())"
+        )
+    if not isinstance(name, str) or not name:
+        raise ValueError("name must be a non-empty string, got %r" % (name,))
+    if isinstance(dim, tf.DType) or isinstance(key_dtype, (int, np.integer)) and not isinstance(key_dtype, bool):
+        raise TypeError(
+            "get_dynamic_embedding(name, dim, key_dtype, value_dtype, ...) takes dim second; got dim=%r, key_dtype=%r. "
+            "This looks like TFRA's get_variable(name, key_dtype, value_dtype, dim) order: pass keywords "
+            "(get_dynamic_embedding(name, dim=..., key_dtype=...)) or use tensorflow_ext.tfra.get_variable, which "
+            "keeps TFRA's order." % (dim, key_dtype)
+        )
+    if "init_size" in tfra_kwargs:
+        init_size = tfra_kwargs.pop("init_size")
+        if initial_capacity:
+            raise TypeError("get_dynamic_embedding: pass initial_capacity or TFRA's init_size, not both")
+        initial_capacity = init_size
+    for key in sorted(tfra_kwargs):
+        if key in ("kv_creator", "restrict_policy", "bp_v2", "checkpoint", "shared_name"):
+            raise TypeError(
+                "get_dynamic_embedding does not take TFRA's %s=; tensorflow_ext.tfra.get_variable accepts TFRA's "
+                "arguments and says what each maps to (docs/migrating_from_tfra.md)." % key
+            )
+        raise TypeError("get_dynamic_embedding() got an unexpected keyword argument %r" % key)
+    try:
+        dim = _check_int("dim of dynamic embedding %r" % name, dim, 1, 1 << 20)
+    except ValueError as e:
+        raise ValueError(str(e)) from None
+    key_dtype = tf.as_dtype(key_dtype)
+    if key_dtype not in (tf.int64, tf.int32, tf.string):
+        raise ValueError(
+            "key_dtype of dynamic embedding %r must be tf.int64, tf.int32 or tf.string, got %s" % (name, key_dtype.name)
+        )
+    value_dtype = tf.as_dtype(value_dtype)
+    if value_dtype != tf.float32:
+        raise ValueError("value_dtype of dynamic embedding %r must be tf.float32, got %s" % (name, value_dtype.name))
+    initial_capacity = _check_int(
+        "initial_capacity of dynamic embedding %r" % name, initial_capacity, 0, var_lib.MAX_CAPACITY
+    )
 
-  scope = tf.compat.v1.get_variable_scope()
-  full_name = scope.name + "/" + name if scope.name else name
-  if reuse is None:
-    reuse = scope.reuse
-  graph = tf.compat.v1.get_default_graph()
-  existing = _find(graph, full_name)
-  if existing is not None:
-    if reuse is False or reuse is None:
-      raise ValueError(
-          "Dynamic embedding %s already exists, disallowed. Did you mean to set reuse=True or "
-          "reuse=tf.compat.v1.AUTO_REUSE in VarScope?" % full_name)
-    if existing.dim != dim:
-      raise ValueError("Trying to share dynamic embedding %s, but specified dim %d and found dim %d"
-                       % (full_name, dim, existing.dim))
-    if existing.key_dtype != key_dtype:
-      raise ValueError("Trying to share dynamic embedding %s, but specified key_dtype %s and found %s"
-                       % (full_name, key_dtype.name, existing.key_dtype.name))
-    return existing
-  if reuse is True:
-    raise ValueError(
-        "Dynamic embedding %s does not exist, or was not created with tf_ext.get_dynamic_embedding(). "
-        "Did you mean to set reuse=tf.compat.v1.AUTO_REUSE in VarScope?" % full_name)
-  store = vs._get_default_variable_store()  # pylint: disable=protected-access
-  if full_name in getattr(store, "_vars", {}):
-    raise ValueError("Cannot create dynamic embedding %s: a variable of that name exists" % full_name)
+    scope = tf.compat.v1.get_variable_scope()
+    full_name = scope.name + "/" + name if scope.name else name
+    if reuse is None:
+        reuse = scope.reuse
+    graph = tf.compat.v1.get_default_graph()
+    existing = _find(graph, full_name)
+    if existing is not None:
+        if reuse is False or reuse is None:
+            raise ValueError(
+                "Dynamic embedding %s already exists, disallowed. Did you mean to set reuse=True or "
+                "reuse=tf.compat.v1.AUTO_REUSE in VarScope?" % full_name
+            )
+        if existing.dim != dim:
+            raise ValueError(
+                "Trying to share dynamic embedding %s, but specified dim %d and found dim %d"
+                % (full_name, dim, existing.dim)
+            )
+        if existing.key_dtype != key_dtype:
+            raise ValueError(
+                "Trying to share dynamic embedding %s, but specified key_dtype %s and found %s"
+                % (full_name, key_dtype.name, existing.key_dtype.name)
+            )
+        return existing
+    if reuse is True:
+        raise ValueError(
+            "Dynamic embedding %s does not exist, or was not created with tf_ext.get_dynamic_embedding(). "
+            "Did you mean to set reuse=tf.compat.v1.AUTO_REUSE in VarScope?" % full_name
+        )
+    store = vs._get_default_variable_store()  # pylint: disable=protected-access
+    if full_name in getattr(store, "_vars", {}):
+        raise ValueError("Cannot create dynamic embedding %s: a variable of that name exists" % full_name)
 
-  if devices is not None:
-    devices = list(devices)
-    if not devices:
-      raise ValueError("devices of dynamic embedding %r must be a non-empty list or None" % name)
-  if num_shards is None and partitioner is None and devices is None and scope.partitioner is not None:
-    partitioner = scope.partitioner
-  if num_shards is None:
-    if partitioner is not None:
-      parts = partitioner(shape=tf.TensorShape([var_lib.MAX_CAPACITY, dim]), dtype=value_dtype)
-      num_shards = int(parts[0])
-    elif devices:
-      num_shards = len(devices)
-    else:
-      num_shards = 1
-  num_shards = _check_int("num_shards of dynamic embedding %r" % name, num_shards, 1, var_lib.MAX_SHARDS)
+    if devices is not None:
+        devices = list(devices)
+        if not devices:
+            raise ValueError("devices of dynamic embedding %r must be a non-empty list or None" % name)
+    if num_shards is None and partitioner is None and devices is None and scope.partitioner is not None:
+        partitioner = scope.partitioner
+    if num_shards is None:
+        if partitioner is not None:
+            parts = partitioner(shape=tf.TensorShape([var_lib.MAX_CAPACITY, dim]), dtype=value_dtype)
+            num_shards = int(parts[0])
+        elif devices:
+            num_shards = len(devices)
+        else:
+            num_shards = 1
+    num_shards = _check_int("num_shards of dynamic embedding %r" % name, num_shards, 1, var_lib.MAX_SHARDS)
 
-  if initializer is None and scope.initializer is not None:
-    initializer = scope.initializer
-  spec = init_lib.resolve(initializer, dim)
-  return var_lib.DynamicEmbedding(full_name, dim, key_dtype, value_dtype, spec, num_shards, devices, trainable,
-                          initial_capacity)
+    if initializer is None and scope.initializer is not None:
+        initializer = scope.initializer
+    spec = init_lib.resolve(initializer, dim)
+    return var_lib.DynamicEmbedding(
+        full_name, dim, key_dtype, value_dtype, spec, num_shards, devices, trainable, initial_capacity
+    )

@@ -80,9 +80,9 @@ _SEQUENCE_COLUMNS = (_fc_v2.SequenceCategoricalColumn, _fc_v1._SequenceCategoric
 # pylint: enable=protected-access
 
 
-class _Api(collections.namedtuple(
-        "_Api", ("get_dynamic_embedding", "embedding_lookup_sparse",
-                 "safe_embedding_lookup_sparse"))):
+class _Api(
+    collections.namedtuple("_Api", ("get_dynamic_embedding", "embedding_lookup_sparse", "safe_embedding_lookup_sparse"))
+):
     """The dynamic embedding functions the columns call (one place to get them)."""
 
 
@@ -98,8 +98,8 @@ def _api():
     """
     from tensorflow_ext.embedding import lookup as _lookup  # pylint: disable=g-import-not-at-top
     from tensorflow_ext.embedding import variable as _variable  # pylint: disable=g-import-not-at-top
-    return _Api(_variable.get_dynamic_embedding, _lookup.embedding_lookup_sparse,
-                _lookup.safe_embedding_lookup_sparse)
+
+    return _Api(_variable.get_dynamic_embedding, _lookup.embedding_lookup_sparse, _lookup.safe_embedding_lookup_sparse)
 
 
 def _default_initializer(dim):
@@ -114,6 +114,7 @@ def _check_dim(dim):
 
 def _check_combiner(combiner):
     from tensorflow_ext.embedding import lookup as _lookup  # pylint: disable=g-import-not-at-top
+
     if combiner not in _lookup.COMBINERS:
         raise ValueError("combiner must be one of %s, got %r." % (_lookup.COMBINERS, combiner))
 
@@ -155,9 +156,8 @@ def _dense_to_sparse(ids, ignore_value):
 
 
 class DynamicIdColumn(
-        *_CATEGORICAL_COLUMNS,
-        collections.namedtuple("DynamicIdColumn", ("key", "dtype", "ignore_value"),
-                               defaults=(None,))):
+    *_CATEGORICAL_COLUMNS, collections.namedtuple("DynamicIdColumn", ("key", "dtype", "ignore_value"), defaults=(None,))
+):
     """A categorical column of raw ids, with no vocabulary and no bucket count.
 
     Made by :func:`categorical_column_with_dynamic_embedding` as the source of a
@@ -201,7 +201,8 @@ class DynamicIdColumn(
         """
         raise ValueError(
             "Column %r holds raw ids for a dynamic embedding and has no num_buckets; use it "
-            "through tf_ext.feature_column.categorical_column_with_dynamic_embedding." % self.key)
+            "through tf_ext.feature_column.categorical_column_with_dynamic_embedding." % self.key
+        )
 
     @property
     def _num_buckets(self):
@@ -213,14 +214,16 @@ class DynamicIdColumn(
         if self.dtype == tf.string:
             if input_tensor.dtype != tf.string:
                 raise ValueError(
-                    "Column %r has dtype string but its input has dtype %s." % (self.key, input_tensor.dtype.name))
+                    "Column %r has dtype string but its input has dtype %s." % (self.key, input_tensor.dtype.name)
+                )
             if not isinstance(input_tensor, tf.SparseTensor):
                 input_tensor = _dense_to_sparse(input_tensor, "")
             return _drop_empty_strings(input_tensor)
         if not input_tensor.dtype.is_integer:
             raise ValueError(
                 "Column %r has dtype %s but its input has dtype %s; integer ids expected."
-                % (self.key, self.dtype.name, input_tensor.dtype.name))
+                % (self.key, self.dtype.name, input_tensor.dtype.name)
+            )
         sp_ids = input_tensor
         if not isinstance(sp_ids, tf.SparseTensor):
             sp_ids = _dense_to_sparse(sp_ids, self.ignore_value)
@@ -266,8 +269,7 @@ class DynamicIdColumn(
           ``CategoricalColumn.IdWeightPair(ids, None)`` where ``ids`` is the
           ``SparseTensor`` of :meth:`transform_feature`.
         """
-        return _fc_v2.CategoricalColumn.IdWeightPair(
-            transformation_cache.get(self, state_manager), None)
+        return _fc_v2.CategoricalColumn.IdWeightPair(transformation_cache.get(self, state_manager), None)
 
     def _get_sparse_tensors(self, inputs, weight_collections=None, trainable=None):
         del weight_collections, trainable
@@ -280,13 +282,25 @@ class DynamicIdColumn(
 
 
 class DynamicEmbeddingColumn(
-        _fc_v2.DenseColumn,
-        _fc_v1._DenseColumn,  # pylint: disable=protected-access
-        collections.namedtuple(
-            "DynamicEmbeddingColumn",
-            ("categorical_column", "dimension", "combiner", "initializer", "num_shards",
-             "devices", "trainable", "use_safe_embedding_lookup", "max_norm", "column_name",
-             "embedding_kwargs"))):
+    _fc_v2.DenseColumn,
+    _fc_v1._DenseColumn,  # pylint: disable=protected-access
+    collections.namedtuple(
+        "DynamicEmbeddingColumn",
+        (
+            "categorical_column",
+            "dimension",
+            "combiner",
+            "initializer",
+            "num_shards",
+            "devices",
+            "trainable",
+            "use_safe_embedding_lookup",
+            "max_norm",
+            "column_name",
+            "embedding_kwargs",
+        ),
+    ),
+):
     """A dense column: a categorical column's ids embedded in a dynamic embedding.
 
     Made by :func:`categorical_column_with_dynamic_embedding` and
@@ -324,8 +338,7 @@ class DynamicEmbeddingColumn(
     @property
     def key_dtype(self):
         """The dtype of the table's keys: ``tf.string`` for string raw ids, else ``tf.int64``."""
-        if isinstance(self.categorical_column, DynamicIdColumn) and \
-                self.categorical_column.dtype == tf.string:
+        if isinstance(self.categorical_column, DynamicIdColumn) and self.categorical_column.dtype == tf.string:
             return tf.string
         return tf.int64
 
@@ -391,7 +404,8 @@ class DynamicEmbeddingColumn(
             initializer=self.initializer,
             num_shards=self.num_shards,
             trainable=bool(self.trainable and (trainable is None or trainable)),
-            **kwargs)
+            **kwargs,
+        )
 
     def create_state(self, state_manager):
         """Creates the dynamic embedding (v2 plumbing: ``DenseFeatures.build``).
@@ -434,9 +448,11 @@ class DynamicEmbeddingColumn(
         with tf.name_scope("%s_weights" % self.name):
             if self.use_safe_embedding_lookup or rank is None or rank > 2:
                 return api.safe_embedding_lookup_sparse(
-                    embedding, sp_ids, sp_weights, combiner=self.combiner, max_norm=self.max_norm)
+                    embedding, sp_ids, sp_weights, combiner=self.combiner, max_norm=self.max_norm
+                )
             return api.embedding_lookup_sparse(
-                embedding, sp_ids, sp_weights, combiner=self.combiner, max_norm=self.max_norm)
+                embedding, sp_ids, sp_weights, combiner=self.combiner, max_norm=self.max_norm
+            )
 
     def get_dense_tensor(self, transformation_cache, state_manager):
         """Returns the pooled embeddings, ``[batch, dimension]`` (v2 plumbing).
@@ -454,8 +470,7 @@ class DynamicEmbeddingColumn(
           ValueError: the categorical column is a sequence column.
         """
         self._check_not_sequence()
-        sparse_tensors = self.categorical_column.get_sparse_tensors(
-            transformation_cache, state_manager)
+        sparse_tensors = self.categorical_column.get_sparse_tensors(transformation_cache, state_manager)
         return self._pool(sparse_tensors, self._embedding_for_v2(state_manager))
 
     def _get_dense_tensor(self, inputs, weight_collections=None, trainable=None):
@@ -482,25 +497,33 @@ class DynamicEmbeddingColumn(
     def _check_not_sequence(self):
         if isinstance(self.categorical_column, _SEQUENCE_COLUMNS):
             raise ValueError(
-                "Column %s: sequence categorical columns are not supported by dynamic "
-                "embedding columns." % self.name)
+                "Column %s: sequence categorical columns are not supported by dynamic " "embedding columns." % self.name
+            )
 
 
 def _check_common(dim, combiner, num_shards, initializer, max_norm):
     _check_dim(dim)
     _check_combiner(combiner)
     _check_num_shards(num_shards)
-    if initializer is not None and not callable(initializer) and \
-            not isinstance(initializer, (int, float)):
-        raise ValueError("initializer must be a TF initializer, a callable or a number, got %r."
-                         % (initializer,))
-    if max_norm is not None and (isinstance(max_norm, bool) or
-                                 not isinstance(max_norm, (int, float)) or max_norm <= 0):
+    if initializer is not None and not callable(initializer) and not isinstance(initializer, (int, float)):
+        raise ValueError("initializer must be a TF initializer, a callable or a number, got %r." % (initializer,))
+    if max_norm is not None and (isinstance(max_norm, bool) or not isinstance(max_norm, (int, float)) or max_norm <= 0):
         raise ValueError("max_norm must be None or a positive number, got %r." % (max_norm,))
 
 
-def _make_column(categorical_column, dim, combiner, initializer, num_shards, name, devices, trainable,
-                 use_safe_embedding_lookup, max_norm, embedding_kwargs):
+def _make_column(
+    categorical_column,
+    dim,
+    combiner,
+    initializer,
+    num_shards,
+    name,
+    devices,
+    trainable,
+    use_safe_embedding_lookup,
+    max_norm,
+    embedding_kwargs,
+):
     """The DynamicEmbeddingColumn both constructors return (arguments checked by the caller)."""
     return DynamicEmbeddingColumn(
         categorical_column=categorical_column,
@@ -513,22 +536,25 @@ def _make_column(categorical_column, dim, combiner, initializer, num_shards, nam
         use_safe_embedding_lookup=use_safe_embedding_lookup,
         max_norm=max_norm,
         column_name=name,
-        embedding_kwargs=tuple(sorted(embedding_kwargs.items())))
+        embedding_kwargs=tuple(sorted(embedding_kwargs.items())),
+    )
 
 
-def categorical_column_with_dynamic_embedding(key,
-                                              dim,
-                                              dtype=tf.int64,
-                                              initializer=None,
-                                              combiner="mean",
-                                              num_shards=1,
-                                              name=None,
-                                              devices=None,
-                                              trainable=True,
-                                              use_safe_embedding_lookup=True,
-                                              max_norm=None,
-                                              ignore_value=None,
-                                              **embedding_kwargs):
+def categorical_column_with_dynamic_embedding(
+    key,
+    dim,
+    dtype=tf.int64,
+    initializer=None,
+    combiner="mean",
+    num_shards=1,
+    name=None,
+    devices=None,
+    trainable=True,
+    use_safe_embedding_lookup=True,
+    max_norm=None,
+    ignore_value=None,
+    **embedding_kwargs,
+):
     """A dense column embedding the raw ids of feature ``key`` in a dynamic embedding.
 
     The feature's values (int ids or strings) are the table's keys: no
@@ -582,28 +608,41 @@ def categorical_column_with_dynamic_embedding(key,
     _check_common(dim, combiner, num_shards, initializer, max_norm)
     if ignore_value is not None:
         if dtype == tf.string:
-            raise ValueError("ignore_value applies to integer ids; string ids always treat \"\" as missing, "
-                             "got ignore_value=%r for string column %r." % (ignore_value, key))
+            raise ValueError(
+                'ignore_value applies to integer ids; string ids always treat "" as missing, '
+                "got ignore_value=%r for string column %r." % (ignore_value, key)
+            )
         if isinstance(ignore_value, bool) or not isinstance(ignore_value, (int, np.integer)):
             raise ValueError("ignore_value must be None or an int, got %r." % (ignore_value,))
         ignore_value = int(ignore_value)
     return _make_column(
         DynamicIdColumn(key=key, dtype=tf.string if dtype == tf.string else tf.int64, ignore_value=ignore_value),
-        dim, combiner, initializer, num_shards, name, devices, trainable, use_safe_embedding_lookup, max_norm,
-        embedding_kwargs)
+        dim,
+        combiner,
+        initializer,
+        num_shards,
+        name,
+        devices,
+        trainable,
+        use_safe_embedding_lookup,
+        max_norm,
+        embedding_kwargs,
+    )
 
 
-def embedding_column(categorical_column,
-                     dim,
-                     combiner="mean",
-                     initializer=None,
-                     num_shards=1,
-                     name=None,
-                     devices=None,
-                     trainable=True,
-                     use_safe_embedding_lookup=True,
-                     max_norm=None,
-                     **embedding_kwargs):
+def embedding_column(
+    categorical_column,
+    dim,
+    combiner="mean",
+    initializer=None,
+    num_shards=1,
+    name=None,
+    devices=None,
+    trainable=True,
+    use_safe_embedding_lookup=True,
+    max_norm=None,
+    **embedding_kwargs,
+):
     """Like ``tf.feature_column.embedding_column``, with a dynamic embedding as the table.
 
     The categorical column's integer ids (bucket ids of ``..._with_hash_bucket``,
@@ -639,10 +678,20 @@ def embedding_column(categorical_column,
         ``initializer`` or ``max_norm``.
     """
     if not isinstance(categorical_column, _CATEGORICAL_COLUMNS):
-        raise ValueError("categorical_column must be a categorical column, got %r."
-                         % (categorical_column,))
+        raise ValueError("categorical_column must be a categorical column, got %r." % (categorical_column,))
     if isinstance(categorical_column, _SEQUENCE_COLUMNS):
         raise ValueError("sequence categorical columns are not supported: %r." % (categorical_column,))
     _check_common(dim, combiner, num_shards, initializer, max_norm)
-    return _make_column(categorical_column, dim, combiner, initializer, num_shards, name, devices, trainable,
-                        use_safe_embedding_lookup, max_norm, embedding_kwargs)
+    return _make_column(
+        categorical_column,
+        dim,
+        combiner,
+        initializer,
+        num_shards,
+        name,
+        devices,
+        trainable,
+        use_safe_embedding_lookup,
+        max_norm,
+        embedding_kwargs,
+    )

@@ -18,205 +18,211 @@ __all__ = ["SlotGroup", "RowLayout", "DynamicEmbeddingSlot"]
 
 
 class SlotGroup(object):
-  """The slot columns one optimizer added to a shard's rows.
+    """The slot columns one optimizer added to a shard's rows.
 
-  Attributes:
-    optimizer_name, optimizer_class: for error messages and checkpoints.
-    slot_names: the optimizer's slot names, in column order (each takes `dim` columns).
-    initial_values: one float per slot: the value of a new key's slot.
-    offset: the first column of the group.
-    dim: the embedding dimension.
-  """
+    Attributes:
+      optimizer_name, optimizer_class: for error messages and checkpoints.
+      slot_names: the optimizer's slot names, in column order (each takes `dim` columns).
+      initial_values: one float per slot: the value of a new key's slot.
+      offset: the first column of the group.
+      dim: the embedding dimension.
+    """
 
-  def __init__(self, optimizer, slot_names, initial_values, offset, dim):
-    self.optimizer_ref = weakref.ref(optimizer)
-    self.optimizer_name = optimizer.get_name()
-    self.optimizer_class = type(optimizer).__name__
-    self.slot_names = list(slot_names)
-    self.initial_values = [float(v) for v in initial_values]
-    self.offset = int(offset)
-    self.dim = int(dim)
+    def __init__(self, optimizer, slot_names, initial_values, offset, dim):
+        self.optimizer_ref = weakref.ref(optimizer)
+        self.optimizer_name = optimizer.get_name()
+        self.optimizer_class = type(optimizer).__name__
+        self.slot_names = list(slot_names)
+        self.initial_values = [float(v) for v in initial_values]
+        self.offset = int(offset)
+        self.dim = int(dim)
 
-  def column(self, slot_name):
-    """First column of slot_name."""
-    return self.offset + self.slot_names.index(slot_name) * self.dim
+    def column(self, slot_name):
+        """First column of slot_name."""
+        return self.offset + self.slot_names.index(slot_name) * self.dim
 
 
 class RowLayout(object):
-  """The columns of a table's rows and their initial values (thread-safe).
-
-  Args:
-    dim: the embedding dimension (the first `dim` columns).
-    embedding_defaults: the `dim` initial values of the embedding columns (used when a key is inserted without
-      its embedding), or None for zeros.
-    owner_name: the embedding's name, for error messages.
-  """
-
-  def __init__(self, dim, embedding_defaults, owner_name):
-    self._dim = int(dim)
-    self._width = int(dim)
-    self._defaults = None  # None: all zeros
-    if embedding_defaults is not None and any(v != 0.0 for v in embedding_defaults):
-      self._defaults = [float(v) for v in embedding_defaults]
-    self._groups = []
-    self._frozen_by = None
-    self._owner_name = owner_name
-    self._lock = threading.Lock()
-
-  @property
-  def dim(self):
-    """The embedding dimension."""
-    return self._dim
-
-  @property
-  def width(self):
-    """Floats per row: dim + every slot column."""
-    return self._width
-
-  @property
-  def column_defaults(self):
-    """The `width` values a new key's columns start with (a new list)."""
-    return [0.0] * self._width if self._defaults is None else list(self._defaults)
-
-  @property
-  def column_defaults_attr(self):
-    """The handle op's `column_defaults` attr: empty for all zeros."""
-    return [] if self._defaults is None else list(self._defaults)
-
-  @property
-  def groups(self):
-    """The `SlotGroup`s, in column order (a new list)."""
-    return list(self._groups)
-
-  @property
-  def frozen_by(self):
-    """What froze the layout (str), or None."""
-    return self._frozen_by
-
-  def group(self, optimizer):
-    """The `SlotGroup` of `optimizer` (by identity), or None."""
-    for group in self._groups:
-      if group.optimizer_ref() is optimizer:
-        return group
-    return None
-
-  def add_slot_columns(self, optimizer, slot_names, initial_values):
-    """Appends `optimizer`'s slot columns (once per optimizer).
+    """The columns of a table's rows and their initial values (thread-safe).
 
     Args:
-      optimizer: the optimizer object.
-      slot_names: list of slot names (each takes `dim` columns).
-      initial_values: one float per slot.
-
-    Returns:
-      (the `SlotGroup`, True if the width or defaults changed).
-
-    Raises:
-      ValueError: the layout was frozen.
+      dim: the embedding dimension (the first `dim` columns).
+      embedding_defaults: the `dim` initial values of the embedding columns (used when a key is inserted without
+        its embedding), or None for zeros.
+      owner_name: the embedding's name, for error messages.
     """
-    with self._lock:
-      group = self.group(optimizer)
-      if group is not None:
-        return group, False
-      if not slot_names:
-        group = SlotGroup(optimizer, [], [], self._dim, self._dim)
-        self._groups.append(group)
-        return group, False
-      if self._frozen_by is not None:
-        raise ValueError(
-            "Cannot add the slots %s of optimizer %r to dynamic embedding %r: its table layout was frozen "
-            "when %s was built for it. Build the training op (optimizer.minimize / apply_gradients) before "
-            "creating the Saver (or calling export(with_slots=True))."
-            % (slot_names, optimizer.get_name(), self._owner_name, self._frozen_by))
-      group = SlotGroup(optimizer, slot_names, initial_values, self._width, self._dim)
-      defaults = self.column_defaults
-      for value in group.initial_values:
-        defaults.extend([value] * self._dim)
-      self._width += self._dim * len(slot_names)
-      self._defaults = defaults
-      self._groups.append(group)
-      return group, True
 
-  def freeze(self, reason):
-    """Marks the layout final; later slot columns raise. Keeps the first reason.
+    def __init__(self, dim, embedding_defaults, owner_name):
+        self._dim = int(dim)
+        self._width = int(dim)
+        self._defaults = None  # None: all zeros
+        if embedding_defaults is not None and any(v != 0.0 for v in embedding_defaults):
+            self._defaults = [float(v) for v in embedding_defaults]
+        self._groups = []
+        self._frozen_by = None
+        self._owner_name = owner_name
+        self._lock = threading.Lock()
 
-    Args:
-      reason: what froze it (for the error message).
-    """
-    with self._lock:
-      if self._frozen_by is None:
-        self._frozen_by = reason
+    @property
+    def dim(self):
+        """The embedding dimension."""
+        return self._dim
+
+    @property
+    def width(self):
+        """Floats per row: dim + every slot column."""
+        return self._width
+
+    @property
+    def column_defaults(self):
+        """The `width` values a new key's columns start with (a new list)."""
+        return [0.0] * self._width if self._defaults is None else list(self._defaults)
+
+    @property
+    def column_defaults_attr(self):
+        """The handle op's `column_defaults` attr: empty for all zeros."""
+        return [] if self._defaults is None else list(self._defaults)
+
+    @property
+    def groups(self):
+        """The `SlotGroup`s, in column order (a new list)."""
+        return list(self._groups)
+
+    @property
+    def frozen_by(self):
+        """What froze the layout (str), or None."""
+        return self._frozen_by
+
+    def group(self, optimizer):
+        """The `SlotGroup` of `optimizer` (by identity), or None."""
+        for group in self._groups:
+            if group.optimizer_ref() is optimizer:
+                return group
+        return None
+
+    def add_slot_columns(self, optimizer, slot_names, initial_values):
+        """Appends `optimizer`'s slot columns (once per optimizer).
+
+        Args:
+          optimizer: the optimizer object.
+          slot_names: list of slot names (each takes `dim` columns).
+          initial_values: one float per slot.
+
+        Returns:
+          (the `SlotGroup`, True if the width or defaults changed).
+
+        Raises:
+          ValueError: the layout was frozen.
+        """
+        with self._lock:
+            group = self.group(optimizer)
+            if group is not None:
+                return group, False
+            if not slot_names:
+                group = SlotGroup(optimizer, [], [], self._dim, self._dim)
+                self._groups.append(group)
+                return group, False
+            if self._frozen_by is not None:
+                raise ValueError(
+                    "Cannot add the slots %s of optimizer %r to dynamic embedding %r: its table layout was frozen "
+                    "when %s was built for it. Build the training op (optimizer.minimize / apply_gradients) before "
+                    "creating the Saver (or calling export(with_slots=True))."
+                    % (slot_names, optimizer.get_name(), self._owner_name, self._frozen_by)
+                )
+            group = SlotGroup(optimizer, slot_names, initial_values, self._width, self._dim)
+            defaults = self.column_defaults
+            for value in group.initial_values:
+                defaults.extend([value] * self._dim)
+            self._width += self._dim * len(slot_names)
+            self._defaults = defaults
+            self._groups.append(group)
+            return group, True
+
+    def freeze(self, reason):
+        """Marks the layout final; later slot columns raise. Keeps the first reason.
+
+        Args:
+          reason: what froze it (for the error message).
+        """
+        with self._lock:
+            if self._frozen_by is None:
+                self._frozen_by = reason
 
 
 class DynamicEmbeddingSlot(object):
-  """One optimizer slot of a shard (e.g. Adagrad's "accumulator"): columns of the shard's rows.
+    """One optimizer slot of a shard (e.g. Adagrad's "accumulator"): columns of the shard's rows.
 
-  `optimizer.get_slot(shard, name)` returns this for a dynamic embedding
-  shard (a slot is not a variable here: it lives in the table row). As a
-  tensor it is the slot of the keys that this graph's lookups read, in the
-  order of `shard.read_keys_and_rows()`; `lookup(keys)` reads any keys.
-
-  Args:
-    shard: the `DynamicEmbeddingShard`.
-    optimizer: the optimizer that owns the slot.
-    slot_name: the TF slot name.
-  """
-
-  def __init__(self, shard, optimizer, slot_name):
-    self._shard = shard
-    self._optimizer = optimizer
-    self._slot_name = slot_name
-
-  @property
-  def shard(self):
-    """The `DynamicEmbeddingShard` whose rows hold the slot."""
-    return self._shard
-
-  @property
-  def name(self):
-    """`<shard name>/<optimizer name>/<slot name>`."""
-    return "%s/%s/%s" % (self._shard.name, self._optimizer.get_name(), self._slot_name)
-
-  @property
-  def dtype(self):
-    """float32."""
-    return tf.float32
-
-  @property
-  def shape(self):
-    """`[None, dim]`, like the shard."""
-    return self._shard.shape
-
-  def _column(self):
-    group = self._shard.slot_group(self._optimizer)
-    return group.column(self._slot_name), group.initial_values[group.slot_names.index(self._slot_name)]
-
-  def lookup(self, keys, name=None):
-    """The slot values of int64 table keys of this shard (missing keys: the slot's initial value).
+    `optimizer.get_slot(shard, name)` returns this for a dynamic embedding
+    shard (a slot is not a variable here: it lives in the table row). As a
+    tensor it is the slot of the keys that this graph's lookups read, in the
+    order of `shard.read_keys_and_rows()`; `lookup(keys)` reads any keys.
 
     Args:
-      keys: int64 tensor [n].
-      name: optional name scope.
-
-    Returns:
-      float32 [n, dim].
+      shard: the `DynamicEmbeddingShard`.
+      optimizer: the optimizer that owns the slot.
+      slot_name: the TF slot name.
     """
-    col, default = self._column()
-    dim = self._shard.dim
-    with tf.name_scope(name or "slot_lookup"), tf_ops.colocate_with(self._shard.handle):
-      values, _ = _ops.op("tf_ext_table_find")(self._shard.handle, tf.convert_to_tensor(keys, tf.int64),
-                                               tf.fill([dim], tf.constant(default, tf.float32)),
-                                               col_begin=col, cols=dim)
-      return values
 
-  def value(self):
-    """The slot of the keys this graph's lookups read (see `DynamicEmbeddingShard.read_keys_and_rows`)."""
-    keys, _ = self._shard.read_keys_and_rows()
-    return self.lookup(keys)
+    def __init__(self, shard, optimizer, slot_name):
+        self._shard = shard
+        self._optimizer = optimizer
+        self._slot_name = slot_name
 
-  def __repr__(self):
-    return "<tf_ext.DynamicEmbeddingSlot %r>" % self.name
+    @property
+    def shard(self):
+        """The `DynamicEmbeddingShard` whose rows hold the slot."""
+        return self._shard
+
+    @property
+    def name(self):
+        """`<shard name>/<optimizer name>/<slot name>`."""
+        return "%s/%s/%s" % (self._shard.name, self._optimizer.get_name(), self._slot_name)
+
+    @property
+    def dtype(self):
+        """float32."""
+        return tf.float32
+
+    @property
+    def shape(self):
+        """`[None, dim]`, like the shard."""
+        return self._shard.shape
+
+    def _column(self):
+        group = self._shard.slot_group(self._optimizer)
+        return group.column(self._slot_name), group.initial_values[group.slot_names.index(self._slot_name)]
+
+    def lookup(self, keys, name=None):
+        """The slot values of int64 table keys of this shard (missing keys: the slot's initial value).
+
+        Args:
+          keys: int64 tensor [n].
+          name: optional name scope.
+
+        Returns:
+          float32 [n, dim].
+        """
+        col, default = self._column()
+        dim = self._shard.dim
+        with tf.name_scope(name or "slot_lookup"), tf_ops.colocate_with(self._shard.handle):
+            values, _ = _ops.op("tf_ext_table_find")(
+                self._shard.handle,
+                tf.convert_to_tensor(keys, tf.int64),
+                tf.fill([dim], tf.constant(default, tf.float32)),
+                col_begin=col,
+                cols=dim,
+            )
+            return values
+
+    def value(self):
+        """The slot of the keys this graph's lookups read (see `DynamicEmbeddingShard.read_keys_and_rows`)."""
+        keys, _ = self._shard.read_keys_and_rows()
+        return self.lookup(keys)
+
+    def __repr__(self):
+        return "<tf_ext.DynamicEmbeddingSlot %r>" % self.name
 
 
 tf.register_tensor_conversion_function(
-    DynamicEmbeddingSlot, lambda slot, dtype=None, name=None, as_ref=False: slot.value())
+    DynamicEmbeddingSlot, lambda slot, dtype=None, name=None, as_ref=False: slot.value()
+)

@@ -34,327 +34,367 @@ COMBINERS = ("mean", "sqrtn", "sum")
 
 
 def _as_embedding(params, fn):
-  if isinstance(params, var_lib.DynamicEmbedding):
-    return params
-  if isinstance(params, (list, tuple)) and len(params) == 1 and isinstance(params[0], var_lib.DynamicEmbedding):
-    return params[0]
-  raise TypeError("%s: params must be a tf_ext DynamicEmbedding (from tf_ext.get_dynamic_embedding), "
-                  "got %r" % (fn, params))
+    if isinstance(params, var_lib.DynamicEmbedding):
+        return params
+    if isinstance(params, (list, tuple)) and len(params) == 1 and isinstance(params[0], var_lib.DynamicEmbedding):
+        return params[0]
+    raise TypeError(
+        "%s: params must be a tf_ext DynamicEmbedding (from tf_ext.get_dynamic_embedding), " "got %r" % (fn, params)
+    )
 
 
 def _global_step_tensor():
-  step = tf.compat.v1.train.get_global_step()
-  if step is None:
-    return tf.constant(-1, tf.int64)
-  return tf.cast(tf.convert_to_tensor(step), tf.int64)
+    step = tf.compat.v1.train.get_global_step()
+    if step is None:
+        return tf.constant(-1, tf.int64)
+    return tf.cast(tf.convert_to_tensor(step), tf.int64)
 
 
 def _lookup_shard(shard, keys, is_training, step):
-  """Rows [n, dim] of unique int64 keys [n] in one shard."""
-  spec = shard.embedding.initializer
-  dim = shard.dim
-  handle = shard.handle
-  with tf_ops.colocate_with(handle):
-    if spec.in_kernel and _ops.use_fused():
-      seed, seed2 = spec.seeds()
-      values = _ops.op("tf_ext_embedding_lookup")(
-          handle, keys, step, dim=dim, insert_missing=bool(is_training), count=True,
-          init_kind=spec.kind, init_a=spec.a, init_b=spec.b, seed=seed, seed2=seed2)
-      if is_training is None:
-        lookup_op = values.op
+    """Rows [n, dim] of unique int64 keys [n] in one shard."""
+    spec = shard.embedding.initializer
+    dim = shard.dim
+    handle = shard.handle
+    with tf_ops.colocate_with(handle):
+        if spec.in_kernel and _ops.use_fused():
+            seed, seed2 = spec.seeds()
+            values = _ops.op("tf_ext_embedding_lookup")(
+                handle,
+                keys,
+                step,
+                dim=dim,
+                insert_missing=bool(is_training),
+                count=True,
+                init_kind=spec.kind,
+                init_a=spec.a,
+                init_b=spec.b,
+                seed=seed,
+                seed2=seed2,
+            )
+            if is_training is None:
+                lookup_op = values.op
 
-        def activate():
-          lookup_op._set_attr("insert_missing", attr_value_pb2.AttrValue(b=True))  # pylint: disable=protected-access
+                def activate():
+                    lookup_op._set_attr(
+                        "insert_missing", attr_value_pb2.AttrValue(b=True)
+                    )  # pylint: disable=protected-access
 
-        shard.lookups.when_training(activate)
-    else:
-      n = tf.size(keys)
-      if is_training:
-        values = _ops.op("tf_ext_table_find_or_insert")(
-            handle, keys, spec.make_rows(n, dim), step, col_begin=0, cols=dim, count=True)
-      else:
-        values, _ = _ops.op("tf_ext_table_find")(
-            handle, keys, tf.constant(spec.missing_row(dim)), col_begin=0, cols=dim)
-        if is_training is None:
-          find_op = values.op
-          insert = _ops.op("tf_ext_table_find_or_insert")(
-              handle, keys, spec.make_rows(n, dim), step, col_begin=0, cols=dim, count=True)
+                shard.lookups.when_training(activate)
+        else:
+            n = tf.size(keys)
+            if is_training:
+                values = _ops.op("tf_ext_table_find_or_insert")(
+                    handle, keys, spec.make_rows(n, dim), step, col_begin=0, cols=dim, count=True
+                )
+            else:
+                values, _ = _ops.op("tf_ext_table_find")(
+                    handle, keys, tf.constant(spec.missing_row(dim)), col_begin=0, cols=dim
+                )
+                if is_training is None:
+                    find_op = values.op
+                    insert = _ops.op("tf_ext_table_find_or_insert")(
+                        handle, keys, spec.make_rows(n, dim), step, col_begin=0, cols=dim, count=True
+                    )
 
-          def activate():
-            find_op._add_control_input(insert.op)  # pylint: disable=protected-access
+                    def activate():
+                        find_op._add_control_input(insert.op)  # pylint: disable=protected-access
 
-          shard.lookups.when_training(activate)
-    values = embedding_ops.with_handle_gradient(values, handle, keys)
-  shard.lookups.record_read(keys, lambda: values)
-  return values
+                    shard.lookups.when_training(activate)
+        values = embedding_ops.with_handle_gradient(values, handle, keys)
+    shard.lookups.record_read(keys, lambda: values)
+    return values
 
 
 def _lookup_unique(emb, unique_keys, is_training):
-  """Rows [n, dim] (dense gradient) of unique int64 keys [n], over all shards (and processes, for an
-  embedding with a distribution)."""
-  if emb.distribution is not None:
-    return emb.distribution.lookup_unique(emb, unique_keys,
-                                          lambda e, keys: _lookup_unique_local(e, keys, is_training))
-  return _lookup_unique_local(emb, unique_keys, is_training)
+    """Rows [n, dim] (dense gradient) of unique int64 keys [n], over all shards (and processes, for an
+    embedding with a distribution)."""
+    if emb.distribution is not None:
+        return emb.distribution.lookup_unique(
+            emb, unique_keys, lambda e, keys: _lookup_unique_local(e, keys, is_training)
+        )
+    return _lookup_unique_local(emb, unique_keys, is_training)
 
 
 def _lookup_unique_local(emb, unique_keys, is_training):
-  """`_lookup_unique` over this process's shards."""
-  if is_training is None:
-    # Shards created in training graphs where an optimizer was applied already.
-    if all(s.is_training for s in emb.shards):
-      is_training = True
-  step = _global_step_tensor()
-  parts, positions = emb.partition.split(unique_keys)
-  rows = [_lookup_shard(shard, part, is_training, step) for shard, part in zip(emb.shards, parts)]
-  out = rows[0] if positions is None else tf.dynamic_stitch(positions, rows)
-  # Reshape's gradient turns IndexedSlices into a dense [n, dim] sum: the gradients
-  # of duplicate ids are summed here, once per unique key.
-  return tf.reshape(out, [-1, emb.dim])
+    """`_lookup_unique` over this process's shards."""
+    if is_training is None:
+        # Shards created in training graphs where an optimizer was applied already.
+        if all(s.is_training for s in emb.shards):
+            is_training = True
+    step = _global_step_tensor()
+    parts, positions = emb.partition.split(unique_keys)
+    rows = [_lookup_shard(shard, part, is_training, step) for shard, part in zip(emb.shards, parts)]
+    out = rows[0] if positions is None else tf.dynamic_stitch(positions, rows)
+    # Reshape's gradient turns IndexedSlices into a dense [n, dim] sum: the gradients
+    # of duplicate ids are summed here, once per unique key.
+    return tf.reshape(out, [-1, emb.dim])
 
 
 def _lookup_ids_fused(emb, flat_keys, is_training):
-  """Rows [n, dim] of int64 keys [n] (duplicates allowed) of a one-shard
-  embedding through TfExtEmbeddingLookupIds (dedup + lookup + gather in one
-  kernel). Its gradient w.r.t. the table handle is IndexedSlices(per unique key
-  sum, unique keys): see embedding_ops._lookup_ids_grad."""
-  shard = emb.shards[0]
-  spec = emb.initializer
-  if is_training is None and shard.is_training:
-    is_training = True
-  step = _global_step_tensor()
-  seed, seed2 = spec.seeds()
-  with tf_ops.colocate_with(shard.handle):
-    values, unique_keys, idx = _ops.op("tf_ext_embedding_lookup_ids")(
-        shard.handle, flat_keys, step, dim=shard.dim, insert_missing=bool(is_training), count=True,
-        init_kind=spec.kind, init_a=spec.a, init_b=spec.b, seed=seed, seed2=seed2)
-  if is_training is None:
-    lookup_op = values.op
+    """Rows [n, dim] of int64 keys [n] (duplicates allowed) of a one-shard
+    embedding through TfExtEmbeddingLookupIds (dedup + lookup + gather in one
+    kernel). Its gradient w.r.t. the table handle is IndexedSlices(per unique key
+    sum, unique keys): see embedding_ops._lookup_ids_grad."""
+    shard = emb.shards[0]
+    spec = emb.initializer
+    if is_training is None and shard.is_training:
+        is_training = True
+    step = _global_step_tensor()
+    seed, seed2 = spec.seeds()
+    with tf_ops.colocate_with(shard.handle):
+        values, unique_keys, idx = _ops.op("tf_ext_embedding_lookup_ids")(
+            shard.handle,
+            flat_keys,
+            step,
+            dim=shard.dim,
+            insert_missing=bool(is_training),
+            count=True,
+            init_kind=spec.kind,
+            init_a=spec.a,
+            init_b=spec.b,
+            seed=seed,
+            seed2=seed2,
+        )
+    if is_training is None:
+        lookup_op = values.op
 
-    def activate():
-      lookup_op._set_attr("insert_missing", attr_value_pb2.AttrValue(b=True))  # pylint: disable=protected-access
+        def activate():
+            lookup_op._set_attr("insert_missing", attr_value_pb2.AttrValue(b=True))  # pylint: disable=protected-access
 
-    shard.lookups.when_training(activate)
-  # The rows of the unique keys, for the shard's value as a tensor: every occurrence of a key holds the same
-  # row, so the segment mean is that row, and its gradient (grad / count per occurrence) sums back to grad.
-  shard.lookups.record_read(
-      unique_keys, lambda: tf.math.unsorted_segment_mean(values, idx, tf.size(unique_keys)))
-  return values
+        shard.lookups.when_training(activate)
+    # The rows of the unique keys, for the shard's value as a tensor: every occurrence of a key holds the same
+    # row, so the segment mean is that row, and its gradient (grad / count per occurrence) sums back to grad.
+    shard.lookups.record_read(unique_keys, lambda: tf.math.unsorted_segment_mean(values, idx, tf.size(unique_keys)))
+    return values
 
 
 def _use_fused_ids(emb):
-  return (len(emb.shards) == 1 and emb.distribution is None and emb.initializer.in_kernel
-          and _ops.use_fused())
+    return len(emb.shards) == 1 and emb.distribution is None and emb.initializer.in_kernel and _ops.use_fused()
 
 
 def _refuse_return_trainable(fn, return_trainable):
-  """TFRA's lookups can return their TrainableWrapper; there is none here: say what replaces it."""
-  if return_trainable:
-    raise ValueError(
-        "%s(return_trainable=True): tensorflow_ext has no TrainableWrapper. The embedding's shards are in "
-        "tf.compat.v1.trainable_variables() and stock optimizers train them directly; for the rows a lookup "
-        "read use the shard as a tensor (tf.convert_to_tensor(emb.shards[i])), and for optimizer slots "
-        "optimizer.get_slot(shard, name). Drop return_trainable." % fn)
+    """TFRA's lookups can return their TrainableWrapper; there is none here: say what replaces it."""
+    if return_trainable:
+        raise ValueError(
+            "%s(return_trainable=True): tensorflow_ext has no TrainableWrapper. The embedding's shards are in "
+            "tf.compat.v1.trainable_variables() and stock optimizers train them directly; for the rows a lookup "
+            "read use the shard as a tensor (tf.convert_to_tensor(emb.shards[i])), and for optimizer slots "
+            "optimizer.get_slot(shard, name). Drop return_trainable." % fn
+        )
 
 
 def embedding_lookup(params, ids, name=None, is_training=None, max_norm=None, return_trainable=False):
-  """Looks up ids in a dynamic embedding (like `tf.nn.embedding_lookup`).
+    """Looks up ids in a dynamic embedding (like `tf.nn.embedding_lookup`).
 
-  Args:
-    params: a `DynamicEmbedding`.
-    ids: a Tensor of ids of any rank, of the embedding's key dtype (int64 or
-      int32; strings for key_dtype=tf.string).
-    name: optional name scope.
-    is_training: None (default: find-only until an optimizer is applied to the
-      embedding in this graph), True (insert missing keys with their initial
-      rows), False (never insert).
-    max_norm: if set, rows are clipped to this L2 norm.
-    return_trainable: TFRA's flag; must be False (ValueError naming what to
-      use instead).
+    Args:
+      params: a `DynamicEmbedding`.
+      ids: a Tensor of ids of any rank, of the embedding's key dtype (int64 or
+        int32; strings for key_dtype=tf.string).
+      name: optional name scope.
+      is_training: None (default: find-only until an optimizer is applied to the
+        embedding in this graph), True (insert missing keys with their initial
+        rows), False (never insert).
+      max_norm: if set, rows are clipped to this L2 norm.
+      return_trainable: TFRA's flag; must be False (ValueError naming what to
+        use instead).
 
-  Returns:
-    float32 Tensor of shape `ids.shape + [dim]`.
+    Returns:
+      float32 Tensor of shape `ids.shape + [dim]`.
 
-  Raises:
-    TypeError: params is not a DynamicEmbedding, or ids have the wrong dtype.
-    ValueError: return_trainable=True.
-  """
-  _refuse_return_trainable("embedding_lookup", return_trainable)
-  emb = _as_embedding(params, "embedding_lookup")
-  with tf.name_scope(name or "embedding_lookup"):
-    ids_t = ids if isinstance(ids, (tf.Tensor, tf.Variable)) else tf.convert_to_tensor(
-        ids, dtype=tf.string if emb.key_dtype == tf.string else None)
-    keys = emb.to_keys(ids_t)
-    flat = tf.reshape(keys, [-1])
-    if _use_fused_ids(emb):
-      # One kernel dedups, looks up each unique key once and writes every id's
-      # row; the gradient sums per unique key in one kernel too.
-      out = _lookup_ids_fused(emb, flat, is_training)
-      if max_norm is not None:  # row-wise, so clipping after the gather is the same
-        out = tf.clip_by_norm(out, max_norm, axes=[1])
-    else:
-      unique_keys, idx = tf.unique(flat, out_idx=tf.int32)
-      rows = _lookup_unique(emb, unique_keys, is_training)
-      if max_norm is not None:
-        rows = tf.clip_by_norm(rows, max_norm, axes=[1])
-      out = tf.gather(rows, idx)
-    out = tf.reshape(out, tf.concat([tf.shape(keys), [emb.dim]], 0))
-    out.set_shape(keys.shape.concatenate([emb.dim]))
-    return out
+    Raises:
+      TypeError: params is not a DynamicEmbedding, or ids have the wrong dtype.
+      ValueError: return_trainable=True.
+    """
+    _refuse_return_trainable("embedding_lookup", return_trainable)
+    emb = _as_embedding(params, "embedding_lookup")
+    with tf.name_scope(name or "embedding_lookup"):
+        ids_t = (
+            ids
+            if isinstance(ids, (tf.Tensor, tf.Variable))
+            else tf.convert_to_tensor(ids, dtype=tf.string if emb.key_dtype == tf.string else None)
+        )
+        keys = emb.to_keys(ids_t)
+        flat = tf.reshape(keys, [-1])
+        if _use_fused_ids(emb):
+            # One kernel dedups, looks up each unique key once and writes every id's
+            # row; the gradient sums per unique key in one kernel too.
+            out = _lookup_ids_fused(emb, flat, is_training)
+            if max_norm is not None:  # row-wise, so clipping after the gather is the same
+                out = tf.clip_by_norm(out, max_norm, axes=[1])
+        else:
+            unique_keys, idx = tf.unique(flat, out_idx=tf.int32)
+            rows = _lookup_unique(emb, unique_keys, is_training)
+            if max_norm is not None:
+                rows = tf.clip_by_norm(rows, max_norm, axes=[1])
+            out = tf.gather(rows, idx)
+        out = tf.reshape(out, tf.concat([tf.shape(keys), [emb.dim]], 0))
+        out.set_shape(keys.shape.concatenate([emb.dim]))
+        return out
 
 
 def _check_combiner(combiner):
-  if combiner is None:
-    combiner = "mean"
-  if combiner not in COMBINERS:
-    raise ValueError("combiner must be one of %s or %r, got %r"
-                     % (", ".join(map(repr, COMBINERS[:-1])), COMBINERS[-1], combiner))
-  return combiner
+    if combiner is None:
+        combiner = "mean"
+    if combiner not in COMBINERS:
+        raise ValueError(
+            "combiner must be one of %s or %r, got %r" % (", ".join(map(repr, COMBINERS[:-1])), COMBINERS[-1], combiner)
+        )
+    return combiner
 
 
 def _check_sparse(sp, what):
-  if not isinstance(sp, (tf.SparseTensor, tf.compat.v1.SparseTensorValue)):
-    raise TypeError("%s must be a SparseTensor, got %r" % (what, type(sp).__name__))
-  return tf.SparseTensor.from_value(sp) if isinstance(sp, tf.compat.v1.SparseTensorValue) else sp
+    if not isinstance(sp, (tf.SparseTensor, tf.compat.v1.SparseTensorValue)):
+        raise TypeError("%s must be a SparseTensor, got %r" % (what, type(sp).__name__))
+    return tf.SparseTensor.from_value(sp) if isinstance(sp, tf.compat.v1.SparseTensorValue) else sp
 
 
 def _remap(emb, sp_ids, is_training, extra_keys=None):
-  """Looks up the unique keys of sp_ids (+ extra_keys appended at the end).
+    """Looks up the unique keys of sp_ids (+ extra_keys appended at the end).
 
-  Returns (rows [u, dim], SparseTensor of row indices with sp_ids' indices,
-  position of the first extra key in rows).
-  """
-  keys = emb.to_keys(sp_ids.values, what="sparse ids")
-  n_ids = tf.size(keys)
-  all_keys = keys if extra_keys is None else tf.concat([keys, extra_keys], 0)
-  unique_keys, idx = tf.unique(all_keys, out_idx=tf.int64)
-  rows = _lookup_unique(emb, unique_keys, is_training)
-  remapped = tf.SparseTensor(sp_ids.indices, idx[:n_ids], sp_ids.dense_shape)
-  return rows, remapped, idx[n_ids:]
-
-
-def embedding_lookup_sparse(params, sp_ids, sp_weights, partition_strategy=None, name=None, combiner="mean",
-                            max_norm=None, is_training=None):
-  """Pooled lookups of a batch of sparse ids (like `tf.nn.embedding_lookup_sparse`).
-
-  Row i of the result combines the embeddings of the ids in row i of sp_ids
-  (weighted by sp_weights): "sum" = sum(w * e), "mean" = sum(w * e) / sum(w),
-  "sqrtn" = sum(w * e) / sqrt(sum(w^2)). Semantics and output shape are those
-  of `tf.compat.v1.nn.embedding_lookup_sparse` (rows of sp_ids past the last
-  non-empty one are not in the output; empty rows in between are zeros).
-  Every entry of sp_ids is a key, whatever its value (negative ids included).
-
-  Args:
-    params: a `DynamicEmbedding`.
-    sp_ids: `SparseTensor` [batch, k] of ids (key dtype).
-    sp_weights: `SparseTensor` of float weights with the same indices, or
-      None (all weights 1).
-    partition_strategy: ignored (for signature compatibility).
-    name: optional name scope.
-    combiner: "mean" (default), "sqrtn" or "sum".
-    max_norm: if set, embeddings are l2-clipped to this norm before combining.
-    is_training: see `embedding_lookup`.
-
-  Returns:
-    float32 Tensor [rows, dim].
-
-  Raises:
-    TypeError: bad params, sp_ids not a SparseTensor, ids of the wrong dtype.
-    ValueError: unknown combiner.
-  """
-  del partition_strategy
-  emb = _as_embedding(params, "embedding_lookup_sparse")
-  combiner = _check_combiner(combiner)
-  sp_ids = _check_sparse(sp_ids, "sp_ids")
-  if sp_weights is not None:
-    sp_weights = _check_sparse(sp_weights, "sp_weights")
-  with tf.name_scope(name or "embedding_lookup_sparse"):
-    rows, remapped, _ = _remap(emb, sp_ids, is_training)
-    return tf.compat.v1.nn.embedding_lookup_sparse(rows, remapped, sp_weights, combiner=combiner,
-                                                   max_norm=max_norm)
+    Returns (rows [u, dim], SparseTensor of row indices with sp_ids' indices,
+    position of the first extra key in rows).
+    """
+    keys = emb.to_keys(sp_ids.values, what="sparse ids")
+    n_ids = tf.size(keys)
+    all_keys = keys if extra_keys is None else tf.concat([keys, extra_keys], 0)
+    unique_keys, idx = tf.unique(all_keys, out_idx=tf.int64)
+    rows = _lookup_unique(emb, unique_keys, is_training)
+    remapped = tf.SparseTensor(sp_ids.indices, idx[:n_ids], sp_ids.dense_shape)
+    return rows, remapped, idx[n_ids:]
 
 
-def safe_embedding_lookup_sparse(embedding_weights, sparse_ids, sparse_weights=None, combiner="mean",
-                                 default_id=None, name=None, partition_strategy=None, max_norm=None,
-                                 is_training=None):
-  """Pooled lookups robust to invalid ids and empty rows (like
-  `tf.compat.v1.nn.safe_embedding_lookup_sparse`).
+def embedding_lookup_sparse(
+    params, sp_ids, sp_weights, partition_strategy=None, name=None, combiner="mean", max_norm=None, is_training=None
+):
+    """Pooled lookups of a batch of sparse ids (like `tf.nn.embedding_lookup_sparse`).
 
-  Every integer id is a key, negative ones included (hashed feature ids take
-  all 2^64 values, so no value can mean "missing"): to mark a value missing,
-  leave its entry out of the SparseTensor. Unlike TF's function, negative ids
-  are therefore not pruned. For string embeddings the empty string is missing
-  and pruned. Entries with a non-positive weight are pruned unless combiner is
-  "sum". A row with no id left gets the embedding of `default_id`, or zeros if
-  default_id is None. Ids of rank > 2 are supported (the result has the shape
-  of sparse_ids without its last dimension, plus [dim]). Unlike TF's function,
-  empty rows do not look up (and so do not insert) any key when default_id is
-  None.
+    Row i of the result combines the embeddings of the ids in row i of sp_ids
+    (weighted by sp_weights): "sum" = sum(w * e), "mean" = sum(w * e) / sum(w),
+    "sqrtn" = sum(w * e) / sqrt(sum(w^2)). Semantics and output shape are those
+    of `tf.compat.v1.nn.embedding_lookup_sparse` (rows of sp_ids past the last
+    non-empty one are not in the output; empty rows in between are zeros).
+    Every entry of sp_ids is a key, whatever its value (negative ids included).
 
-  Args:
-    embedding_weights: a `DynamicEmbedding`.
-    sparse_ids: `SparseTensor` [d_0, ..., d_n, k] of ids.
-    sparse_weights: `SparseTensor` of float weights with the same indices, or
-      None.
-    combiner: "mean" (default), "sqrtn" or "sum".
-    default_id: an id (key dtype) whose embedding empty rows get, or None.
-    name: optional name scope.
-    partition_strategy: ignored.
-    max_norm: if set, embeddings are l2-clipped before combining.
-    is_training: see `embedding_lookup`.
+    Args:
+      params: a `DynamicEmbedding`.
+      sp_ids: `SparseTensor` [batch, k] of ids (key dtype).
+      sp_weights: `SparseTensor` of float weights with the same indices, or
+        None (all weights 1).
+      partition_strategy: ignored (for signature compatibility).
+      name: optional name scope.
+      combiner: "mean" (default), "sqrtn" or "sum".
+      max_norm: if set, embeddings are l2-clipped to this norm before combining.
+      is_training: see `embedding_lookup`.
 
-  Returns:
-    float32 Tensor [d_0, ..., d_n, dim].
+    Returns:
+      float32 Tensor [rows, dim].
 
-  Raises:
-    TypeError, ValueError: as for `embedding_lookup_sparse`.
-  """
-  del partition_strategy
-  emb = _as_embedding(embedding_weights, "safe_embedding_lookup_sparse")
-  combiner = _check_combiner(combiner)
-  sparse_ids = _check_sparse(sparse_ids, "sparse_ids")
-  if sparse_weights is not None:
-    sparse_weights = _check_sparse(sparse_weights, "sparse_weights")
-  with tf.name_scope(name or "safe_embedding_lookup_sparse"):
-    original_shape = sparse_ids.dense_shape
-    rank = tf.size(original_shape)
-    rank_static = tf.compat.dimension_value(sparse_ids.dense_shape.shape[0])
-    batch = tf.reduce_prod(tf.slice(original_shape, [0], [rank - 1]))
-    sparse_ids = tf.sparse.reshape(sparse_ids, tf.stack([batch, tf.gather(original_shape, rank - 1)]))
+    Raises:
+      TypeError: bad params, sp_ids not a SparseTensor, ids of the wrong dtype.
+      ValueError: unknown combiner.
+    """
+    del partition_strategy
+    emb = _as_embedding(params, "embedding_lookup_sparse")
+    combiner = _check_combiner(combiner)
+    sp_ids = _check_sparse(sp_ids, "sp_ids")
+    if sp_weights is not None:
+        sp_weights = _check_sparse(sp_weights, "sp_weights")
+    with tf.name_scope(name or "embedding_lookup_sparse"):
+        rows, remapped, _ = _remap(emb, sp_ids, is_training)
+        return tf.compat.v1.nn.embedding_lookup_sparse(rows, remapped, sp_weights, combiner=combiner, max_norm=max_norm)
+
+
+def safe_embedding_lookup_sparse(
+    embedding_weights,
+    sparse_ids,
+    sparse_weights=None,
+    combiner="mean",
+    default_id=None,
+    name=None,
+    partition_strategy=None,
+    max_norm=None,
+    is_training=None,
+):
+    """Pooled lookups robust to invalid ids and empty rows (like
+    `tf.compat.v1.nn.safe_embedding_lookup_sparse`).
+
+    Every integer id is a key, negative ones included (hashed feature ids take
+    all 2^64 values, so no value can mean "missing"): to mark a value missing,
+    leave its entry out of the SparseTensor. Unlike TF's function, negative ids
+    are therefore not pruned. For string embeddings the empty string is missing
+    and pruned. Entries with a non-positive weight are pruned unless combiner is
+    "sum". A row with no id left gets the embedding of `default_id`, or zeros if
+    default_id is None. Ids of rank > 2 are supported (the result has the shape
+    of sparse_ids without its last dimension, plus [dim]). Unlike TF's function,
+    empty rows do not look up (and so do not insert) any key when default_id is
+    None.
+
+    Args:
+      embedding_weights: a `DynamicEmbedding`.
+      sparse_ids: `SparseTensor` [d_0, ..., d_n, k] of ids.
+      sparse_weights: `SparseTensor` of float weights with the same indices, or
+        None.
+      combiner: "mean" (default), "sqrtn" or "sum".
+      default_id: an id (key dtype) whose embedding empty rows get, or None.
+      name: optional name scope.
+      partition_strategy: ignored.
+      max_norm: if set, embeddings are l2-clipped before combining.
+      is_training: see `embedding_lookup`.
+
+    Returns:
+      float32 Tensor [d_0, ..., d_n, dim].
+
+    Raises:
+      TypeError, ValueError: as for `embedding_lookup_sparse`.
+    """
+    del partition_strategy
+    emb = _as_embedding(embedding_weights, "safe_embedding_lookup_sparse")
+    combiner = _check_combiner(combiner)
+    sparse_ids = _check_sparse(sparse_ids, "sparse_ids")
     if sparse_weights is not None:
-      sparse_weights = tf.SparseTensor(sparse_ids.indices, sparse_weights.values, sparse_ids.dense_shape)
+        sparse_weights = _check_sparse(sparse_weights, "sparse_weights")
+    with tf.name_scope(name or "safe_embedding_lookup_sparse"):
+        original_shape = sparse_ids.dense_shape
+        rank = tf.size(original_shape)
+        rank_static = tf.compat.dimension_value(sparse_ids.dense_shape.shape[0])
+        batch = tf.reduce_prod(tf.slice(original_shape, [0], [rank - 1]))
+        sparse_ids = tf.sparse.reshape(sparse_ids, tf.stack([batch, tf.gather(original_shape, rank - 1)]))
+        if sparse_weights is not None:
+            sparse_weights = tf.SparseTensor(sparse_ids.indices, sparse_weights.values, sparse_ids.dense_shape)
 
-    # Prune missing values: empty strings of string embeddings, and non-positive
-    # weights unless combining by sum. Integer ids are never pruned: every int64
-    # (negative ones included) is a key.
-    valid = None
-    if emb.key_dtype == tf.string:
-      valid = tf.not_equal(sparse_ids.values, "")
-    if sparse_weights is not None and combiner != "sum":
-      positive = tf.greater(sparse_weights.values, 0)
-      valid = positive if valid is None else tf.logical_and(valid, positive)
-    if valid is not None:
-      sparse_ids = tf.sparse.retain(sparse_ids, valid)
-      if sparse_weights is not None:
-        sparse_weights = tf.sparse.retain(sparse_weights, valid)
+        # Prune missing values: empty strings of string embeddings, and non-positive
+        # weights unless combining by sum. Integer ids are never pruned: every int64
+        # (negative ones included) is a key.
+        valid = None
+        if emb.key_dtype == tf.string:
+            valid = tf.not_equal(sparse_ids.values, "")
+        if sparse_weights is not None and combiner != "sum":
+            positive = tf.greater(sparse_weights.values, 0)
+            valid = positive if valid is None else tf.logical_and(valid, positive)
+        if valid is not None:
+            sparse_ids = tf.sparse.retain(sparse_ids, valid)
+            if sparse_weights is not None:
+                sparse_weights = tf.sparse.retain(sparse_weights, valid)
 
-    # Rows with no id get the extra row: default_id's embedding, or zeros.
-    extra = None
-    if default_id is not None:
-      extra = tf.reshape(emb.to_keys(tf.convert_to_tensor(default_id), what="default_id"), [1])
-    rows, remapped, extra_idx = _remap(emb, sparse_ids, is_training, extra)
-    if default_id is None:
-      fill_index = tf.cast(tf.shape(rows)[0], tf.int64)
-      rows = tf.concat([rows, tf.zeros([1, emb.dim], tf.float32)], 0)
-    else:
-      fill_index = extra_idx[0]
-    remapped, _ = tf.sparse.fill_empty_rows(remapped, fill_index)
-    if sparse_weights is not None:
-      sparse_weights, _ = tf.sparse.fill_empty_rows(sparse_weights, 1.0)
-    result = tf.compat.v1.nn.embedding_lookup_sparse(rows, remapped, sparse_weights, combiner=combiner,
-                                                     max_norm=max_norm)
-    final = tf.reshape(result, tf.concat([tf.slice(tf.cast(original_shape, tf.int32), [0], [rank - 1]),
-                                          [emb.dim]], 0))
-    if rank_static is not None:
-      final.set_shape(tf.TensorShape([None] * (rank_static - 1)).concatenate([emb.dim]))
-    return final
+        # Rows with no id get the extra row: default_id's embedding, or zeros.
+        extra = None
+        if default_id is not None:
+            extra = tf.reshape(emb.to_keys(tf.convert_to_tensor(default_id), what="default_id"), [1])
+        rows, remapped, extra_idx = _remap(emb, sparse_ids, is_training, extra)
+        if default_id is None:
+            fill_index = tf.cast(tf.shape(rows)[0], tf.int64)
+            rows = tf.concat([rows, tf.zeros([1, emb.dim], tf.float32)], 0)
+        else:
+            fill_index = extra_idx[0]
+        remapped, _ = tf.sparse.fill_empty_rows(remapped, fill_index)
+        if sparse_weights is not None:
+            sparse_weights, _ = tf.sparse.fill_empty_rows(sparse_weights, 1.0)
+        result = tf.compat.v1.nn.embedding_lookup_sparse(
+            rows, remapped, sparse_weights, combiner=combiner, max_norm=max_norm
+        )
+        final = tf.reshape(
+            result, tf.concat([tf.slice(tf.cast(original_shape, tf.int32), [0], [rank - 1]), [emb.dim]], 0)
+        )
+        if rank_static is not None:
+            final.set_shape(tf.TensorShape([None] * (rank_static - 1)).concatenate([emb.dim]))
+        return final

@@ -58,182 +58,211 @@ _Shard = var_lib.DynamicEmbeddingShard
 
 
 def _f32(x):
-  x = tf.convert_to_tensor(x)
-  return x if x.dtype == tf.float32 else tf.cast(x, tf.float32)
+    x = tf.convert_to_tensor(x)
+    return x if x.dtype == tf.float32 else tf.cast(x, tf.float32)
 
 
 class _Handler(abc.ABC):
-  """How one optimizer trains a dynamic embedding: the code part (its data -- fused op, hyper-parameter names,
-  flags, slots -- is its optimizer_spec.OptimizerSpec)."""
+    """How one optimizer trains a dynamic embedding: the code part (its data -- fused op, hyper-parameter names,
+    flags, slots -- is its optimizer_spec.OptimizerSpec)."""
 
-  def create_non_slots(self, opt, dense_vars, shards):
-    pass
+    def create_non_slots(self, opt, dense_vars, shards):
+        pass
 
-  def hypers(self, opt):
-    """{name: float32 tensor} of the fused op's hyper-parameters (the names of the spec's `hypers`)."""
-    return {}
+    def hypers(self, opt):
+        """{name: float32 tensor} of the fused op's hyper-parameters (the names of the spec's `hypers`)."""
+        return {}
 
-  @abc.abstractmethod
-  def generic(self, opt, var, slots, grad):
-    """TF's sparse formula: returns (new var, [new slots]); all [n, dim] f32."""
+    @abc.abstractmethod
+    def generic(self, opt, var, slots, grad):
+        """TF's sparse formula: returns (new var, [new slots]); all [n, dim] f32."""
 
 
 class _GradientDescent(_Handler):
 
-  def hypers(self, opt):
-    return {"lr": _f32(opt._learning_rate_tensor)}
+    def hypers(self, opt):
+        return {"lr": _f32(opt._learning_rate_tensor)}
 
-  def generic(self, opt, var, slots, grad):
-    return var + (-grad) * self.hypers(opt)["lr"], []
+    def generic(self, opt, var, slots, grad):
+        return var + (-grad) * self.hypers(opt)["lr"], []
 
 
 class _Momentum(_Handler):
 
-  def hypers(self, opt):
-    return {"lr": _f32(opt._learning_rate_tensor), "momentum": _f32(opt._momentum_tensor)}
+    def hypers(self, opt):
+        return {"lr": _f32(opt._learning_rate_tensor), "momentum": _f32(opt._momentum_tensor)}
 
-  def generic(self, opt, var, slots, grad):
-    h = self.hypers(opt)
-    lr, mom = h["lr"], h["momentum"]
-    accum = slots[0] * mom + grad
-    if opt._use_nesterov:
-      var = var - (lr * grad + lr * mom * accum)
-    else:
-      var = var - lr * accum
-    return var, [accum]
+    def generic(self, opt, var, slots, grad):
+        h = self.hypers(opt)
+        lr, mom = h["lr"], h["momentum"]
+        accum = slots[0] * mom + grad
+        if opt._use_nesterov:
+            var = var - (lr * grad + lr * mom * accum)
+        else:
+            var = var - lr * accum
+        return var, [accum]
 
 
 class _Adagrad(_Handler):
 
-  def hypers(self, opt):
-    return {"lr": _f32(opt._learning_rate_tensor)}
+    def hypers(self, opt):
+        return {"lr": _f32(opt._learning_rate_tensor)}
 
-  def generic(self, opt, var, slots, grad):
-    lr = self.hypers(opt)["lr"]
-    accum = slots[0] + grad * grad
-    return var - lr * grad * tf.math.rsqrt(accum), [accum]
+    def generic(self, opt, var, slots, grad):
+        lr = self.hypers(opt)["lr"]
+        accum = slots[0] + grad * grad
+        return var - lr * grad * tf.math.rsqrt(accum), [accum]
 
 
 class _Adam(_Handler):
 
-  def create_non_slots(self, opt, dense_vars, shards):
-    # TF's _create_slots makes beta1_power/beta2_power colocated with the first
-    # dense variable; with only dynamic embeddings, colocate with a shard.
-    first = min(dense_vars, key=lambda v: v.name) if dense_vars else min(shards, key=lambda s: s.name)
-    opt._create_non_slot_variable(initial_value=opt._beta1, name="beta1_power", colocate_with=first)
-    opt._create_non_slot_variable(initial_value=opt._beta2, name="beta2_power", colocate_with=first)
+    def create_non_slots(self, opt, dense_vars, shards):
+        # TF's _create_slots makes beta1_power/beta2_power colocated with the first
+        # dense variable; with only dynamic embeddings, colocate with a shard.
+        first = min(dense_vars, key=lambda v: v.name) if dense_vars else min(shards, key=lambda s: s.name)
+        opt._create_non_slot_variable(initial_value=opt._beta1, name="beta1_power", colocate_with=first)
+        opt._create_non_slot_variable(initial_value=opt._beta2, name="beta2_power", colocate_with=first)
 
-  def hypers(self, opt):
-    beta1_power, beta2_power = opt._get_beta_accumulators()
-    return {"beta1_power": _f32(beta1_power), "beta2_power": _f32(beta2_power), "lr": _f32(opt._lr_t),
-            "beta1": _f32(opt._beta1_t), "beta2": _f32(opt._beta2_t), "epsilon": _f32(opt._epsilon_t)}
+    def hypers(self, opt):
+        beta1_power, beta2_power = opt._get_beta_accumulators()
+        return {
+            "beta1_power": _f32(beta1_power),
+            "beta2_power": _f32(beta2_power),
+            "lr": _f32(opt._lr_t),
+            "beta1": _f32(opt._beta1_t),
+            "beta2": _f32(opt._beta2_t),
+            "epsilon": _f32(opt._epsilon_t),
+        }
 
-  def generic(self, opt, var, slots, grad):
-    h = self.hypers(opt)
-    beta1, beta2 = h["beta1"], h["beta2"]
-    lr_t = h["lr"] * tf.sqrt(1 - h["beta2_power"]) / (1 - h["beta1_power"])
-    m = slots[0] * beta1 + grad * (1 - beta1)
-    v = slots[1] * beta2 + (grad * grad) * (1 - beta2)
-    return var - lr_t * m / (tf.sqrt(v) + h["epsilon"]), [m, v]
+    def generic(self, opt, var, slots, grad):
+        h = self.hypers(opt)
+        beta1, beta2 = h["beta1"], h["beta2"]
+        lr_t = h["lr"] * tf.sqrt(1 - h["beta2_power"]) / (1 - h["beta1_power"])
+        m = slots[0] * beta1 + grad * (1 - beta1)
+        v = slots[1] * beta2 + (grad * grad) * (1 - beta2)
+        return var - lr_t * m / (tf.sqrt(v) + h["epsilon"]), [m, v]
 
 
 class _Ftrl(_Handler):
 
-  def _shrinkage(self, opt):
-    # TF1 picks SparseApplyFtrl (no shrinkage) when the python value is <= 0.
-    value = opt._l2_shrinkage_regularization_strength
-    if isinstance(value, (int, float)) and value <= 0.0:
-      return tf.constant(0.0, tf.float32)
-    return _f32(opt._l2_shrinkage_regularization_strength_tensor)
+    def _shrinkage(self, opt):
+        # TF1 picks SparseApplyFtrl (no shrinkage) when the python value is <= 0.
+        value = opt._l2_shrinkage_regularization_strength
+        if isinstance(value, (int, float)) and value <= 0.0:
+            return tf.constant(0.0, tf.float32)
+        return _f32(opt._l2_shrinkage_regularization_strength_tensor)
 
-  def hypers(self, opt):
-    return {"lr": _f32(opt._learning_rate_tensor), "l1": _f32(opt._l1_regularization_strength_tensor),
-            "l2": _f32(opt._adjusted_l2_regularization_strength_tensor), "l2_shrinkage": self._shrinkage(opt),
-            "lr_power": _f32(opt._learning_rate_power_tensor)}
+    def hypers(self, opt):
+        return {
+            "lr": _f32(opt._learning_rate_tensor),
+            "l1": _f32(opt._l1_regularization_strength_tensor),
+            "l2": _f32(opt._adjusted_l2_regularization_strength_tensor),
+            "l2_shrinkage": self._shrinkage(opt),
+            "lr_power": _f32(opt._learning_rate_power_tensor),
+        }
 
-  def generic(self, opt, var, slots, grad):
-    h = self.hypers(opt)
-    lr, l1, l2, shrink, lr_power = h["lr"], h["l1"], h["l2"], h["l2_shrinkage"], h["lr_power"]
-    accum, linear = slots
-    g = grad + 2.0 * shrink * var
-    new_accum = accum + grad * grad
-    sigma = (tf.pow(new_accum, -lr_power) - tf.pow(accum, -lr_power)) / lr
-    linear = linear + g - sigma * var
-    quadratic = tf.pow(new_accum, -lr_power) / lr + 2.0 * l2
-    new_var = (tf.clip_by_value(linear, -l1, l1) - linear) / quadratic
-    return new_var, [new_accum, linear]
+    def generic(self, opt, var, slots, grad):
+        h = self.hypers(opt)
+        lr, l1, l2, shrink, lr_power = h["lr"], h["l1"], h["l2"], h["l2_shrinkage"], h["lr_power"]
+        accum, linear = slots
+        g = grad + 2.0 * shrink * var
+        new_accum = accum + grad * grad
+        sigma = (tf.pow(new_accum, -lr_power) - tf.pow(accum, -lr_power)) / lr
+        linear = linear + g - sigma * var
+        quadratic = tf.pow(new_accum, -lr_power) / lr + 2.0 * l2
+        new_var = (tf.clip_by_value(linear, -l1, l1) - linear) / quadratic
+        return new_var, [new_accum, linear]
 
 
 class _RMSProp(_Handler):
 
-  def hypers(self, opt):
-    return {"lr": _f32(opt._learning_rate_tensor), "rho": _f32(opt._decay_tensor),
-            "momentum": _f32(opt._momentum_tensor), "epsilon": _f32(opt._epsilon_tensor)}
+    def hypers(self, opt):
+        return {
+            "lr": _f32(opt._learning_rate_tensor),
+            "rho": _f32(opt._decay_tensor),
+            "momentum": _f32(opt._momentum_tensor),
+            "epsilon": _f32(opt._epsilon_tensor),
+        }
 
-  def generic(self, opt, var, slots, grad):
-    h = self.hypers(opt)
-    lr, rho, momentum, eps = h["lr"], h["rho"], h["momentum"], h["epsilon"]
-    ms = slots[0] * rho + grad * grad * (1 - rho)
-    if opt._centered:
-      mg = slots[2] * rho + grad * (1 - rho)
-      denom = ms - mg * mg + eps
-    else:
-      denom = ms + eps
-    mom = slots[1] * momentum + tf.math.rsqrt(denom) * lr * grad
-    new_slots = [ms, mom] + ([mg] if opt._centered else [])
-    return var - mom, new_slots
+    def generic(self, opt, var, slots, grad):
+        h = self.hypers(opt)
+        lr, rho, momentum, eps = h["lr"], h["rho"], h["momentum"], h["epsilon"]
+        ms = slots[0] * rho + grad * grad * (1 - rho)
+        if opt._centered:
+            mg = slots[2] * rho + grad * (1 - rho)
+            denom = ms - mg * mg + eps
+        else:
+            denom = ms + eps
+        mom = slots[1] * momentum + tf.math.rsqrt(denom) * lr * grad
+        new_slots = [ms, mom] + ([mg] if opt._centered else [])
+        return var - mom, new_slots
 
 
 class _AdagradDA(_Handler):
 
-  def generic(self, opt, var, slots, grad):
-    lr = _f32(opt._learning_rate_tensor)
-    l1 = _f32(opt._l1_regularization_strength)
-    l2 = _f32(opt._l2_regularization_strength)
-    gs = _f32(opt._global_step_on_worker)
-    ga = slots[0] + grad
-    da = slots[1] + grad * grad
-    gs_lr = gs * lr
-    if isinstance(opt._l1_regularization_strength, (int, float)) and opt._l1_regularization_strength <= 0:
-      new_var = -1.0 * (ga / gs) / (l2 + tf.sqrt(da) / gs_lr)
-    else:
-      new_var = -1.0 * tf.sign(ga) * tf.maximum(tf.abs(ga) / gs - l1, 0.0) / (l2 + tf.sqrt(da) / gs_lr)
-    return new_var, [ga, da]
+    def generic(self, opt, var, slots, grad):
+        lr = _f32(opt._learning_rate_tensor)
+        l1 = _f32(opt._l1_regularization_strength)
+        l2 = _f32(opt._l2_regularization_strength)
+        gs = _f32(opt._global_step_on_worker)
+        ga = slots[0] + grad
+        da = slots[1] + grad * grad
+        gs_lr = gs * lr
+        if isinstance(opt._l1_regularization_strength, (int, float)) and opt._l1_regularization_strength <= 0:
+            new_var = -1.0 * (ga / gs) / (l2 + tf.sqrt(da) / gs_lr)
+        else:
+            new_var = -1.0 * tf.sign(ga) * tf.maximum(tf.abs(ga) / gs - l1, 0.0) / (l2 + tf.sqrt(da) / gs_lr)
+        return new_var, [ga, da]
 
 
 class _Adadelta(_Handler):
 
-  def generic(self, opt, var, slots, grad):
-    lr, rho, eps = _f32(opt._lr_t), _f32(opt._rho_t), _f32(opt._epsilon_t)
-    accum = slots[0] * rho + grad * grad * (1 - rho)
-    update = tf.sqrt(slots[1] + eps) * tf.math.rsqrt(accum + eps) * grad
-    accum_update = slots[1] * rho + update * update * (1 - rho)
-    return var - update * lr, [accum, accum_update]
+    def generic(self, opt, var, slots, grad):
+        lr, rho, eps = _f32(opt._lr_t), _f32(opt._rho_t), _f32(opt._epsilon_t)
+        accum = slots[0] * rho + grad * grad * (1 - rho)
+        update = tf.sqrt(slots[1] + eps) * tf.math.rsqrt(accum + eps) * grad
+        accum_update = slots[1] * rho + update * update * (1 - rho)
+        return var - update * lr, [accum, accum_update]
 
 
 def _proximal(var, grad, lr, l1, l2, l1_python):
-  prox = var - grad * lr
-  if isinstance(l1_python, (int, float)) and l1_python <= 0:
-    return prox / (1.0 + l2 * lr)
-  return tf.sign(prox) * tf.maximum(tf.abs(prox) - lr * l1, 0.0) / (1.0 + l2 * lr)
+    prox = var - grad * lr
+    if isinstance(l1_python, (int, float)) and l1_python <= 0:
+        return prox / (1.0 + l2 * lr)
+    return tf.sign(prox) * tf.maximum(tf.abs(prox) - lr * l1, 0.0) / (1.0 + l2 * lr)
 
 
 class _ProximalAdagrad(_Handler):
 
-  def generic(self, opt, var, slots, grad):
-    lr = _f32(opt._learning_rate_tensor)
-    accum = slots[0] + grad * grad
-    lr_t = lr * tf.math.rsqrt(accum)
-    return _proximal(var, grad, lr_t, _f32(opt._l1_regularization_strength_tensor),
-                     _f32(opt._l2_regularization_strength_tensor), opt._l1_regularization_strength), [accum]
+    def generic(self, opt, var, slots, grad):
+        lr = _f32(opt._learning_rate_tensor)
+        accum = slots[0] + grad * grad
+        lr_t = lr * tf.math.rsqrt(accum)
+        return _proximal(
+            var,
+            grad,
+            lr_t,
+            _f32(opt._l1_regularization_strength_tensor),
+            _f32(opt._l2_regularization_strength_tensor),
+            opt._l1_regularization_strength,
+        ), [accum]
 
 
 class _ProximalGradientDescent(_Handler):
 
-  def generic(self, opt, var, slots, grad):
-    lr = _f32(opt._learning_rate_tensor)
-    return _proximal(var, grad, lr, _f32(opt._l1_regularization_strength_tensor),
-                     _f32(opt._l2_regularization_strength_tensor), opt._l1_regularization_strength), []
+    def generic(self, opt, var, slots, grad):
+        lr = _f32(opt._learning_rate_tensor)
+        return (
+            _proximal(
+                var,
+                grad,
+                lr,
+                _f32(opt._l1_regularization_strength_tensor),
+                _f32(opt._l2_regularization_strength_tensor),
+                opt._l1_regularization_strength,
+            ),
+            [],
+        )
 
 
 # By optimizer_spec name: one handler per spec.
@@ -252,156 +281,194 @@ _HANDLERS = {
 
 
 def supported_optimizers():
-  """The `tf.compat.v1.train` optimizer classes that train dynamic embeddings."""
-  return [spec.optimizer_class for spec in optimizer_spec.SPECS]
+    """The `tf.compat.v1.train` optimizer classes that train dynamic embeddings."""
+    return [spec.optimizer_class for spec in optimizer_spec.SPECS]
 
 
 def handler_for(opt):
-  """(spec, handler) of optimizer `opt` (TypeError if it cannot train dynamic embeddings)."""
-  spec = optimizer_spec.for_optimizer(opt)
-  return spec, _HANDLERS[spec.name]
+    """(spec, handler) of optimizer `opt` (TypeError if it cannot train dynamic embeddings)."""
+    spec = optimizer_spec.for_optimizer(opt)
+    return spec, _HANDLERS[spec.name]
 
 
 def slot_names(optimizer):
-  """The slot names `optimizer` keeps in a dynamic embedding's rows."""
-  return [name for name, _ in optimizer_spec.for_optimizer(optimizer).slots_of(optimizer)]
+    """The slot names `optimizer` keeps in a dynamic embedding's rows."""
+    return [name for name, _ in optimizer_spec.for_optimizer(optimizer).slots_of(optimizer)]
 
 
 # ---- per-shard update ----------------------------------------------------------
 
 
 def _dedup(grad, shard):
-  if not isinstance(grad, indexed_slices.IndexedSlices):
-    raise TypeError(
-        "The gradient of dynamic embedding shard %s must be IndexedSlices of keys (as computed by "
-        "tf.gradients through tf_ext lookups), got a %s" % (shard.name, type(grad).__name__))
-  keys = tf.cast(grad.indices, tf.int64)
-  values = tf.reshape(_f32(grad.values), [-1, shard.dim])
-  if shard.lookups.keys_are_unique(grad.indices):
-    return keys, values  # the gradient of one lookup: its keys are unique already
-  unique, idx = tf.unique(keys, out_idx=tf.int32)
-  summed = tf.math.unsorted_segment_sum(values, idx, tf.size(unique))
-  return unique, summed
+    if not isinstance(grad, indexed_slices.IndexedSlices):
+        raise TypeError(
+            "The gradient of dynamic embedding shard %s must be IndexedSlices of keys (as computed by "
+            "tf.gradients through tf_ext lookups), got a %s" % (shard.name, type(grad).__name__)
+        )
+    keys = tf.cast(grad.indices, tf.int64)
+    values = tf.reshape(_f32(grad.values), [-1, shard.dim])
+    if shard.lookups.keys_are_unique(grad.indices):
+        return keys, values  # the gradient of one lookup: its keys are unique already
+    unique, idx = tf.unique(keys, out_idx=tf.int32)
+    summed = tf.math.unsorted_segment_sum(values, idx, tf.size(unique))
+    return unique, summed
 
 
 def _check_replicas_draw_alike(shard, spec):
-  """Under multi-process Horovod, a key inserted from another rank's gradient must get the same random row on
-  every rank: that needs fixed seeds (a silent divergence of the replicas otherwise)."""
-  hvd = sys.modules.get("horovod.tensorflow")
-  try:
-    multi = hvd is not None and hvd.is_initialized() and hvd.size() > 1
-  except (ValueError, RuntimeError):
-    multi = False
-  if not multi or (spec.kind == "constant"):
-    return
-  if not spec.in_kernel or spec.seeds() == (0, 0):
-    raise ValueError(
-        "dynamic embedding %s is trained by %d Horovod processes, but its initializer (%s) would draw a different "
-        "initial row for a new key in each process, so the replicas would diverge. Import tensorflow_ext.horovod "
-        "before creating the embedding (it derives fixed seeds from the name), give the initializer a seed, or use "
-        "a TF random/constant initializer (not a custom callable)."
-        % (shard.embedding.name, hvd.size(), spec.description or spec.kind))
+    """Under multi-process Horovod, a key inserted from another rank's gradient must get the same random row on
+    every rank: that needs fixed seeds (a silent divergence of the replicas otherwise)."""
+    hvd = sys.modules.get("horovod.tensorflow")
+    try:
+        multi = hvd is not None and hvd.is_initialized() and hvd.size() > 1
+    except (ValueError, RuntimeError):
+        multi = False
+    if not multi or (spec.kind == "constant"):
+        return
+    if not spec.in_kernel or spec.seeds() == (0, 0):
+        raise ValueError(
+            "dynamic embedding %s is trained by %d Horovod processes, but its initializer (%s) would draw a different "
+            "initial row for a new key in each process, so the replicas would diverge. Import tensorflow_ext.horovod "
+            "before creating the embedding (it derives fixed seeds from the name), give the initializer a seed, or use "
+            "a TF random/constant initializer (not a custom callable)."
+            % (shard.embedding.name, hvd.size(), spec.description or spec.kind)
+        )
 
 
 def _insert_missing_keys(shard, keys, step):
-  """Inserts the keys absent from `shard` with their initial rows (as a training lookup does)."""
-  spec = shard.embedding.initializer
-  _check_replicas_draw_alike(shard, spec)
-  with tf.name_scope("insert_missing"):
-    if spec.in_kernel:
-      seed, seed2 = spec.seeds()
-      return _ops.op("tf_ext_embedding_lookup")(
-          shard.handle, keys, step, dim=shard.dim, insert_missing=True, count=False, init_kind=spec.kind,
-          init_a=spec.a, init_b=spec.b, seed=seed, seed2=seed2).op
-    return _ops.op("tf_ext_table_find_or_insert")(
-        shard.handle, keys, spec.make_rows(tf.size(keys), shard.dim), step, col_begin=0, cols=shard.dim,
-        count=False).op
+    """Inserts the keys absent from `shard` with their initial rows (as a training lookup does)."""
+    spec = shard.embedding.initializer
+    _check_replicas_draw_alike(shard, spec)
+    with tf.name_scope("insert_missing"):
+        if spec.in_kernel:
+            seed, seed2 = spec.seeds()
+            return _ops.op("tf_ext_embedding_lookup")(
+                shard.handle,
+                keys,
+                step,
+                dim=shard.dim,
+                insert_missing=True,
+                count=False,
+                init_kind=spec.kind,
+                init_a=spec.a,
+                init_b=spec.b,
+                seed=seed,
+                seed2=seed2,
+            ).op
+        return _ops.op("tf_ext_table_find_or_insert")(
+            shard.handle, keys, spec.make_rows(tf.size(keys), shard.dim), step, col_begin=0, cols=shard.dim, count=False
+        ).op
 
 
 def _step_for(opt):
-  step = getattr(opt, "_tf_ext_step", None)
-  if step is None:
-    return tf.constant(-1, tf.int64)
-  return tf.cast(tf.convert_to_tensor(step), tf.int64)
+    step = getattr(opt, "_tf_ext_step", None)
+    if step is None:
+        return tf.constant(-1, tf.int64)
+    return tf.cast(tf.convert_to_tensor(step), tf.int64)
 
 
 def _apply_generic(handler, opt, shard, group, keys, grad, step):
-  """Reads embedding + slot columns, applies the formula, writes them back."""
-  dim = shard.dim
-  nslots = len(group.slot_names)
-  find = _ops.op("tf_ext_table_find")
-  insert = _ops.op("tf_ext_table_insert")
-  defaults = shard.column_defaults
-  contiguous = nslots == 0 or group.offset == dim
-  if contiguous:
-    cols = dim * (1 + nslots)
-    rows, _ = find(shard.handle, keys, tf.constant(defaults[:cols], tf.float32), col_begin=0, cols=cols)
-    var = rows[:, :dim]
-    slots = [rows[:, dim * (1 + k):dim * (2 + k)] for k in range(nslots)]
-  else:
-    var, _ = find(shard.handle, keys, tf.constant(defaults[:dim], tf.float32), col_begin=0, cols=dim)
-    srows, _ = find(shard.handle, keys, tf.constant(defaults[group.offset:group.offset + nslots * dim],
-                                                    tf.float32), col_begin=group.offset, cols=nslots * dim)
-    slots = [srows[:, dim * k:dim * (k + 1)] for k in range(nslots)]
-  new_var, new_slots = handler.generic(opt, var, slots, grad)
-  if contiguous:
-    return insert(shard.handle, keys, tf.concat([new_var] + list(new_slots), 1), step, col_begin=0,
-                  cols=dim * (1 + nslots), count=False)
-  w1 = insert(shard.handle, keys, new_var, step, col_begin=0, cols=dim, count=False)
-  w2 = insert(shard.handle, keys, tf.concat(list(new_slots), 1), step, col_begin=group.offset,
-              cols=nslots * dim, count=False)
-  return tf.group(w1, w2)
+    """Reads embedding + slot columns, applies the formula, writes them back."""
+    dim = shard.dim
+    nslots = len(group.slot_names)
+    find = _ops.op("tf_ext_table_find")
+    insert = _ops.op("tf_ext_table_insert")
+    defaults = shard.column_defaults
+    contiguous = nslots == 0 or group.offset == dim
+    if contiguous:
+        cols = dim * (1 + nslots)
+        rows, _ = find(shard.handle, keys, tf.constant(defaults[:cols], tf.float32), col_begin=0, cols=cols)
+        var = rows[:, :dim]
+        slots = [rows[:, dim * (1 + k) : dim * (2 + k)] for k in range(nslots)]
+    else:
+        var, _ = find(shard.handle, keys, tf.constant(defaults[:dim], tf.float32), col_begin=0, cols=dim)
+        srows, _ = find(
+            shard.handle,
+            keys,
+            tf.constant(defaults[group.offset : group.offset + nslots * dim], tf.float32),
+            col_begin=group.offset,
+            cols=nslots * dim,
+        )
+        slots = [srows[:, dim * k : dim * (k + 1)] for k in range(nslots)]
+    new_var, new_slots = handler.generic(opt, var, slots, grad)
+    if contiguous:
+        return insert(
+            shard.handle,
+            keys,
+            tf.concat([new_var] + list(new_slots), 1),
+            step,
+            col_begin=0,
+            cols=dim * (1 + nslots),
+            count=False,
+        )
+    w1 = insert(shard.handle, keys, new_var, step, col_begin=0, cols=dim, count=False)
+    w2 = insert(
+        shard.handle, keys, tf.concat(list(new_slots), 1), step, col_begin=group.offset, cols=nslots * dim, count=False
+    )
+    return tf.group(w1, w2)
 
 
 def _apply_to_shard(opt, shard, grad):
-  spec, handler = handler_for(opt)
-  group = shard.slot_group(opt)
-  if group is None:  # apply_gradients registers the columns first; this covers direct processor calls
-    slots = spec.slots_of(opt)
-    group = shard.add_slot_columns(opt, [n for n, _ in slots], [v for _, v in slots])
-  with tf.name_scope("tf_ext_" + type(opt).__name__):
-    keys, values = _dedup(grad, shard)
-    step = _step_for(opt)
-    if not shard.lookups.keys_are_unique(grad.indices):
-      # Keys that may not have been looked up here (another process's gradient, gathered by an allreduce):
-      # give the missing ones their initializer row first, as a lookup would, not the column defaults, so
-      # replicas that apply the same gradient stay identical.
-      with tf.control_dependencies([_insert_missing_keys(shard, keys, step)]):
-        keys = tf.identity(keys)
-    if spec.fused and _ops.use_fused():
-      return embedding_ops.sparse_apply(spec.name, shard.handle, keys, values, handler.hypers(opt), step=step,
-                                        dim=shard.dim, slot_offset=group.offset, **spec.flag_values(opt))
-    return _apply_generic(handler, opt, shard, group, keys, values, step)
+    spec, handler = handler_for(opt)
+    group = shard.slot_group(opt)
+    if group is None:  # apply_gradients registers the columns first; this covers direct processor calls
+        slots = spec.slots_of(opt)
+        group = shard.add_slot_columns(opt, [n for n, _ in slots], [v for _, v in slots])
+    with tf.name_scope("tf_ext_" + type(opt).__name__):
+        keys, values = _dedup(grad, shard)
+        step = _step_for(opt)
+        if not shard.lookups.keys_are_unique(grad.indices):
+            # Keys that may not have been looked up here (another process's gradient, gathered by an allreduce):
+            # give the missing ones their initializer row first, as a lookup would, not the column defaults, so
+            # replicas that apply the same gradient stay identical.
+            with tf.control_dependencies([_insert_missing_keys(shard, keys, step)]):
+                keys = tf.identity(keys)
+        if spec.fused and _ops.use_fused():
+            return embedding_ops.sparse_apply(
+                spec.name,
+                shard.handle,
+                keys,
+                values,
+                handler.hypers(opt),
+                step=step,
+                dim=shard.dim,
+                slot_offset=group.offset,
+                **spec.flag_values(opt),
+            )
+        return _apply_generic(handler, opt, shard, group, keys, values, step)
 
 
 class ShardProcessor(object):
-  """`optimizer._get_processor` result for a DynamicEmbeddingShard."""
+    """`optimizer._get_processor` result for a DynamicEmbeddingShard."""
 
-  def __init__(self, shard):
-    self._v = shard
+    def __init__(self, shard):
+        self._v = shard
 
-  def target(self):
-    return self._v.handle
+    def target(self):
+        return self._v.handle
 
-  def update_op(self, optimizer, g):
-    return _apply_to_shard(optimizer, self._v, g)
+    def update_op(self, optimizer, g):
+        return _apply_to_shard(optimizer, self._v, g)
 
 
 # ---- patches of TF (defined in tf_compat, the one registry of changes to TF objects) --------------------------
 
 _TF_PATCHES = ("optimizer_get_processor", "optimizer_compute_gradients", "optimizer_apply_gradients")
-_KERAS_PATCHES = ("keras_optimizer_minimize", "keras_optimizer_apply_gradients", "keras_legacy_optimizer_minimize",
-                  "keras_legacy_optimizer_apply_gradients")
+_KERAS_PATCHES = (
+    "keras_optimizer_minimize",
+    "keras_optimizer_apply_gradients",
+    "keras_legacy_optimizer_minimize",
+    "keras_legacy_optimizer_apply_gradients",
+)
 
 
 def install():
-  """Teaches tf.compat.v1.train.Optimizer about dynamic embeddings, and makes Keras optimizers refuse them.
+    """Teaches tf.compat.v1.train.Optimizer about dynamic embeddings, and makes Keras optimizers refuse them.
 
-  Installs this module's tf_compat patches (idempotent).
+    Installs this module's tf_compat patches (idempotent).
 
-  Raises:
-    tf_compat.PatchError: a patched TF attribute moved (another TensorFlow than the supported ones).
-  """
-  tf_compat.install(*_TF_PATCHES)
-  if importlib.util.find_spec("keras") is not None:  # no Keras, no Keras optimizer to guard
-    tf_compat.install(*_KERAS_PATCHES)
+    Raises:
+      tf_compat.PatchError: a patched TF attribute moved (another TensorFlow than the supported ones).
+    """
+    tf_compat.install(*_TF_PATCHES)
+    if importlib.util.find_spec("keras") is not None:  # no Keras, no Keras optimizer to guard
+        tf_compat.install(*_KERAS_PATCHES)

@@ -25,118 +25,129 @@ _KINDS = ("size", "memory_bytes", "bytes_per_key")
 
 
 def summary_tags(embedding):
-  """The tags `add_summaries` gives an embedding's summaries.
+    """The tags `add_summaries` gives an embedding's summaries.
 
-  Args:
-    embedding: a `DynamicEmbedding`.
+    Args:
+      embedding: a `DynamicEmbedding`.
 
-  Returns:
-    dict with keys "size", "memory_bytes", "bytes_per_key" and the tags as values
-    (``tf_ext/<name>/<kind>``).
+    Returns:
+      dict with keys "size", "memory_bytes", "bytes_per_key" and the tags as values
+      (``tf_ext/<name>/<kind>``).
 
-  Raises:
-    TypeError: embedding is not a `DynamicEmbedding`.
-  """
-  if not isinstance(embedding, variable_lib.DynamicEmbedding):
-    raise TypeError("summary_tags() expects a tf_ext DynamicEmbedding, got %r" % (embedding,))
-  return {kind: "tf_ext/%s/%s" % (embedding.name, kind) for kind in _KINDS}
+    Raises:
+      TypeError: embedding is not a `DynamicEmbedding`.
+    """
+    if not isinstance(embedding, variable_lib.DynamicEmbedding):
+        raise TypeError("summary_tags() expects a tf_ext DynamicEmbedding, got %r" % (embedding,))
+    return {kind: "tf_ext/%s/%s" % (embedding.name, kind) for kind in _KINDS}
 
 
 def _as_embedding_list(embeddings):
-  if embeddings is None:
-    return list(variable_lib.get_dynamic_embeddings())
-  if isinstance(embeddings, variable_lib.DynamicEmbedding):
-    return [embeddings]
-  if isinstance(embeddings, (str, bytes)) or not hasattr(embeddings, "__iter__"):
-    raise TypeError("embeddings of add_summaries() must be None, a DynamicEmbedding or a list of them, "
-                    "got %r" % (embeddings,))
-  out = []
-  for i, emb in enumerate(embeddings):
-    if not isinstance(emb, variable_lib.DynamicEmbedding):
-      raise TypeError("embeddings[%d] of add_summaries() must be a DynamicEmbedding (from "
-                      "tf_ext.get_dynamic_embedding), got %r" % (i, emb))
-    out.append(emb)
-  return out
+    if embeddings is None:
+        return list(variable_lib.get_dynamic_embeddings())
+    if isinstance(embeddings, variable_lib.DynamicEmbedding):
+        return [embeddings]
+    if isinstance(embeddings, (str, bytes)) or not hasattr(embeddings, "__iter__"):
+        raise TypeError(
+            "embeddings of add_summaries() must be None, a DynamicEmbedding or a list of them, "
+            "got %r" % (embeddings,)
+        )
+    out = []
+    for i, emb in enumerate(embeddings):
+        if not isinstance(emb, variable_lib.DynamicEmbedding):
+            raise TypeError(
+                "embeddings[%d] of add_summaries() must be a DynamicEmbedding (from "
+                "tf_ext.get_dynamic_embedding), got %r" % (i, emb)
+            )
+        out.append(emb)
+    return out
 
 
 def _existing_scalar_summaries(graph, collections):
-  """tag -> summary tensor of the ScalarSummary ops already in `collections`."""
-  found = {}
-  for key in collections:
-    for t in graph.get_collection(key):
-      op = getattr(t, "op", None)
-      if op is None or op.type != "ScalarSummary":
-        continue
-      value = tf.get_static_value(op.inputs[0])
-      if value is None or np.ndim(value) != 0:
-        continue
-      tag = value.item() if isinstance(value, np.ndarray) else value
-      found[tag.decode() if isinstance(tag, bytes) else str(tag)] = t
-  return found
+    """tag -> summary tensor of the ScalarSummary ops already in `collections`."""
+    found = {}
+    for key in collections:
+        for t in graph.get_collection(key):
+            op = getattr(t, "op", None)
+            if op is None or op.type != "ScalarSummary":
+                continue
+            value = tf.get_static_value(op.inputs[0])
+            if value is None or np.ndim(value) != 0:
+                continue
+            tag = value.item() if isinstance(value, np.ndarray) else value
+            found[tag.decode() if isinstance(tag, bytes) else str(tag)] = t
+    return found
 
 
 def add_summaries(embeddings=None, collections=None):
-  """Adds TensorBoard scalar summaries of dynamic embeddings to the graph.
+    """Adds TensorBoard scalar summaries of dynamic embeddings to the graph.
 
-  For each embedding: ``tf_ext/<name>/size`` (keys, all shards),
-  ``tf_ext/<name>/memory_bytes`` (bytes its tables hold: keys, rows with the
-  optimizer slots, metadata, index) and ``tf_ext/<name>/bytes_per_key``
-  (memory_bytes / size, 0 while empty). The tags do not depend on the current
-  name scope. Calling it again for the same embedding and collections adds
-  nothing new (a merged summary cannot hold a tag twice).
+    For each embedding: ``tf_ext/<name>/size`` (keys, all shards),
+    ``tf_ext/<name>/memory_bytes`` (bytes its tables hold: keys, rows with the
+    optimizer slots, metadata, index) and ``tf_ext/<name>/bytes_per_key``
+    (memory_bytes / size, 0 while empty). The tags do not depend on the current
+    name scope. Calling it again for the same embedding and collections adds
+    nothing new (a merged summary cannot hold a tag twice).
 
-  The summaries go to the `tf.compat.v1.GraphKeys.SUMMARIES` collection by
-  default, which `tf.compat.v1.summary.merge_all()`, `MonitoredTrainingSession`
-  and `tf.estimator.Estimator` (call it in `model_fn`) write to TensorBoard.
+    The summaries go to the `tf.compat.v1.GraphKeys.SUMMARIES` collection by
+    default, which `tf.compat.v1.summary.merge_all()`, `MonitoredTrainingSession`
+    and `tf.estimator.Estimator` (call it in `model_fn`) write to TensorBoard.
 
-  Args:
-    embeddings: a `DynamicEmbedding`, a list of them, or None (default) for
-      every dynamic embedding of the default graph.
-    collections: graph collection keys to add the summaries to (default
-      `[tf.compat.v1.GraphKeys.SUMMARIES]`; `[]` adds them to none).
+    Args:
+      embeddings: a `DynamicEmbedding`, a list of them, or None (default) for
+        every dynamic embedding of the default graph.
+      collections: graph collection keys to add the summaries to (default
+        `[tf.compat.v1.GraphKeys.SUMMARIES]`; `[]` adds them to none).
 
-  Returns:
-    list of string tensors (serialized `Summary` protos), three per embedding
-    in the order size, memory_bytes, bytes_per_key; [] if there is no
-    embedding.
+    Returns:
+      list of string tensors (serialized `Summary` protos), three per embedding
+      in the order size, memory_bytes, bytes_per_key; [] if there is no
+      embedding.
 
-  Raises:
-    TypeError: embeddings holds something other than a `DynamicEmbedding`, or
-      collections is a string.
-    ValueError: an embedding belongs to another graph than the default one.
-  """
-  if isinstance(collections, (str, bytes)):
-    raise TypeError("collections of add_summaries() must be a list of collection keys, got the string "
-                    "%r (wrap it in a list)" % (collections,))
-  embs = _as_embedding_list(embeddings)
-  collections = [tf.compat.v1.GraphKeys.SUMMARIES] if collections is None else list(collections)
-  graph = tf.compat.v1.get_default_graph()
-  for emb in embs:
-    if emb.graph is not graph:
-      raise ValueError("add_summaries(): dynamic embedding %r belongs to another graph than the default "
-                       "one; call it inside `with graph.as_default():`" % emb.name)
-  existing = _existing_scalar_summaries(graph, collections) if collections else {}
-  out = []
-  for emb in embs:
-    tags = summary_tags(emb)
-    if all(tags[k] in existing for k in _KINDS):
-      out.extend(existing[tags[k]] for k in _KINDS)
-      continue
-    short = emb.name.split("/")[-1]
-    with tf.name_scope("tf_ext_summaries/%s" % short):
-      size = emb.size(name="size")
-      memory = emb.memory_bytes(name="memory_bytes")
-      per_key = tf.where(size > 0,
-                         tf.cast(memory, tf.float64) / tf.cast(tf.maximum(size, 1), tf.float64),
-                         tf.constant(0.0, tf.float64), name="bytes_per_key")
-      for kind, value in zip(_KINDS, (size, memory, per_key)):
-        if tags[kind] in existing:
-          out.append(existing[tags[kind]])
-          continue
-        # The raw op takes the exact tag; tf.compat.v1.summary.scalar would prefix
-        # the current name scope and uniquify repeated names.
-        summary = gen_logging_ops.scalar_summary(tags=tags[kind], values=value, name=kind)
-        for key in collections:
-          graph.add_to_collection(key, summary)
-        out.append(summary)
-  return out
+    Raises:
+      TypeError: embeddings holds something other than a `DynamicEmbedding`, or
+        collections is a string.
+      ValueError: an embedding belongs to another graph than the default one.
+    """
+    if isinstance(collections, (str, bytes)):
+        raise TypeError(
+            "collections of add_summaries() must be a list of collection keys, got the string "
+            "%r (wrap it in a list)" % (collections,)
+        )
+    embs = _as_embedding_list(embeddings)
+    collections = [tf.compat.v1.GraphKeys.SUMMARIES] if collections is None else list(collections)
+    graph = tf.compat.v1.get_default_graph()
+    for emb in embs:
+        if emb.graph is not graph:
+            raise ValueError(
+                "add_summaries(): dynamic embedding %r belongs to another graph than the default "
+                "one; call it inside `with graph.as_default():`" % emb.name
+            )
+    existing = _existing_scalar_summaries(graph, collections) if collections else {}
+    out = []
+    for emb in embs:
+        tags = summary_tags(emb)
+        if all(tags[k] in existing for k in _KINDS):
+            out.extend(existing[tags[k]] for k in _KINDS)
+            continue
+        short = emb.name.split("/")[-1]
+        with tf.name_scope("tf_ext_summaries/%s" % short):
+            size = emb.size(name="size")
+            memory = emb.memory_bytes(name="memory_bytes")
+            per_key = tf.where(
+                size > 0,
+                tf.cast(memory, tf.float64) / tf.cast(tf.maximum(size, 1), tf.float64),
+                tf.constant(0.0, tf.float64),
+                name="bytes_per_key",
+            )
+            for kind, value in zip(_KINDS, (size, memory, per_key)):
+                if tags[kind] in existing:
+                    out.append(existing[tags[kind]])
+                    continue
+                # The raw op takes the exact tag; tf.compat.v1.summary.scalar would prefix
+                # the current name scope and uniquify repeated names.
+                summary = gen_logging_ops.scalar_summary(tags=tags[kind], values=value, name=kind)
+                for key in collections:
+                    graph.add_to_collection(key, summary)
+                out.append(summary)
+    return out

@@ -46,16 +46,16 @@ MAX_CAPACITY = table_ops.MAX_CAPACITY  # the table core's limit, kMaxCapacity in
 
 
 class GraphKeys(object):
-  """Graph collection keys of tensorflow_ext.
+    """Graph collection keys of tensorflow_ext.
 
-  DYNAMIC_EMBEDDINGS: the `DynamicEmbeddingShard`s of the graph (every shard
-    of every dynamic embedding, trainable or not).
-  """
-  DYNAMIC_EMBEDDINGS = "tf_ext_dynamic_embeddings"
+    DYNAMIC_EMBEDDINGS: the `DynamicEmbeddingShard`s of the graph (every shard
+      of every dynamic embedding, trainable or not).
+    """
+
+    DYNAMIC_EMBEDDINGS = "tf_ext_dynamic_embeddings"
 
 
-ExportedEmbedding = collections.namedtuple(
-    "ExportedEmbedding", ["keys", "values", "slots", "versions", "frequencies"])
+ExportedEmbedding = collections.namedtuple("ExportedEmbedding", ["keys", "values", "slots", "versions", "frequencies"])
 ExportedEmbedding.__doc__ = """The contents of a dynamic embedding (tensors).
 
 keys: int64 [n] (for string embeddings: the fingerprints of the strings).
@@ -68,772 +68,824 @@ frequencies: int64 [n], how many times each key was looked up in training.
 
 
 def _int_attr(value):
-  return attr_value_pb2.AttrValue(i=int(value))
+    return attr_value_pb2.AttrValue(i=int(value))
 
 
 def _float_list_attr(values):
-  return attr_value_pb2.AttrValue(list=attr_value_pb2.AttrValue.ListValue(f=[float(v) for v in values]))
+    return attr_value_pb2.AttrValue(list=attr_value_pb2.AttrValue.ListValue(f=[float(v) for v in values]))
 
 
 class DynamicEmbeddingShard(object):
-  """One table of a `DynamicEmbedding`: what optimizers and savers see.
+    """One table of a `DynamicEmbedding`: what optimizers and savers see.
 
-  A shard stands in for a variable: it is in `GraphKeys.TRAINABLE_VARIABLES`
-  (when trainable) and in `tf_ext` 's `GraphKeys.DYNAMIC_EMBEDDINGS`; its
-  `handle` is the table resource, the target of gradients (an `IndexedSlices`
-  whose indices are int64 keys). Its saveable (in `SAVEABLE_OBJECTS`) writes
-  `<name>-keys`, `-values`, `-slots`, `-versions`, `-freqs`, `-num_shards`.
+    A shard stands in for a variable: it is in `GraphKeys.TRAINABLE_VARIABLES`
+    (when trainable) and in `tf_ext` 's `GraphKeys.DYNAMIC_EMBEDDINGS`; its
+    `handle` is the table resource, the target of gradients (an `IndexedSlices`
+    whose indices are int64 keys). Its saveable (in `SAVEABLE_OBJECTS`) writes
+    `<name>-keys`, `-values`, `-slots`, `-versions`, `-freqs`, `-num_shards`.
 
-  Shards are created by `DynamicEmbedding` (through `get_dynamic_embedding`);
-  do not construct them directly.
-
-  Args:
-    embedding: the `DynamicEmbedding` this shard belongs to.
-    index: int, the shard index in `[0, embedding.num_shards)`.
-    name: the shard's name, `<embedding name>/part_<index>`; also the shared
-      name of the table resource.
-    device: optional device string for the table, or None for the active
-      device functions.
-    initial_capacity: expected number of keys in this shard (the table grows
-      on demand).
-  """
-
-  def __init__(self, embedding, index, name, device, initial_capacity):
-    self._embedding = embedding
-    self._index = index
-    self._name = name
-    self._dim = embedding.dim
-    self._layout = layout_lib.RowLayout(self._dim, embedding.initializer.embedding_column_defaults(self._dim),
-                                        embedding.name)
-    self._lookups = shard_lookups.ShardLookups(name)
-    with tf.control_dependencies(None), tf.compat.v1.name_scope(None):
-      with tf.compat.v1.name_scope(embedding.name + "/"):
-        ctx = tf.device(device) if device is not None else _NullContext()
-        with ctx:
-          self._handle = _ops.op("tf_ext_table_handle")(
-              dim=self._dim,
-              width=self._layout.width,
-              column_defaults=self._layout.column_defaults_attr,
-              initial_capacity=int(initial_capacity),
-              shard_bits=-1,
-              # Training tables grow every step; on kernels that compact memory
-              # on a huge-page fault, huge pages made growth-heavy steps ~20%
-              # slower (docs/benchmarks.md). TF_EXT_TABLE_HUGE_PAGES=1 overrides.
-              huge_pages=False,
-              container="",
-              shared_name=name,
-              use_node_name_sharing=False,
-              name="part_%d" % index)
-    self._saveable = None
-
-  # ---- variable-like interface ------------------------------------------------
-
-  @property
-  def name(self):
-    """The shard's name, `<embedding name>/part_<i>` (also its checkpoint prefix)."""
-    return self._name
-
-  @property
-  def handle(self):
-    """The table resource (a scalar `resource` tensor)."""
-    return self._handle
-
-  @property
-  def op(self):
-    """The `TfExtTableHandle` op."""
-    return self._handle.op
-
-  @property
-  def device(self):
-    """The device string of the table resource (may be empty)."""
-    return self._handle.device
-
-  @property
-  def graph(self):
-    """The `tf.Graph` the table resource lives in."""
-    return self._handle.graph
-
-  @property
-  def dtype(self):
-    """The value dtype (float32), as optimizers expect of a variable."""
-    return tf.float32
-
-  @property
-  def key_dtype(self):
-    """The dtype of the table keys: always `tf.int64`.
-
-    Ids of other dtypes are converted by the owning `DynamicEmbedding` (see
-    `DynamicEmbedding.key_dtype`).
-    """
-    return tf.int64
-
-  @property
-  def shape(self):
-    """`[None, dim]`: a table has no fixed number of rows."""
-    return tf.TensorShape([None, self._dim])
-
-  def get_shape(self):
-    """Alias of `shape`, for code that treats the shard as a variable.
-
-    Returns:
-      `tf.TensorShape([None, dim])`.
-    """
-    return self.shape
-
-  @property
-  def trainable(self):
-    """Whether the owning embedding is trainable (see `DynamicEmbedding.trainable`)."""
-    return self._embedding.trainable
-
-  @property
-  def embedding(self):
-    """The `DynamicEmbedding` this shard belongs to."""
-    return self._embedding
-
-  @property
-  def shard_index(self):
-    """The index of this shard in its embedding (an int)."""
-    return self._index
-
-  @property
-  def dim(self):
-    """The embedding dimension (an int): the leading `dim` columns of a row."""
-    return self._dim
-
-  @property
-  def width(self):
-    """Floats per row: dim + the optimizer slot columns."""
-    return self._layout.width
-
-  @property
-  def column_defaults(self):
-    """The `width` values a new key's columns start with."""
-    return self._layout.column_defaults
-
-  @property
-  def layout(self):
-    """The `RowLayout` of the rows (embedding and slot columns)."""
-    return self._layout
-
-  @property
-  def lookups(self):
-    """The `ShardLookups` of this graph: training mode, unique key tensors, the rows lookups read."""
-    return self._lookups
-
-  def ref(self):
-    """A hashable reference to the shard (as `tf.Variable.ref()`), for code that keys dicts by variable."""
-    return object_identity.Reference(self)
-
-  def to_proto(self, export_scope=None):  # pylint: disable=unused-argument
-    """Shards are not serialized into MetaGraphDef variable collections.
+    Shards are created by `DynamicEmbedding` (through `get_dynamic_embedding`);
+    do not construct them directly.
 
     Args:
-      export_scope: ignored (present for `tf.Variable` compatibility).
-
-    Returns:
-      None, so `export_meta_graph` skips the shard in variable collections.
+      embedding: the `DynamicEmbedding` this shard belongs to.
+      index: int, the shard index in `[0, embedding.num_shards)`.
+      name: the shard's name, `<embedding name>/part_<index>`; also the shared
+        name of the table resource.
+      device: optional device string for the table, or None for the active
+        device functions.
+      initial_capacity: expected number of keys in this shard (the table grows
+        on demand).
     """
-    return None
 
-  def __repr__(self):
-    return "<tf_ext.DynamicEmbeddingShard %r dim=%d width=%d device=%r>" % (
-        self._name, self._dim, self._layout.width, self.device)
+    def __init__(self, embedding, index, name, device, initial_capacity):
+        self._embedding = embedding
+        self._index = index
+        self._name = name
+        self._dim = embedding.dim
+        self._layout = layout_lib.RowLayout(
+            self._dim, embedding.initializer.embedding_column_defaults(self._dim), embedding.name
+        )
+        self._lookups = shard_lookups.ShardLookups(name)
+        with tf.control_dependencies(None), tf.compat.v1.name_scope(None):
+            with tf.compat.v1.name_scope(embedding.name + "/"):
+                ctx = tf.device(device) if device is not None else _NullContext()
+                with ctx:
+                    self._handle = _ops.op("tf_ext_table_handle")(
+                        dim=self._dim,
+                        width=self._layout.width,
+                        column_defaults=self._layout.column_defaults_attr,
+                        initial_capacity=int(initial_capacity),
+                        shard_bits=-1,
+                        # Training tables grow every step; on kernels that compact memory
+                        # on a huge-page fault, huge pages made growth-heavy steps ~20%
+                        # slower (docs/benchmarks.md). TF_EXT_TABLE_HUGE_PAGES=1 overrides.
+                        huge_pages=False,
+                        container="",
+                        shared_name=name,
+                        use_node_name_sharing=False,
+                        name="part_%d" % index,
+                    )
+        self._saveable = None
 
-  # ---- layout ---------------------------------------------------------------
+    # ---- variable-like interface ------------------------------------------------
 
-  def slot_group(self, optimizer):
-    """The `SlotGroup` of `optimizer` on this shard (by identity), or None."""
-    return self._layout.group(optimizer)
+    @property
+    def name(self):
+        """The shard's name, `<embedding name>/part_<i>` (also its checkpoint prefix)."""
+        return self._name
 
-  @property
-  def slot_groups(self):
-    """The `SlotGroup`s of this shard (a new list), in layout order."""
-    return self._layout.groups
+    @property
+    def handle(self):
+        """The table resource (a scalar `resource` tensor)."""
+        return self._handle
 
-  def add_slot_columns(self, optimizer, slot_names, initial_values):
-    """Appends `optimizer`'s slot columns to the rows (once per optimizer).
+    @property
+    def op(self):
+        """The `TfExtTableHandle` op."""
+        return self._handle.op
 
-    The table is created when the graph first runs, with the layout its
-    handle op carries then; this updates the op's `width` and
-    `column_defaults` attrs (graph construction time only).
+    @property
+    def device(self):
+        """The device string of the table resource (may be empty)."""
+        return self._handle.device
 
-    Args:
-      optimizer: the optimizer object.
-      slot_names: list of slot names (each takes `dim` columns).
-      initial_values: one float per slot: the value of a new key's slot.
+    @property
+    def graph(self):
+        """The `tf.Graph` the table resource lives in."""
+        return self._handle.graph
 
-    Returns:
-      The `SlotGroup` (its `offset` is the first slot column).
+    @property
+    def dtype(self):
+        """The value dtype (float32), as optimizers expect of a variable."""
+        return tf.float32
 
-    Raises:
-      ValueError: the layout was frozen (a Saver or an export with slots was
-        built for this embedding already).
-    """
-    group, changed = self._layout.add_slot_columns(optimizer, slot_names, initial_values)
-    if changed:
-      op = self._handle.op
-      op._set_attr("width", _int_attr(self._layout.width))  # pylint: disable=protected-access
-      op._set_attr("column_defaults", _float_list_attr(self._layout.column_defaults))  # pylint: disable=protected-access
-    return group
+    @property
+    def key_dtype(self):
+        """The dtype of the table keys: always `tf.int64`.
 
-  def freeze_layout(self, reason):
-    """Marks the layout final (called when a Saver/export reads every column).
+        Ids of other dtypes are converted by the owning `DynamicEmbedding` (see
+        `DynamicEmbedding.key_dtype`).
+        """
+        return tf.int64
 
-    Args:
-      reason: str naming what froze the layout (used in the error message).
-    """
-    self._layout.freeze(reason)
+    @property
+    def shape(self):
+        """`[None, dim]`: a table has no fixed number of rows."""
+        return tf.TensorShape([None, self._dim])
 
-  # ---- training/inference lookups -------------------------------------------
+    def get_shape(self):
+        """Alias of `shape`, for code that treats the shard as a variable.
 
-  @property
-  def is_training(self):
-    """True once an optimizer was applied to this shard in this graph."""
-    return self._lookups.is_training
+        Returns:
+          `tf.TensorShape([None, dim])`.
+        """
+        return self.shape
 
-  def set_training(self):
-    """Turns the shard's find-only lookups (built with is_training=None) into
-    inserting ones, now and for lookups built later."""
-    self._lookups.set_training()
+    @property
+    def trainable(self):
+        """Whether the owning embedding is trainable (see `DynamicEmbedding.trainable`)."""
+        return self._embedding.trainable
 
-  # ---- the shard as a tensor: the rows this graph's lookups read ---------------
+    @property
+    def embedding(self):
+        """The `DynamicEmbedding` this shard belongs to."""
+        return self._embedding
 
-  def read_keys_and_rows(self, name=None):
-    """The keys and rows that this graph's lookups read from this shard.
+    @property
+    def shard_index(self):
+        """The index of this shard in its embedding (an int)."""
+        return self._index
 
-    A table has no fixed set of rows, so the rows a training step touches
-    stand for the shard wherever TF code treats a trainable variable as a
-    tensor: `tf.convert_to_tensor(shard)`, `tf.nn.l2_loss(shard)`, histogram
-    summaries over `tf.compat.v1.trainable_variables()`. One row per unique key
-    per lookup (a key read by two lookups appears twice). The rows are
-    differentiable: their gradient reaches the table like the lookups'
-    gradients, so an L2 term built from them trains with the model.
+    @property
+    def dim(self):
+        """The embedding dimension (an int): the leading `dim` columns of a row."""
+        return self._dim
 
-    Args:
-      name: optional name scope.
+    @property
+    def width(self):
+        """Floats per row: dim + the optimizer slot columns."""
+        return self._layout.width
 
-    Returns:
-      (keys int64 [n], rows float32 [n, dim]) tensors.
+    @property
+    def column_defaults(self):
+        """The `width` values a new key's columns start with."""
+        return self._layout.column_defaults
 
-    Raises:
-      ValueError: no lookup of this graph has read the shard yet (build the
-        model's lookups first).
-    """
-    out = self._lookups.read_keys_and_rows(name or (self._name + "/read_rows/"))
-    if out is None:
-      raise ValueError(
-          "Dynamic embedding shard %s has no value as a tensor yet: it stands for the rows that this graph's "
-          "lookups read, and no tf_ext.embedding_lookup* of %r was built. Build the model (its lookups) before "
-          "using the shard as a tensor (l2 loss, summaries); to read given keys use "
-          "tf_ext.embedding_lookup(emb, ids)." % (self._name, self._embedding.name))
-    return out
+    @property
+    def layout(self):
+        """The `RowLayout` of the rows (embedding and slot columns)."""
+        return self._layout
 
-  def value(self):
-    """The rows this graph's lookups read (see `read_keys_and_rows`), [n, dim].
+    @property
+    def lookups(self):
+        """The `ShardLookups` of this graph: training mode, unique key tensors, the rows lookups read."""
+        return self._lookups
 
-    Returns:
-      float32 tensor.
-    """
-    return self.read_keys_and_rows()[1]
+    def ref(self):
+        """A hashable reference to the shard (as `tf.Variable.ref()`), for code that keys dicts by variable."""
+        return object_identity.Reference(self)
 
-  read_value = value
+    def to_proto(self, export_scope=None):  # pylint: disable=unused-argument
+        """Shards are not serialized into MetaGraphDef variable collections.
 
-  def _as_tensor(self, dtype=None, name=None, as_ref=False):
-    # as_ref: the table handle, as for a resource variable (tf.gradients(loss, shard) differentiates
-    # w.r.t. the handle and gets IndexedSlices of keys, the gradient optimizers apply).
-    if as_ref:
-      return self._handle
-    rows = self.read_keys_and_rows()[1]
-    if dtype is not None and not tf.as_dtype(dtype).is_compatible_with(rows.dtype):
-      raise ValueError("Dynamic embedding shard %s holds float32 rows; cannot convert it to %s"
-                       % (self._name, tf.as_dtype(dtype).name))
-    return rows
+        Args:
+          export_scope: ignored (present for `tf.Variable` compatibility).
 
-  # ---- checkpointing ----------------------------------------------------------
+        Returns:
+          None, so `export_meta_graph` skips the shard in variable collections.
+        """
+        return None
 
-  @property
-  def saveable(self):
-    """The shard's `SaveableObject` (also in `GraphKeys.SAVEABLE_OBJECTS`)."""
-    return self._saveable
+    def __repr__(self):
+        return "<tf_ext.DynamicEmbeddingShard %r dim=%d width=%d device=%r>" % (
+            self._name,
+            self._dim,
+            self._layout.width,
+            self.device,
+        )
+
+    # ---- layout ---------------------------------------------------------------
+
+    def slot_group(self, optimizer):
+        """The `SlotGroup` of `optimizer` on this shard (by identity), or None."""
+        return self._layout.group(optimizer)
+
+    @property
+    def slot_groups(self):
+        """The `SlotGroup`s of this shard (a new list), in layout order."""
+        return self._layout.groups
+
+    def add_slot_columns(self, optimizer, slot_names, initial_values):
+        """Appends `optimizer`'s slot columns to the rows (once per optimizer).
+
+        The table is created when the graph first runs, with the layout its
+        handle op carries then; this updates the op's `width` and
+        `column_defaults` attrs (graph construction time only).
+
+        Args:
+          optimizer: the optimizer object.
+          slot_names: list of slot names (each takes `dim` columns).
+          initial_values: one float per slot: the value of a new key's slot.
+
+        Returns:
+          The `SlotGroup` (its `offset` is the first slot column).
+
+        Raises:
+          ValueError: the layout was frozen (a Saver or an export with slots was
+            built for this embedding already).
+        """
+        group, changed = self._layout.add_slot_columns(optimizer, slot_names, initial_values)
+        if changed:
+            op = self._handle.op
+            op._set_attr("width", _int_attr(self._layout.width))  # pylint: disable=protected-access
+            op._set_attr(
+                "column_defaults", _float_list_attr(self._layout.column_defaults)
+            )  # pylint: disable=protected-access
+        return group
+
+    def freeze_layout(self, reason):
+        """Marks the layout final (called when a Saver/export reads every column).
+
+        Args:
+          reason: str naming what froze the layout (used in the error message).
+        """
+        self._layout.freeze(reason)
+
+    # ---- training/inference lookups -------------------------------------------
+
+    @property
+    def is_training(self):
+        """True once an optimizer was applied to this shard in this graph."""
+        return self._lookups.is_training
+
+    def set_training(self):
+        """Turns the shard's find-only lookups (built with is_training=None) into
+        inserting ones, now and for lookups built later."""
+        self._lookups.set_training()
+
+    # ---- the shard as a tensor: the rows this graph's lookups read ---------------
+
+    def read_keys_and_rows(self, name=None):
+        """The keys and rows that this graph's lookups read from this shard.
+
+        A table has no fixed set of rows, so the rows a training step touches
+        stand for the shard wherever TF code treats a trainable variable as a
+        tensor: `tf.convert_to_tensor(shard)`, `tf.nn.l2_loss(shard)`, histogram
+        summaries over `tf.compat.v1.trainable_variables()`. One row per unique key
+        per lookup (a key read by two lookups appears twice). The rows are
+        differentiable: their gradient reaches the table like the lookups'
+        gradients, so an L2 term built from them trains with the model.
+
+        Args:
+          name: optional name scope.
+
+        Returns:
+          (keys int64 [n], rows float32 [n, dim]) tensors.
+
+        Raises:
+          ValueError: no lookup of this graph has read the shard yet (build the
+            model's lookups first).
+        """
+        out = self._lookups.read_keys_and_rows(name or (self._name + "/read_rows/"))
+        if out is None:
+            raise ValueError(
+                "Dynamic embedding shard %s has no value as a tensor yet: it stands for the rows that this graph's "
+                "lookups read, and no tf_ext.embedding_lookup* of %r was built. Build the model (its lookups) before "
+                "using the shard as a tensor (l2 loss, summaries); to read given keys use "
+                "tf_ext.embedding_lookup(emb, ids)." % (self._name, self._embedding.name)
+            )
+        return out
+
+    def value(self):
+        """The rows this graph's lookups read (see `read_keys_and_rows`), [n, dim].
+
+        Returns:
+          float32 tensor.
+        """
+        return self.read_keys_and_rows()[1]
+
+    read_value = value
+
+    def _as_tensor(self, dtype=None, name=None, as_ref=False):
+        # as_ref: the table handle, as for a resource variable (tf.gradients(loss, shard) differentiates
+        # w.r.t. the handle and gets IndexedSlices of keys, the gradient optimizers apply).
+        if as_ref:
+            return self._handle
+        rows = self.read_keys_and_rows()[1]
+        if dtype is not None and not tf.as_dtype(dtype).is_compatible_with(rows.dtype):
+            raise ValueError(
+                "Dynamic embedding shard %s holds float32 rows; cannot convert it to %s"
+                % (self._name, tf.as_dtype(dtype).name)
+            )
+        return rows
+
+    # ---- checkpointing ----------------------------------------------------------
+
+    @property
+    def saveable(self):
+        """The shard's `SaveableObject` (also in `GraphKeys.SAVEABLE_OBJECTS`)."""
+        return self._saveable
 
 
 class _NullContext(object):
 
-  def __enter__(self):
-    return self
+    def __enter__(self):
+        return self
 
-  def __exit__(self, *args):
-    return False
+    def __exit__(self, *args):
+        return False
 
 
 class DynamicEmbedding(object):
-  """A dynamic embedding: keys -> `dim` float32, no vocabulary, sharded tables.
+    """A dynamic embedding: keys -> `dim` float32, no vocabulary, sharded tables.
 
-  Create with `get_dynamic_embedding`; look up with `embedding_lookup`,
-  `embedding_lookup_sparse` or `safe_embedding_lookup_sparse`; train with any
-  supported stock `tf.compat.v1.train` optimizer.
+    Create with `get_dynamic_embedding`; look up with `embedding_lookup`,
+    `embedding_lookup_sparse` or `safe_embedding_lookup_sparse`; train with any
+    supported stock `tf.compat.v1.train` optimizer.
 
-  The constructor creates the shards and registers them in the graph
-  collections; it does not validate its arguments. Use
-  `get_dynamic_embedding`, which validates them and applies variable-scope
-  naming and reuse rules.
-
-  Args:
-    name: the full (variable-scope prefixed) name.
-    dim: int, the embedding dimension.
-    key_dtype: the dtype of the ids users pass (int64, int32 or string).
-    value_dtype: the value dtype (float32).
-    initializer: the `InitSpec` of new rows.
-    num_shards: int >= 1, the number of tables.
-    devices: optional list of device strings; shard i goes to
-      `devices[i % len(devices)]`.
-    trainable: whether to add the shards to `TRAINABLE_VARIABLES`.
-    initial_capacity: expected number of keys over all shards (split evenly).
-  """
-
-  def __init__(self, name, dim, key_dtype, value_dtype, initializer, num_shards, devices, trainable,
-               initial_capacity):
-    self._name = name
-    self._dim = dim
-    self._key_dtype = key_dtype
-    self._value_dtype = value_dtype
-    # One seed pair per embedding: a key's initial row depends only on (seeds, key), whichever op inserts it.
-    self._initializer = initializer.pinned_for(name)
-    self._trainable = trainable
-    self._devices = list(devices) if devices else None
-    self._distribution = None  # set by tensorflow_ext.horovod for model-parallel embeddings
-    graph = tf.compat.v1.get_default_graph()
-    self._graph = graph
-    self._partition = HashPartition(num_shards)
-    per_shard_capacity = int(initial_capacity) // num_shards if initial_capacity else 0
-    self._shards = []
-    for i in range(num_shards):
-      device = self._devices[i % len(self._devices)] if self._devices else None
-      shard = DynamicEmbeddingShard(self, i, "%s/part_%d" % (name, i), device, per_shard_capacity)
-      self._shards.append(shard)
-    from tensorflow_ext.embedding import saveable as saveable_lib  # pylint: disable=import-outside-toplevel
-    for shard in self._shards:
-      shard._saveable = saveable_lib.ShardSaveable(shard)  # pylint: disable=protected-access
-      graph.add_to_collection(tf.compat.v1.GraphKeys.SAVEABLE_OBJECTS, shard.saveable)
-      graph.add_to_collection(GraphKeys.DYNAMIC_EMBEDDINGS, shard)
-      if trainable:
-        graph.add_to_collection(tf.compat.v1.GraphKeys.TRAINABLE_VARIABLES, shard)
-
-  @property
-  def name(self):
-    """Full name (variable-scope prefixed)."""
-    return self._name
-
-  @property
-  def dim(self):
-    """The embedding dimension (an int)."""
-    return self._dim
-
-  @property
-  def key_dtype(self):
-    """The dtype of the ids users pass (int64, int32 or string)."""
-    return self._key_dtype
-
-  @property
-  def value_dtype(self):
-    """The dtype of the embedding values (float32)."""
-    return self._value_dtype
-
-  @property
-  def dtype(self):
-    """Same as value_dtype (float32)."""
-    return self._value_dtype
-
-  @property
-  def initializer(self):
-    """The `InitSpec` of new rows."""
-    return self._initializer
-
-  @property
-  def trainable(self):
-    """Whether the shards are in `TRAINABLE_VARIABLES`."""
-    return self._trainable
-
-  @property
-  def distribution(self):
-    """How the embedding spans processes: None (this process holds every key it trains), or a strategy
-    object such as `tensorflow_ext.horovod.ModelParallel` whose `lookup_unique` routes keys to their owners."""
-    return self._distribution
-
-  @distribution.setter
-  def distribution(self, value):
-    if self._distribution is not None and value is not self._distribution:
-      raise ValueError("dynamic embedding %s already has a distribution (%r)" % (self._name, self._distribution))
-    self._distribution = value
-
-  @property
-  def num_shards(self):
-    """The number of shards (tables), an int >= 1."""
-    return len(self._shards)
-
-  @property
-  def shards(self):
-    """The `DynamicEmbeddingShard`s, in shard-index order."""
-    return list(self._shards)
-
-  @property
-  def graph(self):
-    """The `tf.Graph` the embedding was created in."""
-    return self._graph
-
-  @property
-  def saveables(self):
-    """The shards' SaveableObjects (for `tf.compat.v1.train.Saver(var_list=...)`)."""
-    return [s.saveable for s in self._shards]
-
-  def __repr__(self):
-    return "<tf_ext.DynamicEmbedding %r dim=%d key_dtype=%s shards=%d>" % (
-        self._name, self._dim, self._key_dtype.name, len(self._shards))
-
-  # ---- keys ---------------------------------------------------------------
-
-  def to_keys(self, ids, what="ids"):
-    """Converts user ids to int64 table keys (strings are fingerprinted).
+    The constructor creates the shards and registers them in the graph
+    collections; it does not validate its arguments. Use
+    `get_dynamic_embedding`, which validates them and applies variable-scope
+    naming and reuse rules.
 
     Args:
-      ids: Tensor (or convertible) of any rank: int64/int32 ids, or strings
-        for an embedding with key_dtype=tf.string.
-      what: how the ids are named in error messages.
-
-    Returns:
-      int64 tensor of ids' shape.
-
-    Raises:
-      TypeError: ids of a dtype that does not match key_dtype (e.g. float ids).
+      name: the full (variable-scope prefixed) name.
+      dim: int, the embedding dimension.
+      key_dtype: the dtype of the ids users pass (int64, int32 or string).
+      value_dtype: the value dtype (float32).
+      initializer: the `InitSpec` of new rows.
+      num_shards: int >= 1, the number of tables.
+      devices: optional list of device strings; shard i goes to
+        `devices[i % len(devices)]`.
+      trainable: whether to add the shards to `TRAINABLE_VARIABLES`.
+      initial_capacity: expected number of keys over all shards (split evenly).
     """
-    if isinstance(ids, tf.SparseTensor):
-      raise TypeError("%s of dynamic embedding %r must be a dense Tensor here, got a SparseTensor"
-                      % (what, self._name))
-    if not isinstance(ids, (tf.Tensor, tf.Variable)):
-      dtype = tf.string if self._key_dtype == tf.string else None
-      ids = tf.convert_to_tensor(ids, dtype=dtype)
-    dtype = ids.dtype.base_dtype
-    if self._key_dtype == tf.string:
-      if dtype != tf.string:
-        raise TypeError("%s of dynamic embedding %r (key_dtype=string) must be strings, got %s"
-                        % (what, self._name, dtype.name))
-      return string_to_key(ids)
-    if dtype not in (tf.int64, tf.int32):
-      raise TypeError("%s of dynamic embedding %r (key_dtype=%s) must be int64 or int32, got %s"
-                      % (what, self._name, self._key_dtype.name, dtype.name))
-    if dtype != tf.int64:
-      ids = tf.cast(ids, tf.int64)
-    return ids
 
-  @property
-  def partition(self):
-    """The `HashPartition` of keys over this embedding's shards (`HashKey(key) % num_shards`)."""
-    return self._partition
+    def __init__(
+        self, name, dim, key_dtype, value_dtype, initializer, num_shards, devices, trainable, initial_capacity
+    ):
+        self._name = name
+        self._dim = dim
+        self._key_dtype = key_dtype
+        self._value_dtype = value_dtype
+        # One seed pair per embedding: a key's initial row depends only on (seeds, key), whichever op inserts it.
+        self._initializer = initializer.pinned_for(name)
+        self._trainable = trainable
+        self._devices = list(devices) if devices else None
+        self._distribution = None  # set by tensorflow_ext.horovod for model-parallel embeddings
+        graph = tf.compat.v1.get_default_graph()
+        self._graph = graph
+        self._partition = HashPartition(num_shards)
+        per_shard_capacity = int(initial_capacity) // num_shards if initial_capacity else 0
+        self._shards = []
+        for i in range(num_shards):
+            device = self._devices[i % len(self._devices)] if self._devices else None
+            shard = DynamicEmbeddingShard(self, i, "%s/part_%d" % (name, i), device, per_shard_capacity)
+            self._shards.append(shard)
+        from tensorflow_ext.embedding import saveable as saveable_lib  # pylint: disable=import-outside-toplevel
 
-  def shard_ids(self, keys):
-    """The shard of each key: `HashKey(key) % num_shards`.
+        for shard in self._shards:
+            shard._saveable = saveable_lib.ShardSaveable(shard)  # pylint: disable=protected-access
+            graph.add_to_collection(tf.compat.v1.GraphKeys.SAVEABLE_OBJECTS, shard.saveable)
+            graph.add_to_collection(GraphKeys.DYNAMIC_EMBEDDINGS, shard)
+            if trainable:
+                graph.add_to_collection(tf.compat.v1.GraphKeys.TRAINABLE_VARIABLES, shard)
 
-    Args:
-      keys: int64 tensor of any rank (table keys, see `to_keys`).
+    @property
+    def name(self):
+        """Full name (variable-scope prefixed)."""
+        return self._name
 
-    Returns:
-      int32 tensor of keys' shape (all zeros for a one-shard embedding).
-    """
-    return self._partition.part_ids(keys)
+    @property
+    def dim(self):
+        """The embedding dimension (an int)."""
+        return self._dim
 
-  # ---- introspection --------------------------------------------------------
+    @property
+    def key_dtype(self):
+        """The dtype of the ids users pass (int64, int32 or string)."""
+        return self._key_dtype
 
-  def size(self, shard_index=None, name=None):
-    """The number of keys in the embedding, or in one of its shards.
+    @property
+    def value_dtype(self):
+        """The dtype of the embedding values (float32)."""
+        return self._value_dtype
 
-    Args:
-      shard_index: None (default) for the total over all shards, or an int in
-        `[0, num_shards)` for that shard's count (TFRA's `size(index)`).
-      name: optional name scope (pass it by keyword).
+    @property
+    def dtype(self):
+        """Same as value_dtype (float32)."""
+        return self._value_dtype
 
-    Returns:
-      int64 scalar tensor.
+    @property
+    def initializer(self):
+        """The `InitSpec` of new rows."""
+        return self._initializer
 
-    Raises:
-      TypeError: shard_index is not None or an int (e.g. a name passed
-        positionally: use `size(name=...)`).
-      ValueError: shard_index is out of range.
-    """
-    if shard_index is not None:
-      if isinstance(shard_index, (bool, np.bool_)) or not isinstance(shard_index, (int, np.integer)):
-        raise TypeError("shard_index of %r.size() must be None or an int, got %r (pass a name scope as "
-                        "size(name=...))" % (self._name, shard_index))
-      if not 0 <= int(shard_index) < len(self._shards):
-        raise ValueError("shard_index of %r.size() must be in [0, %d) (num_shards=%d), got %d"
-                         % (self._name, len(self._shards), len(self._shards), int(shard_index)))
-    shards = self._shards if shard_index is None else [self._shards[int(shard_index)]]
-    with tf.name_scope(name or (self._name.split("/")[-1] + "_size")):
-      sizes = []
-      for shard in shards:
-        with tf_ops.colocate_with(shard.handle):
-          sizes.append(_ops.op("tf_ext_table_size")(shard.handle))
-      return tf.add_n(sizes) if len(sizes) > 1 else tf.identity(sizes[0])
+    @property
+    def trainable(self):
+        """Whether the shards are in `TRAINABLE_VARIABLES`."""
+        return self._trainable
 
-  def memory_bytes(self, name=None):
-    """The host memory the embedding's tables hold, in bytes (all shards).
+    @property
+    def distribution(self):
+        """How the embedding spans processes: None (this process holds every key it trains), or a strategy
+        object such as `tensorflow_ext.horovod.ModelParallel` whose `lookup_unique` routes keys to their owners."""
+        return self._distribution
 
-    What each shard's table says it holds (`TfExtTableMemoryBytes`): keys,
-    rows of `[embedding | optimizer slots]`, per-key metadata and the index,
-    including capacity reserved for growth. Removing keys (`remove`, eviction)
-    does not give memory back: the freed rows are reused by later keys.
+    @distribution.setter
+    def distribution(self, value):
+        if self._distribution is not None and value is not self._distribution:
+            raise ValueError("dynamic embedding %s already has a distribution (%r)" % (self._name, self._distribution))
+        self._distribution = value
 
-    Args:
-      name: optional name scope.
+    @property
+    def num_shards(self):
+        """The number of shards (tables), an int >= 1."""
+        return len(self._shards)
 
-    Returns:
-      int64 scalar tensor.
-    """
-    with tf.name_scope(name or (self._name.split("/")[-1] + "_memory_bytes")):
-      parts = []
-      for shard in self._shards:
-        with tf_ops.colocate_with(shard.handle):
-          parts.append(_ops.op("tf_ext_table_memory_bytes")(shard.handle))
-      return tf.add_n(parts) if len(parts) > 1 else tf.identity(parts[0])
+    @property
+    def shards(self):
+        """The `DynamicEmbeddingShard`s, in shard-index order."""
+        return list(self._shards)
 
-  def export(self, with_slots=False, name=None):
-    """Snapshot of the embedding (all shards concatenated, unspecified order).
+    @property
+    def graph(self):
+        """The `tf.Graph` the embedding was created in."""
+        return self._graph
 
-    Args:
-      with_slots: also export the optimizer slot columns (freezes the table
-        layout: build optimizers first).
-      name: optional name scope.
+    @property
+    def saveables(self):
+        """The shards' SaveableObjects (for `tf.compat.v1.train.Saver(var_list=...)`)."""
+        return [s.saveable for s in self._shards]
 
-    Returns:
-      An `ExportedEmbedding(keys, values, slots, versions, frequencies)` of
-      tensors; `slots` is [n, 0] unless with_slots. For string embeddings, keys
-      are the int64 fingerprints (`string_to_key`).
-    """
-    with tf.name_scope(name or (self._name.split("/")[-1] + "_export")):
-      parts = [_export_shard(s, with_slots) for s in self._shards]
-      if len(parts) == 1:
-        return parts[0]
-      cat = lambda i: tf.concat([p[i] for p in parts], 0)
-      return ExportedEmbedding(cat(0), cat(1), cat(2), cat(3), cat(4))
+    def __repr__(self):
+        return "<tf_ext.DynamicEmbedding %r dim=%d key_dtype=%s shards=%d>" % (
+            self._name,
+            self._dim,
+            self._key_dtype.name,
+            len(self._shards),
+        )
 
-  def slot_names(self, optimizer):
-    """The names of `optimizer`'s slots in this embedding's rows.
+    # ---- keys ---------------------------------------------------------------
 
-    Args:
-      optimizer: a `tf.compat.v1.train.Optimizer` applied to this embedding.
+    def to_keys(self, ids, what="ids"):
+        """Converts user ids to int64 table keys (strings are fingerprinted).
 
-    Returns:
-      list of str (e.g. ["m", "v"] for Adam); [] if the optimizer has no slot
-      columns here (or was not applied to this embedding).
-    """
-    group = self._shards[0].slot_group(optimizer)
-    return list(group.slot_names) if group else []
+        Args:
+          ids: Tensor (or convertible) of any rank: int64/int32 ids, or strings
+            for an embedding with key_dtype=tf.string.
+          what: how the ids are named in error messages.
 
-  # ---- TFRA's Variable methods (porting by renaming) ------------------------
+        Returns:
+          int64 tensor of ids' shape.
 
-  def upsert(self, keys, values, name=None):
-    """TFRA's name for `insert`: inserts/overwrites the embeddings of keys.
+        Raises:
+          TypeError: ids of a dtype that does not match key_dtype (e.g. float ids).
+        """
+        if isinstance(ids, tf.SparseTensor):
+            raise TypeError(
+                "%s of dynamic embedding %r must be a dense Tensor here, got a SparseTensor" % (what, self._name)
+            )
+        if not isinstance(ids, (tf.Tensor, tf.Variable)):
+            dtype = tf.string if self._key_dtype == tf.string else None
+            ids = tf.convert_to_tensor(ids, dtype=dtype)
+        dtype = ids.dtype.base_dtype
+        if self._key_dtype == tf.string:
+            if dtype != tf.string:
+                raise TypeError(
+                    "%s of dynamic embedding %r (key_dtype=string) must be strings, got %s"
+                    % (what, self._name, dtype.name)
+                )
+            return string_to_key(ids)
+        if dtype not in (tf.int64, tf.int32):
+            raise TypeError(
+                "%s of dynamic embedding %r (key_dtype=%s) must be int64 or int32, got %s"
+                % (what, self._name, self._key_dtype.name, dtype.name)
+            )
+        if dtype != tf.int64:
+            ids = tf.cast(ids, tf.int64)
+        return ids
 
-    Args:
-      keys: ids of any shape (key dtype), n elements.
-      values: float32 `[n, dim]` (or `keys.shape + [dim]`).
-      name: optional name scope.
+    @property
+    def partition(self):
+        """The `HashPartition` of keys over this embedding's shards (`HashKey(key) % num_shards`)."""
+        return self._partition
 
-    Returns:
-      The insert op.
-    """
-    return self.insert(keys, values, name=name or "upsert")
+    def shard_ids(self, keys):
+        """The shard of each key: `HashKey(key) % num_shards`.
 
-  def lookup(self, keys, return_exists=False, name=None):
-    """Reads the embeddings of keys without inserting any (TFRA's `Variable.lookup`).
+        Args:
+          keys: int64 tensor of any rank (table keys, see `to_keys`).
 
-    Missing keys read the initializer's constant (zeros for random
-    initializers). Not differentiable: train through `tf_ext.embedding_lookup`.
+        Returns:
+          int32 tensor of keys' shape (all zeros for a one-shard embedding).
+        """
+        return self._partition.part_ids(keys)
 
-    Args:
-      keys: ids of any shape (key dtype).
-      return_exists: also return a bool tensor of keys' shape, True where
-        the key is in the table.
-      name: optional name scope.
+    # ---- introspection --------------------------------------------------------
 
-    Returns:
-      float32 `keys.shape + [dim]`, and the bool tensor if return_exists.
-    """
-    with tf.name_scope(name or "lookup"):
-      keys = self.to_keys(keys)
-      flat = tf.reshape(keys, [-1])
-      parts, positions = self._partition.split(flat)
-      rows, found = [], []
-      missing_row = tf.constant(self._initializer.missing_row(self._dim), tf.float32)
-      for shard, part in zip(self._shards, parts):
-        with tf_ops.colocate_with(shard.handle):
-          v, f = _ops.op("tf_ext_table_find")(shard.handle, part, missing_row, col_begin=0, cols=self._dim)
-        rows.append(v)
-        found.append(f)
-      if positions is None:
-        values, exists = rows[0], found[0]
-      else:
-        values, exists = tf.dynamic_stitch(positions, rows), tf.dynamic_stitch(positions, found)
-      shape = tf.shape(keys)
-      values = tf.reshape(values, tf.concat([shape, [self._dim]], 0))
-      if return_exists:
-        return values, tf.reshape(exists, shape)
-      return values
+    def size(self, shard_index=None, name=None):
+        """The number of keys in the embedding, or in one of its shards.
 
-  def restrict(self, num_reserved, trigger=None, policy=None, name=None):
-    """Keeps at most `num_reserved` keys (TFRA's `Variable.restrict`).
+        Args:
+          shard_index: None (default) for the total over all shards, or an int in
+            `[0, num_shards)` for that shard's count (TFRA's `size(index)`).
+          name: optional name scope (pass it by keyword).
 
-    See `tf_ext.embedding.restrict`. The policy defaults to the one given to
-    `tensorflow_ext.tfra.get_variable(restrict_policy=...)`, else "timestamp".
+        Returns:
+          int64 scalar tensor.
 
-    Args:
-      num_reserved: keys kept.
-      trigger: restrict only above this many keys (default num_reserved).
-      policy: "timestamp" or "frequency" (default: see above).
-      name: optional name scope.
+        Raises:
+          TypeError: shard_index is not None or an int (e.g. a name passed
+            positionally: use `size(name=...)`).
+          ValueError: shard_index is out of range.
+        """
+        if shard_index is not None:
+            if isinstance(shard_index, (bool, np.bool_)) or not isinstance(shard_index, (int, np.integer)):
+                raise TypeError(
+                    "shard_index of %r.size() must be None or an int, got %r (pass a name scope as "
+                    "size(name=...))" % (self._name, shard_index)
+                )
+            if not 0 <= int(shard_index) < len(self._shards):
+                raise ValueError(
+                    "shard_index of %r.size() must be in [0, %d) (num_shards=%d), got %d"
+                    % (self._name, len(self._shards), len(self._shards), int(shard_index))
+                )
+        shards = self._shards if shard_index is None else [self._shards[int(shard_index)]]
+        with tf.name_scope(name or (self._name.split("/")[-1] + "_size")):
+            sizes = []
+            for shard in shards:
+                with tf_ops.colocate_with(shard.handle):
+                    sizes.append(_ops.op("tf_ext_table_size")(shard.handle))
+            return tf.add_n(sizes) if len(sizes) > 1 else tf.identity(sizes[0])
 
-    Returns:
-      int64 scalar tensor: keys removed.
-    """
-    from tensorflow_ext.embedding import eviction  # pylint: disable=import-outside-toplevel
-    policy = policy or getattr(self, "restrict_policy", None) or "timestamp"
-    return eviction.restrict(self, num_reserved, trigger=trigger, policy=policy, name=name)
+    def memory_bytes(self, name=None):
+        """The host memory the embedding's tables hold, in bytes (all shards).
 
-  def slot_values(self, optimizer, slot_name, ids, name=None):
-    """Reads an optimizer slot of some keys.
+        What each shard's table says it holds (`TfExtTableMemoryBytes`): keys,
+        rows of `[embedding | optimizer slots]`, per-key metadata and the index,
+        including capacity reserved for growth. Removing keys (`remove`, eviction)
+        does not give memory back: the freed rows are reused by later keys.
 
-    Args:
-      optimizer: the optimizer applied to this embedding.
-      slot_name: the TF slot name (e.g. "accumulator" for Adagrad, "m"/"v" for
-        Adam, "accum"/"linear" for Ftrl, "rms"/"momentum"/"mg" for RMSProp).
-      ids: ids of any shape (key dtype).
-      name: optional name scope.
+        Args:
+          name: optional name scope.
 
-    Returns:
-      float32 `ids.shape + [dim]`; keys not in the table read the slot's
-      initial value.
+        Returns:
+          int64 scalar tensor.
+        """
+        with tf.name_scope(name or (self._name.split("/")[-1] + "_memory_bytes")):
+            parts = []
+            for shard in self._shards:
+                with tf_ops.colocate_with(shard.handle):
+                    parts.append(_ops.op("tf_ext_table_memory_bytes")(shard.handle))
+            return tf.add_n(parts) if len(parts) > 1 else tf.identity(parts[0])
 
-    Raises:
-      ValueError: the optimizer has no such slot on this embedding.
-    """
-    group = self._shards[0].slot_group(optimizer)
-    if group is None or slot_name not in group.slot_names:
-      raise ValueError("optimizer %r has no slot %r on dynamic embedding %r (slots: %s)"
-                       % (getattr(optimizer, "get_name", lambda: optimizer)(), slot_name, self._name,
-                          group.slot_names if group else []))
-    with tf.name_scope(name or "slot_values"):
-      keys = self.to_keys(ids)
-      flat = tf.reshape(keys, [-1])
-      default = group.initial_values[group.slot_names.index(slot_name)]
-      parts, positions = self._partition.split(flat)
-      outs = []
-      for shard, part in zip(self._shards, parts):
-        shard_col = shard.slot_group(optimizer).column(slot_name)
-        with tf_ops.colocate_with(shard.handle):
-          values, _ = _ops.op("tf_ext_table_find")(
-              shard.handle, part, tf.fill([self._dim], tf.constant(default, tf.float32)),
-              col_begin=shard_col, cols=self._dim)
-        outs.append(values)
-      rows = outs[0] if positions is None else tf.dynamic_stitch(positions, outs)
-      return tf.reshape(rows, tf.concat([tf.shape(keys), [self._dim]], 0))
+    def export(self, with_slots=False, name=None):
+        """Snapshot of the embedding (all shards concatenated, unspecified order).
 
-  def insert(self, ids, values, name=None):
-    """Inserts/overwrites the embeddings of keys (used to preload rows).
+        Args:
+          with_slots: also export the optimizer slot columns (freezes the table
+            layout: build optimizers first).
+          name: optional name scope.
 
-    Slots of new keys get their initial values; existing keys keep their slots.
+        Returns:
+          An `ExportedEmbedding(keys, values, slots, versions, frequencies)` of
+          tensors; `slots` is [n, 0] unless with_slots. For string embeddings, keys
+          are the int64 fingerprints (`string_to_key`).
+        """
+        with tf.name_scope(name or (self._name.split("/")[-1] + "_export")):
+            parts = [_export_shard(s, with_slots) for s in self._shards]
+            if len(parts) == 1:
+                return parts[0]
+            cat = lambda i: tf.concat([p[i] for p in parts], 0)
+            return ExportedEmbedding(cat(0), cat(1), cat(2), cat(3), cat(4))
 
-    Args:
-      ids: ids of any shape (key dtype), n elements.
-      values: float32 `[n, dim]` (or `ids.shape + [dim]`).
-      name: optional name scope.
+    def slot_names(self, optimizer):
+        """The names of `optimizer`'s slots in this embedding's rows.
 
-    Returns:
-      The insert op.
+        Args:
+          optimizer: a `tf.compat.v1.train.Optimizer` applied to this embedding.
 
-    Raises:
-      TypeError: ids of the wrong dtype (see `to_keys`).
-      ValueError: values whose static shape is not `[n, dim]` (or
-        `ids.shape + [dim]`).
-      InvalidArgumentError (at run time): values do not have n rows of `dim`.
-    """
-    with tf.name_scope(name or "insert"):
-      ids_keys = self.to_keys(ids)
-      keys = tf.reshape(ids_keys, [-1])
-      values = tf.convert_to_tensor(values, tf.float32)
-      # Checked here, naming the embedding: the reshape and the shard
-      # partition below would otherwise fail with messages about themselves.
-      what = "insert into dynamic embedding %s: values" % self._name
-      n_static = ids_keys.shape.num_elements()
-      shape = values.shape
-      if shape.rank is not None and not (n_static == 0 and shape.num_elements() == 0):
-        rows = shape[:-1].num_elements() if shape.rank >= 1 else None
-        if (shape.rank == 0 or (shape[-1] is not None and shape[-1] != self._dim) or
-            (rows is not None and n_static is not None and rows != n_static)):
-          raise ValueError("%s must have shape [n, dim] = [%s, %d] (n = number of ids), got shape %s"
-                           % (what, n_static if n_static is not None else "n", self._dim, shape))
-      n = tf.size(keys)
-      last = tf.shape(values)[-1:]
-      ok = tf.logical_or(
-          tf.logical_and(tf.equal(n, 0), tf.equal(tf.size(values), 0)),
-          tf.logical_and(tf.reduce_all(tf.equal(last, self._dim)),
-                         tf.logical_and(tf.equal(tf.size(last), 1),
-                                        tf.equal(tf.size(values), n * self._dim))))
-      check = tf.debugging.Assert(
-          ok, ["%s must have shape [n, dim] with dim = %d and n = number of ids; n =" % (what, self._dim), n,
-               "got shape", tf.shape(values)], name="check_values_shape")
-      with tf.control_dependencies([check]):
-        values = tf.reshape(values, [-1, self._dim])
-      if len(self._shards) == 1:
-        parts, vparts = [keys], [values]
-      else:
-        sid = self.shard_ids(keys)
-        parts = tf.dynamic_partition(keys, sid, len(self._shards))
-        vparts = tf.dynamic_partition(values, sid, len(self._shards))
-      ops = []
-      for shard, k, v in zip(self._shards, parts, vparts):
-        with tf_ops.colocate_with(shard.handle):
-          ops.append(_ops.op("tf_ext_table_insert")(shard.handle, k, v, tf.constant(-1, tf.int64),
-                                                     col_begin=0, cols=self._dim, count=False))
-      return tf.group(*ops)
+        Returns:
+          list of str (e.g. ["m", "v"] for Adam); [] if the optimizer has no slot
+          columns here (or was not applied to this embedding).
+        """
+        group = self._shards[0].slot_group(optimizer)
+        return list(group.slot_names) if group else []
 
-  def remove(self, ids, name=None):
-    """Removes keys (absent ones are ignored) with their slots and metadata.
+    # ---- TFRA's Variable methods (porting by renaming) ------------------------
 
-    Args:
-      ids: ids of any shape (key dtype).
-      name: optional name scope.
+    def upsert(self, keys, values, name=None):
+        """TFRA's name for `insert`: inserts/overwrites the embeddings of keys.
 
-    Returns:
-      int64 scalar tensor: the number of keys removed.
+        Args:
+          keys: ids of any shape (key dtype), n elements.
+          values: float32 `[n, dim]` (or `keys.shape + [dim]`).
+          name: optional name scope.
 
-    Raises:
-      TypeError: ids of the wrong dtype (see `to_keys`).
-    """
-    with tf.name_scope(name or "remove"):
-      keys = tf.reshape(self.to_keys(ids), [-1])
-      parts, _ = self._partition.split(keys)
-      counts = []
-      for shard, k in zip(self._shards, parts):
-        with tf_ops.colocate_with(shard.handle):
-          counts.append(_ops.op("tf_ext_table_remove")(shard.handle, k))
-      return tf.add_n(counts)
+        Returns:
+          The insert op.
+        """
+        return self.insert(keys, values, name=name or "upsert")
+
+    def lookup(self, keys, return_exists=False, name=None):
+        """Reads the embeddings of keys without inserting any (TFRA's `Variable.lookup`).
+
+        Missing keys read the initializer's constant (zeros for random
+        initializers). Not differentiable: train through `tf_ext.embedding_lookup`.
+
+        Args:
+          keys: ids of any shape (key dtype).
+          return_exists: also return a bool tensor of keys' shape, True where
+            the key is in the table.
+          name: optional name scope.
+
+        Returns:
+          float32 `keys.shape + [dim]`, and the bool tensor if return_exists.
+        """
+        with tf.name_scope(name or "lookup"):
+            keys = self.to_keys(keys)
+            flat = tf.reshape(keys, [-1])
+            parts, positions = self._partition.split(flat)
+            rows, found = [], []
+            missing_row = tf.constant(self._initializer.missing_row(self._dim), tf.float32)
+            for shard, part in zip(self._shards, parts):
+                with tf_ops.colocate_with(shard.handle):
+                    v, f = _ops.op("tf_ext_table_find")(shard.handle, part, missing_row, col_begin=0, cols=self._dim)
+                rows.append(v)
+                found.append(f)
+            if positions is None:
+                values, exists = rows[0], found[0]
+            else:
+                values, exists = tf.dynamic_stitch(positions, rows), tf.dynamic_stitch(positions, found)
+            shape = tf.shape(keys)
+            values = tf.reshape(values, tf.concat([shape, [self._dim]], 0))
+            if return_exists:
+                return values, tf.reshape(exists, shape)
+            return values
+
+    def restrict(self, num_reserved, trigger=None, policy=None, name=None):
+        """Keeps at most `num_reserved` keys (TFRA's `Variable.restrict`).
+
+        See `tf_ext.embedding.restrict`. The policy defaults to the one given to
+        `tensorflow_ext.tfra.get_variable(restrict_policy=...)`, else "timestamp".
+
+        Args:
+          num_reserved: keys kept.
+          trigger: restrict only above this many keys (default num_reserved).
+          policy: "timestamp" or "frequency" (default: see above).
+          name: optional name scope.
+
+        Returns:
+          int64 scalar tensor: keys removed.
+        """
+        from tensorflow_ext.embedding import eviction  # pylint: disable=import-outside-toplevel
+
+        policy = policy or getattr(self, "restrict_policy", None) or "timestamp"
+        return eviction.restrict(self, num_reserved, trigger=trigger, policy=policy, name=name)
+
+    def slot_values(self, optimizer, slot_name, ids, name=None):
+        """Reads an optimizer slot of some keys.
+
+        Args:
+          optimizer: the optimizer applied to this embedding.
+          slot_name: the TF slot name (e.g. "accumulator" for Adagrad, "m"/"v" for
+            Adam, "accum"/"linear" for Ftrl, "rms"/"momentum"/"mg" for RMSProp).
+          ids: ids of any shape (key dtype).
+          name: optional name scope.
+
+        Returns:
+          float32 `ids.shape + [dim]`; keys not in the table read the slot's
+          initial value.
+
+        Raises:
+          ValueError: the optimizer has no such slot on this embedding.
+        """
+        group = self._shards[0].slot_group(optimizer)
+        if group is None or slot_name not in group.slot_names:
+            raise ValueError(
+                "optimizer %r has no slot %r on dynamic embedding %r (slots: %s)"
+                % (
+                    getattr(optimizer, "get_name", lambda: optimizer)(),
+                    slot_name,
+                    self._name,
+                    group.slot_names if group else [],
+                )
+            )
+        with tf.name_scope(name or "slot_values"):
+            keys = self.to_keys(ids)
+            flat = tf.reshape(keys, [-1])
+            default = group.initial_values[group.slot_names.index(slot_name)]
+            parts, positions = self._partition.split(flat)
+            outs = []
+            for shard, part in zip(self._shards, parts):
+                shard_col = shard.slot_group(optimizer).column(slot_name)
+                with tf_ops.colocate_with(shard.handle):
+                    values, _ = _ops.op("tf_ext_table_find")(
+                        shard.handle,
+                        part,
+                        tf.fill([self._dim], tf.constant(default, tf.float32)),
+                        col_begin=shard_col,
+                        cols=self._dim,
+                    )
+                outs.append(values)
+            rows = outs[0] if positions is None else tf.dynamic_stitch(positions, outs)
+            return tf.reshape(rows, tf.concat([tf.shape(keys), [self._dim]], 0))
+
+    def insert(self, ids, values, name=None):
+        """Inserts/overwrites the embeddings of keys (used to preload rows).
+
+        Slots of new keys get their initial values; existing keys keep their slots.
+
+        Args:
+          ids: ids of any shape (key dtype), n elements.
+          values: float32 `[n, dim]` (or `ids.shape + [dim]`).
+          name: optional name scope.
+
+        Returns:
+          The insert op.
+
+        Raises:
+          TypeError: ids of the wrong dtype (see `to_keys`).
+          ValueError: values whose static shape is not `[n, dim]` (or
+            `ids.shape + [dim]`).
+          InvalidArgumentError (at run time): values do not have n rows of `dim`.
+        """
+        with tf.name_scope(name or "insert"):
+            ids_keys = self.to_keys(ids)
+            keys = tf.reshape(ids_keys, [-1])
+            values = tf.convert_to_tensor(values, tf.float32)
+            # Checked here, naming the embedding: the reshape and the shard
+            # partition below would otherwise fail with messages about themselves.
+            what = "insert into dynamic embedding %s: values" % self._name
+            n_static = ids_keys.shape.num_elements()
+            shape = values.shape
+            if shape.rank is not None and not (n_static == 0 and shape.num_elements() == 0):
+                rows = shape[:-1].num_elements() if shape.rank >= 1 else None
+                if (
+                    shape.rank == 0
+                    or (shape[-1] is not None and shape[-1] != self._dim)
+                    or (rows is not None and n_static is not None and rows != n_static)
+                ):
+                    raise ValueError(
+                        "%s must have shape [n, dim] = [%s, %d] (n = number of ids), got shape %s"
+                        % (what, n_static if n_static is not None else "n", self._dim, shape)
+                    )
+            n = tf.size(keys)
+            last = tf.shape(values)[-1:]
+            ok = tf.logical_or(
+                tf.logical_and(tf.equal(n, 0), tf.equal(tf.size(values), 0)),
+                tf.logical_and(
+                    tf.reduce_all(tf.equal(last, self._dim)),
+                    tf.logical_and(tf.equal(tf.size(last), 1), tf.equal(tf.size(values), n * self._dim)),
+                ),
+            )
+            check = tf.debugging.Assert(
+                ok,
+                [
+                    "%s must have shape [n, dim] with dim = %d and n = number of ids; n =" % (what, self._dim),
+                    n,
+                    "got shape",
+                    tf.shape(values),
+                ],
+                name="check_values_shape",
+            )
+            with tf.control_dependencies([check]):
+                values = tf.reshape(values, [-1, self._dim])
+            if len(self._shards) == 1:
+                parts, vparts = [keys], [values]
+            else:
+                sid = self.shard_ids(keys)
+                parts = tf.dynamic_partition(keys, sid, len(self._shards))
+                vparts = tf.dynamic_partition(values, sid, len(self._shards))
+            ops = []
+            for shard, k, v in zip(self._shards, parts, vparts):
+                with tf_ops.colocate_with(shard.handle):
+                    ops.append(
+                        _ops.op("tf_ext_table_insert")(
+                            shard.handle, k, v, tf.constant(-1, tf.int64), col_begin=0, cols=self._dim, count=False
+                        )
+                    )
+            return tf.group(*ops)
+
+    def remove(self, ids, name=None):
+        """Removes keys (absent ones are ignored) with their slots and metadata.
+
+        Args:
+          ids: ids of any shape (key dtype).
+          name: optional name scope.
+
+        Returns:
+          int64 scalar tensor: the number of keys removed.
+
+        Raises:
+          TypeError: ids of the wrong dtype (see `to_keys`).
+        """
+        with tf.name_scope(name or "remove"):
+            keys = tf.reshape(self.to_keys(ids), [-1])
+            parts, _ = self._partition.split(keys)
+            counts = []
+            for shard, k in zip(self._shards, parts):
+                with tf_ops.colocate_with(shard.handle):
+                    counts.append(_ops.op("tf_ext_table_remove")(shard.handle, k))
+            return tf.add_n(counts)
 
 
 def _export_shard(shard, with_slots):
-  with tf_ops.colocate_with(shard.handle):
-    if with_slots:
-      shard.freeze_layout("export(with_slots=True)")
-      keys, rows, versions, freqs = _ops.op("tf_ext_table_export")(shard.handle, col_begin=0,
-                                                                   cols=shard.width)
-      values = rows[:, :shard.dim]
-      slots = rows[:, shard.dim:]
-      return ExportedEmbedding(keys, values, slots, versions, freqs)
-    keys, values, versions, freqs = _ops.op("tf_ext_table_export")(shard.handle, col_begin=0,
-                                                                   cols=shard.dim)
-    return ExportedEmbedding(keys, values, tf.zeros(tf.stack([tf.size(keys), 0]), tf.float32), versions, freqs)
+    with tf_ops.colocate_with(shard.handle):
+        if with_slots:
+            shard.freeze_layout("export(with_slots=True)")
+            keys, rows, versions, freqs = _ops.op("tf_ext_table_export")(shard.handle, col_begin=0, cols=shard.width)
+            values = rows[:, : shard.dim]
+            slots = rows[:, shard.dim :]
+            return ExportedEmbedding(keys, values, slots, versions, freqs)
+        keys, values, versions, freqs = _ops.op("tf_ext_table_export")(shard.handle, col_begin=0, cols=shard.dim)
+        return ExportedEmbedding(keys, values, tf.zeros(tf.stack([tf.size(keys), 0]), tf.float32), versions, freqs)
 
 
 def _shard_to_tensor(shard, dtype=None, name=None, as_ref=False):
-  return shard._as_tensor(dtype=dtype, name=name, as_ref=as_ref)  # pylint: disable=protected-access
+    return shard._as_tensor(dtype=dtype, name=name, as_ref=as_ref)  # pylint: disable=protected-access
 
 
 tf.register_tensor_conversion_function(DynamicEmbeddingShard, _shard_to_tensor)
@@ -841,5 +893,9 @@ tf.register_tensor_conversion_function(DynamicEmbeddingShard, _shard_to_tensor)
 
 # Creation and scoping live in creation.py; these names stay importable from here.
 from tensorflow_ext.embedding.creation import dense_variables  # noqa: E402,F401  pylint: disable=wrong-import-position
-from tensorflow_ext.embedding.creation import get_dynamic_embedding  # noqa: E402,F401  pylint: disable=wrong-import-position
-from tensorflow_ext.embedding.creation import get_dynamic_embeddings  # noqa: E402,F401  pylint: disable=wrong-import-position
+from tensorflow_ext.embedding.creation import (
+    get_dynamic_embedding,
+)  # noqa: E402,F401  pylint: disable=wrong-import-position
+from tensorflow_ext.embedding.creation import (
+    get_dynamic_embeddings,
+)  # noqa: E402,F401  pylint: disable=wrong-import-position

@@ -52,173 +52,206 @@ _options = threading.local()
 
 
 class ShardTarget(object):
-  """Stands for a shard inside TF's warm_start bookkeeping."""
+    """Stands for a shard inside TF's warm_start bookkeeping."""
 
-  def __init__(self, shard):
-    self.shard = shard
-    self.name = shard.name
+    def __init__(self, shard):
+        self.shard = shard
+        self.name = shard.name
 
 
 def matching_shards(vars_to_warm_start, graph):
-  shards = [s for s in graph.get_collection(var_lib.GraphKeys.DYNAMIC_EMBEDDINGS) if isinstance(s, _Shard)]
-  if vars_to_warm_start is None or isinstance(vars_to_warm_start, str):
-    pattern = vars_to_warm_start
-    return [s for s in shards if s.trainable and (pattern is None or re.match(pattern, s.name))]
-  if isinstance(vars_to_warm_start, list):
-    if all(isinstance(v, str) for v in vars_to_warm_start):
-      return [s for s in shards if any(re.match(p, s.name) for p in vars_to_warm_start)]
-    return [v for v in vars_to_warm_start if isinstance(v, _Shard)]
-  return []
+    shards = [s for s in graph.get_collection(var_lib.GraphKeys.DYNAMIC_EMBEDDINGS) if isinstance(s, _Shard)]
+    if vars_to_warm_start is None or isinstance(vars_to_warm_start, str):
+        pattern = vars_to_warm_start
+        return [s for s in shards if s.trainable and (pattern is None or re.match(pattern, s.name))]
+    if isinstance(vars_to_warm_start, list):
+        if all(isinstance(v, str) for v in vars_to_warm_start):
+            return [s for s in shards if any(re.match(p, s.name) for p in vars_to_warm_start)]
+        return [v for v in vars_to_warm_start if isinstance(v, _Shard)]
+    return []
 
 
 def _previous_dim(ckpt, path, prev_name, parts, shapes, shard):
-  """The row width of the previous embedding's `-values` tensors."""
-  dims = set()
-  for part in parts:
-    shape = shapes.get(part + "-values")
-    if shape is None or len(shape) != 2:
-      raise ValueError("warm start of dynamic embedding shard %s: checkpoint %s has %s but no [n, dim] tensor "
-                       "%s-values (got shape %s)" % (shard.name, ckpt, part + "-keys", part, shape))
-    dims.add(int(shape[1]))
-  if len(dims) != 1:
-    raise ValueError("warm start of dynamic embedding shard %s: the shards of %s in checkpoint %s have "
-                     "different dims %s" % (shard.name, prev_name, path, sorted(dims)))
-  return dims.pop()
+    """The row width of the previous embedding's `-values` tensors."""
+    dims = set()
+    for part in parts:
+        shape = shapes.get(part + "-values")
+        if shape is None or len(shape) != 2:
+            raise ValueError(
+                "warm start of dynamic embedding shard %s: checkpoint %s has %s but no [n, dim] tensor "
+                "%s-values (got shape %s)" % (shard.name, ckpt, part + "-keys", part, shape)
+            )
+        dims.add(int(shape[1]))
+    if len(dims) != 1:
+        raise ValueError(
+            "warm start of dynamic embedding shard %s: the shards of %s in checkpoint %s have "
+            "different dims %s" % (shard.name, prev_name, path, sorted(dims))
+        )
+    return dims.pop()
 
 
 def _fit_dim(values, prev_dim, shard, dim_mismatch, ckpt, prev_name):
-  """values [n, prev_dim] -> [n, shard.dim] by the dim_mismatch policy (or a ValueError)."""
-  dim = shard.dim
-  if prev_dim == dim:
-    return values
-  emb = shard.embedding
-  what = ("warm start of dynamic embedding %s (dim=%d) from %s in checkpoint %s (dim=%d)"
-          % (emb.name, dim, prev_name, ckpt, prev_dim))
-  if dim_mismatch == "truncate" and prev_dim > dim:
-    return values[:, :dim]
-  if dim_mismatch == "pad" and prev_dim < dim:
-    # The new columns are what the initializer gives a new key's row there.
-    init = emb.initializer.make_rows(tf.shape(values)[0], dim)
-    return tf.concat([values, init[:, prev_dim:]], 1)
-  if dim_mismatch == "error":
-    hint = ("dim_mismatch='truncate') (keeps each row's first %d columns" % dim if prev_dim > dim else
-            "dim_mismatch='pad') (fills columns %d..%d from the initializer" % (prev_dim, dim - 1))
-    raise ValueError("%s: the dims differ. To convert the rows, warm-start with "
-                     "tf_ext.embedding.warm_start_from_checkpoint(..., %s)." % (what, hint))
-  raise ValueError("%s: dim_mismatch=%r cannot convert rows of dim %d to dim %d ('truncate' needs a wider "
-                   "previous embedding, 'pad' a narrower one)." % (what, dim_mismatch, prev_dim, dim))
+    """values [n, prev_dim] -> [n, shard.dim] by the dim_mismatch policy (or a ValueError)."""
+    dim = shard.dim
+    if prev_dim == dim:
+        return values
+    emb = shard.embedding
+    what = "warm start of dynamic embedding %s (dim=%d) from %s in checkpoint %s (dim=%d)" % (
+        emb.name,
+        dim,
+        prev_name,
+        ckpt,
+        prev_dim,
+    )
+    if dim_mismatch == "truncate" and prev_dim > dim:
+        return values[:, :dim]
+    if dim_mismatch == "pad" and prev_dim < dim:
+        # The new columns are what the initializer gives a new key's row there.
+        init = emb.initializer.make_rows(tf.shape(values)[0], dim)
+        return tf.concat([values, init[:, prev_dim:]], 1)
+    if dim_mismatch == "error":
+        hint = (
+            "dim_mismatch='truncate') (keeps each row's first %d columns" % dim
+            if prev_dim > dim
+            else "dim_mismatch='pad') (fills columns %d..%d from the initializer" % (prev_dim, dim - 1)
+        )
+        raise ValueError(
+            "%s: the dims differ. To convert the rows, warm-start with "
+            "tf_ext.embedding.warm_start_from_checkpoint(..., %s)." % (what, hint)
+        )
+    raise ValueError(
+        "%s: dim_mismatch=%r cannot convert rows of dim %d to dim %d ('truncate' needs a wider "
+        "previous embedding, 'pad' a narrower one)." % (what, dim_mismatch, prev_dim, dim)
+    )
 
 
 def _read_previous(ckpt, prev_name, shard, dim_mismatch):
-  """The keys/values/versions/freqs of embedding prev_name in ckpt that belong to `shard`."""
-  path = checkpoint_utils._get_checkpoint_filename(ckpt)  # pylint: disable=protected-access
-  shapes = dict(tf.train.list_variables(path))
-  parts = sorted(n[:-len("-keys")] for n in shapes
-                 if n.endswith("-keys") and re.fullmatch(re.escape(prev_name) + r"/part_\d+", n[:-len("-keys")]))
-  if not parts:
-    return None
-  prev_dim = _previous_dim(ckpt, path, prev_name, parts, shapes, shard)
-  tensors, dtypes = [], []
-  for part in parts:
-    for suffix, dtype in (("-keys", tf.int64), ("-values", tf.float32), ("-versions", tf.int64),
-                          ("-freqs", tf.int64)):
-      tensors.append(part + suffix)
-      dtypes.append(dtype)
-  restored = tf.raw_ops.RestoreV2(prefix=path, tensor_names=tensors, shape_and_slices=[""] * len(tensors),
-                                  dtypes=dtypes)
-  flat = lambda ts: tf.reshape(tf.concat(ts, 0), [-1])
-  keys = flat(restored[0::4])
-  values = tf.reshape(tf.concat(restored[1::4], 0), [-1, prev_dim])
-  versions = flat(restored[2::4])
-  freqs = flat(restored[3::4])
-  emb = shard.embedding
-  if emb.num_shards > 1:
-    mine = tf.equal(emb.shard_ids(keys), shard.shard_index)
-    keys, values, versions, freqs = [tf.boolean_mask(t, mine) for t in (keys, values, versions, freqs)]
-  values = _fit_dim(values, prev_dim, shard, dim_mismatch, ckpt, prev_name)
-  return keys, values, versions, freqs
+    """The keys/values/versions/freqs of embedding prev_name in ckpt that belong to `shard`."""
+    path = checkpoint_utils._get_checkpoint_filename(ckpt)  # pylint: disable=protected-access
+    shapes = dict(tf.train.list_variables(path))
+    parts = sorted(
+        n[: -len("-keys")]
+        for n in shapes
+        if n.endswith("-keys") and re.fullmatch(re.escape(prev_name) + r"/part_\d+", n[: -len("-keys")])
+    )
+    if not parts:
+        return None
+    prev_dim = _previous_dim(ckpt, path, prev_name, parts, shapes, shard)
+    tensors, dtypes = [], []
+    for part in parts:
+        for suffix, dtype in (
+            ("-keys", tf.int64),
+            ("-values", tf.float32),
+            ("-versions", tf.int64),
+            ("-freqs", tf.int64),
+        ):
+            tensors.append(part + suffix)
+            dtypes.append(dtype)
+    restored = tf.raw_ops.RestoreV2(
+        prefix=path, tensor_names=tensors, shape_and_slices=[""] * len(tensors), dtypes=dtypes
+    )
+    flat = lambda ts: tf.reshape(tf.concat(ts, 0), [-1])
+    keys = flat(restored[0::4])
+    values = tf.reshape(tf.concat(restored[1::4], 0), [-1, prev_dim])
+    versions = flat(restored[2::4])
+    freqs = flat(restored[3::4])
+    emb = shard.embedding
+    if emb.num_shards > 1:
+        mine = tf.equal(emb.shard_ids(keys), shard.shard_index)
+        keys, values, versions, freqs = [tf.boolean_mask(t, mine) for t in (keys, values, versions, freqs)]
+    values = _fit_dim(values, prev_dim, shard, dim_mismatch, ckpt, prev_name)
+    return keys, values, versions, freqs
 
 
 def warm_start_shard(ckpt, prev_tensor_name, shard):
-  prev = prev_tensor_name or shard.name
-  prev = re.sub(r"/part_\d+$", "", prev)
-  dim_mismatch = getattr(_options, "dim_mismatch", "error")
-  with tf_ops.colocate_with(shard.handle), tf.name_scope("warm_start_" + shard.name.replace("/", "_")):
-    data = _read_previous(ckpt, prev, shard, dim_mismatch)
-    if data is None:
-      raise ValueError("warm start of dynamic embedding shard %s: checkpoint %s has no tensors %s/part_*-keys"
-                       % (shard.name, ckpt, prev))
-    keys, values, versions, freqs = data
-    op = _ops.op("tf_ext_table_import")(shard.handle, keys, values, versions, freqs, col_begin=0, cols=shard.dim,
-                                        clear_first=True)
-  resources.register_resource(shard.handle, op, tf.constant(True), is_shared=True)
-  tf.compat.v1.add_to_collection(_COLLECTION, op)
-  tf.compat.v1.logging.info("Warm-starting dynamic embedding shard %s from %s (%s)", shard.name, ckpt, prev)
-  return op
+    prev = prev_tensor_name or shard.name
+    prev = re.sub(r"/part_\d+$", "", prev)
+    dim_mismatch = getattr(_options, "dim_mismatch", "error")
+    with tf_ops.colocate_with(shard.handle), tf.name_scope("warm_start_" + shard.name.replace("/", "_")):
+        data = _read_previous(ckpt, prev, shard, dim_mismatch)
+        if data is None:
+            raise ValueError(
+                "warm start of dynamic embedding shard %s: checkpoint %s has no tensors %s/part_*-keys"
+                % (shard.name, ckpt, prev)
+            )
+        keys, values, versions, freqs = data
+        op = _ops.op("tf_ext_table_import")(
+            shard.handle, keys, values, versions, freqs, col_begin=0, cols=shard.dim, clear_first=True
+        )
+    resources.register_resource(shard.handle, op, tf.constant(True), is_shared=True)
+    tf.compat.v1.add_to_collection(_COLLECTION, op)
+    tf.compat.v1.logging.info("Warm-starting dynamic embedding shard %s from %s (%s)", shard.name, ckpt, prev)
+    return op
 
 
-def warm_start_from_checkpoint(ckpt_to_initialize_from,
-                               vars_to_warm_start=".*",
-                               var_name_to_vocab_info=None,
-                               var_name_to_prev_var_name=None,
-                               dim_mismatch="error"):
-  """`tf.compat.v1.train.warm_start`, with a choice for embeddings whose dim changed.
+def warm_start_from_checkpoint(
+    ckpt_to_initialize_from,
+    vars_to_warm_start=".*",
+    var_name_to_vocab_info=None,
+    var_name_to_prev_var_name=None,
+    dim_mismatch="error",
+):
+    """`tf.compat.v1.train.warm_start`, with a choice for embeddings whose dim changed.
 
-  Warm-starts variables and dynamic embeddings exactly as
-  `tf.compat.v1.train.warm_start` (which tf_ext teaches about dynamic
-  embeddings), and lets a dynamic embedding start from a previous one of
-  another `dim`. Call it where you would call `warm_start`: after building the
-  model, before the session is created (in an Estimator, at the end of
-  `model_fn` in TRAIN mode, instead of `warm_start_from`).
+    Warm-starts variables and dynamic embeddings exactly as
+    `tf.compat.v1.train.warm_start` (which tf_ext teaches about dynamic
+    embeddings), and lets a dynamic embedding start from a previous one of
+    another `dim`. Call it where you would call `warm_start`: after building the
+    model, before the session is created (in an Estimator, at the end of
+    `model_fn` in TRAIN mode, instead of `warm_start_from`).
 
-  Args:
-    ckpt_to_initialize_from: a checkpoint prefix or directory.
-    vars_to_warm_start: as in `tf.compat.v1.train.warm_start` (default ".*").
-    var_name_to_vocab_info: as in `tf.compat.v1.train.warm_start` (dense
-      variables only).
-    var_name_to_prev_var_name: as in `tf.compat.v1.train.warm_start`; a key
-      may be a shard name (`emb/part_0`) mapped to the previous embedding.
-    dim_mismatch: what to do when a dynamic embedding's previous `dim` differs
-      from its current one: "error" (default, a ValueError naming both dims),
-      "truncate" (previous dim larger: keep each row's first `dim` columns) or
-      "pad" (previous dim smaller: keep the previous columns, fill the new ones
-      from the embedding's initializer). Embeddings whose dim did not change are
-      copied as they are. Any shard counts, before and after, are fine.
+    Args:
+      ckpt_to_initialize_from: a checkpoint prefix or directory.
+      vars_to_warm_start: as in `tf.compat.v1.train.warm_start` (default ".*").
+      var_name_to_vocab_info: as in `tf.compat.v1.train.warm_start` (dense
+        variables only).
+      var_name_to_prev_var_name: as in `tf.compat.v1.train.warm_start`; a key
+        may be a shard name (`emb/part_0`) mapped to the previous embedding.
+      dim_mismatch: what to do when a dynamic embedding's previous `dim` differs
+        from its current one: "error" (default, a ValueError naming both dims),
+        "truncate" (previous dim larger: keep each row's first `dim` columns) or
+        "pad" (previous dim smaller: keep the previous columns, fill the new ones
+        from the embedding's initializer). Embeddings whose dim did not change are
+        copied as they are. Any shard counts, before and after, are fine.
 
-  Raises:
-    ValueError: dim_mismatch is not one of "error", "truncate", "pad"; or a
-      dim differs and dim_mismatch does not convert it (see above); or what
-      `tf.compat.v1.train.warm_start` raises.
-  """
-  if dim_mismatch not in _DIM_MISMATCH:
-    raise ValueError("dim_mismatch must be one of %s, got %r" % (", ".join(repr(p) for p in _DIM_MISMATCH),
-                                                                 dim_mismatch))
-  previous = getattr(_options, "dim_mismatch", None)
-  _options.dim_mismatch = dim_mismatch
-  try:
-    warm_starting_util.warm_start(ckpt_to_initialize_from, vars_to_warm_start=vars_to_warm_start,
-                                  var_name_to_vocab_info=var_name_to_vocab_info,
-                                  var_name_to_prev_var_name=var_name_to_prev_var_name)
-  finally:
-    if previous is None:
-      del _options.dim_mismatch
-    else:
-      _options.dim_mismatch = previous
+    Raises:
+      ValueError: dim_mismatch is not one of "error", "truncate", "pad"; or a
+        dim differs and dim_mismatch does not convert it (see above); or what
+        `tf.compat.v1.train.warm_start` raises.
+    """
+    if dim_mismatch not in _DIM_MISMATCH:
+        raise ValueError(
+            "dim_mismatch must be one of %s, got %r" % (", ".join(repr(p) for p in _DIM_MISMATCH), dim_mismatch)
+        )
+    previous = getattr(_options, "dim_mismatch", None)
+    _options.dim_mismatch = dim_mismatch
+    try:
+        warm_starting_util.warm_start(
+            ckpt_to_initialize_from,
+            vars_to_warm_start=vars_to_warm_start,
+            var_name_to_vocab_info=var_name_to_vocab_info,
+            var_name_to_prev_var_name=var_name_to_prev_var_name,
+        )
+    finally:
+        if previous is None:
+            del _options.dim_mismatch
+        else:
+            _options.dim_mismatch = previous
 
 
 def warm_start_op(graph=None):
-  """The op that fills the warm-started dynamic embeddings of a graph.
+    """The op that fills the warm-started dynamic embeddings of a graph.
 
-  `tf.compat.v1.train.warm_start` only records what to load for dynamic
-  embeddings; this op imports the rows. A Scaffold's default init_op
-  (Estimator, MonitoredSession) runs it; in a plain Session run it yourself
-  after `warm_start`.
+    `tf.compat.v1.train.warm_start` only records what to load for dynamic
+    embeddings; this op imports the rows. A Scaffold's default init_op
+    (Estimator, MonitoredSession) runs it; in a plain Session run it yourself
+    after `warm_start`.
 
-  Args:
-    graph: a `tf.Graph` (default: the default graph).
+    Args:
+      graph: a `tf.Graph` (default: the default graph).
 
-  Returns:
-    An op (a no-op if no dynamic embedding is warm-started).
-  """
-  graph = graph or tf.compat.v1.get_default_graph()
-  return tf.group(*graph.get_collection(_COLLECTION))
+    Returns:
+      An op (a no-op if no dynamic embedding is warm-started).
+    """
+    graph = graph or tf.compat.v1.get_default_graph()
+    return tf.group(*graph.get_collection(_COLLECTION))

@@ -69,19 +69,17 @@ from tensorflow_ext.examples import synthetic  # noqa: E402
 DEFAULT_MODEL_DIR = os.path.join(tempfile.gettempdir(), "tf_ext_ctr_model")
 
 # Defaults: a run on a 2-core machine takes ~2-4 minutes; --quick is for tests.
-_DEFAULTS = dict(steps=3000, batch_size=1024, eval_steps=20, dim=8, hidden="256,128",
-                 max_ids=2 ** 22, log_every=100)
-_QUICK = dict(steps=100, batch_size=512, eval_steps=5, dim=4, hidden="64,32",
-              max_ids=2 ** 20, log_every=50)
+_DEFAULTS = dict(steps=3000, batch_size=1024, eval_steps=20, dim=8, hidden="256,128", max_ids=2**22, log_every=100)
+_QUICK = dict(steps=100, batch_size=512, eval_steps=5, dim=4, hidden="64,32", max_ids=2**20, log_every=50)
 
 _OPTIMIZERS = ("adagrad", "adam", "ftrl", "sgd", "momentum", "rmsprop")
-_DEFAULT_LR = {"adagrad": 0.5, "adam": 0.001, "ftrl": 0.05, "sgd": 0.5, "momentum": 0.05,
-               "rmsprop": 0.001}
+_DEFAULT_LR = {"adagrad": 0.5, "adam": 0.001, "ftrl": 0.05, "sgd": 0.5, "momentum": 0.05, "rmsprop": 0.001}
 
 
 def _embedding_module():
     """``tf_ext.embedding`` (its import installs the stock-optimizer support)."""
     from tensorflow_ext import embedding  # pylint: disable=g-import-not-at-top
+
     return embedding
 
 
@@ -92,10 +90,12 @@ def _feature_column_module():
     except ImportError:  # pragma: no cover - a source tree without the package __init__
         pass
     from tensorflow_ext.embedding import feature_column  # pylint: disable=g-import-not-at-top
+
     return feature_column
 
 
 # --------------------------------------------------------------------------- flags
+
 
 def parse_args(argv=None):
     """Parses the command line.
@@ -109,63 +109,104 @@ def parse_args(argv=None):
     """
     p = argparse.ArgumentParser(
         prog="python -m tensorflow_ext.examples.ctr",
-        description="DeepFM / Wide&Deep CTR Estimator with tf_ext dynamic embeddings.")
-    p.add_argument("--model", choices=("deepfm", "wide_deep"), default="deepfm",
-                   help="model: DeepFM (first order + FM + MLP on shared embeddings) or "
-                        "Wide&Deep (linear on per-id weights + MLP on embeddings). Default deepfm.")
-    p.add_argument("--model_dir", default=DEFAULT_MODEL_DIR,
-                   help="checkpoints and TensorBoard summaries; re-running continues from its "
-                        "checkpoint. Default %(default)s.")
-    p.add_argument("--fresh", action="store_true",
-                   help="delete --model_dir first (start from scratch).")
-    p.add_argument("--data", default=None,
-                   help="Criteo-format TSV training files (comma-separated globs) instead of the "
-                        "synthetic stream.")
-    p.add_argument("--eval_data", default=None,
-                   help="TSV evaluation files. Default with --data: a 1/10 hash-split of --data "
-                        "held out from training.")
+        description="DeepFM / Wide&Deep CTR Estimator with tf_ext dynamic embeddings.",
+    )
+    p.add_argument(
+        "--model",
+        choices=("deepfm", "wide_deep"),
+        default="deepfm",
+        help="model: DeepFM (first order + FM + MLP on shared embeddings) or "
+        "Wide&Deep (linear on per-id weights + MLP on embeddings). Default deepfm.",
+    )
+    p.add_argument(
+        "--model_dir",
+        default=DEFAULT_MODEL_DIR,
+        help="checkpoints and TensorBoard summaries; re-running continues from its " "checkpoint. Default %(default)s.",
+    )
+    p.add_argument("--fresh", action="store_true", help="delete --model_dir first (start from scratch).")
+    p.add_argument(
+        "--data",
+        default=None,
+        help="Criteo-format TSV training files (comma-separated globs) instead of the " "synthetic stream.",
+    )
+    p.add_argument(
+        "--eval_data",
+        default=None,
+        help="TSV evaluation files. Default with --data: a 1/10 hash-split of --data " "held out from training.",
+    )
     p.add_argument("--epochs", type=int, default=1, help="passes over --data (default 1).")
-    p.add_argument("--quick", action="store_true",
-                   help="tiny run for tests (%s)." % ", ".join(
-                       "%s=%s" % kv for kv in sorted(_QUICK.items())))
-    p.add_argument("--steps", type=int, default=None,
-                   help="training steps in this run (default %d; %d with --quick; with --data: "
-                        "until the data is exhausted)." % (_DEFAULTS["steps"], _QUICK["steps"]))
-    p.add_argument("--batch_size", type=int, default=None,
-                   help="examples per step (default %d)." % _DEFAULTS["batch_size"])
-    p.add_argument("--eval_steps", type=int, default=None,
-                   help="evaluation batches (default %d; with --data: all eval data)."
-                        % _DEFAULTS["eval_steps"])
-    p.add_argument("--dim", type=int, default=None,
-                   help="embedding width per field (default %d)." % _DEFAULTS["dim"])
-    p.add_argument("--hidden", default=None,
-                   help="MLP hidden sizes, comma-separated (default %s)." % _DEFAULTS["hidden"])
-    p.add_argument("--optimizer", choices=_OPTIMIZERS, default="adagrad",
-                   help="stock tf.compat.v1.train optimizer for all variables and tables "
-                        "(default adagrad).")
-    p.add_argument("--learning_rate", type=float, default=None,
-                   help="default: %s." % ", ".join("%s %g" % kv for kv in sorted(_DEFAULT_LR.items())))
+    p.add_argument(
+        "--quick",
+        action="store_true",
+        help="tiny run for tests (%s)." % ", ".join("%s=%s" % kv for kv in sorted(_QUICK.items())),
+    )
+    p.add_argument(
+        "--steps",
+        type=int,
+        default=None,
+        help="training steps in this run (default %d; %d with --quick; with --data: "
+        "until the data is exhausted)." % (_DEFAULTS["steps"], _QUICK["steps"]),
+    )
+    p.add_argument(
+        "--batch_size", type=int, default=None, help="examples per step (default %d)." % _DEFAULTS["batch_size"]
+    )
+    p.add_argument(
+        "--eval_steps",
+        type=int,
+        default=None,
+        help="evaluation batches (default %d; with --data: all eval data)." % _DEFAULTS["eval_steps"],
+    )
+    p.add_argument("--dim", type=int, default=None, help="embedding width per field (default %d)." % _DEFAULTS["dim"])
+    p.add_argument(
+        "--hidden", default=None, help="MLP hidden sizes, comma-separated (default %s)." % _DEFAULTS["hidden"]
+    )
+    p.add_argument(
+        "--optimizer",
+        choices=_OPTIMIZERS,
+        default="adagrad",
+        help="stock tf.compat.v1.train optimizer for all variables and tables " "(default adagrad).",
+    )
+    p.add_argument(
+        "--learning_rate",
+        type=float,
+        default=None,
+        help="default: %s." % ", ".join("%s %g" % kv for kv in sorted(_DEFAULT_LR.items())),
+    )
     p.add_argument("--num_shards", type=int, default=1, help="shards per table (default 1).")
-    p.add_argument("--max_ids", type=int, default=None,
-                   help="synthetic: id space per field, caps Criteo's cardinalities "
-                        "(default 2^22).")
-    p.add_argument("--zipf", type=float, default=1.1,
-                   help="synthetic: Zipf exponent of id frequencies (default 1.1).")
-    p.add_argument("--seed", type=int, default=0,
-                   help="synthetic: seed of the hidden model and the draws; also the TF seed.")
-    p.add_argument("--log_every", type=int, default=None,
-                   help="log loss, steps/s and table keys every N steps (default %d)."
-                        % _DEFAULTS["log_every"])
-    p.add_argument("--save_checkpoints_secs", type=int, default=120,
-                   help="checkpoint period in seconds; one is always written at the end "
-                        "(default 120).")
-    p.add_argument("--threads", type=int, default=0,
-                   help="intra-op and inter-op threads (default 0: TensorFlow's choice).")
-    p.add_argument("--quiet", action="store_true",
-                   help="no progress lines: only warnings, errors and the JSON summary.")
-    p.add_argument("--verbose", action="store_true",
-                   help="also TensorFlow's own logs: the Estimator's INFO log, deprecation "
-                        "warnings of the TF1 APIs, the C++ runtime's info lines.")
+    p.add_argument(
+        "--max_ids",
+        type=int,
+        default=None,
+        help="synthetic: id space per field, caps Criteo's cardinalities " "(default 2^22).",
+    )
+    p.add_argument("--zipf", type=float, default=1.1, help="synthetic: Zipf exponent of id frequencies (default 1.1).")
+    p.add_argument(
+        "--seed", type=int, default=0, help="synthetic: seed of the hidden model and the draws; also the TF seed."
+    )
+    p.add_argument(
+        "--log_every",
+        type=int,
+        default=None,
+        help="log loss, steps/s and table keys every N steps (default %d)." % _DEFAULTS["log_every"],
+    )
+    p.add_argument(
+        "--save_checkpoints_secs",
+        type=int,
+        default=120,
+        help="checkpoint period in seconds; one is always written at the end " "(default 120).",
+    )
+    p.add_argument(
+        "--threads", type=int, default=0, help="intra-op and inter-op threads (default 0: TensorFlow's choice)."
+    )
+    p.add_argument(
+        "--quiet", action="store_true", help="no progress lines: only warnings, errors and the JSON summary."
+    )
+    p.add_argument(
+        "--verbose",
+        action="store_true",
+        help="also TensorFlow's own logs: the Estimator's INFO log, deprecation "
+        "warnings of the TF1 APIs, the C++ runtime's info lines.",
+    )
     args = p.parse_args(argv)
     defaults = _QUICK if args.quick else _DEFAULTS
     for k, v in defaults.items():
@@ -205,6 +246,7 @@ def _expand(patterns):
 
 # --------------------------------------------------------------------------- input
 
+
 def _tsv_dataset(files, batch_size, epochs, holdout):
     """Criteo TSV lines -> batches of (features, labels).
 
@@ -220,17 +262,18 @@ def _tsv_dataset(files, batch_size, epochs, holdout):
     """
     ds = tf.data.TextLineDataset(files)
     if holdout is not None:
+
         def keep(line):
             bucket = tf.strings.to_hash_bucket_fast(line, 10)
             return tf.equal(bucket, 0) if holdout == "eval" else tf.not_equal(bucket, 0)
+
         ds = ds.filter(keep)
     if epochs > 1:
         ds = ds.repeat(epochs)
     defaults = [[0.0]] + [[0.0]] * synthetic.NUM_DENSE + [[""]] * synthetic.NUM_CATEGORICAL
 
     def parse(lines):
-        cols = tf.io.decode_csv(lines, record_defaults=defaults, field_delim="\t",
-                                use_quote_delim=False)
+        cols = tf.io.decode_csv(lines, record_defaults=defaults, field_delim="\t", use_quote_delim=False)
         features = {}
         for j, key in enumerate(synthetic.DENSE_KEYS):
             features[key] = synthetic.log_counts(cols[1 + j])
@@ -243,12 +286,13 @@ def _tsv_dataset(files, batch_size, epochs, holdout):
 
 # --------------------------------------------------------------------------- model
 
+
 def _dense(x, units, name, activation=None):
     """A fully connected layer from plain variables (keras-free)."""
     with tf.compat.v1.variable_scope(name):
         w = tf.compat.v1.get_variable(
-            "kernel", [x.shape[-1], units],
-            initializer=tf.compat.v1.glorot_uniform_initializer())
+            "kernel", [x.shape[-1], units], initializer=tf.compat.v1.glorot_uniform_initializer()
+        )
         b = tf.compat.v1.get_variable("bias", [units], initializer=tf.compat.v1.zeros_initializer())
         y = tf.matmul(x, w) + b
         return activation(y) if activation is not None else y
@@ -266,10 +310,19 @@ def _categorical_columns(params, dim, suffix):
     init = tf.compat.v1.truncated_normal_initializer(0.0, params["init_stddev"])
     # Integer ids come dense, with -1 for a missing value (strings: "", always missing).
     ignore = None if params["string_ids"] else -1
-    return [fc.categorical_column_with_dynamic_embedding(
-        key, dim, dtype=dtype, initializer=init, combiner="sum",
-        num_shards=params["num_shards"], name="%s_%s" % (key, suffix), ignore_value=ignore)
-        for key in synthetic.CATEGORICAL_KEYS]
+    return [
+        fc.categorical_column_with_dynamic_embedding(
+            key,
+            dim,
+            dtype=dtype,
+            initializer=init,
+            combiner="sum",
+            num_shards=params["num_shards"],
+            name="%s_%s" % (key, suffix),
+            ignore_value=ignore,
+        )
+        for key in synthetic.CATEGORICAL_KEYS
+    ]
 
 
 def _dense_columns():
@@ -290,8 +343,7 @@ def _total_table_bytes():
 def _short_table_name(name):
     # "embeddings/input_layer/C3_emb/embedding_weights" -> "C3_emb" (wide tables: "C3_wide")
     parts = [p for p in name.replace(":0", "").split("/") if p]
-    keep = [p for p in parts if p not in ("embeddings", "wide", "deep", "embedding_weights",
-                                          "input_layer")]
+    keep = [p for p in parts if p not in ("embeddings", "wide", "deep", "embedding_weights", "input_layer")]
     return "/".join(keep) or name
 
 
@@ -318,36 +370,30 @@ def model_fn(features, labels, mode, params):
         # One table per field holds [first-order weight | FM/deep vector] side by side,
         # so one probe per id serves all three parts of the model.
         with tf.compat.v1.variable_scope("embeddings"):
-            emb = tf.compat.v1.feature_column.input_layer(
-                features, _categorical_columns(params, dim + 1, "emb"))
+            emb = tf.compat.v1.feature_column.input_layer(features, _categorical_columns(params, dim + 1, "emb"))
         emb = tf.reshape(emb, [-1, num_fields, dim + 1])
         first_order = tf.reduce_sum(emb[:, :, 0], axis=1, keepdims=True)
         vecs = emb[:, :, 1:]
         sum_v = tf.reduce_sum(vecs, axis=1)
-        fm = 0.5 * tf.reduce_sum(tf.square(sum_v) - tf.reduce_sum(tf.square(vecs), axis=1),
-                                 axis=1, keepdims=True)
+        fm = 0.5 * tf.reduce_sum(tf.square(sum_v) - tf.reduce_sum(tf.square(vecs), axis=1), axis=1, keepdims=True)
         with tf.compat.v1.variable_scope("deep"):
-            deep = _mlp(tf.concat([tf.reshape(vecs, [-1, num_fields * dim]), dense], 1),
-                        params["hidden_units"])
+            deep = _mlp(tf.concat([tf.reshape(vecs, [-1, num_fields * dim]), dense], 1), params["hidden_units"])
         with tf.compat.v1.variable_scope("linear"):
             dense_linear = _dense(dense, 1, "dense")
         logits = first_order + fm + deep + dense_linear
     else:
         with tf.compat.v1.variable_scope("wide"):
-            wide_ids = tf.compat.v1.feature_column.input_layer(
-                features, _categorical_columns(params, 1, "wide"))
+            wide_ids = tf.compat.v1.feature_column.input_layer(features, _categorical_columns(params, 1, "wide"))
             wide = tf.reduce_sum(wide_ids, axis=1, keepdims=True) + _dense(dense, 1, "dense")
         with tf.compat.v1.variable_scope("deep"):
-            emb = tf.compat.v1.feature_column.input_layer(
-                features, _categorical_columns(params, dim, "emb"))
+            emb = tf.compat.v1.feature_column.input_layer(features, _categorical_columns(params, dim, "emb"))
             deep = _mlp(tf.concat([emb, dense], 1), params["hidden_units"])
         logits = wide + deep
     logits = tf.squeeze(logits, axis=1)
     probs = tf.sigmoid(logits)
 
     if mode == tf.estimator.ModeKeys.PREDICT:
-        return tf.estimator.EstimatorSpec(
-            mode, predictions={"probability": probs, "logit": logits})
+        return tf.estimator.EstimatorSpec(mode, predictions={"probability": probs, "logit": logits})
 
     labels = tf.cast(tf.reshape(labels, [-1]), tf.float32)
     per_example = tf.nn.sigmoid_cross_entropy_with_logits(labels=labels, logits=logits)
@@ -357,8 +403,9 @@ def model_fn(features, labels, mode, params):
 
     if mode == tf.estimator.ModeKeys.EVAL:
         metrics = {
-            "auc": tf.compat.v1.metrics.auc(labels, probs, num_thresholds=2000,
-                                            summation_method="careful_interpolation"),
+            "auc": tf.compat.v1.metrics.auc(
+                labels, probs, num_thresholds=2000, summation_method="careful_interpolation"
+            ),
             "logloss": tf.compat.v1.metrics.mean(per_example),
             "label_mean": tf.compat.v1.metrics.mean(labels),
             "prediction_mean": tf.compat.v1.metrics.mean(probs),
@@ -390,11 +437,16 @@ def model_fn(features, labels, mode, params):
     tf.compat.v1.summary.scalar("ctr/label_mean", tf.reduce_mean(labels))
     tf.compat.v1.summary.scalar("ctr/prediction_mean", tf.reduce_mean(probs))
     tf.compat.v1.summary.histogram("ctr/logits", logits)
-    progress = _ProgressHook(loss, total_keys, _total_table_bytes(), global_step,
-                             params["log_every"], params["batch_size"],
-                             params.get("progress", True))
-    return tf.estimator.EstimatorSpec(mode, loss=loss, train_op=train_op,
-                                      training_hooks=[progress])
+    progress = _ProgressHook(
+        loss,
+        total_keys,
+        _total_table_bytes(),
+        global_step,
+        params["log_every"],
+        params["batch_size"],
+        params.get("progress", True),
+    )
+    return tf.estimator.EstimatorSpec(mode, loss=loss, train_op=train_op, training_hooks=[progress])
 
 
 def _say(message, *args):
@@ -413,8 +465,7 @@ class _ProgressHook(tf.compat.v1.train.SessionRunHook):
     # model_fn), read by main() for the summary line.
     last = None
 
-    def __init__(self, loss, total_keys, total_bytes, global_step, every_n, batch_size,
-                 show=True):
+    def __init__(self, loss, total_keys, total_bytes, global_step, every_n, batch_size, show=True):
         self._loss = loss
         self._keys = total_keys
         self._bytes = total_bytes
@@ -462,11 +513,17 @@ class _ProgressHook(tf.compat.v1.train.SessionRunHook):
             dt = now - self._window_start
             rate = self._window_steps / dt if dt > 0 else float("nan")
             if self._show:
-                _say("step %d: loss %.4f (mean of last %d: %.4f), %.1f steps/s, %.0f examples/s, "
-                     "%d table keys (%s)", self.final_step, self.losses[-1],
-                     min(len(self.losses), self._every),
-                     float(np.mean(self.losses[-self._every:])), rate, rate * self._batch,
-                     self.final_keys, _mib(self.final_bytes))
+                _say(
+                    "step %d: loss %.4f (mean of last %d: %.4f), %.1f steps/s, %.0f examples/s, " "%d table keys (%s)",
+                    self.final_step,
+                    self.losses[-1],
+                    min(len(self.losses), self._every),
+                    float(np.mean(self.losses[-self._every :])),
+                    rate,
+                    rate * self._batch,
+                    self.final_keys,
+                    _mib(self.final_bytes),
+                )
             self._window_start = now
             self._window_steps = 0
 
@@ -478,6 +535,7 @@ class _ProgressHook(tf.compat.v1.train.SessionRunHook):
 
 
 # --------------------------------------------------------------------------- main
+
 
 def _checkpoint_step(model_dir):
     ckpt = tf.train.latest_checkpoint(model_dir) if os.path.isdir(model_dir) else None
@@ -509,12 +567,16 @@ def _check_model_dir_config(model_dir, config, has_checkpoint):
     if has_checkpoint and os.path.exists(path):
         with open(path) as f:
             old = json.load(f)
-        diff = ["--%s %s (checkpoint) vs %s (now)" % (k, old.get(k), config[k])
-                for k in _SHAPE_FLAGS if k in old and old[k] != config[k]]
+        diff = [
+            "--%s %s (checkpoint) vs %s (now)" % (k, old.get(k), config[k])
+            for k in _SHAPE_FLAGS
+            if k in old and old[k] != config[k]
+        ]
         if diff:
             raise SystemExit(
                 "ctr: %s holds a checkpoint of another model: %s. Use the same flags, --fresh, or "
-                "another --model_dir." % (model_dir, "; ".join(diff)))
+                "another --model_dir." % (model_dir, "; ".join(diff))
+            )
     with open(path, "w") as f:
         json.dump(config, f, sort_keys=True)
 
@@ -545,38 +607,58 @@ def run(args):
         source = ",".join(args.train_files)
     else:
         string_ids = False
-        stream = synthetic.CriteoLikeStream(seed=args.seed, max_ids=args.max_ids,
-                                            zipf_a=args.zipf)
+        stream = synthetic.CriteoLikeStream(seed=args.seed, max_ids=args.max_ids, zipf_a=args.zipf)
         source = "synthetic"
 
     _check_model_dir_config(
         args.model_dir,
-        dict(model=args.model, dim=args.dim, hidden=",".join(map(str, args.hidden_units)),
-             optimizer=args.optimizer, num_shards=args.num_shards, string_ids=string_ids),
-        has_checkpoint=start_step > 0 or tf.train.latest_checkpoint(args.model_dir) is not None)
-    params = dict(model=args.model, dim=args.dim, hidden_units=args.hidden_units,
-                  optimizer=args.optimizer, learning_rate=args.learning_rate,
-                  num_shards=args.num_shards, string_ids=string_ids,
-                  init_stddev=0.05, log_every=args.log_every, batch_size=args.batch_size,
-                  progress=not args.quiet)
+        dict(
+            model=args.model,
+            dim=args.dim,
+            hidden=",".join(map(str, args.hidden_units)),
+            optimizer=args.optimizer,
+            num_shards=args.num_shards,
+            string_ids=string_ids,
+        ),
+        has_checkpoint=start_step > 0 or tf.train.latest_checkpoint(args.model_dir) is not None,
+    )
+    params = dict(
+        model=args.model,
+        dim=args.dim,
+        hidden_units=args.hidden_units,
+        optimizer=args.optimizer,
+        learning_rate=args.learning_rate,
+        num_shards=args.num_shards,
+        string_ids=string_ids,
+        init_stddev=0.05,
+        log_every=args.log_every,
+        batch_size=args.batch_size,
+        progress=not args.quiet,
+    )
     session_config = tf.compat.v1.ConfigProto(allow_soft_placement=True)
     if args.threads:
         session_config.intra_op_parallelism_threads = args.threads
         session_config.inter_op_parallelism_threads = args.threads
     config = tf.estimator.RunConfig(
-        model_dir=args.model_dir, tf_random_seed=args.seed + start_step,
+        model_dir=args.model_dir,
+        tf_random_seed=args.seed + start_step,
         save_summary_steps=max(1, min(100, args.log_every)),
-        save_checkpoints_secs=args.save_checkpoints_secs, keep_checkpoint_max=2,
-        log_step_count_steps=args.log_every, session_config=session_config)
+        save_checkpoints_secs=args.save_checkpoints_secs,
+        keep_checkpoint_max=2,
+        log_step_count_steps=args.log_every,
+        session_config=session_config,
+    )
     estimator = tf.estimator.Estimator(model_fn=model_fn, config=config, params=params)
 
     if stream is not None:
+
         def train_input_fn():
             # New data on every run: continue the stream where the checkpoint stopped.
             return stream.dataset(args.batch_size, args.steps, start=start_step, split="train")
 
         def eval_input_fn():
             return stream.dataset(args.batch_size, args.eval_steps, start=0, split="eval")
+
         train_steps = args.steps
     else:
         holdout = None if args.eval_files else "train"
@@ -588,12 +670,22 @@ def run(args):
             if args.eval_files:
                 return _tsv_dataset(args.eval_files, args.batch_size, 1, None)
             return _tsv_dataset(args.train_files, args.batch_size, 1, "eval")
+
         train_steps = args.steps
 
     if not args.quiet:
-        _say("%s on %s, %s steps from global step %d (batch %d, dim %d, %s lr %g), model_dir %s",
-             args.model, source, train_steps if train_steps is not None else "all", start_step,
-             args.batch_size, args.dim, args.optimizer, args.learning_rate, args.model_dir)
+        _say(
+            "%s on %s, %s steps from global step %d (batch %d, dim %d, %s lr %g), model_dir %s",
+            args.model,
+            source,
+            train_steps if train_steps is not None else "all",
+            start_step,
+            args.batch_size,
+            args.dim,
+            args.optimizer,
+            args.learning_rate,
+            args.model_dir,
+        )
     _ProgressHook.last = None
     t_train = time.time()
     if train_steps is None or train_steps > 0:
@@ -608,21 +700,19 @@ def run(args):
     table_sizes = {}
     for k, v in metrics.items():
         if k.startswith("table_keys/") and k != "table_keys/total":
-            table_sizes[k[len("table_keys/"):]] = int(v)
+            table_sizes[k[len("table_keys/") :]] = int(v)
     summary = {
         "model": args.model,
         "data": source,
         "auc": round(float(metrics["auc"]), 4),
         "logloss": round(float(metrics["logloss"]), 4),
-        "loss": round(float(np.mean(hook.losses[-args.log_every:])), 4) if hook and hook.losses
-        else None,
+        "loss": round(float(np.mean(hook.losses[-args.log_every :])), 4) if hook and hook.losses else None,
         "global_step": int(metrics["global_step"]),
         "start_step": start_step,
         "steps": hook.steps if hook else 0,
         "batch_size": args.batch_size,
         "steps_per_sec": round(hook.steps_per_sec(), 2) if hook and hook.steps_per_sec() else None,
-        "examples_per_sec": round(hook.steps_per_sec() * args.batch_size)
-        if hook and hook.steps_per_sec() else None,
+        "examples_per_sec": round(hook.steps_per_sec() * args.batch_size) if hook and hook.steps_per_sec() else None,
         "total_keys": int(metrics.get("table_keys/total", 0)),
         "table_sizes": table_sizes,
         "label_mean": round(float(metrics["label_mean"]), 4),
@@ -667,14 +757,22 @@ def _tf_chatter(verbose):
 def _report(summary, args):
     """Prints the evaluation metrics and where the checkpoint and summaries went."""
     steps_per_sec = summary["steps_per_sec"]
-    _say("trained %d steps in %.1f s%s; global step %d", summary["steps"],
-         summary["train_seconds"],
-         " (%.1f steps/s, %d examples/s)" % (steps_per_sec, summary["examples_per_sec"])
-         if steps_per_sec else "", summary["global_step"])
+    _say(
+        "trained %d steps in %.1f s%s; global step %d",
+        summary["steps"],
+        summary["train_seconds"],
+        " (%.1f steps/s, %d examples/s)" % (steps_per_sec, summary["examples_per_sec"]) if steps_per_sec else "",
+        summary["global_step"],
+    )
     oracle = summary.get("oracle_auc")
-    _say("eval: AUC %.4f%s, logloss %.4f, label mean %.4f, prediction mean %.4f",
-         summary["auc"], " (oracle %.4f)" % oracle if oracle is not None else "",
-         summary["logloss"], summary["label_mean"], summary["prediction_mean"])
+    _say(
+        "eval: AUC %.4f%s, logloss %.4f, label mean %.4f, prediction mean %.4f",
+        summary["auc"],
+        " (oracle %.4f)" % oracle if oracle is not None else "",
+        summary["logloss"],
+        summary["label_mean"],
+        summary["prediction_mean"],
+    )
     _say("tables: %d keys in %d tables", summary["total_keys"], len(summary["table_sizes"]))
     _say("checkpoint: %s", summary["checkpoint"])
     _say("TensorBoard summaries (training, and eval/): tensorboard --logdir %s", args.model_dir)

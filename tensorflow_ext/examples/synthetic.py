@@ -71,12 +71,63 @@ CATEGORICAL_KEYS = tuple("C%d" % (i + 1) for i in range(NUM_CATEGORICAL))
 DENSE_KEYS = tuple("I%d" % (i + 1) for i in range(NUM_DENSE))
 
 # Distinct values per categorical field in the Criteo Kaggle display-ads data set.
-CRITEO_CARDINALITIES = (1460, 583, 10131227, 2202608, 305, 24, 12517, 633, 3, 93145, 5683,
-                        8351593, 3194, 27, 14992, 5461306, 10, 5652, 2173, 4, 7046547, 18, 15,
-                        286181, 105, 142572)
+CRITEO_CARDINALITIES = (
+    1460,
+    583,
+    10131227,
+    2202608,
+    305,
+    24,
+    12517,
+    633,
+    3,
+    93145,
+    5683,
+    8351593,
+    3194,
+    27,
+    14992,
+    5461306,
+    10,
+    5652,
+    2173,
+    4,
+    7046547,
+    18,
+    15,
+    286181,
+    105,
+    142572,
+)
 # Fraction of missing values per categorical field (Criteo-like; the last fields are often empty).
-DEFAULT_MISSING_RATES = (0.0, 0.0, 0.03, 0.03, 0.0, 0.12, 0.0, 0.0, 0.0, 0.0, 0.0, 0.03, 0.0,
-                         0.0, 0.0, 0.03, 0.0, 0.0, 0.44, 0.44, 0.03, 0.76, 0.0, 0.0, 0.44, 0.44)
+DEFAULT_MISSING_RATES = (
+    0.0,
+    0.0,
+    0.03,
+    0.03,
+    0.0,
+    0.12,
+    0.0,
+    0.0,
+    0.0,
+    0.0,
+    0.0,
+    0.03,
+    0.0,
+    0.0,
+    0.0,
+    0.03,
+    0.0,
+    0.0,
+    0.44,
+    0.44,
+    0.03,
+    0.76,
+    0.0,
+    0.0,
+    0.44,
+    0.44,
+)
 
 _SPLITS = {"train": 1, "eval": 2}
 _MASK64 = np.uint64(0xFFFFFFFFFFFFFFFF)
@@ -96,8 +147,9 @@ def _splitmix64(x):
 def _hash_unit(seed, field, ids, salt):
     """Zero-mean, unit-variance values (uniform on [-sqrt3, sqrt3]) from (seed, field, id, salt)."""
     with np.errstate(over="ignore"):
-        k = (np.uint64(seed) * np.uint64(0xD6E8FEB86659FD93)
-             ^ np.uint64(field * 1000003 + salt * 7919 + 1) * np.uint64(0x9E3779B97F4A7C15))
+        k = np.uint64(seed) * np.uint64(0xD6E8FEB86659FD93) ^ np.uint64(field * 1000003 + salt * 7919 + 1) * np.uint64(
+            0x9E3779B97F4A7C15
+        )
         h = _splitmix64(ids.astype(np.uint64) ^ _splitmix64(k))
     u = (h >> np.uint64(11)).astype(np.float64) * (1.0 / 9007199254740992.0)  # [0, 1)
     return (u - 0.5) * np.sqrt(12.0)
@@ -115,6 +167,7 @@ def log_counts(x):
     if isinstance(x, np.ndarray):
         return np.log1p(np.maximum(x, 0)).astype(np.float32)
     import tensorflow as tf  # pylint: disable=g-import-not-at-top
+
     return tf.math.log1p(tf.maximum(x, 0.0))
 
 
@@ -165,9 +218,19 @@ class CriteoLikeStream(object):
       ValueError: bad argument values.
     """
 
-    def __init__(self, seed=0, max_ids=2 ** 22, zipf_a=1.1, cardinalities=None,
-                 missing_rates=None, weight_scale=0.3, latent_dim=4, latent_scale=0.15,
-                 dense_scale=0.8, bias=-1.5):
+    def __init__(
+        self,
+        seed=0,
+        max_ids=2**22,
+        zipf_a=1.1,
+        cardinalities=None,
+        missing_rates=None,
+        weight_scale=0.3,
+        latent_dim=4,
+        latent_scale=0.15,
+        dense_scale=0.8,
+        bias=-1.5,
+    ):
         if int(seed) < 0:
             raise ValueError("seed must be >= 0, got %r" % (seed,))
         if int(max_ids) < 2:
@@ -192,9 +255,9 @@ class CriteoLikeStream(object):
         rng = np.random.default_rng([self.seed, 12345])
         v = rng.normal(size=NUM_DENSE)
         self.dense_weights = v / np.linalg.norm(v) * float(dense_scale)
-        self._offsets = rng.integers(0, 2 ** 31, size=NUM_CATEGORICAL)
+        self._offsets = rng.integers(0, 2**31, size=NUM_CATEGORICAL)
         # Hex salts make the TSV strings of different fields differ.
-        self._hex_salts = rng.integers(0, 2 ** 32, size=NUM_CATEGORICAL, dtype=np.uint64)
+        self._hex_salts = rng.integers(0, 2**32, size=NUM_CATEGORICAL, dtype=np.uint64)
 
     # ------------------------------------------------------------------ draws
 
@@ -223,8 +286,7 @@ class CriteoLikeStream(object):
     def hidden_latent(self, field, ids):
         """The hidden interaction vectors ``u(field, ids)``: ``ids.shape + [latent_dim]`` (0 if missing)."""
         ids = np.asarray(ids, dtype=np.int64)
-        cols = [self.latent_scale * _hash_unit(self.seed, field, ids, 1 + l)
-                for l in range(self.latent_dim)]
+        cols = [self.latent_scale * _hash_unit(self.seed, field, ids, 1 + l) for l in range(self.latent_dim)]
         u = np.stack(cols, axis=-1) if cols else np.zeros(ids.shape + (0,))
         return np.where((ids >= 0)[..., None], u, 0.0)
 
@@ -317,8 +379,9 @@ class CriteoLikeStream(object):
 
     # ------------------------------------------------------------------ TF
 
-    def dataset(self, batch_size, num_batches, start=0, split="train", log_dense=True,
-                string_ids=False, num_parallel_calls=2):
+    def dataset(
+        self, batch_size, num_batches, start=0, split="train", log_dense=True, string_ids=False, num_parallel_calls=2
+    ):
         """A ``tf.data.Dataset`` of ``(features, labels)`` batches of the stream.
 
         Args:
@@ -339,6 +402,7 @@ class CriteoLikeStream(object):
           ValueError: unknown split.
         """
         import tensorflow as tf  # pylint: disable=g-import-not-at-top
+
         if split not in _SPLITS:
             raise ValueError("split must be one of %s, got %r" % (sorted(_SPLITS), split))
         b = int(batch_size)
@@ -372,8 +436,7 @@ class CriteoLikeStream(object):
 
         start = int(start)
         stop = None if num_batches is None else start + int(num_batches)
-        ds = tf.data.Dataset.range(start, stop) if stop is not None else \
-            tf.data.Dataset.range(start, 2 ** 62)
+        ds = tf.data.Dataset.range(start, stop) if stop is not None else tf.data.Dataset.range(start, 2**62)
         return ds.map(to_tensors, num_parallel_calls=num_parallel_calls).prefetch(2)
 
     def write_tsv(self, path, num_rows, start=0, split="train", batch_size=1024):

@@ -21,24 +21,58 @@ Public API:
 """
 
 from tensorflow_ext.mixed_precision.controller import MODES, MixedPrecision
-from tensorflow_ext.mixed_precision.hooks import (MixedPrecisionHealthHook,
-                                                  MixedPrecisionLoggingHook,
-                                                  NoTrainingProgressError)
-from tensorflow_ext.mixed_precision.loss_scale import (DynamicLossScale, LossScaleConfig,
-                                                       reference_loss_scale_step)
+from tensorflow_ext.mixed_precision.hooks import (
+    MixedPrecisionHealthHook,
+    MixedPrecisionLoggingHook,
+    NoTrainingProgressError,
+)
+from tensorflow_ext.mixed_precision.loss_scale import DynamicLossScale, LossScaleConfig, reference_loss_scale_step
 from tensorflow_ext.mixed_precision.optimizer import MixedPrecisionOptimizer
-from tensorflow_ext.mixed_precision.policy import (FULL, HALF, REASONS, PolicyConfig,
-                                                   SwitchingPolicy, graph_step, initial_state,
-                                                   reference_step)
-from tensorflow_ext.mixed_precision.precision import (HALF_DTYPES, build_in, build_switched,
-                                                      cast_compute, compute_dtype, is_half,
-                                                      no_cast, precision_scope)
+from tensorflow_ext.mixed_precision.policy import (
+    FULL,
+    HALF,
+    REASONS,
+    PolicyConfig,
+    SwitchingPolicy,
+    graph_step,
+    initial_state,
+    reference_step,
+)
+from tensorflow_ext.mixed_precision.precision import (
+    HALF_DTYPES,
+    build_in,
+    build_switched,
+    cast_compute,
+    compute_dtype,
+    is_half,
+    no_cast,
+    precision_scope,
+)
 
 __all__ = [
-    "DynamicLossScale", "FULL", "HALF", "HALF_DTYPES", "LossScaleConfig", "MODES",
-    "MixedPrecision", "MixedPrecisionHealthHook", "MixedPrecisionLoggingHook",
-    "MixedPrecisionOptimizer", "NoTrainingProgressError", "PolicyConfig", "REASONS",
-    "SwitchingPolicy", "build_in", "build_switched", "cast_compute", "compute_dtype",
-    "graph_step", "initial_state", "is_half", "no_cast", "precision_scope",
-    "reference_loss_scale_step", "reference_step",
+    "DynamicLossScale",
+    "FULL",
+    "HALF",
+    "HALF_DTYPES",
+    "LossScaleConfig",
+    "MODES",
+    "MixedPrecision",
+    "MixedPrecisionHealthHook",
+    "MixedPrecisionLoggingHook",
+    "MixedPrecisionOptimizer",
+    "NoTrainingProgressError",
+    "PolicyConfig",
+    "REASONS",
+    "SwitchingPolicy",
+    "build_in",
+    "build_switched",
+    "cast_compute",
+    "compute_dtype",
+    "graph_step",
+    "initial_state",
+    "is_half",
+    "no_cast",
+    "precision_scope",
+    "reference_loss_scale_step",
+    "reference_step",
 ]

@@ -52,16 +52,26 @@ class MixedPrecision(object):
       ValueError: on an unknown mode or a non-half ``half_dtype``.
     """
 
-    def __init__(self, mode="auto", half_dtype=tf.float16, policy=None, loss_scale=None,
-                 initial_precision="half", name="mixed_precision"):
+    def __init__(
+        self,
+        mode="auto",
+        half_dtype=tf.float16,
+        policy=None,
+        loss_scale=None,
+        initial_precision="half",
+        name="mixed_precision",
+    ):
         if mode not in MODES:
             raise ValueError("mode must be one of %s, got %r" % (MODES, mode))
         half_dtype = tf.as_dtype(half_dtype)
         if half_dtype not in precision_lib.HALF_DTYPES:
             raise ValueError("half_dtype must be float16 or bfloat16, got %s" % half_dtype.name)
         if loss_scale is None:
-            loss_scale = (loss_scale_lib.LossScaleConfig() if half_dtype == tf.float16
-                          else loss_scale_lib.LossScaleConfig(initial_scale=1.0, dynamic=False))
+            loss_scale = (
+                loss_scale_lib.LossScaleConfig()
+                if half_dtype == tf.float16
+                else loss_scale_lib.LossScaleConfig(initial_scale=1.0, dynamic=False)
+            )
         self.mode = mode
         self.half_dtype = half_dtype
         if mode == "float32":
@@ -69,15 +79,13 @@ class MixedPrecision(object):
         elif mode == "half":
             initial_precision = "half"
         self.graph = tf.compat.v1.get_default_graph()
-        with tf.compat.v1.variable_scope(None, default_name=name) as vs, \
-                tf.compat.v1.init_scope():
+        with tf.compat.v1.variable_scope(None, default_name=name) as vs, tf.compat.v1.init_scope():
             self.scope_name = vs.name
             self.policy = policy_lib.SwitchingPolicy(policy, initial_precision, name="policy")
             self.loss_scale = loss_scale_lib.DynamicLossScale(loss_scale, name="loss_scale")
             # One read per step, shared by the model's cond, the loss scaling
             # and the updates, so the updates are ordered after it.
-            self._precision = tf.identity(
-                self.policy.variables["precision"].read_value(), name="precision")
+            self._precision = tf.identity(self.policy.variables["precision"].read_value(), name="precision")
             if mode == "auto":
                 self._is_half = tf.equal(self._precision, policy_lib.HALF, name="is_half")
             else:
@@ -89,15 +97,12 @@ class MixedPrecision(object):
             variables = self.policy.variables
             self._step_start = {
                 "precision": self._precision,
-                "total_steps": tf.identity(variables["total_steps"].read_value(),
-                                           name="total_steps_at_start"),
-                "last_reason": tf.identity(variables["last_reason"].read_value(),
-                                           name="last_reason_at_start"),
+                "total_steps": tf.identity(variables["total_steps"].read_value(), name="total_steps_at_start"),
+                "last_reason": tf.identity(variables["last_reason"].read_value(), name="last_reason_at_start"),
             }
             self._health = self._build_health_variables()
             self._scale = tf.identity(self.loss_scale.read(), name="scale")
-            self._effective_scale = tf.where(self._is_half, self._scale, tf.constant(1.0),
-                                             name="effective_loss_scale")
+            self._effective_scale = tf.where(self._is_half, self._scale, tf.constant(1.0), name="effective_loss_scale")
             with tf.name_scope("metrics"):
                 self._metrics = self._build_metrics()
 
@@ -128,8 +133,7 @@ class MixedPrecision(object):
           ``model_fn``'s outputs with floating tensors in float32.
         """
         if self.mode == "auto":
-            return precision_lib.build_switched(self._is_half, self.half_dtype, model_fn,
-                                                *args, **kwargs)
+            return precision_lib.build_switched(self._is_half, self.half_dtype, model_fn, *args, **kwargs)
         dtype = self.half_dtype if self.mode == "half" else tf.float32
         return precision_lib.build_in(dtype, model_fn, *args, **kwargs)
 
@@ -143,6 +147,7 @@ class MixedPrecision(object):
           A :class:`MixedPrecisionOptimizer`.
         """
         from tensorflow_ext.mixed_precision.optimizer import MixedPrecisionOptimizer
+
         return MixedPrecisionOptimizer(optimizer, self)
 
     def update(self, loss, grads_finite):
@@ -174,25 +179,26 @@ class MixedPrecision(object):
         else:
             grads_ok = grads_finite
         with tf.control_dependencies(list(self._step_start.values())):
-            pol = self.policy.update(loss, tf.logical_and(grads_ok, loss_finite),
-                                     precision=self._precision, advance=self.mode == "auto")
+            pol = self.policy.update(
+                loss, tf.logical_and(grads_ok, loss_finite), precision=self._precision, advance=self.mode == "auto"
+            )
         return tf.group(ls, pol, name="mixed_precision_update")
 
     # ---- training health ----------------------------------------------------
     def _build_health_variables(self):
-        kw = dict(trainable=False, use_resource=True,
-                  collections=[tf.compat.v1.GraphKeys.GLOBAL_VARIABLES])
+        kw = dict(trainable=False, use_resource=True, collections=[tf.compat.v1.GraphKeys.GLOBAL_VARIABLES])
         with tf.compat.v1.variable_scope("health"):
             return {
                 # Train-op runs; counted by an op with no input from the
                 # model, so it runs even when the rest of the step does not.
                 "attempted_steps": tf.compat.v1.get_variable(
-                    "attempted_steps", initializer=tf.constant(0, tf.int64), **kw),
-                "applied_steps": tf.compat.v1.get_variable(
-                    "applied_steps", initializer=tf.constant(0, tf.int64), **kw),
+                    "attempted_steps", initializer=tf.constant(0, tf.int64), **kw
+                ),
+                "applied_steps": tf.compat.v1.get_variable("applied_steps", initializer=tf.constant(0, tf.int64), **kw),
                 # attempted_steps at the last applied step.
                 "last_applied_at": tf.compat.v1.get_variable(
-                    "last_applied_at", initializer=tf.constant(0, tf.int64), **kw),
+                    "last_applied_at", initializer=tf.constant(0, tf.int64), **kw
+                ),
             }
 
     def count_step(self, applied):
@@ -217,8 +223,7 @@ class MixedPrecision(object):
         attempted = h["attempted_steps"].assign_add(tf.constant(1, tf.int64))
         applied = tf.convert_to_tensor(applied, tf.bool)
         count = h["applied_steps"].assign_add(tf.cast(applied, tf.int64))
-        last = h["last_applied_at"].assign(
-            tf.where(applied, attempted, h["last_applied_at"].read_value()))
+        last = h["last_applied_at"].assign(tf.where(applied, attempted, h["last_applied_at"].read_value()))
         return tf.group(attempted, count, last, name="health_update")
 
     # ---- observability ----------------------------------------------------
@@ -263,8 +268,8 @@ class MixedPrecision(object):
             "applied_steps": applied,
             "skipped_streak": attempted - h["last_applied_at"].read_value(),
             "applied_step_ratio": tf.where(
-                attempted > 0, tf.cast(applied, tf.float32) /
-                tf.cast(tf.maximum(attempted, 1), tf.float32), 1.0),
+                attempted > 0, tf.cast(applied, tf.float32) / tf.cast(tf.maximum(attempted, 1), tf.float32), 1.0
+            ),
         }
 
     def add_summaries(self, family="mixed_precision"):
@@ -285,13 +290,12 @@ class MixedPrecision(object):
         """
         m = self.metrics()
         out = []
-        for key in ("precision", "loss_scale", "num_switches", "half_fraction",
-                    "applied_step_ratio", "skipped_streak"):
+        for key in ("precision", "loss_scale", "num_switches", "half_fraction", "applied_step_ratio", "skipped_streak"):
             # ScalarSummary with an explicit tag: tf.summary.scalar would take
             # the tag from a (possibly uniquified) name scope.
-            summary = tf.raw_ops.ScalarSummary(tags=tf.constant("%s/%s" % (family, key)),
-                                               values=tf.cast(m[key], tf.float32),
-                                               name="summary_" + key)
+            summary = tf.raw_ops.ScalarSummary(
+                tags=tf.constant("%s/%s" % (family, key)), values=tf.cast(m[key], tf.float32), name="summary_" + key
+            )
             tf.compat.v1.add_to_collection(tf.compat.v1.GraphKeys.SUMMARIES, summary)
             out.append(summary)
         return out
@@ -325,11 +329,12 @@ class MixedPrecision(object):
           A ``tf.compat.v1.train.SessionRunHook``.
         """
         from tensorflow_ext.mixed_precision.hooks import MixedPrecisionLoggingHook
-        return MixedPrecisionLoggingHook(self, every_n_iter=every_n_iter, log_fn=log_fn,
-                                         tensors=tensors, error_fn=error_fn)
 
-    def health_hook(self, max_skipped_steps=100, every_n_iter=10, raise_error=True,
-                    error_fn=None):
+        return MixedPrecisionLoggingHook(
+            self, every_n_iter=every_n_iter, log_fn=log_fn, tensors=tensors, error_fn=error_fn
+        )
+
+    def health_hook(self, max_skipped_steps=100, every_n_iter=10, raise_error=True, error_fn=None):
         """Returns a :class:`MixedPrecisionHealthHook` for this controller.
 
         Args:
@@ -345,6 +350,11 @@ class MixedPrecision(object):
           A ``tf.compat.v1.train.SessionRunHook``.
         """
         from tensorflow_ext.mixed_precision.hooks import MixedPrecisionHealthHook
-        return MixedPrecisionHealthHook(self, max_skipped_steps=max_skipped_steps,
-                                        every_n_iter=every_n_iter, raise_error=raise_error,
-                                        error_fn=error_fn)
+
+        return MixedPrecisionHealthHook(
+            self,
+            max_skipped_steps=max_skipped_steps,
+            every_n_iter=every_n_iter,
+            raise_error=raise_error,
+            error_fn=error_fn,
+        )

@@ -124,9 +124,20 @@ class _SummaryHook(tf.compat.v1.train.SessionRunHook):
             self._writer = None
 
 
-def run(mode, steps, half_dtype=tf.float16, policy=None, lr=0.02, seed=1, batch_size=BATCH,
-        model_dir=None, log_every=LOG_EVERY, summary_every=SUMMARY_EVERY,
-        max_skipped_steps=MAX_SKIPPED_STEPS, log_fn=print):
+def run(
+    mode,
+    steps,
+    half_dtype=tf.float16,
+    policy=None,
+    lr=0.02,
+    seed=1,
+    batch_size=BATCH,
+    model_dir=None,
+    log_every=LOG_EVERY,
+    summary_every=SUMMARY_EVERY,
+    max_skipped_steps=MAX_SKIPPED_STEPS,
+    log_fn=print,
+):
     """Trains one run and returns its results.
 
     Args:
@@ -165,18 +176,15 @@ def run(mode, steps, half_dtype=tf.float16, policy=None, lr=0.02, seed=1, batch_
         train_op = opt.minimize(loss, global_step=global_step)
         test_mse = mp.build_in(tf.float32, model_fn, x, y)[0]
         metrics = amp.metrics()
-        log_hook = amp.logging_hook(every_n_iter=log_every, log_fn=lambda s: log_fn(prefix + s),
-                                    tensors={"loss": loss})
+        log_hook = amp.logging_hook(every_n_iter=log_every, log_fn=lambda s: log_fn(prefix + s), tensors={"loss": loss})
         hooks = [log_hook]
         if max_skipped_steps:
-            hooks.append(amp.health_hook(max_skipped_steps=max_skipped_steps,
-                                         every_n_iter=min(10, max_skipped_steps)))
+            hooks.append(amp.health_hook(max_skipped_steps=max_skipped_steps, every_n_iter=min(10, max_skipped_steps)))
         summary_hook = None
         if model_dir:
             tf.compat.v1.summary.scalar("loss", loss)
             amp.add_summaries()
-            summary_hook = _SummaryHook(tf.compat.v1.summary.merge_all(),
-                                        os.path.join(model_dir, mode), summary_every)
+            summary_hook = _SummaryHook(tf.compat.v1.summary.merge_all(), os.path.join(model_dir, mode), summary_every)
             hooks.append(summary_hook)
         rng = np.random.RandomState(3)
         stopped = None
@@ -191,8 +199,10 @@ def run(mode, steps, half_dtype=tf.float16, policy=None, lr=0.02, seed=1, batch_
                         sess.run(train_op, {x: x_train[idx], y: y_train[idx]})
                 except mp.NoTrainingProgressError as e:
                     stopped = str(e)
-                    log_fn(prefix + "stopped by the health check after %d steps (%d skipped "
-                           "in a row)" % (steps_run, e.skipped_steps))
+                    log_fn(
+                        prefix + "stopped by the health check after %d steps (%d skipped "
+                        "in a row)" % (steps_run, e.skipped_steps)
+                    )
                 seconds = time.time() - start
                 raw = sess.raw_session()
                 mse = float(raw.run(test_mse, {x: x_test, y: y_test}))
@@ -200,10 +210,16 @@ def run(mode, steps, half_dtype=tf.float16, policy=None, lr=0.02, seed=1, batch_
         finally:
             if summary_hook is not None:
                 summary_hook.close()
-    return {"test_mse": mse, "half_fraction": float(m["half_fraction"]),
-            "switches": int(m["num_switches"]), "applied_steps": int(gs),
-            "steps_run": steps_run, "seconds": round(seconds, 2),
-            "switch_record": list(log_hook.switches), "stopped": stopped}
+    return {
+        "test_mse": mse,
+        "half_fraction": float(m["half_fraction"]),
+        "switches": int(m["num_switches"]),
+        "applied_steps": int(gs),
+        "steps_run": steps_run,
+        "seconds": round(seconds, 2),
+        "switch_record": list(log_hook.switches),
+        "stopped": stopped,
+    }
 
 
 def main(argv=None):
@@ -217,21 +233,23 @@ def main(argv=None):
     """
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--steps", type=int, default=STEPS, help="training steps per run")
-    parser.add_argument("--reduced", action="store_true",
-                        help="test-sized run (%d steps)" % REDUCED_STEPS)
+    parser.add_argument("--reduced", action="store_true", help="test-sized run (%d steps)" % REDUCED_STEPS)
     # --half-dtype: the earlier spelling, kept as an alias.
-    parser.add_argument("--half_dtype", "--half-dtype", dest="half_dtype", default="float16",
-                        choices=["float16", "bfloat16"])
+    parser.add_argument(
+        "--half_dtype", "--half-dtype", dest="half_dtype", default="float16", choices=["float16", "bfloat16"]
+    )
     parser.add_argument("--batch_size", type=int, default=BATCH)
-    parser.add_argument("--model_dir", default=None,
-                        help="where summaries and results.json go (default: a new temporary "
-                             "directory)")
-    parser.add_argument("--log_every", type=int, default=LOG_EVERY,
-                        help="progress line every N steps")
-    parser.add_argument("--summary_every", type=int, default=SUMMARY_EVERY,
-                        help="TensorBoard summaries every N steps")
-    parser.add_argument("--max_skipped_steps", type=int, default=MAX_SKIPPED_STEPS,
-                        help="stop a run after N skipped steps in a row (0: never)")
+    parser.add_argument(
+        "--model_dir", default=None, help="where summaries and results.json go (default: a new temporary " "directory)"
+    )
+    parser.add_argument("--log_every", type=int, default=LOG_EVERY, help="progress line every N steps")
+    parser.add_argument("--summary_every", type=int, default=SUMMARY_EVERY, help="TensorBoard summaries every N steps")
+    parser.add_argument(
+        "--max_skipped_steps",
+        type=int,
+        default=MAX_SKIPPED_STEPS,
+        help="stop a run after N skipped steps in a row (0: never)",
+    )
     args = parser.parse_args(argv)
     for flag in ("steps", "batch_size", "log_every", "summary_every"):
         if getattr(args, flag) < 1:
@@ -250,10 +268,17 @@ def main(argv=None):
 
     results = {}
     for mode in MODES:
-        results[mode] = run(mode, steps, half_dtype=tf.as_dtype(args.half_dtype),
-                            batch_size=args.batch_size, model_dir=model_dir,
-                            log_every=args.log_every, summary_every=args.summary_every,
-                            max_skipped_steps=args.max_skipped_steps, log_fn=log)
+        results[mode] = run(
+            mode,
+            steps,
+            half_dtype=tf.as_dtype(args.half_dtype),
+            batch_size=args.batch_size,
+            model_dir=model_dir,
+            log_every=args.log_every,
+            summary_every=args.summary_every,
+            max_skipped_steps=args.max_skipped_steps,
+            log_fn=log,
+        )
         print("%-7s %s" % (mode, json.dumps(results[mode])), flush=True)
     summary = {
         "metric": "test_mse",

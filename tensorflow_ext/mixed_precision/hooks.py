@@ -6,11 +6,19 @@ from tensorflow_ext.mixed_precision import policy as policy_lib
 
 __all__ = ["MixedPrecisionHealthHook", "MixedPrecisionLoggingHook", "NoTrainingProgressError"]
 
-_KEYS = ("precision", "loss_scale", "num_switches", "half_fraction", "overflow_rate",
-         "total_steps", "attempted_steps", "applied_steps", "skipped_streak",
-         "applied_step_ratio")
-_HEALTH_KEYS = ("attempted_steps", "applied_steps", "skipped_streak", "precision",
-                "loss_scale", "overflow_rate")
+_KEYS = (
+    "precision",
+    "loss_scale",
+    "num_switches",
+    "half_fraction",
+    "overflow_rate",
+    "total_steps",
+    "attempted_steps",
+    "applied_steps",
+    "skipped_streak",
+    "applied_step_ratio",
+)
+_HEALTH_KEYS = ("attempted_steps", "applied_steps", "skipped_streak", "precision", "loss_scale", "overflow_rate")
 
 
 class NoTrainingProgressError(RuntimeError):
@@ -38,10 +46,16 @@ def _no_progress_message(mp, skipped, values):
         "mixed_precision: no training step applied in the last %d steps (%d of %d train-op "
         "runs applied so far; precision=%s loss_scale=%g overflow_rate=%.3f). Every step is "
         "skipped (non-finite loss or gradients) or its update never runs (a dead branch of "
-        "the graph): the model is not training." % (
-            skipped, values["applied_steps"], values["attempted_steps"],
-            _precision_name(mp, values["precision"]), values["loss_scale"],
-            values["overflow_rate"]))
+        "the graph): the model is not training."
+        % (
+            skipped,
+            values["applied_steps"],
+            values["attempted_steps"],
+            _precision_name(mp, values["precision"]),
+            values["loss_scale"],
+            values["overflow_rate"],
+        )
+    )
 
 
 class MixedPrecisionLoggingHook(tf.compat.v1.train.SessionRunHook):
@@ -90,13 +104,11 @@ class MixedPrecisionLoggingHook(tf.compat.v1.train.SessionRunHook):
       ValueError: if ``every_n_iter`` < 1 or ``tensors`` is not a dict.
     """
 
-    def __init__(self, mixed_precision, every_n_iter=100, log_fn=None, tensors=None,
-                 error_fn=None):
+    def __init__(self, mixed_precision, every_n_iter=100, log_fn=None, tensors=None, error_fn=None):
         if every_n_iter < 1:
             raise ValueError("every_n_iter must be >= 1, got %r" % (every_n_iter,))
         if tensors is not None and not isinstance(tensors, dict):
-            raise ValueError("tensors must be a dict name -> tensor, got %r"
-                             % type(tensors).__name__)
+            raise ValueError("tensors must be a dict name -> tensor, got %r" % type(tensors).__name__)
         self._mp = mixed_precision
         self._every = int(every_n_iter)
         self._log_fn = log_fn or tf.compat.v1.logging.info
@@ -170,8 +182,11 @@ class MixedPrecisionLoggingHook(tf.compat.v1.train.SessionRunHook):
         if self._global_step is not None:
             fetches["global_step"] = self._global_step
         values = run_context.session.run(fetches)
-        counters = {k: values.pop(k) if k == "global_step" else values[k]
-                    for k in ("attempted_steps", "applied_steps", "global_step") if k in values}
+        counters = {
+            k: values.pop(k) if k == "global_step" else values[k]
+            for k in ("attempted_steps", "applied_steps", "global_step")
+            if k in values
+        }
         previous = self._previous or {k: 0 for k in counters}
         attempted = counters["attempted_steps"] - previous["attempted_steps"]
         applied = counters["applied_steps"] - previous["applied_steps"]
@@ -181,11 +196,20 @@ class MixedPrecisionLoggingHook(tf.compat.v1.train.SessionRunHook):
         extra = run_values.results.get("tensors") or {}
         values.update(extra)
         self.last_values = values
-        line = ("mixed_precision: step=%d precision=%s loss_scale=%g num_switches=%d "
-                "half_fraction=%.3f overflow_rate=%.3f applied=%d/%d" % (
-                    values["total_steps"], _precision_name(self._mp, values["precision"]),
-                    values["loss_scale"], values["num_switches"], values["half_fraction"],
-                    values["overflow_rate"], applied, attempted))
+        line = (
+            "mixed_precision: step=%d precision=%s loss_scale=%g num_switches=%d "
+            "half_fraction=%.3f overflow_rate=%.3f applied=%d/%d"
+            % (
+                values["total_steps"],
+                _precision_name(self._mp, values["precision"]),
+                values["loss_scale"],
+                values["num_switches"],
+                values["half_fraction"],
+                values["overflow_rate"],
+                applied,
+                attempted,
+            )
+        )
         for name in sorted(extra):
             line += " %s=%s" % (name, _format(extra[name]))
         self._log_fn(line)
@@ -193,11 +217,12 @@ class MixedPrecisionLoggingHook(tf.compat.v1.train.SessionRunHook):
             message = _no_progress_message(self._mp, int(values["skipped_streak"]), values)
             self.errors.append(message)
             self._error_fn(message)
-        elif (applied > 0 and "global_step" in counters and
-              counters["global_step"] == previous.get("global_step")):
+        elif applied > 0 and "global_step" in counters and counters["global_step"] == previous.get("global_step"):
             tf.compat.v1.logging.warning(
                 "mixed_precision: %d steps were applied but global_step did not advance: "
-                "pass global_step= to minimize() / apply_gradients()", applied)
+                "pass global_step= to minimize() / apply_gradients()",
+                applied,
+            )
 
     def _record_switch(self, start):
         precision = int(start["precision"])
@@ -205,15 +230,20 @@ class MixedPrecisionLoggingHook(tf.compat.v1.train.SessionRunHook):
         self._last_precision = precision
         if last is None or last == precision:
             return
-        reason = (policy_lib.REASONS.get(int(start["last_reason"]), "unknown")
-                  if precision == policy_lib.FULL else "stable")
-        record = {"step": int(start["total_steps"]),
-                  "from": _precision_name(self._mp, last),
-                  "to": _precision_name(self._mp, precision),
-                  "reason": reason}
+        reason = (
+            policy_lib.REASONS.get(int(start["last_reason"]), "unknown") if precision == policy_lib.FULL else "stable"
+        )
+        record = {
+            "step": int(start["total_steps"]),
+            "from": _precision_name(self._mp, last),
+            "to": _precision_name(self._mp, precision),
+            "reason": reason,
+        }
         self.switches.append(record)
-        self._log_fn("mixed_precision: switch after step %d: %s -> %s (%s)" % (
-            record["step"], record["from"], record["to"], reason))
+        self._log_fn(
+            "mixed_precision: switch after step %d: %s -> %s (%s)"
+            % (record["step"], record["from"], record["to"], reason)
+        )
 
 
 def _format(value):
@@ -253,8 +283,7 @@ class MixedPrecisionHealthHook(tf.compat.v1.train.SessionRunHook):
       ValueError: if ``max_skipped_steps`` or ``every_n_iter`` < 1.
     """
 
-    def __init__(self, mixed_precision, max_skipped_steps=100, every_n_iter=10,
-                 raise_error=True, error_fn=None):
+    def __init__(self, mixed_precision, max_skipped_steps=100, every_n_iter=10, raise_error=True, error_fn=None):
         if max_skipped_steps < 1:
             raise ValueError("max_skipped_steps must be >= 1, got %r" % (max_skipped_steps,))
         if every_n_iter < 1:
@@ -298,8 +327,7 @@ class MixedPrecisionHealthHook(tf.compat.v1.train.SessionRunHook):
         message = _no_progress_message(self._mp, skipped, values)
         if self._raise:
             self.errors.append(message)
-            raise NoTrainingProgressError(message, skipped, values["attempted_steps"],
-                                          values["applied_steps"])
+            raise NoTrainingProgressError(message, skipped, values["attempted_steps"], values["applied_steps"])
         if not self._reported:
             self._reported = True
             self.errors.append(message)

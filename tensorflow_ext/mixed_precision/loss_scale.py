@@ -46,13 +46,13 @@ class LossScaleConfig:
         ``growth_factor`` < 1 or ``backoff_factor`` not in (0, 1].
     """
 
-    initial_scale: float = 2.0 ** 15
+    initial_scale: float = 2.0**15
     growth_interval: int = 2000
     growth_factor: float = 2.0
     backoff_factor: float = 0.5
     hysteresis: int = 2
     min_scale: float = 1.0
-    max_scale: float = 2.0 ** 24
+    max_scale: float = 2.0**24
     dynamic: bool = True
 
     def __post_init__(self):
@@ -114,14 +114,14 @@ class DynamicLossScale(object):
     def __init__(self, config=None, name="loss_scale"):
         self.config = config or LossScaleConfig()
         with tf.compat.v1.variable_scope(None, default_name=name):
-            kw = dict(trainable=False, use_resource=True,
-                      collections=[tf.compat.v1.GraphKeys.GLOBAL_VARIABLES])
+            kw = dict(trainable=False, use_resource=True, collections=[tf.compat.v1.GraphKeys.GLOBAL_VARIABLES])
             self.scale_var = tf.compat.v1.get_variable(
-                "scale", initializer=tf.constant(float(self.config.initial_scale)), **kw)
-            self.good_steps_var = tf.compat.v1.get_variable(
-                "good_steps", initializer=tf.constant(0, tf.int64), **kw)
+                "scale", initializer=tf.constant(float(self.config.initial_scale)), **kw
+            )
+            self.good_steps_var = tf.compat.v1.get_variable("good_steps", initializer=tf.constant(0, tf.int64), **kw)
             self.budget_var = tf.compat.v1.get_variable(
-                "budget", initializer=tf.constant(self.config.hysteresis, tf.int64), **kw)
+                "budget", initializer=tf.constant(self.config.hysteresis, tf.int64), **kw
+            )
 
     def read(self):
         """Reads the current loss scale.
@@ -156,16 +156,20 @@ class DynamicLossScale(object):
         grow = tf.logical_and(ok, good_inc >= cfg.growth_interval)
         backoff = tf.logical_and(grad_overflow, budget <= 1)
         new_scale = tf.where(
-            grow, tf.minimum(scale * cfg.growth_factor, cfg.max_scale),
-            tf.where(backoff, tf.maximum(scale * cfg.backoff_factor, cfg.min_scale), scale))
-        new_good = tf.where(tf.logical_and(ok, tf.logical_not(grow)), good_inc,
-                            tf.zeros_like(good))
+            grow,
+            tf.minimum(scale * cfg.growth_factor, cfg.max_scale),
+            tf.where(backoff, tf.maximum(scale * cfg.backoff_factor, cfg.min_scale), scale),
+        )
+        new_good = tf.where(tf.logical_and(ok, tf.logical_not(grow)), good_inc, tf.zeros_like(good))
         new_budget = tf.where(
-            grow, tf.constant(cfg.hysteresis, tf.int64),
-            tf.where(tf.logical_and(grad_overflow, budget > 1), budget - 1, budget))
+            grow,
+            tf.constant(cfg.hysteresis, tf.int64),
+            tf.where(tf.logical_and(grad_overflow, budget > 1), budget - 1, budget),
+        )
         active = tf.convert_to_tensor(active, tf.bool)
         return tf.group(
             self.scale_var.assign(tf.where(active, new_scale, scale)),
             self.good_steps_var.assign(tf.where(active, new_good, good)),
             self.budget_var.assign(tf.where(active, new_budget, budget)),
-            name="loss_scale_update")
+            name="loss_scale_update",
+        )

@@ -74,7 +74,8 @@ def _warn_missing_gradients(loss, grads_and_vars):
             "will not be trained. Its value reaches the loss only through ops without a "
             "gradient (an integer cast, argmax, an op with no registered gradient, ...); "
             "use tf.stop_gradient if that is intended, or leave it out of var_list.",
-            getattr(v, "name", v))
+            getattr(v, "name", v),
+        )
     return suspicious
 
 
@@ -105,10 +106,10 @@ class MixedPrecisionOptimizer(tf.compat.v1.train.Optimizer):
 
     def __init__(self, optimizer, mixed_precision, name=None):
         if not isinstance(optimizer, tf.compat.v1.train.Optimizer):
-            raise TypeError("optimizer must be a tf.compat.v1.train.Optimizer, got %r"
-                            % type(optimizer).__name__)
+            raise TypeError("optimizer must be a tf.compat.v1.train.Optimizer, got %r" % type(optimizer).__name__)
         super(MixedPrecisionOptimizer, self).__init__(
-            use_locking=False, name=name or "MixedPrecision" + optimizer.get_name())
+            use_locking=False, name=name or "MixedPrecision" + optimizer.get_name()
+        )
         self._optimizer = optimizer
         self._mp = mixed_precision
         self._loss = None
@@ -165,20 +166,17 @@ class MixedPrecisionOptimizer(tf.compat.v1.train.Optimizer):
         grads_and_vars = list(grads_and_vars)
         loss = loss if loss is not None else self._loss
         if loss is None:
-            raise ValueError("apply_gradients needs the loss: call compute_gradients "
-                             "first or pass loss=")
+            raise ValueError("apply_gradients needs the loss: call compute_gradients " "first or pass loss=")
         loss = tf.cast(loss, tf.float32)
         finite = _all_finite([g for g, _ in grads_and_vars])
         ok = tf.logical_and(finite, tf.math.is_finite(loss))
 
         def _apply():
-            op = self._optimizer.apply_gradients(grads_and_vars, global_step=global_step,
-                                                 name=name)
+            op = self._optimizer.apply_gradients(grads_and_vars, global_step=global_step, name=name)
             with tf.control_dependencies([op]):
                 return tf.constant(True)
 
-        applied = tf.compat.v1.cond(ok, _apply, lambda: tf.constant(False),
-                                    name="apply_if_finite")
+        applied = tf.compat.v1.cond(ok, _apply, lambda: tf.constant(False), name="apply_if_finite")
         with tf.control_dependencies([applied]):
             update = self._mp.update(loss, finite)
         health = self._mp.count_step(applied)

@@ -114,8 +114,14 @@ class PolicyConfig:
         for f in ("overflow_decay", "loss_decay", "fast_decay", "slow_decay"):
             if not 0.0 <= getattr(self, f) < 1.0:
                 raise ValueError("%s must be in [0, 1)" % f)
-        for f in ("warmup_steps", "divergence_patience", "min_full_steps", "stable_steps",
-                  "max_full_steps", "relapse_window"):
+        for f in (
+            "warmup_steps",
+            "divergence_patience",
+            "min_full_steps",
+            "stable_steps",
+            "max_full_steps",
+            "relapse_window",
+        ):
             if getattr(self, f) < 0:
                 raise ValueError("%s must be >= 0" % f)
         if self.dwell_growth < 1:
@@ -197,8 +203,9 @@ def reference_step(cfg, state, loss, finite):
             s["loss_fast"] = cfg.fast_decay * s["loss_fast"] + (1 - cfg.fast_decay) * loss
             s["loss_slow"] = cfg.slow_decay * s["loss_slow"] + (1 - cfg.slow_decay) * loss
         s["loss_count"] += 1
-    trend_up = warm and ok and (
-        s["loss_fast"] - s["loss_slow"] > cfg.divergence_threshold * (abs(s["loss_slow"]) + _TINY))
+    trend_up = (
+        warm and ok and (s["loss_fast"] - s["loss_slow"] > cfg.divergence_threshold * (abs(s["loss_slow"]) + _TINY))
+    )
     s["divergence_streak"] = s["divergence_streak"] + 1 if trend_up else 0
     diverging = s["divergence_streak"] >= cfg.divergence_patience
     if was_half:
@@ -211,8 +218,7 @@ def reference_step(cfg, state, loss, finite):
             reason = 3
         if reason:
             relapse = s["num_switches"] > 0 and s["steps_in_mode"] + 1 < cfg.relapse_window
-            s["dwell"] = (min(s["dwell"] * cfg.dwell_growth, cfg.max_full_steps)
-                          if relapse else cfg.min_full_steps)
+            s["dwell"] = min(s["dwell"] * cfg.dwell_growth, cfg.max_full_steps) if relapse else cfg.min_full_steps
             s["precision"] = FULL
             s["num_switches"] += 1
             s["steps_in_mode"] = 0
@@ -263,17 +269,15 @@ def graph_step(cfg, state, loss, finite):
     first = tf.equal(state["loss_count"], 0)
     mean, var = state["loss_mean"], state["loss_var"]
     std = tf.sqrt(var) + cfg.min_rel_std * tf.abs(mean) + _TINY
-    spike = tf.logical_and(tf.logical_and(ok, warm),
-                           tf.logical_and(tf.logical_not(first),
-                                          (safe_loss - mean) / std > cfg.spike_zscore))
+    spike = tf.logical_and(
+        tf.logical_and(ok, warm), tf.logical_and(tf.logical_not(first), (safe_loss - mean) / std > cfg.spike_zscore)
+    )
     a = 1.0 - cfg.loss_decay
     delta = safe_loss - mean
     new_mean = tf.where(first, safe_loss, mean + a * delta)
     new_var = tf.where(first, f32(0.0), cfg.loss_decay * (var + a * delta * delta))
-    new_fast = tf.where(first, safe_loss,
-                        cfg.fast_decay * state["loss_fast"] + (1 - cfg.fast_decay) * safe_loss)
-    new_slow = tf.where(first, safe_loss,
-                        cfg.slow_decay * state["loss_slow"] + (1 - cfg.slow_decay) * safe_loss)
+    new_fast = tf.where(first, safe_loss, cfg.fast_decay * state["loss_fast"] + (1 - cfg.fast_decay) * safe_loss)
+    new_slow = tf.where(first, safe_loss, cfg.slow_decay * state["loss_slow"] + (1 - cfg.slow_decay) * safe_loss)
     s["loss_mean"] = tf.where(ok, new_mean, mean)
     s["loss_var"] = tf.where(ok, new_var, var)
     s["loss_fast"] = tf.where(ok, new_fast, state["loss_fast"])
@@ -281,35 +285,32 @@ def graph_step(cfg, state, loss, finite):
     s["loss_count"] = state["loss_count"] + tf.cast(ok, tf.int64)
     trend_up = tf.logical_and(
         tf.logical_and(warm, ok),
-        s["loss_fast"] - s["loss_slow"] >
-        cfg.divergence_threshold * (tf.abs(s["loss_slow"]) + _TINY))
+        s["loss_fast"] - s["loss_slow"] > cfg.divergence_threshold * (tf.abs(s["loss_slow"]) + _TINY),
+    )
     div_streak = tf.where(trend_up, state["divergence_streak"] + 1, i64(0))
     diverging = div_streak >= cfg.divergence_patience
 
     # Half precision: switch to float32?
-    reason = tf.where(rate > cfg.max_overflow_rate, i64(1),
-                      tf.where(spike, i64(2), tf.where(diverging, i64(3), i64(0))))
+    reason = tf.where(
+        rate > cfg.max_overflow_rate, i64(1), tf.where(spike, i64(2), tf.where(diverging, i64(3), i64(0)))
+    )
     to_full = tf.logical_and(was_half, reason > 0)
-    relapse = tf.logical_and(state["num_switches"] > 0,
-                             state["steps_in_mode"] + 1 < cfg.relapse_window)
+    relapse = tf.logical_and(state["num_switches"] > 0, state["steps_in_mode"] + 1 < cfg.relapse_window)
     grown = tf.minimum(state["dwell"] * cfg.dwell_growth, i64(cfg.max_full_steps))
     # Float32: back to half?
     unstable = tf.logical_or(tf.logical_not(ok), tf.logical_or(spike, diverging))
     stable = tf.where(unstable, i64(0), state["stable_streak"] + 1)
     steps = state["steps_in_mode"] + 1
-    to_half = tf.logical_and(tf.logical_not(was_half),
-                             tf.logical_and(steps >= state["dwell"],
-                                            stable >= cfg.stable_steps))
+    to_half = tf.logical_and(
+        tf.logical_not(was_half), tf.logical_and(steps >= state["dwell"], stable >= cfg.stable_steps)
+    )
     switch = tf.logical_or(to_full, to_half)
 
-    s["precision"] = tf.where(to_full, i64(FULL),
-                              tf.where(to_half, i64(HALF), state["precision"]))
+    s["precision"] = tf.where(to_full, i64(FULL), tf.where(to_half, i64(HALF), state["precision"]))
     s["num_switches"] = state["num_switches"] + tf.cast(switch, tf.int64)
     s["steps_in_mode"] = tf.where(switch, i64(0), steps)
-    s["stable_streak"] = tf.where(
-        switch, i64(0), tf.where(was_half, state["stable_streak"], stable))
-    s["dwell"] = tf.where(to_full, tf.where(relapse, grown, i64(cfg.min_full_steps)),
-                          state["dwell"])
+    s["stable_streak"] = tf.where(switch, i64(0), tf.where(was_half, state["stable_streak"], stable))
+    s["dwell"] = tf.where(to_full, tf.where(relapse, grown, i64(cfg.min_full_steps)), state["dwell"])
     s["last_reason"] = tf.where(to_full, reason, state["last_reason"])
     s["overflow_rate"] = tf.where(to_half, f32(0.0), rate)
     s["divergence_streak"] = tf.where(to_half, i64(0), div_streak)
@@ -345,8 +346,12 @@ class SwitchingPolicy(object):
         with tf.compat.v1.variable_scope(None, default_name=name):
             for key, dtype in STATE_FIELDS.items():
                 self.variables[key] = tf.compat.v1.get_variable(
-                    key, initializer=tf.constant(init[key], dtype), trainable=False,
-                    use_resource=True, collections=[tf.compat.v1.GraphKeys.GLOBAL_VARIABLES])
+                    key,
+                    initializer=tf.constant(init[key], dtype),
+                    trainable=False,
+                    use_resource=True,
+                    collections=[tf.compat.v1.GraphKeys.GLOBAL_VARIABLES],
+                )
 
     def read(self):
         """Reads every state variable.
@@ -378,6 +383,8 @@ class SwitchingPolicy(object):
             assigns = [self.variables[k].assign(new[k]) for k in self.variables]
         else:
             is_half = tf.cast(tf.equal(state["precision"], HALF), tf.int64)
-            assigns = [self.variables["total_steps"].assign_add(tf.constant(1, tf.int64)),
-                       self.variables["half_steps"].assign_add(is_half)]
+            assigns = [
+                self.variables["total_steps"].assign_add(tf.constant(1, tf.int64)),
+                self.variables["half_steps"].assign_add(is_half),
+            ]
         return tf.group(*assigns, name="policy_update")

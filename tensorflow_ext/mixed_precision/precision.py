@@ -53,8 +53,7 @@ def _stack():
 def _as_float_dtype(dtype):
     dtype = tf.as_dtype(dtype)
     if dtype not in (tf.float16, tf.bfloat16, tf.float32):
-        raise ValueError(
-            "compute dtype must be float16, bfloat16 or float32, got %s" % dtype.name)
+        raise ValueError("compute dtype must be float16, bfloat16 or float32, got %s" % dtype.name)
     return dtype
 
 
@@ -143,8 +142,7 @@ def _master_getter(getter, name, *args, **kwargs):
     # branch: lift their creation out of any control-flow context.
     with tf.compat.v1.init_scope():
         var = getter(name, *args, **kwargs)
-    if floating and trainable and not getattr(_local, "no_cast", 0) and \
-            var.dtype.base_dtype != want:
+    if floating and trainable and not getattr(_local, "no_cast", 0) and var.dtype.base_dtype != want:
         return tf.cast(var, want)
     return var
 
@@ -172,9 +170,9 @@ def precision_scope(dtype):
     dtype = _as_float_dtype(dtype)
     scope = tf.compat.v1.get_variable_scope()
     stack = _stack()
-    with tf.compat.v1.variable_scope(scope, custom_getter=_master_getter,
-                                     reuse=tf.compat.v1.AUTO_REUSE,
-                                     auxiliary_name_scope=False):
+    with tf.compat.v1.variable_scope(
+        scope, custom_getter=_master_getter, reuse=tf.compat.v1.AUTO_REUSE, auxiliary_name_scope=False
+    ):
         stack.append(dtype)
         try:
             yield dtype
@@ -247,8 +245,8 @@ def _zero_grad_of_other_branch(op, ctxt, taken):
             return indexed_slices.IndexedSlices(
                 tf.zeros([0] + row_shape.as_list(), taken.values.dtype),
                 tf.zeros([0], taken.indices.dtype),
-                None if dense_shape is None else tf.constant(dense_shape,
-                                                             taken.dense_shape.dtype))
+                None if dense_shape is None else tf.constant(dense_shape, taken.dense_shape.dtype),
+            )
         if not taken.shape.is_fully_defined():
             return None
         return tf.zeros(taken.shape, taken.dtype)
@@ -279,17 +277,20 @@ def _cond_switch_grad(op, *grads):
         statically known.
     """
     ctxt = op._get_control_flow_context()  # pylint: disable=protected-access
-    if (isinstance(ctxt, control_flow_ops.CondContext)
-            and op.inputs[0].dtype == tf.resource
-            and grads[1 - ctxt.branch] is None and grads[ctxt.branch] is not None
-            and op.graph._get_control_flow_context() is None):  # pylint: disable=protected-access
+    if (
+        isinstance(ctxt, control_flow_ops.CondContext)
+        and op.inputs[0].dtype == tf.resource
+        and grads[1 - ctxt.branch] is None
+        and grads[ctxt.branch] is not None
+        and op.graph._get_control_flow_context() is None
+    ):  # pylint: disable=protected-access
         taken = grads[ctxt.branch]
         zero = _zero_grad_of_other_branch(op, ctxt, taken)
         if zero is None:
             raise ValueError(
                 "mixed precision: cannot build the gradient of resource %s captured in the "
-                "precision tf.cond: the shape of its gradient (%s) is not statically known"
-                % (op.inputs[0].name, taken))
+                "precision tf.cond: the shape of its gradient (%s) is not statically known" % (op.inputs[0].name, taken)
+            )
         pair = [zero, taken] if ctxt.branch == 1 else [taken, zero]
         return control_flow_ops.merge(pair, name="cond_resource_grad")[0], None
     return control_flow_grad._SwitchGrad(op, *grads)  # pylint: disable=protected-access
@@ -333,4 +334,5 @@ def build_switched(use_half, half_dtype, model_fn, *args, **kwargs):
             use_half,
             lambda: build_in(half_dtype, model_fn, *args, **kwargs),
             lambda: build_in(tf.float32, model_fn, *args, **kwargs),
-            name="precision_switch")
+            name="precision_switch",
+        )

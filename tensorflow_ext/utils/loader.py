@@ -98,16 +98,20 @@ def check_tf_version(installed=None):
     if not lo <= _release(installed) < hi:
         raise errors.VersionMismatchError(
             "tensorflow_ext %s supports TensorFlow %s (tensorflow-cpu or tensorflow), but TensorFlow %s is installed. "
-            "Install e.g. `pip install tensorflow-cpu==2.15.1`." % (_version.__version__, _version.SUPPORTED_TF_VERSIONS,
-                                                                     installed),
-            installed=installed, expected=_version.SUPPORTED_TF_VERSIONS)
+            "Install e.g. `pip install tensorflow-cpu==2.15.1`."
+            % (_version.__version__, _version.SUPPORTED_TF_VERSIONS, installed),
+            installed=installed,
+            expected=_version.SUPPORTED_TF_VERSIONS,
+        )
     built = built_tf_version()
     if built is not None and built != installed:
         raise errors.VersionMismatchError(
             "tensorflow_ext's op library was built against TensorFlow %s, but TensorFlow %s is installed: "
             "reinstall the tensorflow_ext wheel built for TensorFlow %s, or rebuild it (`make build`)."
             % (built, installed, installed),
-            installed=installed, expected=built)
+            installed=installed,
+            expected=built,
+        )
     return installed
 
 
@@ -148,7 +152,8 @@ def load_ops():
         if not os.path.exists(path):
             raise errors.OpLibraryNotFoundError(
                 "tensorflow_ext's op library %s was not found. In a source checkout run `make build` (it builds "
-                "the library with Bazel and copies it there); otherwise reinstall the tensorflow_ext wheel." % path)
+                "the library with Bazel and copies it there); otherwise reinstall the tensorflow_ext wheel." % path
+            )
         try:
             _ops = tf.load_op_library(path)
         except (OSError, tf.errors.NotFoundError) as e:
@@ -158,7 +163,9 @@ def load_ops():
                     "tensorflow_ext's op library %s does not match the installed TensorFlow %s (it was built against "
                     "TensorFlow %s): %s. Rebuild it (`make build`) or install the wheel built for TensorFlow %s."
                     % (path, installed, built, str(e).strip().splitlines()[0] if str(e).strip() else e, installed),
-                    installed=installed, expected=built) from e
+                    installed=installed,
+                    expected=built,
+                ) from e
             raise
         return _ops
 

@@ -30,18 +30,38 @@ INT64_MAX = np.iinfo(np.int64).max
 def build_with_nvcc(out_dir):
     nvcc = shutil.which("nvcc") or "/usr/local/cuda/bin/nvcc"
     lib = os.path.join(out_dir, "libtfext_gpu_table.so")
-    cmd = [nvcc, "-std=c++17", "-O3", "-x", "cu", "-Xcompiler", "-fPIC", "-shared", "-I", ROOT,
-           "-gencode", "arch=compute_80,code=sm_80", "-gencode", "arch=compute_90,code=sm_90",
-           "-o", lib, os.path.join(GPU_DIR, "gpu_hash_table.cu.cc"), os.path.join(GPU_DIR, "gpu_harness.cu.cc")]
+    cmd = [
+        nvcc,
+        "-std=c++17",
+        "-O3",
+        "-x",
+        "cu",
+        "-Xcompiler",
+        "-fPIC",
+        "-shared",
+        "-I",
+        ROOT,
+        "-gencode",
+        "arch=compute_80,code=sm_80",
+        "-gencode",
+        "arch=compute_90,code=sm_90",
+        "-o",
+        lib,
+        os.path.join(GPU_DIR, "gpu_hash_table.cu.cc"),
+        os.path.join(GPU_DIR, "gpu_harness.cu.cc"),
+    ]
     print("building:", " ".join(cmd), flush=True)
     subprocess.run(cmd, check=True)
     return lib
 
 
 def find_lib(arg):
-    for cand in [arg, os.environ.get("TFEXT_GPU_LIB"),
-                 os.path.join(ROOT, "build", "cuda", "libtfext_gpu_table.so"),
-                 os.path.join(ROOT, "bazel-bin", "tensorflow_ext", "table", "gpu", "libtfext_gpu_table.so")]:
+    for cand in [
+        arg,
+        os.environ.get("TFEXT_GPU_LIB"),
+        os.path.join(ROOT, "build", "cuda", "libtfext_gpu_table.so"),
+        os.path.join(ROOT, "bazel-bin", "tensorflow_ext", "table", "gpu", "libtfext_gpu_table.so"),
+    ]:
         if cand and os.path.exists(cand):
             return cand
     return build_with_nvcc(tempfile.mkdtemp(prefix="tfext_gpu_"))
@@ -62,17 +82,26 @@ class GpuTable:
     def insert(self, keys, values):
         keys = np.ascontiguousarray(keys, np.int64)
         values = np.ascontiguousarray(values, np.float32).reshape(len(keys), self.width)
-        return self._check(self.lib.tfext_gpu_table_insert(self.h, keys.ctypes.data, len(keys), values.ctypes.data),
-                           "insert")
+        return self._check(
+            self.lib.tfext_gpu_table_insert(self.h, keys.ctypes.data, len(keys), values.ctypes.data), "insert"
+        )
 
     def find(self, keys, default=None):
         keys = np.ascontiguousarray(keys, np.int64)
         out = np.empty((len(keys), self.width), np.float32)
         found = np.empty(len(keys), np.uint8)
         d = None if default is None else np.ascontiguousarray(default, np.float32)
-        self._check(self.lib.tfext_gpu_table_find(self.h, keys.ctypes.data, len(keys),
-                                                  None if d is None else d.ctypes.data,
-                                                  out.ctypes.data, found.ctypes.data), "find")
+        self._check(
+            self.lib.tfext_gpu_table_find(
+                self.h,
+                keys.ctypes.data,
+                len(keys),
+                None if d is None else d.ctypes.data,
+                out.ctypes.data,
+                found.ctypes.data,
+            ),
+            "find",
+        )
         return out, found.astype(bool)
 
     def size(self):
@@ -143,7 +172,9 @@ def compare(t, ref, keys, default, what):
     got, got_found = t.find(keys, default)
     want, want_found = ref.find(keys, default)
     assert np.array_equal(got_found, want_found), "%s: found flags differ at %s" % (
-        what, np.nonzero(got_found != want_found)[0][:10])
+        what,
+        np.nonzero(got_found != want_found)[0][:10],
+    )
     assert np.array_equal(got, want), "%s: rows differ at %s" % (what, np.nonzero((got != want).any(1))[0][:10])
     assert t.size() == len(ref.rows), "%s: size %d != %d" % (what, t.size(), len(ref.rows))
 
@@ -225,7 +256,7 @@ def large_batch_high_load(lib, rng):
     width = 16
     n = 1_000_000
     t, ref_keys = GpuTable(lib, 1 << 20, width), None
-    keys = np.unique(rng.integers(INT64_MIN, INT64_MAX, int(n * 1.01), dtype=np.int64))[:int(0.9 * (1 << 20))]
+    keys = np.unique(rng.integers(INT64_MIN, INT64_MAX, int(n * 1.01), dtype=np.int64))[: int(0.9 * (1 << 20))]
     rng.shuffle(keys)
     vals = rng.standard_normal((len(keys), width)).astype(np.float32)
     t0 = time.time()

@@ -66,16 +66,21 @@ print(json.dumps(out))
 
 @pytest.mark.parametrize("kernel, what", [("lookup", "lookup"), ("lookup_ids", "lookup"), ("apply", "apply")])
 def test_out_of_memory_is_resource_exhausted_and_table_stays_usable(kernel, what):
-  env = dict(os.environ, PYTHONPATH=_ROOT + os.pathsep + os.environ.get("PYTHONPATH", ""),
-             TF_CPP_MIN_LOG_LEVEL="2")
-  proc = subprocess.run([sys.executable, "-c", textwrap.dedent(_CHILD.format(kernel=kernel))], cwd=_ROOT, env=env,
-                        capture_output=True, text=True, timeout=300)
-  # Before the fix the core's exception left the kernel: the child aborted (rc -6).
-  assert proc.returncode == 0, "child failed (rc %d): %s" % (proc.returncode, proc.stderr[-3000:])
-  out = json.loads(proc.stdout.strip().splitlines()[-1])
-  assert out["error"] is not None, out
-  assert "tf_ext table %s ran out of memory" % what in out["error"], out
-  assert "table is still usable" in out["error"], out
-  # Fully run batches are all in; the failed one may be partly applied.
-  assert out["inserted"] <= out["size"] <= out["inserted"] + (1 << 18), out
-  assert out["size_after"] >= out["size"] + (1 << 18), out
+    env = dict(os.environ, PYTHONPATH=_ROOT + os.pathsep + os.environ.get("PYTHONPATH", ""), TF_CPP_MIN_LOG_LEVEL="2")
+    proc = subprocess.run(
+        [sys.executable, "-c", textwrap.dedent(_CHILD.format(kernel=kernel))],
+        cwd=_ROOT,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
+    # Before the fix the core's exception left the kernel: the child aborted (rc -6).
+    assert proc.returncode == 0, "child failed (rc %d): %s" % (proc.returncode, proc.stderr[-3000:])
+    out = json.loads(proc.stdout.strip().splitlines()[-1])
+    assert out["error"] is not None, out
+    assert "tf_ext table %s ran out of memory" % what in out["error"], out
+    assert "table is still usable" in out["error"], out
+    # Fully run batches are all in; the failed one may be partly applied.
+    assert out["inserted"] <= out["size"] <= out["inserted"] + (1 << 18), out
+    assert out["size_after"] >= out["size"] + (1 << 18), out

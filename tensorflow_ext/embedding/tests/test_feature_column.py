@@ -19,8 +19,8 @@ def _sparse(rows, dtype=np.int64):
             values.append(v)
     width = max([len(r) for r in rows] + [1])
     return tf.compat.v1.SparseTensorValue(
-        np.array(indices, np.int64).reshape(-1, 2), np.array(values, dtype),
-        np.array([len(rows), width], np.int64))
+        np.array(indices, np.int64).reshape(-1, 2), np.array(values, dtype), np.array([len(rows), width], np.int64)
+    )
 
 
 def _sp_tensor(value):
@@ -32,14 +32,15 @@ def _train_side_by_side(features, ours, theirs, steps=4, lr=0.3, seed=0):
     with GradientDescent on a separable squared loss, returns (ours, theirs) outputs
     before and after training."""
     with tf.Graph().as_default():
-        feats = {k: (_sp_tensor(v) if isinstance(v, tf.compat.v1.SparseTensorValue)
-                     else tf.constant(v)) for k, v in features.items()}
+        feats = {
+            k: (_sp_tensor(v) if isinstance(v, tf.compat.v1.SparseTensorValue) else tf.constant(v))
+            for k, v in features.items()
+        }
         with tf.compat.v1.variable_scope("ours"):
             out_a = fc_v1.input_layer(feats, [ours])
         with tf.compat.v1.variable_scope("theirs"):
             out_b = fc_v1.input_layer(feats, [theirs])
-        target = tf.constant(np.random.RandomState(seed).normal(size=(1, out_a.shape[1]))
-                             .astype(np.float32))
+        target = tf.constant(np.random.RandomState(seed).normal(size=(1, out_a.shape[1])).astype(np.float32))
         loss = tf.reduce_sum(tf.square(out_a - target)) + tf.reduce_sum(tf.square(out_b - target))
         train = tf.compat.v1.train.GradientDescentOptimizer(lr).minimize(loss)
         with tf.compat.v1.Session() as sess:
@@ -63,11 +64,14 @@ def test_raw_ids_match_tf_embedding_column_sparse(combiner, num_shards):
     # Duplicates inside a row, an empty row, shared ids across rows.
     ids = _sparse([[3, 7, 3], [], [7], [11, 2, 42, 3]])
     ours = dfc.categorical_column_with_dynamic_embedding(
-        "ids", 4, initializer=tf.compat.v1.constant_initializer(0.25), combiner=combiner,
-        num_shards=num_shards)
+        "ids", 4, initializer=tf.compat.v1.constant_initializer(0.25), combiner=combiner, num_shards=num_shards
+    )
     theirs = fc_v1.embedding_column(
-        fc_v1.categorical_column_with_identity("ids", 100), 4, combiner=combiner,
-        initializer=tf.compat.v1.constant_initializer(0.25))
+        fc_v1.categorical_column_with_identity("ids", 100),
+        4,
+        combiner=combiner,
+        initializer=tf.compat.v1.constant_initializer(0.25),
+    )
     before, after = _train_side_by_side({"ids": ids}, ours, theirs)
     _assert_pair_close(before)
     _assert_pair_close(after)
@@ -79,8 +83,8 @@ def test_raw_ids_dense_input_drops_ignore_value():
     ids = np.array([[5, -1, 5], [-1, -1, -1], [9, 2, -1]], np.int64)
     ours = dfc.categorical_column_with_dynamic_embedding("ids", 3, initializer=0.5, ignore_value=-1)
     theirs = fc_v1.embedding_column(
-        fc_v1.categorical_column_with_identity("ids", 10), 3,
-        initializer=tf.compat.v1.constant_initializer(0.5))
+        fc_v1.categorical_column_with_identity("ids", 10), 3, initializer=tf.compat.v1.constant_initializer(0.5)
+    )
     before, after = _train_side_by_side({"ids": ids}, ours, theirs)
     _assert_pair_close(before)
     _assert_pair_close(after)
@@ -91,8 +95,11 @@ def test_max_norm_matches_tf():
     ids = _sparse([[1, 2], [2], [3, 1, 1]])
     ours = dfc.categorical_column_with_dynamic_embedding("ids", 4, initializer=1.0, max_norm=0.7)
     theirs = fc_v1.embedding_column(
-        fc_v1.categorical_column_with_identity("ids", 10), 4, max_norm=0.7,
-        initializer=tf.compat.v1.constant_initializer(1.0))
+        fc_v1.categorical_column_with_identity("ids", 10),
+        4,
+        max_norm=0.7,
+        initializer=tf.compat.v1.constant_initializer(1.0),
+    )
     before, after = _train_side_by_side({"ids": ids}, ours, theirs, lr=0.05)
     _assert_pair_close(before)
     _assert_pair_close(after)
@@ -103,8 +110,8 @@ def test_rank1_int32_ids():
     ids = np.array([4, 1, 4, -1], np.int32)
     ours = dfc.categorical_column_with_dynamic_embedding("ids", 2, initializer=1.0, ignore_value=-1)
     theirs = fc_v1.embedding_column(
-        fc_v1.categorical_column_with_identity("ids", 10), 2,
-        initializer=tf.compat.v1.constant_initializer(1.0))
+        fc_v1.categorical_column_with_identity("ids", 10), 2, initializer=tf.compat.v1.constant_initializer(1.0)
+    )
     _, after = _train_side_by_side({"ids": ids}, ours, theirs)
     _assert_pair_close(after)
 
@@ -112,11 +119,13 @@ def test_rank1_int32_ids():
 def test_string_ids_match_vocabulary_column():
     vocab = ["a", "b", "c", "d"]
     words = np.array([["a", "b", ""], ["", "", ""], ["d", "d", "c"]])
-    ours = dfc.categorical_column_with_dynamic_embedding(
-        "w", 3, dtype=tf.string, initializer=0.1, combiner="sqrtn")
+    ours = dfc.categorical_column_with_dynamic_embedding("w", 3, dtype=tf.string, initializer=0.1, combiner="sqrtn")
     theirs = fc_v1.embedding_column(
-        fc_v1.categorical_column_with_vocabulary_list("w", vocab), 3, combiner="sqrtn",
-        initializer=tf.compat.v1.constant_initializer(0.1))
+        fc_v1.categorical_column_with_vocabulary_list("w", vocab),
+        3,
+        combiner="sqrtn",
+        initializer=tf.compat.v1.constant_initializer(0.1),
+    )
     before, after = _train_side_by_side({"w": words}, ours, theirs)
     _assert_pair_close(before)
     _assert_pair_close(after)
@@ -137,12 +146,16 @@ def test_embedding_column_backs_hash_bucket_column():
 @pytest.mark.parametrize("combiner", ["mean", "sqrtn", "sum"])
 def test_embedding_column_weighted(combiner):
     cat = tf.feature_column.weighted_categorical_column(
-        tf.feature_column.categorical_column_with_identity("ids", 50), "w")
+        tf.feature_column.categorical_column_with_identity("ids", 50), "w"
+    )
     ours = dfc.embedding_column(cat, 3, combiner=combiner, initializer=0.3)
     theirs = tf.feature_column.embedding_column(
-        cat, 3, combiner=combiner, initializer=tf.compat.v1.constant_initializer(0.3))
-    feats = {"ids": _sparse([[1, 2, 1], [7], [3, 4]]),
-             "w": _sparse([[0.5, 2.0, 1.0], [3.0], [1.0, 0.25]], dtype=np.float32)}
+        cat, 3, combiner=combiner, initializer=tf.compat.v1.constant_initializer(0.3)
+    )
+    feats = {
+        "ids": _sparse([[1, 2, 1], [7], [3, 4]]),
+        "w": _sparse([[0.5, 2.0, 1.0], [3.0], [1.0, 0.25]], dtype=np.float32),
+    }
     before, after = _train_side_by_side(feats, ours, theirs)
     _assert_pair_close(before)
     _assert_pair_close(after)
@@ -151,6 +164,7 @@ def test_embedding_column_weighted(combiner):
 def test_v2_plumbing_get_dense_tensor():
     """The v2 interface: FeatureTransformationCache + get_dense_tensor (+ create_state)."""
     from tensorflow.python.feature_column import feature_column_v2 as fc_v2
+
     col = dfc.categorical_column_with_dynamic_embedding("ids", 4, initializer=0.5, ignore_value=-1)
     assert isinstance(col, fc_v2.DenseColumn)
     assert col._is_v2_column  # pylint: disable=protected-access
@@ -178,12 +192,9 @@ def test_keras_dense_features_graph_mode():
     """v2 plumbing end to end: DenseFeatures builds the table through create_state."""
     col = dfc.categorical_column_with_dynamic_embedding("ids", 3, initializer=0.5, ignore_value=-1)
     with tf.Graph().as_default():
-        layer = tf.compat.v1.keras.layers.DenseFeatures(
-            [col, tf.feature_column.numeric_column("x")])
-        out = layer({"ids": tf.constant([[1], [2], [-1]], tf.int64),
-                     "x": tf.constant([[1.0], [2.0], [3.0]])})
-        train = tf.compat.v1.train.AdagradOptimizer(0.5).minimize(
-            tf.reduce_sum(tf.square(out - 1.0)))
+        layer = tf.compat.v1.keras.layers.DenseFeatures([col, tf.feature_column.numeric_column("x")])
+        out = layer({"ids": tf.constant([[1], [2], [-1]], tf.int64), "x": tf.constant([[1.0], [2.0], [3.0]])})
+        train = tf.compat.v1.train.AdagradOptimizer(0.5).minimize(tf.reduce_sum(tf.square(out - 1.0)))
         names = [e.name for e in variable.get_dynamic_embeddings()]
         assert names == ["dense_features/ids_embedding/embedding_weights"], names
         with tf.compat.v1.Session() as sess:
@@ -205,8 +216,7 @@ def test_reuse_under_variable_scope():
         with tf.compat.v1.variable_scope("model", reuse=tf.compat.v1.AUTO_REUSE):
             b = fc_v1.input_layer(feats, [col])
         # Training through `a` moves `b`: one table.
-        train = tf.compat.v1.train.GradientDescentOptimizer(0.5).minimize(
-            tf.reduce_sum(tf.square(a - target)))
+        train = tf.compat.v1.train.GradientDescentOptimizer(0.5).minimize(tf.reduce_sum(tf.square(a - target)))
         with tf.compat.v1.Session() as sess:
             sess.run(tf.compat.v1.global_variables_initializer())
             for _ in range(3):
@@ -252,12 +262,15 @@ def _estimator_input_fn(batch=64, steps=None, seed=0, id_offset=0):
         x = rng.normal(size=(n,)).astype(np.float32)
         ds = tf.data.Dataset.from_tensor_slices(({"ids": ids, "x": x}, labels))
         return ds.repeat().batch(batch) if steps is None else ds.batch(batch).take(steps)
+
     return input_fn
 
 
 def _model_fn(features, labels, mode, params):
-    cols = [dfc.categorical_column_with_dynamic_embedding("ids", 4, initializer=0.0, ignore_value=-1),
-            fc_v1.numeric_column("x")]
+    cols = [
+        dfc.categorical_column_with_dynamic_embedding("ids", 4, initializer=0.0, ignore_value=-1),
+        fc_v1.numeric_column("x"),
+    ]
     net = fc_v1.input_layer(features, cols)
     w = tf.compat.v1.get_variable("w", [5, 1], initializer=tf.compat.v1.ones_initializer())
     logits = tf.squeeze(tf.matmul(net, w), 1)
@@ -275,8 +288,9 @@ def _model_fn(features, labels, mode, params):
 
 
 def test_estimator_trains_evaluates_predicts(tmp_path):
-    config = tf.estimator.RunConfig(model_dir=str(tmp_path), save_summary_steps=1000,
-                                    log_step_count_steps=1000, tf_random_seed=1)
+    config = tf.estimator.RunConfig(
+        model_dir=str(tmp_path), save_summary_steps=1000, log_step_count_steps=1000, tf_random_seed=1
+    )
     est = tf.estimator.Estimator(_model_fn, config=config)
     est.train(_estimator_input_fn(), steps=60)
     m1 = est.evaluate(_estimator_input_fn(steps=5), steps=5)
@@ -301,8 +315,10 @@ def test_estimator_trains_evaluates_predicts(tmp_path):
 
 def test_exposed_as_tf_ext_feature_column():
     import tensorflow_ext as tf_ext
-    assert tf_ext.feature_column.categorical_column_with_dynamic_embedding is \
-        dfc.categorical_column_with_dynamic_embedding
+
+    assert (
+        tf_ext.feature_column.categorical_column_with_dynamic_embedding is dfc.categorical_column_with_dynamic_embedding
+    )
     assert tf_ext.feature_column.embedding_column is dfc.embedding_column
 
 

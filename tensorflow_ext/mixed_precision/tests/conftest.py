@@ -21,5 +21,5 @@ def pytest_configure(config):
     config.addinivalue_line("filterwarnings", "ignore:.*tf.layers.*deprecated")
 
 
-if os.environ.get("TF_EXT_RESOURCE_VARIABLES") == "1":   # run the suite on resource variables
+if os.environ.get("TF_EXT_RESOURCE_VARIABLES") == "1":  # run the suite on resource variables
     tf.compat.v1.enable_resource_variables()

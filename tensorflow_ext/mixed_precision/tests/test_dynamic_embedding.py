@@ -26,12 +26,10 @@ TARGETS = np.array([[1.0], [0.0], [1.0], [0.5], [-1.0], [0.25]], np.float32)
 KERNEL = np.array([[0.5], [-0.25], [0.75], [0.1]], np.float32)
 
 # Policies that never leave the initial precision.
-STAY_FLOAT32 = mp.PolicyConfig(min_full_steps=10 ** 6, max_full_steps=10 ** 6,
-                               stable_steps=10 ** 6)
-STAY_HALF = mp.PolicyConfig(max_overflow_rate=1.0, warmup_steps=10 ** 6)
+STAY_FLOAT32 = mp.PolicyConfig(min_full_steps=10**6, max_full_steps=10**6, stable_steps=10**6)
+STAY_HALF = mp.PolicyConfig(max_overflow_rate=1.0, warmup_steps=10**6)
 # Leaves half precision on one non-finite step, returns after 2 stable ones.
-FAST = mp.PolicyConfig(overflow_decay=0.0, max_overflow_rate=0.5, min_full_steps=2,
-                       stable_steps=2, warmup_steps=10 ** 6)
+FAST = mp.PolicyConfig(overflow_decay=0.0, max_overflow_rate=0.5, min_full_steps=2, stable_steps=2, warmup_steps=10**6)
 
 OPTIMIZERS = {
     "adagrad": lambda: tf.compat.v1.train.AdagradOptimizer(0.3),
@@ -47,23 +45,26 @@ def _model(emb, lookup, poison=None):
             sp = tf.sparse.from_dense(tf.constant(IDS))
             e = tf_ext.embedding_lookup_sparse(emb, sp, None, combiner="sqrtn")
         e = mp.cast_compute(e)
-        out = tf.compat.v1.layers.dense(
-            e, 1, kernel_initializer=tf.compat.v1.constant_initializer(KERNEL), name="out")
+        out = tf.compat.v1.layers.dense(e, 1, kernel_initializer=tf.compat.v1.constant_initializer(KERNEL), name="out")
         loss = tf.reduce_mean(tf.square(tf.cast(out, tf.float32) - tf.cast(y, tf.float32)))
         return loss if poison is None else loss * poison
+
     return fn
 
 
-def _train(mode, lookup, num_shards, optimizer, policy=None, initial_precision="half",
-           steps=STEPS, poison_at=()):
+def _train(mode, lookup, num_shards, optimizer, policy=None, initial_precision="half", steps=STEPS, poison_at=()):
     """Trains; returns per-step snapshots and the final state."""
     with tf.Graph().as_default():
         tf.compat.v1.set_random_seed(0)
         emb = tf_ext.get_dynamic_embedding(
-            "emb", dim=DIM, num_shards=num_shards,
-            initializer=tf.compat.v1.random_normal_initializer(0.0, 0.5, seed=7))
-        amp = mp.MixedPrecision(mode=mode, policy=policy, initial_precision=initial_precision,
-                                loss_scale=mp.LossScaleConfig(initial_scale=128.0))
+            "emb", dim=DIM, num_shards=num_shards, initializer=tf.compat.v1.random_normal_initializer(0.0, 0.5, seed=7)
+        )
+        amp = mp.MixedPrecision(
+            mode=mode,
+            policy=policy,
+            initial_precision=initial_precision,
+            loss_scale=mp.LossScaleConfig(initial_scale=128.0),
+        )
         poison = None
         if poison_at:
             total = amp.policy.variables["total_steps"].read_value()
@@ -82,20 +83,25 @@ def _train(mode, lookup, num_shards, optimizer, policy=None, initial_precision="
                 _, s = sess.run([train, start])
                 k, v = sess.run([keys, values])
                 order = np.argsort(k)
-                snapshots.append({"precision": int(s["precision"]), "keys": k[order],
-                                  "rows": v[order], "gs": int(sess.run(gs))})
+                snapshots.append(
+                    {"precision": int(s["precision"]), "keys": k[order], "rows": v[order], "gs": int(sess.run(gs))}
+                )
             final = {"kernel": sess.run(kernel), "metrics": sess.run(amp.metrics())}
     return snapshots, final
 
 
-CASES = [("ids", 1, "adagrad"), ("ids", 1, "adam"), ("ids", 3, "adagrad"),
-         ("sparse", 1, "adam"), ("sparse", 3, "adagrad")]
+CASES = [
+    ("ids", 1, "adagrad"),
+    ("ids", 1, "adam"),
+    ("ids", 3, "adagrad"),
+    ("sparse", 1, "adam"),
+    ("sparse", 3, "adagrad"),
+]
 
 
 @pytest.mark.parametrize("lookup,num_shards,optimizer", CASES)
 def test_auto_held_in_float32_matches_float32_mode(lookup, num_shards, optimizer):
-    got, got_final = _train("auto", lookup, num_shards, optimizer, policy=STAY_FLOAT32,
-                            initial_precision="float32")
+    got, got_final = _train("auto", lookup, num_shards, optimizer, policy=STAY_FLOAT32, initial_precision="float32")
     want, want_final = _train("float32", lookup, num_shards, optimizer)
     assert [s["precision"] for s in got] == [mp.FULL] * STEPS
     for g, w in zip(got, want):
@@ -129,13 +135,12 @@ def test_auto_held_in_half_matches_half_mode(lookup, num_shards, optimizer):
 @pytest.mark.parametrize("lookup,num_shards", [("ids", 1), ("sparse", 3)])
 def test_switching_run_trains_the_embedding_in_both_branches(lookup, num_shards):
     # Step 2 (0-based) is poisoned: half -> float32 for 2 steps -> half.
-    snaps, final = _train("auto", lookup, num_shards, "adagrad", policy=FAST, steps=8,
-                          poison_at=(2,))
+    snaps, final = _train("auto", lookup, num_shards, "adagrad", policy=FAST, steps=8, poison_at=(2,))
     assert [s["precision"] for s in snaps] == [1, 1, 1, 0, 0, 1, 1, 1]
     previous = None
     for i, s in enumerate(snaps):
         moved = previous is None or np.abs(s["rows"] - previous).max() > 1e-4
-        if i == 2:   # the skipped step leaves the table alone
+        if i == 2:  # the skipped step leaves the table alone
             np.testing.assert_array_equal(s["rows"], previous)
         else:
             assert moved, "rows did not change at step %d" % i
@@ -145,7 +150,8 @@ def test_switching_run_trains_the_embedding_in_both_branches(lookup, num_shards)
     assert m["num_switches"] == 2 and m["applied_steps"] == 7 and m["attempted_steps"] == 8
 
 
-_SCRIPT = textwrap.dedent("""
+_SCRIPT = textwrap.dedent(
+    """
     import tensorflow as tf
     tf.compat.v1.disable_v2_behavior()
     import tensorflow_ext as tf_ext
@@ -169,7 +175,8 @@ _SCRIPT = textwrap.dedent("""
         for _ in range(3):
             sess.run(train)
         print("global_step", sess.run(gs), "size", sess.run(emb.size()))
-""")
+"""
+)
 
 
 def test_fresh_process_auto_mode_no_dead_merge():
@@ -177,8 +184,7 @@ def test_fresh_process_auto_mode_no_dead_merge():
     more than one valid input" warning (the old symptom) is gone."""
     root = os.path.abspath(os.path.join(os.path.dirname(__file__), "..", "..", ".."))
     env = dict(os.environ, PYTHONPATH=root, TF_CPP_MIN_LOG_LEVEL="0")
-    r = subprocess.run([sys.executable, "-c", _SCRIPT], env=env, capture_output=True,
-                       text=True, timeout=600)
+    r = subprocess.run([sys.executable, "-c", _SCRIPT], env=env, capture_output=True, text=True, timeout=600)
     assert r.returncode == 0, r.stderr[-3000:]
     assert "global_step 3 size 3" in r.stdout
     assert "more than one valid input" not in r.stderr
@@ -193,15 +199,15 @@ def test_switch_gradient_rejects_unknown_gradient_shape():
         pred = tf.compat.v1.placeholder(tf.bool, [])
         handle = tf.raw_ops.MutableHashTableV2(key_dtype=tf.int64, value_dtype=tf.float32)
         with g.gradient_override_map({"Switch": precision._COND_SWITCH_GRAD}):
-            tf.compat.v1.cond(pred, lambda: tf.raw_ops.LookupTableSizeV2(table_handle=handle),
-                              lambda: tf.raw_ops.LookupTableSizeV2(table_handle=handle))
-        switches = [op for op in g.get_operations()
-                    if op.type == "Switch" and op.inputs[0] is handle]
+            tf.compat.v1.cond(
+                pred,
+                lambda: tf.raw_ops.LookupTableSizeV2(table_handle=handle),
+                lambda: tf.raw_ops.LookupTableSizeV2(table_handle=handle),
+            )
+        switches = [op for op in g.get_operations() if op.type == "Switch" and op.inputs[0] is handle]
         assert len(switches) == 2
-        assert all(op.get_attr("_gradient_op_type") == precision._COND_SWITCH_GRAD.encode()
-                   for op in switches)
-        grad = tf.IndexedSlices(tf.compat.v1.placeholder(tf.float32, None),
-                                tf.compat.v1.placeholder(tf.int64, [None]))
+        assert all(op.get_attr("_gradient_op_type") == precision._COND_SWITCH_GRAD.encode() for op in switches)
+        grad = tf.IndexedSlices(tf.compat.v1.placeholder(tf.float32, None), tf.compat.v1.placeholder(tf.int64, [None]))
         for op in switches:
             branch = op._get_control_flow_context().branch
             grads = [None, None]

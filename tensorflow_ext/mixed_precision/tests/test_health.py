@@ -9,8 +9,7 @@ from tensorflow.python.ops import control_flow_ops
 
 from tensorflow_ext import mixed_precision as mp
 
-FAST = mp.PolicyConfig(overflow_decay=0.0, max_overflow_rate=0.5, min_full_steps=3,
-                       stable_steps=3, warmup_steps=1000)
+FAST = mp.PolicyConfig(overflow_decay=0.0, max_overflow_rate=0.5, min_full_steps=3, stable_steps=3, warmup_steps=1000)
 
 
 def _net(x):
@@ -24,8 +23,7 @@ def _build(mode="auto", broken=None, poison_at=(), policy=FAST):
     (the loss goes through a Switch branch that never runs, so the step's
     update never runs: what a dead gradient does to a train op)."""
     tf.compat.v1.set_random_seed(0)
-    amp = mp.MixedPrecision(mode=mode, policy=policy,
-                            loss_scale=mp.LossScaleConfig(initial_scale=1.0, dynamic=False))
+    amp = mp.MixedPrecision(mode=mode, policy=policy, loss_scale=mp.LossScaleConfig(initial_scale=1.0, dynamic=False))
     loss = amp.build(_net, tf.ones([8, 3]))
     if broken == "overflow":
         loss = loss * tf.constant(np.inf)
@@ -36,8 +34,7 @@ def _build(mode="auto", broken=None, poison_at=(), policy=FAST):
         bad = tf.reduce_any(tf.equal(total, tf.constant(list(poison_at), tf.int64)))
         loss = loss * tf.where(bad, tf.constant(np.inf), tf.constant(1.0))
     gs = tf.compat.v1.train.get_or_create_global_step()
-    train = amp.wrap_optimizer(tf.compat.v1.train.AdamOptimizer(0.01)).minimize(
-        loss, global_step=gs)
+    train = amp.wrap_optimizer(tf.compat.v1.train.AdamOptimizer(0.01)).minimize(loss, global_step=gs)
     return amp, train, gs
 
 
@@ -56,12 +53,12 @@ def _run(amp, train, steps, hooks):
 @pytest.mark.parametrize("broken", ["overflow", "dead"])
 def test_health_hook_raises_when_no_step_is_applied(broken):
     with tf.Graph().as_default():
-        amp, train, gs = _build(mode="half" if broken == "overflow" else "float32",
-                                broken=broken)
+        amp, train, gs = _build(mode="half" if broken == "overflow" else "float32", broken=broken)
         logged = []
-        hooks = [amp.health_hook(max_skipped_steps=6, every_n_iter=2),
-                 amp.logging_hook(every_n_iter=4, log_fn=lambda s: None,
-                                  error_fn=logged.append)]
+        hooks = [
+            amp.health_hook(max_skipped_steps=6, every_n_iter=2),
+            amp.logging_hook(every_n_iter=4, log_fn=lambda s: None, error_fn=logged.append),
+        ]
         err, m = _run(amp, train, 50, hooks)
     assert isinstance(err, mp.NoTrainingProgressError) and isinstance(err, RuntimeError)
     assert err.skipped_steps == 6 and err.attempted_steps == 6 and err.applied_steps == 0
@@ -79,8 +76,7 @@ def test_health_hook_can_log_instead_of_raising():
     with tf.Graph().as_default():
         amp, train, _ = _build(mode="half", broken="overflow")
         logged = []
-        hook = amp.health_hook(max_skipped_steps=3, every_n_iter=1, raise_error=False,
-                               error_fn=logged.append)
+        hook = amp.health_hook(max_skipped_steps=3, every_n_iter=1, raise_error=False, error_fn=logged.append)
         err, m = _run(amp, train, 10, [hook])
     assert err is None and m["attempted_steps"] == 10
     # Logged once for the stretch, not on every check.
@@ -150,8 +146,7 @@ def test_warns_about_variables_the_loss_reads_without_gradient(tf_warnings):
             return tf.reduce_sum(tf.matmul(x, w)) * scale + tf.stop_gradient(frozen[0])
 
         loss = amp.build(fn, tf.ones([2, 3]))
-        gvs = amp.wrap_optimizer(tf.compat.v1.train.GradientDescentOptimizer(0.1)) \
-            .compute_gradients(loss)
+        gvs = amp.wrap_optimizer(tf.compat.v1.train.GradientDescentOptimizer(0.1)).compute_gradients(loss)
     none = sorted(v.op.name for g, v in gvs if g is None)
     assert none == ["bucket", "frozen", "unused"]
     flagged = [m for m in tf_warnings if "gradient is None" in m]

@@ -23,8 +23,11 @@ def graph(cfg, seq, active=True):
         lf = tf.compat.v1.placeholder(tf.bool, [])
         act = tf.compat.v1.placeholder(tf.bool, [])
         update = ls.update(gf, lf, active=act)
-        read = {"scale": ls.scale_var.read_value(), "good_steps": ls.good_steps_var.read_value(),
-                "budget": ls.budget_var.read_value()}
+        read = {
+            "scale": ls.scale_var.read_value(),
+            "good_steps": ls.good_steps_var.read_value(),
+            "budget": ls.budget_var.read_value(),
+        }
         out = []
         with tf.compat.v1.Session(graph=g) as sess:
             sess.run(tf.compat.v1.global_variables_initializer())
@@ -36,20 +39,18 @@ def graph(cfg, seq, active=True):
 
 def test_defaults_are_tf1s():
     cfg = L.LossScaleConfig()
-    assert cfg.initial_scale == 2.0 ** 15 and cfg.growth_interval == 2000
+    assert cfg.initial_scale == 2.0**15 and cfg.growth_interval == 2000
     assert cfg.hysteresis == 2 and cfg.min_scale == 1.0
 
 
 def test_hysteresis_backoff_and_growth_exact():
-    cfg = L.LossScaleConfig(initial_scale=64.0, growth_interval=3, hysteresis=2,
-                            min_scale=8.0, max_scale=256.0)
+    cfg = L.LossScaleConfig(initial_scale=64.0, growth_interval=3, hysteresis=2, min_scale=8.0, max_scale=256.0)
     T, F = (True, True), (False, True)
     seq = [F, F, F, T, T, T, F, F, F, F, T, T, T, T, T, T, T, T, T, T, T, T]
     scales = [s["scale"] for s in reference(cfg, seq)]
     # 1st overflow tolerated (budget 2->1), then halvings; growth every 3 good
     # steps refills the budget; floor 8, cap 256.
-    assert scales == [64, 32, 16, 16, 16, 32, 32, 16, 8, 8, 8, 8, 16, 16, 16, 32,
-                      32, 32, 64, 64, 64, 128]
+    assert scales == [64, 32, 16, 16, 16, 32, 32, 16, 8, 8, 8, 8, 16, 16, 16, 32, 32, 32, 64, 64, 64, 128]
     assert graph(cfg, seq) == reference(cfg, seq)
 
 

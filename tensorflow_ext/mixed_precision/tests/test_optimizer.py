@@ -8,9 +8,10 @@ from tensorflow_ext import mixed_precision as mp
 
 def _embedding_model(table):
     def fn(ids, x):
-        emb = mp.cast_compute(tf.nn.embedding_lookup(table, ids))   # float32 table
+        emb = mp.cast_compute(tf.nn.embedding_lookup(table, ids))  # float32 table
         w = tf.compat.v1.get_variable("w", [3, 1])
         return tf.reduce_sum(tf.matmul(emb * x, w))
+
     return fn
 
 
@@ -49,8 +50,7 @@ def test_sparse_and_dense_gradients_unscaled_in_both_precisions():
 def test_non_finite_step_is_skipped_without_global_step():
     g = tf.Graph()
     with g.as_default():
-        amp = mp.MixedPrecision(mode="half", loss_scale=mp.LossScaleConfig(
-            initial_scale=256.0, hysteresis=1))
+        amp = mp.MixedPrecision(mode="half", loss_scale=mp.LossScaleConfig(initial_scale=256.0, hysteresis=1))
         poison = tf.compat.v1.placeholder(tf.float32, [])
         w0 = np.array([[1.0], [2.0]], np.float32)
 
@@ -90,6 +90,7 @@ def test_non_finite_step_is_skipped_without_global_step():
 
 def test_rejects_non_v1_optimizer():
     import pytest
+
     with tf.Graph().as_default():
         amp = mp.MixedPrecision(mode="float32")
         with pytest.raises(TypeError):

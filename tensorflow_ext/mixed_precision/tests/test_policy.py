@@ -108,11 +108,17 @@ def test_small_change_of_flat_loss_is_not_a_spike():
 
 
 def test_divergence_of_trend():
-    cfg = P.PolicyConfig(warmup_steps=3, spike_zscore=1e9, fast_decay=0.0, slow_decay=0.5,
-                         divergence_threshold=0.2, divergence_patience=3)
+    cfg = P.PolicyConfig(
+        warmup_steps=3,
+        spike_zscore=1e9,
+        fast_decay=0.0,
+        slow_decay=0.5,
+        divergence_threshold=0.2,
+        divergence_patience=3,
+    )
     # After 3 flat losses, the loss doubles each step: gap fast-slow exceeds
     # 0.2*|slow| at steps 4, 5, 6 (0.5 > 0.3, 1.25 > 0.55, 2.625 > 1.075).
-    seq = [(1.0, True)] * 3 + [(2.0 ** k, True) for k in range(1, 6)]
+    seq = [(1.0, True)] * 3 + [(2.0**k, True) for k in range(1, 6)]
     states = both(cfg, seq)
     assert switches(states) == [6]
     assert states[5]["last_reason"] == 3
@@ -120,14 +126,20 @@ def test_divergence_of_trend():
 
 
 def test_hysteresis_dwell_doubles_on_relapse_and_resets():
-    cfg = P.PolicyConfig(overflow_decay=0.0, max_overflow_rate=0.5, min_full_steps=3,
-                         stable_steps=2, relapse_window=5, warmup_steps=1000)
+    cfg = P.PolicyConfig(
+        overflow_decay=0.0, max_overflow_rate=0.5, min_full_steps=3, stable_steps=2, relapse_window=5, warmup_steps=1000
+    )
     bad, good = (float("nan"), False), (1.0, True)
-    seq = ([bad] + [good] * 3            # 1: to fp32 (dwell 3), 4: back to half
-           + [bad] + [good] * 6          # 5: relapse -> dwell 6, 11: back
-           + [good] * 6 + [bad]          # 18: after 7 half steps -> dwell reset to 3
-           + [good, bad, good, good]     # 20: unstable in fp32 resets the streak
-           + [good] * 3)
+    seq = (
+        [bad]
+        + [good] * 3  # 1: to fp32 (dwell 3), 4: back to half
+        + [bad]
+        + [good] * 6  # 5: relapse -> dwell 6, 11: back
+        + [good] * 6
+        + [bad]  # 18: after 7 half steps -> dwell reset to 3
+        + [good, bad, good, good]  # 20: unstable in fp32 resets the streak
+        + [good] * 3
+    )
     states = both(cfg, seq)
     assert switches(states) == [1, 4, 5, 11, 18, 22]
     assert [states[i - 1]["dwell"] for i in (1, 5, 18)] == [3, 6, 3]
@@ -140,9 +152,16 @@ def test_starts_in_float32_and_moves_to_half():
 
 
 def test_reference_and_graph_agree_on_random_sequences():
-    cfg = P.PolicyConfig(warmup_steps=10, min_full_steps=15, stable_steps=8,
-                         spike_zscore=3.0, divergence_patience=4, relapse_window=40,
-                         overflow_decay=0.8, max_overflow_rate=0.3)
+    cfg = P.PolicyConfig(
+        warmup_steps=10,
+        min_full_steps=15,
+        stable_steps=8,
+        spike_zscore=3.0,
+        divergence_patience=4,
+        relapse_window=40,
+        overflow_decay=0.8,
+        max_overflow_rate=0.3,
+    )
     rng = np.random.RandomState(0)
     seq, level = [], 5.0
     for i in range(500):

@@ -17,8 +17,8 @@ _W = _RNG.choice([-0.5, 0.5], size=(8, 1)).astype(np.float32)
 
 def model(x):
     h = tf.compat.v1.layers.dense(
-        x, 8, activation=tf.nn.relu, name="h",
-        kernel_initializer=tf.compat.v1.constant_initializer(_K))
+        x, 8, activation=tf.nn.relu, name="h", kernel_initializer=tf.compat.v1.constant_initializer(_K)
+    )
     w = tf.compat.v1.get_variable("w", initializer=_W)
     assert h.dtype == mp.compute_dtype() and w.dtype.base_dtype == mp.compute_dtype()
     return tf.matmul(h, w) * tf.constant(0.5, mp.compute_dtype())
@@ -69,7 +69,7 @@ def test_cast_compute_and_no_cast():
             v = tf.compat.v1.get_variable("v", [2])
             assert v.dtype == tf.bfloat16
             counter = tf.compat.v1.get_variable("c", [], trainable=False)
-            assert counter.dtype.base_dtype == tf.float32   # non-trainable: not cast
+            assert counter.dtype.base_dtype == tf.float32  # non-trainable: not cast
         assert mp.compute_dtype() == tf.float32
         with pytest.raises(ValueError):
             with mp.precision_scope(tf.int32):

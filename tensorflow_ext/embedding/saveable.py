@@ -150,6 +150,21 @@ class ShardSaveable(saveable_object.SaveableObject):
     tensors = (keys, values, slots, versions, freqs, num_shards)
     return [saveable_object.SaveSpec(t, "", self.name + suffix) for t, suffix in zip(tensors, _SUFFIXES)]
 
+  def select_rows(self, rows):
+    """The checkpoint rows this process imports (all of them here).
+
+    A subclass for a table split across processes keeps the keys this
+    process owns; the result is then placed into shards as usual.
+
+    Args:
+      rows: (keys, values, slots, versions, freqs) tensors read from the
+        checkpoint.
+
+    Returns:
+      The same tuple, possibly filtered row-wise.
+    """
+    return rows
+
   def restore(self, restored_tensors, restored_shapes):
     del restored_shapes
     shard = self._shard
@@ -176,7 +191,7 @@ class ShardSaveable(saveable_object.SaveableObject):
       versions = tf.cast(versions, tf.int64)
       freqs = tf.cast(freqs, tf.int64)
       values = tf.reshape(values, [-1, shard.dim])
-      rows = (keys, values, slots, versions, freqs)
+      rows = self.select_rows((keys, values, slots, versions, freqs))
       emb = shard.embedding
       n = emb.num_shards
       if n == 1:

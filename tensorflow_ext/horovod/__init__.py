@@ -11,6 +11,9 @@
     train_op = opt.minimize(loss, global_step=gs)
     hooks = [tfe_hvd.BroadcastGlobalVariablesHook(0)]
 
+With an Estimator: `tfe_hvd.run_config`, `tfe_hvd.shard_input_fn`, `tfe_hvd.training_hooks` and
+`tfe_hvd.export_saved_model` (see `tensorflow_ext.horovod.estimator`; docs/distributed.md).
+
 Importing this module needs Horovod (`make horovod` in a source checkout); `import tensorflow_ext` alone never
 does. Importing it also makes embeddings created afterwards without a seed derive their initializer seeds from
 their names, so every rank draws the same initial row for a key.
@@ -20,13 +23,55 @@ from tensorflow_ext.horovod import _hvd
 
 _hvd_module = _hvd.require_horovod()
 
+import tensorflow as _tf  # noqa: E402
+
 from tensorflow_ext.embedding import initializers as _initializers  # noqa: E402
+from tensorflow_ext.horovod import checkpoint  # noqa: E402
+from tensorflow_ext.horovod import consistency as _consistency  # noqa: E402
+from tensorflow_ext.horovod import estimator  # noqa: E402
 from tensorflow_ext.horovod.embedding import ModelParallel  # noqa: E402
 from tensorflow_ext.horovod.embedding import get_dynamic_embedding  # noqa: E402
 from tensorflow_ext.horovod.embedding import owner_of  # noqa: E402
+from tensorflow_ext.horovod.embedding import single_process  # noqa: E402
+from tensorflow_ext.horovod.estimator import export_saved_model  # noqa: E402
+from tensorflow_ext.horovod.estimator import run_config  # noqa: E402
+from tensorflow_ext.horovod.estimator import shard_input_fn  # noqa: E402
+from tensorflow_ext.horovod.estimator import training_hooks  # noqa: E402
+from tensorflow_ext.horovod.input import input_shard  # noqa: E402
+from tensorflow_ext.horovod.input import synchronized_next  # noqa: E402
 from tensorflow_ext.horovod.optimizer import DistributedOptimizer  # noqa: E402
 
 _initializers.require_deterministic_seeds(True)
+
+
+def broadcast_global_variables(root_rank):
+    """Horovod's `broadcast_global_variables`, run after the check that every rank built the same model.
+
+    Run it once after initializing (or restoring) the variables, before the first step.
+
+    Args:
+      root_rank: the rank whose values are broadcast.
+
+    Returns:
+      An op.
+    """
+    if _hvd_module.size() == 1:
+        return _hvd_module.broadcast_global_variables(root_rank)
+    with _tf.control_dependencies([_consistency.check_op()]):
+        return _hvd_module.broadcast_global_variables(root_rank)
+
+
+class BroadcastGlobalVariablesHook(_hvd_module.BroadcastGlobalVariablesHook):
+    """Horovod's hook, broadcasting with `broadcast_global_variables` above (after the model check).
+
+    `training_hooks()` does this too; use this hook with a MonitoredTrainingSession that does not use them.
+    """
+
+    def begin(self):
+        if not self.bcast_op or self.bcast_op.graph != _tf.compat.v1.get_default_graph():
+            with _tf.device(self.device):
+                self.bcast_op = broadcast_global_variables(self.root_rank)
+
 
 # Horovod's own names that users of this module need (one import for both).
 init = _hvd_module.init
@@ -38,11 +83,30 @@ local_size = _hvd_module.local_size
 Compression = _hvd_module.Compression
 Average = _hvd_module.Average
 Sum = _hvd_module.Sum
-BroadcastGlobalVariablesHook = _hvd_module.BroadcastGlobalVariablesHook
-broadcast_global_variables = _hvd_module.broadcast_global_variables
 
 __all__ = [
-    "Average", "BroadcastGlobalVariablesHook", "Compression", "DistributedOptimizer", "ModelParallel", "Sum",
-    "broadcast_global_variables", "get_dynamic_embedding", "init", "local_rank", "local_size", "owner_of", "rank",
-    "shutdown", "size",
+    "Average",
+    "BroadcastGlobalVariablesHook",
+    "Compression",
+    "DistributedOptimizer",
+    "ModelParallel",
+    "Sum",
+    "broadcast_global_variables",
+    "checkpoint",
+    "estimator",
+    "export_saved_model",
+    "get_dynamic_embedding",
+    "init",
+    "input_shard",
+    "local_rank",
+    "local_size",
+    "owner_of",
+    "rank",
+    "run_config",
+    "shard_input_fn",
+    "shutdown",
+    "single_process",
+    "size",
+    "synchronized_next",
+    "training_hooks",
 ]

@@ -3,7 +3,8 @@
 INSTALL_HINT = (
     "tensorflow_ext.horovod needs Horovod 0.28.1 built with TensorFlow support. In a source checkout run "
     "`make horovod`; elsewhere: HOROVOD_WITH_TENSORFLOW=1 HOROVOD_WITH_GLOO=1 HOROVOD_WITHOUT_MPI=1 "
-    "pip install --no-build-isolation horovod==0.28.1 (with the system cmake 3.x on PATH).")
+    "pip install --no-build-isolation horovod==0.28.1 (with the system cmake 3.x on PATH)."
+)
 
 
 def require_horovod():

@@ -11,14 +11,47 @@
   Memory per rank is about 1/N of the table.
 """
 
-import numpy as np
+import contextlib
+import threading
+
 import tensorflow as tf
 
 from tensorflow_ext.embedding import initializers as init_lib
 from tensorflow_ext.embedding import variable as var_lib
+from tensorflow_ext.embedding.keys import HashPartition
 from tensorflow_ext.horovod import _hvd
+from tensorflow_ext.horovod import checkpoint as ckpt_lib
+from tensorflow_ext.horovod import consistency
 
-__all__ = ["ModelParallel", "get_dynamic_embedding", "OWNER_SALT", "owner_of"]
+__all__ = ["ModelParallel", "get_dynamic_embedding", "OWNER_SALT", "owner_of", "single_process"]
+
+_local = threading.local()
+
+
+@contextlib.contextmanager
+def single_process():
+    """Builds graphs in which this process holds every key: no Horovod collective, a checkpoint of any rank count.
+
+    Inside the context, `get_dynamic_embedding(..., parallelism="model")` creates a plain embedding (the whole
+    table in this process) and `DistributedOptimizer` applies the local gradients. Use it on one rank (or in a
+    process without horovodrun) to export a SavedModel or to evaluate from the checkpoint of a distributed run:
+    the checkpoint holds every key, under the names a single-process embedding uses.
+
+    Yields:
+      None.
+    """
+    previous = getattr(_local, "single_process", False)
+    _local.single_process = True
+    try:
+        yield
+    finally:
+        _local.single_process = previous
+
+
+def in_single_process():
+    """True inside `single_process()`."""
+    return getattr(_local, "single_process", False)
+
 
 # Keys are also partitioned over an embedding's local shards by HashKey(key) % num_shards; salting the owner hash
 # keeps the two partitions independent (otherwise with 2 ranks and 2 local shards every key of a rank would land
@@ -36,18 +69,12 @@ def owner_of(keys, num_ranks):
     Returns:
       int32 tensor.
     """
-    salted = tf.bitwise.bitwise_xor(keys, tf.constant(np.int64(np.uint64(OWNER_SALT).view(np.int64)), tf.int64))
-    return var_lib.hash_key_shard_ids(salted, num_ranks)
+    return HashPartition(num_ranks, OWNER_SALT).part_ids(keys)
 
 
 def owner_of_numpy(keys, num_ranks):
     """`owner_of` in numpy (tests, offline re-partitioning)."""
-    z = (np.asarray(keys, np.int64) ^ np.uint64(OWNER_SALT).view(np.int64)).view(np.uint64)
-    with np.errstate(over="ignore"):
-        z = (z ^ (z >> np.uint64(30))) * np.uint64(0xBF58476D1CE4E5B9)
-        z = (z ^ (z >> np.uint64(27))) * np.uint64(0x94D049BB133111EB)
-        z = z ^ (z >> np.uint64(31))
-    return (z % np.uint64(num_ranks)).astype(np.int32)
+    return HashPartition(num_ranks, OWNER_SALT).part_ids_numpy(keys)
 
 
 class ModelParallel(object):
@@ -76,9 +103,14 @@ class ModelParallel(object):
         """This process's rank in the process set."""
         return self._process_set.rank()
 
+    @property
+    def partition(self):
+        """The `HashPartition` of keys over ranks (salted, independent of the shards' partition)."""
+        return HashPartition(self.num_ranks(), OWNER_SALT)
+
     def owner(self, keys):
         """The rank that owns each key (see `owner_of`)."""
-        return owner_of(keys, self.num_ranks())
+        return self.partition.part_ids(keys)
 
     def lookup_unique(self, emb, unique_keys, lookup_local):
         """Rows [n, dim] of unique int64 keys [n], read from their owners.
@@ -96,15 +128,18 @@ class ModelParallel(object):
         with tf.name_scope("model_parallel_lookup"):
             owner = self.owner(unique_keys)
             order = tf.argsort(owner, stable=True)
-            send = tf.gather(unique_keys, order)
+            # Every rank checks that all ranks built the same model before the first collective of a step.
+            send = consistency.gate(tf.gather(unique_keys, order))
             splits = tf.math.bincount(owner, minlength=n, maxlength=n, dtype=tf.int32)
-            recv, recv_splits = hvd.alltoall(send, splits=splits, process_set=self._process_set,
-                                             name=emb.name.replace("/", "_") + "_keys")
+            recv, recv_splits = hvd.alltoall(
+                send, splits=splits, process_set=self._process_set, name=emb.name.replace("/", "_") + "_keys"
+            )
             # Several ranks may ask for one key: read each once (its gradient is the sum of theirs).
             recv_unique, recv_idx = tf.unique(recv, out_idx=tf.int32)
             rows = tf.gather(lookup_local(emb, recv_unique), recv_idx)
-            back, _ = hvd.alltoall(rows, splits=recv_splits, process_set=self._process_set,
-                                   name=emb.name.replace("/", "_") + "_rows")
+            back, _ = hvd.alltoall(
+                rows, splits=recv_splits, process_set=self._process_set, name=emb.name.replace("/", "_") + "_rows"
+            )
             back = tf.reshape(back, [-1, emb.dim])
             return tf.gather(back, tf.math.invert_permutation(order))
 
@@ -121,7 +156,8 @@ def get_dynamic_embedding(name, dim, parallelism="data", process_set=None, **kwa
       **kwargs: the other arguments of `tf_ext.get_dynamic_embedding`.
 
     Returns:
-      A `DynamicEmbedding`.
+      A `DynamicEmbedding`. A model-parallel one checkpoints its full table (see
+      `tensorflow_ext.horovod.checkpoint`); inside `single_process()` it is a plain embedding.
 
     Raises:
       ValueError: an unknown parallelism, or a model-parallel embedding with a reused name of another parallelism.
@@ -129,6 +165,8 @@ def get_dynamic_embedding(name, dim, parallelism="data", process_set=None, **kwa
     _hvd.require_horovod()
     if parallelism not in ("data", "model"):
         raise ValueError("parallelism must be 'data' or 'model', got %r" % (parallelism,))
+    if in_single_process():
+        parallelism = "data"
     # Every rank must draw the same initial row for a key (replicas; re-partitioned restores).
     init_lib.require_deterministic_seeds(True)
     emb = var_lib.get_dynamic_embedding(name, dim, **kwargs)
@@ -138,4 +176,5 @@ def get_dynamic_embedding(name, dim, parallelism="data", process_set=None, **kwa
         raise ValueError("dynamic embedding %s is already %s-parallel" % (emb.name, current))
     if parallelism == "model" and emb.distribution is None:
         emb.distribution = ModelParallel(process_set)
+        ckpt_lib.use_model_parallel_saveables(emb, emb.distribution)
     return emb

@@ -11,6 +11,9 @@ Horovod's own `_DistributedOptimizer` does) and combines the gradients across ra
   alltoall; it is only scaled (Average divides by the number of ranks).
 
 The result equals one process training on the concatenation of the ranks' batches (the golden tests check this).
+
+Before the first collective of every step, the ranks compare their model configurations (`consistency`): ranks
+that built different models fail with an error naming what differs instead of hanging in a collective.
 """
 
 import tensorflow as tf
@@ -18,6 +21,8 @@ from tensorflow.python.framework import indexed_slices
 
 from tensorflow_ext.embedding import variable as var_lib
 from tensorflow_ext.horovod import _hvd
+from tensorflow_ext.horovod import consistency
+from tensorflow_ext.horovod import embedding as hvd_embedding
 
 __all__ = ["DistributedOptimizer"]
 
@@ -27,8 +32,19 @@ _Shard = var_lib.DynamicEmbeddingShard
 class _DistributedOptimizer(tf.compat.v1.train.Optimizer):
     """See `DistributedOptimizer`."""
 
-    def __init__(self, optimizer, name, use_locking, device_dense, device_sparse, compression, sparse_as_dense, op,
-                 gradient_predivide_factor, process_set):
+    def __init__(
+        self,
+        optimizer,
+        name,
+        use_locking,
+        device_dense,
+        device_sparse,
+        compression,
+        sparse_as_dense,
+        op,
+        gradient_predivide_factor,
+        process_set,
+    ):
         super().__init__(name=name, use_locking=use_locking)
         self._hvd = _hvd.require_horovod()
         self._optimizer = optimizer
@@ -55,20 +71,35 @@ class _DistributedOptimizer(tf.compat.v1.train.Optimizer):
         hvd = self._hvd
         if isinstance(grad, indexed_slices.IndexedSlices) and self._sparse_as_dense:
             grad = tf.convert_to_tensor(grad)
+        if isinstance(grad, indexed_slices.IndexedSlices):
+            grad = indexed_slices.IndexedSlices(
+                consistency.gate(grad.values), consistency.gate(grad.indices), grad.dense_shape
+            )
+        else:
+            grad = consistency.gate(grad)
         prescale, postscale = self._scale()
         op = hvd.Sum if (self._op == hvd.Average and self._predivide != 1.0) else self._op
-        return hvd.allreduce(grad, device_dense=self._device_dense, device_sparse=self._device_sparse,
-                             compression=self._compression, op=op, prescale_factor=prescale,
-                             postscale_factor=postscale, process_set=self._process_set,
-                             name="tf_ext_allreduce_" + var.op.name.replace("/", "_"))
+        return hvd.allreduce(
+            grad,
+            device_dense=self._device_dense,
+            device_sparse=self._device_sparse,
+            compression=self._compression,
+            op=op,
+            prescale_factor=prescale,
+            postscale_factor=postscale,
+            process_set=self._process_set,
+            name="tf_ext_allreduce_" + var.op.name.replace("/", "_"),
+        )
 
     def _average_factor(self):
         return 1.0 / self._process_set.size() if self._op == self._hvd.Average else 1.0
 
     def _reduce_shard(self, grad, shard):
         if not isinstance(grad, indexed_slices.IndexedSlices):
-            raise TypeError("the gradient of dynamic embedding shard %s must be IndexedSlices, got %s"
-                            % (shard.name, type(grad).__name__))
+            raise TypeError(
+                "the gradient of dynamic embedding shard %s must be IndexedSlices, got %s"
+                % (shard.name, type(grad).__name__)
+            )
         factor = self._average_factor()
         values = tf.reshape(tf.convert_to_tensor(grad.values), [-1, shard.dim])
         if shard.embedding.distribution is not None:
@@ -76,8 +107,12 @@ class _DistributedOptimizer(tf.compat.v1.train.Optimizer):
             return indexed_slices.IndexedSlices(values * factor if factor != 1.0 else values, grad.indices)
         hvd = self._hvd
         name = shard.name.replace("/", "_")
-        keys = hvd.allgather(tf.cast(grad.indices, tf.int64), process_set=self._process_set,
-                             name="tf_ext_allgather_keys_" + name)
+        values = consistency.gate(values)
+        keys = hvd.allgather(
+            consistency.gate(tf.cast(grad.indices, tf.int64)),
+            process_set=self._process_set,
+            name="tf_ext_allgather_keys_" + name,
+        )
         values = hvd.allgather(values, process_set=self._process_set, name="tf_ext_allgather_rows_" + name)
         if factor != 1.0:
             values = values * factor
@@ -90,7 +125,7 @@ class _DistributedOptimizer(tf.compat.v1.train.Optimizer):
           list of (gradient, variable) pairs.
         """
         grads_and_vars = self._optimizer.compute_gradients(*args, **kwargs)
-        if self._process_set.size() == 1:
+        if self._process_set.size() == 1 or hvd_embedding.in_single_process():
             return grads_and_vars
         out = []
         with tf.name_scope(self._name + "_Allreduce"):
@@ -104,8 +139,17 @@ class _DistributedOptimizer(tf.compat.v1.train.Optimizer):
         return out
 
     def apply_gradients(self, grads_and_vars, global_step=None, name=None):
-        """Calls the wrapped optimizer's apply_gradients."""
-        return self._optimizer.apply_gradients(grads_and_vars, global_step=global_step, name=name)
+        """Calls the wrapped optimizer's apply_gradients.
+
+        The configuration check's fingerprint is refreshed afterwards: the optimizer's slot columns are part of
+        what every rank must agree on.
+
+        Returns:
+          The wrapped optimizer's apply op.
+        """
+        op = self._optimizer.apply_gradients(grads_and_vars, global_step=global_step, name=name)
+        consistency.refresh(op.graph)
+        return op
 
     def get_slot(self, *args, **kwargs):
         """The wrapped optimizer's get_slot."""
@@ -120,10 +164,22 @@ class _DistributedOptimizer(tf.compat.v1.train.Optimizer):
         return self._optimizer.variables(*args, **kwargs)
 
 
-def DistributedOptimizer(optimizer, name=None, use_locking=False, device_dense="", device_sparse="",  # pylint: disable=invalid-name
-                         compression=None, sparse_as_dense=False, backward_passes_per_step=1, op=None,
-                         gradient_predivide_factor=1.0, average_aggregated_gradients=False, num_groups=0,
-                         groups=None, process_set=None):
+def DistributedOptimizer(
+    optimizer,
+    name=None,
+    use_locking=False,
+    device_dense="",
+    device_sparse="",  # pylint: disable=invalid-name
+    compression=None,
+    sparse_as_dense=False,
+    backward_passes_per_step=1,
+    op=None,
+    gradient_predivide_factor=1.0,
+    average_aggregated_gradients=False,
+    num_groups=0,
+    groups=None,
+    process_set=None,
+):
     """Horovod's `DistributedOptimizer` (same signature) for models with dynamic embeddings.
 
     Args:
@@ -150,18 +206,29 @@ def DistributedOptimizer(optimizer, name=None, use_locking=False, device_dense="
     del average_aggregated_gradients, num_groups, groups
     hvd = _hvd.require_horovod()
     if not isinstance(optimizer, tf.compat.v1.train.Optimizer):
-        raise TypeError("tensorflow_ext.horovod.DistributedOptimizer wraps tf.compat.v1.train optimizers (they "
-                        "train dynamic embeddings); got %s" % type(optimizer).__name__)
+        raise TypeError(
+            "tensorflow_ext.horovod.DistributedOptimizer wraps tf.compat.v1.train optimizers (they "
+            "train dynamic embeddings); got %s" % type(optimizer).__name__
+        )
     if backward_passes_per_step != 1:
-        raise ValueError("backward_passes_per_step=%r: gradient accumulation over several passes is not supported "
-                         "with dynamic embeddings; use 1 (a larger batch per rank has the same effect)"
-                         % (backward_passes_per_step,))
+        raise ValueError(
+            "backward_passes_per_step=%r: gradient accumulation over several passes is not supported "
+            "with dynamic embeddings; use 1 (a larger batch per rank has the same effect)" % (backward_passes_per_step,)
+        )
     op = hvd.Average if op is None else op
     if op not in (hvd.Average, hvd.Sum):
         raise ValueError("op must be hvd.Average or hvd.Sum, got %r" % (op,))
     if gradient_predivide_factor != 1.0 and op != hvd.Average:
         raise ValueError("gradient_predivide_factor needs op=hvd.Average")
     return _DistributedOptimizer(
-        optimizer, name or "Distributed" + type(optimizer).__name__, use_locking, device_dense, device_sparse,
-        compression if compression is not None else hvd.Compression.none, sparse_as_dense, op,
-        gradient_predivide_factor, process_set if process_set is not None else hvd.global_process_set)
+        optimizer,
+        name or "Distributed" + type(optimizer).__name__,
+        use_locking,
+        device_dense,
+        device_sparse,
+        compression if compression is not None else hvd.Compression.none,
+        sparse_as_dense,
+        op,
+        gradient_predivide_factor,
+        process_set if process_set is not None else hvd.global_process_set,
+    )

@@ -49,8 +49,7 @@ def model(emb_fn, ids, labels, flavour):
         x = tf_ext.embedding_lookup_sparse(emb, sp, None, combiner="mean")
     else:
         x = tf.reduce_sum(tf_ext.embedding_lookup(emb, ids), axis=1)
-    w = tf.compat.v1.get_variable("w", initializer=tf.constant(np.linspace(-0.5, 0.5, DIM).reshape(DIM, 1),
-                                                               tf.float32))
+    w = tf.compat.v1.get_variable("w", initializer=tf.constant(np.linspace(-0.5, 0.5, DIM).reshape(DIM, 1), tf.float32))
     loss = tf.reduce_mean(tf.square(tf.matmul(x, w) - labels))
     return emb, w, loss
 
@@ -69,6 +68,7 @@ def train(distributed, opt_name, parallelism, flavour, batches, rank, num_ranks)
         opt = make_optimizer(opt_name)
         if distributed and parallelism == "plain_horovod":
             import horovod.tensorflow as hvd  # Horovod's own wrapper on a replicated embedding
+
             opt_used = hvd.DistributedOptimizer(opt)
         elif distributed:
             opt_used = tfe_hvd.DistributedOptimizer(opt)
@@ -98,6 +98,7 @@ def main():
     if parallelism == "model":
         owned = tfe_hvd.owner_of  # noqa: F841  (documented owner function; numpy twin below)
         from tensorflow_ext.horovod.embedding import owner_of_numpy
+
         keys = np.array(sorted(want), np.int64)
         want = {int(k): want[int(k)] for k in keys[owner_of_numpy(keys, num_ranks) == rank]}
     assert sorted(got) == sorted(want), (rank, sorted(set(got) ^ set(want))[:10])

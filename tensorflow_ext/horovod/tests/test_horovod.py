@@ -26,15 +26,18 @@ def horovodrun(np_, script, *args, cwd=None):
     return r.returncode, r.stdout + r.stderr
 
 
-@pytest.mark.parametrize("ranks,optimizer,parallelism,flavour", [
-    (2, "Adagrad", "data", "lookup"),
-    (2, "Adam", "model", "lookup"),
-    (2, "Ftrl", "model", "sparse"),
-    (2, "Adam", "plain_horovod", "lookup"),
-    (4, "Adam", "data", "sparse"),
-    (4, "Adagrad", "model", "lookup"),
-    (4, "Ftrl", "model", "lookup"),
-])
+@pytest.mark.parametrize(
+    "ranks,optimizer,parallelism,flavour",
+    [
+        (2, "Adagrad", "data", "lookup"),
+        (2, "Adam", "model", "lookup"),
+        (2, "Ftrl", "model", "sparse"),
+        (2, "Adam", "plain_horovod", "lookup"),
+        (4, "Adam", "data", "sparse"),
+        (4, "Adagrad", "model", "lookup"),
+        (4, "Ftrl", "model", "lookup"),
+    ],
+)
 def test_golden_ranks_match_one_process(ranks, optimizer, parallelism, flavour):
     """Rows, slots and dense weights after 4 steps equal one process trained on the concatenated batches."""
     code, out = horovodrun(ranks, os.path.join(HERE, "golden_worker.py"), optimizer, parallelism, flavour, "4")
@@ -54,7 +57,9 @@ def test_model_parallel_table_is_split_across_ranks():
 def test_unseeded_initializer_with_plain_horovod_is_refused(tmp_path):
     """Replicas would draw different rows for a new key: refused at graph build, not a silent divergence."""
     script = tmp_path / "worker.py"
-    script.write_text(textwrap.dedent("""
+    script.write_text(
+        textwrap.dedent(
+            """
         import tensorflow as tf
         tf.compat.v1.disable_v2_behavior()
         import horovod.tensorflow as hvd
@@ -67,7 +72,9 @@ def test_unseeded_initializer_with_plain_horovod_is_refused(tmp_path):
         except ValueError as e:
             assert "replicas would diverge" in str(e), e
             print("REFUSED", hvd.rank(), flush=True)
-    """))
+    """
+        )
+    )
     code, out = horovodrun(2, str(script), cwd=str(tmp_path))
     assert code == 0, out[-4000:]
     assert "REFUSED 0" in out and "REFUSED 1" in out, out[-4000:]
@@ -77,13 +84,15 @@ def test_import_without_horovod_names_the_install_step(tmp_path):
     fake = tmp_path / "nohvd" / "horovod"
     fake.mkdir(parents=True)
     (fake / "__init__.py").write_text("raise ImportError('No module named horovod (simulated)')\n")
-    code = textwrap.dedent("""
+    code = textwrap.dedent(
+        """
         import tensorflow_ext  # works without Horovod
         try:
             import tensorflow_ext.horovod
         except ImportError as e:
             print("IMPORT ERROR:", e)
-    """)
+    """
+    )
     env = _env()
     env["PYTHONPATH"] = os.pathsep.join([str(tmp_path / "nohvd"), env["PYTHONPATH"]])
     r = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, timeout=TIMEOUT_S)

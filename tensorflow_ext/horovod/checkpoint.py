@@ -1,0 +1,151 @@
+"""Checkpoints of model-parallel dynamic embeddings: one full table per checkpoint, any rank count on restore.
+
+Each rank of a model-parallel embedding holds only the keys it owns. Its checkpoint must not depend on the rank
+count, so that a job can restart with another number of ranks, or the table can be loaded by one process (serving,
+evaluation, a plain `tf_ext.get_dynamic_embedding`):
+
+* **Save**: the saveable of local shard i gathers shard i of every rank (`hvd.allgather` of the keys with their
+  versions and frequencies, and of the rows with their optimizer slots) and writes it under the same tensor names
+  a single-process embedding writes (`<name>/part_<i>-keys`, `-values`, `-slots`, ...). Only rank 0 writes the
+  checkpoint, but the gather is collective: every rank must run it at the same step. The hooks of
+  `tensorflow_ext.horovod.estimator` do that (rank 0 saves, the other ranks run `gather_op`).
+* **Restore**: every rank reads the full shard tensors and imports the keys it owns
+  (`owner_of(key, num_ranks) == rank`); within the rank each key goes to its local shard by the embedding's own
+  partition, as in a single process. Restoring needs no collective.
+
+The number of local shards (`num_shards`) must be the same as when the checkpoint was written (as for any
+dynamic embedding); the number of ranks may change.
+"""
+
+import weakref
+
+import tensorflow as tf
+from tensorflow.python.framework import ops as tf_ops
+from tensorflow.python.training.saving import saveable_object
+
+from tensorflow_ext.embedding import _ops
+from tensorflow_ext.embedding import saveable as saveable_lib
+from tensorflow_ext.horovod import _hvd
+
+__all__ = ["ModelParallelShardSaveable", "gather_op", "model_parallel_saveables"]
+
+_SUFFIXES = ("-keys", "-values", "-slots", "-versions", "-freqs", "-num_shards")
+
+# graph -> the group op that runs every model-parallel saveable's gather (see gather_op).
+_gather_ops = weakref.WeakKeyDictionary()
+
+
+class ModelParallelShardSaveable(saveable_lib.ShardSaveable):
+    """The saveable of one local shard of a model-parallel embedding (see the module docstring).
+
+    Args:
+      shard: the `DynamicEmbeddingShard`.
+      distribution: the embedding's `ModelParallel`.
+    """
+
+    def __init__(self, shard, distribution):
+        super().__init__(shard)
+        self._distribution = distribution
+        self._gathered = None
+
+    @property
+    def gathered(self):
+        """The tensors the save gathers from every rank (building them, and freezing the layout, on first use)."""
+        self.specs  # pylint: disable=pointless-statement
+        return self._gathered
+
+    def _build_specs(self):
+        shard = self._shard
+        hvd = _hvd.require_horovod()
+        shard.freeze_layout("a Saver (checkpoint tensors %s-*)" % shard.name)
+        tag = shard.name.replace("/", "_")
+        with tf.control_dependencies(None), tf_ops.colocate_with(shard.handle, ignore_existing=True):
+            with tf.name_scope(tag + "_gather_for_checkpoint"):
+                keys, rows, versions, freqs = _ops.op("tf_ext_table_export")(
+                    shard.handle, col_begin=0, cols=shard.width
+                )
+                # Two collectives per shard: the int64 columns together, the float rows (embedding and slots) together.
+                # Horovod matches collectives across ranks by these names. The specs are built by whatever asks
+                # first (a Saver, the hooks), in its name scope: the names must not depend on it.
+                ints = hvd.allgather(
+                    tf.stack([keys, versions, freqs], axis=1),
+                    name="tf_ext_checkpoint_ints_" + tag,
+                    ignore_name_scope=True,
+                    process_set=self._distribution.process_set,
+                )
+                rows = hvd.allgather(
+                    rows,
+                    name="tf_ext_checkpoint_rows_" + tag,
+                    ignore_name_scope=True,
+                    process_set=self._distribution.process_set,
+                )
+                ints = tf.reshape(ints, [-1, 3])
+                rows = tf.reshape(rows, [-1, shard.width])
+                num_shards = tf.constant(shard.embedding.num_shards, tf.int64, name="num_shards")
+        self._gathered = (ints, rows)
+        tensors = (ints[:, 0], rows[:, : shard.dim], rows[:, shard.dim :], ints[:, 1], ints[:, 2], num_shards)
+        return [saveable_object.SaveSpec(t, "", self.name + suffix) for t, suffix in zip(tensors, _SUFFIXES)]
+
+    def select_rows(self, rows):
+        """Keeps the checkpoint rows of the keys this rank owns.
+
+        Args:
+          rows: (keys, values, slots, versions, freqs) of the whole shard, as read from the checkpoint.
+
+        Returns:
+          The rows of the keys with `owner_of(key, num_ranks) == rank`.
+        """
+        keys = rows[0]
+        mine = tf.reshape(tf.where(tf.equal(self._distribution.owner(keys), self._distribution.rank())), [-1])
+        return tuple(tf.gather(t, mine) for t in rows)
+
+
+def model_parallel_saveables(graph=None):
+    """The `ModelParallelShardSaveable`s of a graph (from `GraphKeys.SAVEABLE_OBJECTS`), in collection order."""
+    graph = graph or tf.compat.v1.get_default_graph()
+    return [
+        s
+        for s in graph.get_collection(tf.compat.v1.GraphKeys.SAVEABLE_OBJECTS)
+        if isinstance(s, ModelParallelShardSaveable)
+    ]
+
+
+def use_model_parallel_saveables(emb, distribution):
+    """Replaces the shard saveables of `emb` (in its shards and in SAVEABLE_OBJECTS) by model-parallel ones."""
+    graph = emb.graph
+    saveables = graph.get_collection_ref(tf.compat.v1.GraphKeys.SAVEABLE_OBJECTS)
+    for shard in emb.shards:
+        old = shard.saveable
+        if isinstance(old, ModelParallelShardSaveable):
+            continue
+        new = ModelParallelShardSaveable(shard, distribution)
+        shard._saveable = new  # pylint: disable=protected-access
+        for i, s in enumerate(saveables):
+            if s is old:
+                saveables[i] = new
+
+
+def gather_op(graph=None):
+    """What a rank that does not write the checkpoint runs when rank 0 saves: every model-parallel gather.
+
+    Args:
+      graph: a `tf.Graph` (default: the default graph). Build before the graph is finalized.
+
+    Returns:
+      A tensor to fetch (the number of rows gathered), or None when the graph has no model-parallel embedding.
+    """
+    graph = graph or tf.compat.v1.get_default_graph()
+    saveables = model_parallel_saveables(graph)
+    if not saveables:
+        return None
+    fetch, count = _gather_ops.get(graph, (None, 0))
+    if fetch is None or count != len(saveables):
+        with graph.as_default(), tf.control_dependencies(None), tf.compat.v1.name_scope(None):
+            # A data dependency on every gathered tensor: Horovod's ops are not stateful, and Grappler turns ops whose
+            # outputs reach only control edges (a tf.group) into NoOps, which would skip this rank's part of the gather.
+            fetch = tf.add_n(
+                [tf.cast(tf.shape(t)[0], tf.int64) for s in saveables for t in s.gathered],
+                name="tf_ext_checkpoint_gather",
+            )
+        _gather_ops[graph] = (fetch, len(saveables))
+    return fetch

@@ -1,0 +1,159 @@
+"""Failures under horovodrun end the job with a clear error in bounded time, never a hang.
+
+A rank that dies, ranks that built different models, uneven input, and a checkpoint schedule that cannot be
+synchronized.
+"""
+
+import os
+import subprocess
+import sys
+import textwrap
+import time
+
+import pytest
+
+from tensorflow_ext.horovod.tests.test_horovod import _env
+from tensorflow_ext.horovod.tests.test_horovod import horovodrun
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+WORKER = os.path.join(HERE, "estimator_worker.py")
+BOUND_S = 120  # a failing job must end within this
+
+
+def timed_run(ranks, *args):
+    start = time.time()
+    code, out = horovodrun(ranks, WORKER, *[str(a) for a in args])
+    return code, out, time.time() - start
+
+
+def test_a_rank_that_dies_stops_the_job(tmp_path):
+    """Rank 1 exits with status 3 after step 3: horovodrun ends the job with a non-zero status, quickly."""
+    code, out, elapsed = timed_run(2, "train", "--model-dir", tmp_path / "m", "--max-steps", 50, "--die-at-step", 3)
+    assert "RANK 1 EXITS AT STEP 3" in out, out[-4000:]
+    assert code != 0, out[-4000:]
+    assert "Exit code: 3" in out, out[-4000:]
+    assert elapsed < BOUND_S, elapsed
+    print("job ended %.1f s after start" % elapsed)
+
+
+@pytest.mark.parametrize(
+    "rank1,expected",
+    [
+        ("dim=8", "dynamic embedding 'user': dim differs across ranks: rank 0: 4, rank 1: 8"),
+        (
+            "optimizer=Adam",
+            "dynamic embedding 'user': optimizer slots differs across ranks: rank 0: "
+            "AdagradOptimizer[accumulator], rank 1: AdamOptimizer[m,v]",
+        ),
+        (
+            "parallelism=data",
+            "dynamic embedding 'user': parallelism differs across ranks: rank 0: model(2 ranks), " "rank 1: data",
+        ),
+    ],
+)
+def test_ranks_with_different_models_fail_before_the_first_step(tmp_path, rank1, expected):
+    """The Estimator hooks compare the ranks' configurations before any step or checkpoint collective."""
+    code, out, elapsed = timed_run(2, "train", "--model-dir", tmp_path / "m", "--max-steps", 4, "--rank1", rank1)
+    assert code != 0, out[-4000:]
+    assert "the ranks built different models" in out and expected in out, out[-6000:]
+    assert "TRAINED" not in out and not os.path.exists(tmp_path / "m" / "checkpoint"), out[-4000:]
+    assert elapsed < BOUND_S, elapsed
+
+
+def test_mismatch_is_caught_in_the_step_without_hooks(tmp_path):
+    """A plain Session (no hooks, no broadcast): the check runs before the step's first collective."""
+    script = tmp_path / "worker.py"
+    script.write_text(
+        textwrap.dedent(
+            """
+        import tensorflow as tf
+        tf.compat.v1.disable_v2_behavior()
+        import tensorflow_ext as tf_ext
+        import tensorflow_ext.horovod as tfe_hvd
+        tfe_hvd.init()
+        dim = 4 if tfe_hvd.rank() == 0 else 6
+        emb = tfe_hvd.get_dynamic_embedding("e", dim, parallelism="model", initializer=0.1)
+        loss = tf.reduce_sum(tf_ext.embedding_lookup(emb, tf.constant([1, 2, 3], tf.int64)))
+        train = tfe_hvd.DistributedOptimizer(tf.compat.v1.train.AdagradOptimizer(0.1)).minimize(loss)
+        with tf.compat.v1.Session() as sess:
+            sess.run(tf.compat.v1.global_variables_initializer())
+            try:
+                sess.run(train)
+                print("NOT CAUGHT", flush=True)
+            except tf.errors.InvalidArgumentError as e:
+                print("CAUGHT %d: %s" % (tfe_hvd.rank(), " ".join(e.message.splitlines())), flush=True)
+    """
+        )
+    )
+    start = time.time()
+    code, out = horovodrun(2, str(script), cwd=str(tmp_path))
+    assert code == 0, out[-4000:]
+    for r in (0, 1):
+        assert "CAUGHT %d" % r in out, out[-4000:]
+    assert "dynamic embedding 'e': dim differs across ranks: rank 0: 4, rank 1: 6" in out, out[-4000:]
+    assert time.time() - start < BOUND_S
+
+
+@pytest.mark.parametrize("elements,rank1,steps", [(7, "", 3), (10, "elements=2", 1)])
+def test_uneven_input_stops_every_rank_at_the_same_step(tmp_path, elements, rank1, steps):
+    """Shards of 4 and 3 elements (or 5 and 1): every rank stops after the shortest shard, with a checkpoint."""
+    args = ["train", "--model-dir", tmp_path / "m", "--elements", elements, "--out", tmp_path]
+    if rank1:
+        args += ["--rank1", rank1]
+    code, out, elapsed = timed_run(2, *args)
+    assert code == 0, out[-6000:]
+    for r in (0, 1):
+        assert "RANK %d TRAINED step=%d" % (r, steps) in out, out[-4000:]
+    assert os.path.exists(tmp_path / "m" / ("model.ckpt-%d.index" % steps))
+    assert elapsed < BOUND_S, elapsed
+
+
+def test_time_based_checkpoints_are_refused_with_model_parallel_embeddings(tmp_path):
+    r = subprocess.run(
+        [sys.executable, WORKER, "train", "--model-dir", str(tmp_path / "m"), "--max-steps", "2", "--save-secs", "30"],
+        env=_env(),
+        capture_output=True,
+        text=True,
+        timeout=BOUND_S,
+    )
+    assert r.returncode != 0
+    assert (
+        "save_checkpoints_secs=30 cannot be used with model-parallel dynamic embeddings (user)" in r.stderr
+        and "Use save_checkpoints_steps" in r.stderr
+    ), r.stderr[-4000:]
+
+
+def test_time_based_checkpoints_work_with_data_parallel_embeddings(tmp_path):
+    code, out, _ = timed_run(
+        2, "train", "--model-dir", tmp_path / "m", "--max-steps", 3, "--save-secs", 600, "--parallelism", "data"
+    )
+    assert code == 0, out[-6000:]
+    assert "RANK 1 TRAINED step=3" in out
+    assert os.path.exists(tmp_path / "m" / "model.ckpt-3.index")
+
+
+def test_a_run_config_that_writes_on_every_rank_is_refused(tmp_path):
+    """A plain RunConfig on rank 1 would write checkpoints and summaries there too: a clear error, not a race."""
+    script = tmp_path / "worker.py"
+    script.write_text(
+        textwrap.dedent(
+            """
+        import tensorflow as tf
+        tf.compat.v1.disable_v2_behavior()
+        import tensorflow_ext.horovod as tfe_hvd
+        tfe_hvd.init()
+        try:
+            tfe_hvd.training_hooks(tf.estimator.RunConfig("model", save_checkpoints_steps=10))
+            print("RANK %d ACCEPTED" % tfe_hvd.rank(), flush=True)
+        except ValueError as e:
+            print("RANK %d REFUSED: %s" % (tfe_hvd.rank(), e), flush=True)
+    """
+        )
+    )
+    code, out = horovodrun(2, str(script), cwd=str(tmp_path))
+    assert code == 0, out[-4000:]
+    assert "RANK 0 ACCEPTED" in out, out[-4000:]
+    assert (
+        "RANK 1 REFUSED: training_hooks: the RunConfig of rank 1 writes checkpoints or summaries "
+        "(save_checkpoints_steps=10, save_checkpoints_secs=None, save_summary_steps=100)"
+    ) in out, out[-4000:]

@@ -1,0 +1,108 @@
+"""The pieces of tensorflow_ext.horovod's Estimator support that one process can check (run in a fresh process:
+importing tensorflow_ext.horovod changes seed defaults for the whole process)."""
+
+import subprocess
+import sys
+import textwrap
+
+from tensorflow_ext.horovod.tests.test_horovod import TIMEOUT_S
+from tensorflow_ext.horovod.tests.test_horovod import _env
+
+
+def run(code):
+    r = subprocess.run(
+        [sys.executable, "-c", textwrap.dedent(code)], env=_env(), capture_output=True, text=True, timeout=TIMEOUT_S
+    )
+    assert r.returncode == 0, (r.stdout + r.stderr)[-5000:]
+    return r.stdout
+
+
+def test_describe_mismatch_names_each_difference():
+    out = run(
+        """
+        from tensorflow_ext.horovod.consistency import describe_mismatch
+        a = "dynamic embedding 'u'\\tdim=8\\tparallelism=model(2 ranks)\\nvariable 'w'\\tshape=[8, 1]\\tdtype=float32"
+        b = "dynamic embedding 'u'\\tdim=16\\tparallelism=model(2 ranks)\\nvariable 'w'\\tshape=[16, 1]\\tdtype=float32"
+        c = "dynamic embedding 'u'\\tdim=8\\tparallelism=model(2 ranks)\\nvariable 'w'\\tshape=[8, 1]\\tdtype=float32"
+        print(describe_mismatch([a, b, c]))
+        print(describe_mismatch([a, "variable 'w'\\tshape=[8, 1]\\tdtype=float32"]))
+        print(repr(describe_mismatch([a, a])))
+    """
+    ).splitlines()
+    assert out[0] == (
+        "dynamic embedding 'u': dim differs across ranks: rank 0: 8, rank 1: 16, rank 2: 8; "
+        "variable 'w': shape differs across ranks: rank 0: [8, 1], rank 1: [16, 1], rank 2: [8, 1]"
+    )
+    assert out[1] == "dynamic embedding 'u' exists on rank 0 but not on rank 1"
+    assert out[2] == "''"
+
+
+def test_synchronized_input_flags_the_last_element():
+    """Each element carries whether another follows; empty, one-element and ragged last batches."""
+    out = run(
+        """
+        import numpy as np
+        import tensorflow as tf
+        tf.compat.v1.disable_v2_behavior()
+        from tensorflow_ext.horovod import input as inp
+        for n in (0, 1, 5):
+            ds = tf.data.Dataset.from_tensor_slices((
+                {"ids": np.arange(3 * n, dtype=np.int64).reshape(n, 3), "s": np.array(["x"] * n)},
+                np.arange(n, dtype=np.float32))).batch(2)
+            flagged = inp._with_has_next(ds)
+            assert flagged.element_spec[0][0]["ids"].shape.as_list() == [None, 3]
+            nxt = tf.compat.v1.data.make_one_shot_iterator(flagged).get_next()
+            got = []
+            with tf.compat.v1.Session() as s:
+                try:
+                    while True:
+                        (features, labels), has_next = s.run(nxt)
+                        got.append((features["ids"][:, 0].tolist(), labels.tolist(), bool(has_next)))
+                except tf.errors.OutOfRangeError:
+                    pass
+            print(n, got)
+    """
+    ).splitlines()
+    assert out == [
+        "0 []",
+        "1 [([0], [0.0], False)]",
+        "5 [([0, 3], [0.0, 1.0], True), ([6, 9], [2.0, 3.0], True), ([12], [4.0], False)]",
+    ]
+
+
+def test_bad_arguments_are_named():
+    out = run(
+        """
+        import tensorflow as tf
+        tf.compat.v1.disable_v2_behavior()
+        import tensorflow_ext.horovod as tfe_hvd
+        tfe_hvd.init()
+        def err(f, *a, **k):
+            try:
+                f(*a, **k)
+            except (TypeError, ValueError) as e:
+                print(type(e).__name__, e)
+            else:
+                print("NO ERROR")
+        err(tfe_hvd.run_config, None)
+        err(tfe_hvd.run_config, "/tmp/m", save_checkpoints_steps=10, save_checkpoints_secs=60)
+        err(tfe_hvd.run_config, "/tmp/m", save_checkpoints_steps=None)
+        err(tfe_hvd.training_hooks, tfe_hvd.run_config("/tmp/m"), model_dir="/tmp/m")
+        err(tfe_hvd.input_shard, [1, 2])
+        sparse = tf.data.Dataset.from_tensors(tf.SparseTensor([[0]], [1], [2]))
+        err(tfe_hvd.synchronized_next, sparse)
+        err(tfe_hvd.shard_input_fn(lambda: [1, 2]), "train", {}, None)
+        c = tfe_hvd.run_config("/tmp/m", save_checkpoints_steps=5, keep_checkpoint_max=2)
+        print(c.save_checkpoints_steps, c.save_checkpoints_secs, c.keep_checkpoint_max)
+    """
+    ).splitlines()
+    assert out[0] == "ValueError run_config needs a model_dir that every rank can read (rank 0 writes it)"
+    assert out[1].startswith("ValueError run_config: give one of save_checkpoints_steps and save_checkpoints_secs")
+    assert out[2].startswith("ValueError run_config: give one of save_checkpoints_steps and save_checkpoints_secs")
+    assert out[3] == "ValueError training_hooks: give config, or model_dir and the schedule, not both"
+    assert out[4] == "TypeError input_shard needs a tf.data.Dataset, got list"
+    assert out[5].startswith(
+        "TypeError synchronized_next reads datasets of dense tensors; got an element of type " "SparseTensorSpec"
+    ), out[5]
+    assert out[6] == "TypeError shard_input_fn needs an input_fn that returns a tf.data.Dataset; <lambda> returned list"
+    assert out[7] == "5 None 2"

@@ -157,3 +157,16 @@ def test_a_run_config_that_writes_on_every_rank_is_refused(tmp_path):
         "RANK 1 REFUSED: training_hooks: the RunConfig of rank 1 writes checkpoints or summaries "
         "(save_checkpoints_steps=10, save_checkpoints_secs=None, save_summary_steps=100)"
     ) in out, out[-4000:]
+
+
+def test_ranks_that_restore_different_checkpoints_are_stopped(tmp_path):
+    """Rank 1 sees another model_dir (no shared filesystem): an error naming each rank's step, before training."""
+    first = timed_run(2, "train", "--model-dir", tmp_path / "a", "--max-steps", 2)
+    assert first[0] == 0, first[1][-4000:]
+    code, out, elapsed = timed_run(
+        2, "train", "--model-dir", tmp_path / "a", "--rank1", "model_dir=%s" % (tmp_path / "b"), "--max-steps", 4
+    )
+    assert code != 0, out[-4000:]
+    assert "ranks are at different global steps after restoring: rank 0: 2, rank 1: 0" in out, out[-4000:]
+    assert "same model_dir" in out and "TRAINED" not in out, out[-4000:]
+    assert elapsed < BOUND_S, elapsed

@@ -1,6 +1,6 @@
 # tensorflow_ext: every set-up step from a fresh Debian/Ubuntu machine (root or sudo).
-#   make demo    venv + bazel + build + install the wheel into .venv, then run the main job
-#   make test    C++ format check, venv + bazel + build, C++ core tests, pytest (tensorflow_ext/ and tests/)
+#   make demo    venv + bazel + Horovod + build + install the wheel into .venv, then run the CTR example
+#   make test    format checks (black, clang-format), venv + bazel + Horovod + build, C++ core tests, pytest
 #   make bench   table benchmark (tools/bench_table.py; BENCH_ARGS=--quick for a short run)
 #   make cuda    compile the CUDA table + ctypes harness with nvcc (build/cuda/libtfext_gpu_table.so)
 # Everything is idempotent: a second run only redoes what changed.
@@ -101,8 +101,17 @@ build: venv bazel
 
 wheel: build
 
+# ---------------------------------------------------------------- format (one formatter per language)
+.PHONY: format format-check-py
+format-check-py: venv
+	$(VPY) -m black --check --quiet tensorflow_ext tests tools python || \
+	  { echo "Python files need formatting: run make format"; exit 1; }
+
+format: venv
+	$(VPY) -m black --quiet tensorflow_ext tests tools python
+
 # ---------------------------------------------------------------- tests
-test: format-check-cc build test-cc cuda-ci horovod test-py
+test: format-check-py format-check-cc build test-cc cuda-ci horovod test-py
 
 # C++ and CUDA sources must be formatted as .clang-format says (fix with: clang-format -i <files>).
 format-check-cc: clang-format

@@ -128,6 +128,11 @@ class InitSpec(object):
         seed, seed2 = tf.compat.v1.get_seed(self.seed)
         return int(seed or 0), int(seed2 or 0)
 
+    def kernel_attrs(self):
+        """The initializer attrs of the lookup kernels: init_kind, init_a, init_b, seed, seed2 (in-kernel kinds)."""
+        seed, seed2 = self.seeds()
+        return dict(init_kind=self.kind, init_a=self.a, init_b=self.b, seed=seed, seed2=seed2)
+
     def pinned_for(self, name):
         """A copy of this spec whose kernel seeds are fixed now, for embedding `name`.
 

@@ -50,6 +50,16 @@ def _global_step_tensor():
     return tf.cast(tf.convert_to_tensor(step), tf.int64)
 
 
+def _insert_once_training(shard, lookup_op):
+    """A find-only lookup op becomes an inserting one when an optimizer is applied to the shard (before the first
+    run; see shard_lookups)."""
+
+    def activate():
+        lookup_op._set_attr("insert_missing", attr_value_pb2.AttrValue(b=True))  # pylint: disable=protected-access
+
+    shard.lookups.when_training(activate)
+
+
 def _lookup_shard(shard, keys, is_training, step):
     """Rows [n, dim] of unique int64 keys [n] in one shard."""
     spec = shard.embedding.initializer
@@ -57,29 +67,11 @@ def _lookup_shard(shard, keys, is_training, step):
     handle = shard.handle
     with tf_ops.colocate_with(handle):
         if spec.in_kernel and _ops.use_fused():
-            seed, seed2 = spec.seeds()
             values = _ops.op("tf_ext_embedding_lookup")(
-                handle,
-                keys,
-                step,
-                dim=dim,
-                insert_missing=bool(is_training),
-                count=True,
-                init_kind=spec.kind,
-                init_a=spec.a,
-                init_b=spec.b,
-                seed=seed,
-                seed2=seed2,
+                handle, keys, step, dim=dim, insert_missing=bool(is_training), count=True, **spec.kernel_attrs()
             )
             if is_training is None:
-                lookup_op = values.op
-
-                def activate():
-                    lookup_op._set_attr(
-                        "insert_missing", attr_value_pb2.AttrValue(b=True)
-                    )  # pylint: disable=protected-access
-
-                shard.lookups.when_training(activate)
+                _insert_once_training(shard, values.op)
         else:
             n = tf.size(keys)
             if is_training:
@@ -140,7 +132,6 @@ def _lookup_ids_fused(emb, flat_keys, is_training):
     if is_training is None and shard.is_training:
         is_training = True
     step = _global_step_tensor()
-    seed, seed2 = spec.seeds()
     with tf_ops.colocate_with(shard.handle):
         values, unique_keys, idx = _ops.op("tf_ext_embedding_lookup_ids")(
             shard.handle,
@@ -149,19 +140,10 @@ def _lookup_ids_fused(emb, flat_keys, is_training):
             dim=shard.dim,
             insert_missing=bool(is_training),
             count=True,
-            init_kind=spec.kind,
-            init_a=spec.a,
-            init_b=spec.b,
-            seed=seed,
-            seed2=seed2,
+            **spec.kernel_attrs(),
         )
     if is_training is None:
-        lookup_op = values.op
-
-        def activate():
-            lookup_op._set_attr("insert_missing", attr_value_pb2.AttrValue(b=True))  # pylint: disable=protected-access
-
-        shard.lookups.when_training(activate)
+        _insert_once_training(shard, values.op)
     # The rows of the unique keys, for the shard's value as a tensor: every occurrence of a key holds the same
     # row, so the segment mean is that row, and its gradient (grad / count per occurrence) sums back to grad.
     shard.lookups.record_read(unique_keys, lambda: tf.math.unsorted_segment_mean(values, idx, tf.size(unique_keys)))

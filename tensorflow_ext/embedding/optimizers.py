@@ -340,7 +340,6 @@ def _insert_missing_keys(shard, keys, step):
     _check_replicas_draw_alike(shard, spec)
     with tf.name_scope("insert_missing"):
         if spec.in_kernel:
-            seed, seed2 = spec.seeds()
             return _ops.op("tf_ext_embedding_lookup")(
                 shard.handle,
                 keys,
@@ -348,11 +347,7 @@ def _insert_missing_keys(shard, keys, step):
                 dim=shard.dim,
                 insert_missing=True,
                 count=False,
-                init_kind=spec.kind,
-                init_a=spec.a,
-                init_b=spec.b,
-                seed=seed,
-                seed2=seed2,
+                **spec.kernel_attrs(),
             ).op
         return _ops.op("tf_ext_table_find_or_insert")(
             shard.handle, keys, spec.make_rows(tf.size(keys), shard.dim), step, col_begin=0, cols=shard.dim, count=False

@@ -20,6 +20,7 @@ kv_creator) and no need for `bp_v2`. docs/migrating_from_tfra.md has the full ma
 import tensorflow as tf
 
 from tensorflow_ext.embedding import eviction as _eviction
+from tensorflow_ext.embedding import keys as _keys
 from tensorflow_ext.embedding import lookup as _lookup
 from tensorflow_ext.embedding import optimizers as _optimizers
 from tensorflow_ext.embedding import variable as _variable
@@ -89,7 +90,7 @@ def default_partition_fn(keys, shard_num):
     Returns:
       int32 tensor of keys' shape.
     """
-    return _variable.HashPartition(int(shard_num)).part_ids(tf.convert_to_tensor(keys, tf.int64))
+    return _keys.HashPartition(int(shard_num)).part_ids(tf.convert_to_tensor(keys, tf.int64))
 
 
 def _policy_name(restrict_policy):

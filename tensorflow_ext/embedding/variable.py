@@ -24,7 +24,6 @@ from tensorflow_ext.embedding import _ops
 from tensorflow_ext.embedding import layout as layout_lib
 from tensorflow_ext.embedding import shard_lookups
 from tensorflow_ext.embedding.keys import HashPartition
-from tensorflow_ext.embedding.keys import hash_key_shard_ids  # noqa: F401  (re-exported)
 from tensorflow_ext.embedding.keys import string_to_key
 from tensorflow_ext.embedding.layout import DynamicEmbeddingSlot  # noqa: F401  (re-exported)
 from tensorflow_ext.table import table_ops

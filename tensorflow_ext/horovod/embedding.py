@@ -125,6 +125,8 @@ class ModelParallel(object):
         """
         hvd = _hvd.require_horovod()
         n = self.num_ranks()
+        if n == 1:  # this rank owns every key: the exchanges would send everything to itself
+            return lookup_local(emb, unique_keys)
         with tf.name_scope("model_parallel_lookup"):
             owner = self.owner(unique_keys)
             order = tf.argsort(owner, stable=True)

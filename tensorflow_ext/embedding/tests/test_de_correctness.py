@@ -322,7 +322,7 @@ def _misplaced_checkpoint(tmp_path, num_shards, assign):
 
 def _hash_shards(keys, num_shards):
     with tf.Graph().as_default(), tf.compat.v1.Session(config=session_config()) as sess:
-        return sess.run(tf_ext.embedding.variable.hash_key_shard_ids(tf.constant(keys), num_shards))
+        return sess.run(tf_ext.embedding.keys.hash_key_shard_ids(tf.constant(keys), num_shards))
 
 
 def _restore_and_read(path, num_shards, saver_kind):

@@ -262,6 +262,6 @@ def test_shard_partition_is_hash_key_mod_num_shards(graph, sess):
     keys = [0, 1, -5, 123456789012345, -(2**63), 2**63 - 1, 7919]
     expected = (hash_key_numpy(keys) % np.uint64(3)).astype(np.int32).tolist()
     t = tf.constant(keys, tf.int64)
-    assert sess.run(tf_ext.embedding.variable.hash_key_shard_ids(t, 3)).tolist() == expected
+    assert sess.run(tf_ext.embedding.keys.hash_key_shard_ids(t, 3)).tolist() == expected
     emb = tf_ext.get_dynamic_embedding("e", 2, num_shards=3)
     assert sess.run(emb.shard_ids(t)).tolist() == expected  # TfExtShardIndex when built, else the in-graph mixer

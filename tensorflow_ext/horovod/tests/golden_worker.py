@@ -96,7 +96,6 @@ def main():
     got, got_w = train(True, opt_name, parallelism, flavour, batches, rank, num_ranks)
     want, want_w = train(False, opt_name, parallelism, flavour, batches, rank, num_ranks)
     if parallelism == "model":
-        owned = tfe_hvd.owner_of  # noqa: F841  (documented owner function; numpy twin below)
         from tensorflow_ext.horovod.embedding import owner_of_numpy
 
         keys = np.array(sorted(want), np.int64)

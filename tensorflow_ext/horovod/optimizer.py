@@ -3,7 +3,9 @@
 It wraps any `tf.compat.v1.train` optimizer (it delegates `compute_gradients` / `apply_gradients` to it, as
 Horovod's own `_DistributedOptimizer` does) and combines the gradients across ranks before they are applied:
 
-* dense variables: Horovod's allreduce (compression, op, pre/post-scaling, `sparse_as_dense` as in Horovod);
+* dense variables: Horovod's allreduce (compression, op, pre/post-scaling, `sparse_as_dense` as in Horovod), or,
+  when asked for, the faster reductions of `tensorflow_ext.horovod.allreduce` (fp16/bf16 compression, 2D
+  allreduce, Top-K sparsification with error feedback, all on fused buffers);
 * data-parallel dynamic embeddings: the sparse gradients (keys + rows) of every rank are gathered
   (`hvd.allgather`), summed per key when applied, and scaled like the dense ones (Average divides by the number
   of ranks), so every replica applies the same update;
@@ -21,6 +23,7 @@ from tensorflow.python.framework import indexed_slices
 
 from tensorflow_ext.embedding import variable as var_lib
 from tensorflow_ext.horovod import _hvd
+from tensorflow_ext.horovod import allreduce as allreduce_lib
 from tensorflow_ext.horovod import consistency
 from tensorflow_ext.horovod import embedding as hvd_embedding
 
@@ -44,6 +47,7 @@ class _DistributedOptimizer(tf.compat.v1.train.Optimizer):
         op,
         gradient_predivide_factor,
         process_set,
+        config,
     ):
         super().__init__(name=name, use_locking=use_locking)
         self._hvd = _hvd.require_horovod()
@@ -55,6 +59,15 @@ class _DistributedOptimizer(tf.compat.v1.train.Optimizer):
         self._op = op
         self._predivide = gradient_predivide_factor
         self._process_set = process_set
+        self._config = config
+        if config.accelerated:
+            # Checked now, not at the first step: a missing process set or a bad node size fails at build time.
+            allreduce_lib.DenseReducer(config, op, gradient_predivide_factor, process_set, name)
+
+    @property
+    def allreduce_config(self):
+        """The resolved `tensorflow_ext.horovod.allreduce.Config` of the dense gradients."""
+        return self._config
 
     @property
     def optimizer(self):
@@ -128,14 +141,29 @@ class _DistributedOptimizer(tf.compat.v1.train.Optimizer):
         if self._process_set.size() == 1 or hvd_embedding.in_single_process():
             return grads_and_vars
         out = []
+        fast = []  # indices into out of the dense gradients for the accelerated reduction
         with tf.name_scope(self._name + "_Allreduce"):
             for grad, var in grads_and_vars:
                 if grad is None:
                     out.append((grad, var))
                 elif isinstance(var, _Shard):
                     out.append((self._reduce_shard(grad, var), var))
+                elif self._config.accelerated and (
+                    self._sparse_as_dense or not isinstance(grad, indexed_slices.IndexedSlices)
+                ):
+                    fast.append(len(out))
+                    out.append((tf.convert_to_tensor(grad), var))
                 else:
                     out.append((self._reduce_dense(grad, var), var))
+            if fast:
+                reducer = allreduce_lib.DenseReducer(
+                    self._config, self._op, self._predivide, self._process_set, self._name.replace("/", "_")
+                )
+                reduced = reducer.reduce(
+                    [out[i] for i in fast], global_step=tf.compat.v1.train.get_global_step(out[fast[0]][1].graph)
+                )
+                for i, grad in zip(fast, reduced):
+                    out[i] = (grad, out[i][1])
         return out
 
     def apply_gradients(self, grads_and_vars, global_step=None, name=None):
@@ -179,13 +207,27 @@ def DistributedOptimizer(
     num_groups=0,
     groups=None,
     process_set=None,
+    hierarchical=False,
+    node_size=None,
+    topk_ratio=None,
+    topk_min_elements=allreduce_lib.DEFAULT_TOPK_MIN_ELEMENTS,
+    topk_warmup_steps=0,
+    fusion_bytes=allreduce_lib.DEFAULT_FUSION_BYTES,
 ):
-    """Horovod's `DistributedOptimizer` (same signature) for models with dynamic embeddings.
+    """Horovod's `DistributedOptimizer` (same signature) for models with dynamic embeddings, plus faster dense
+    allreduce methods (`tensorflow_ext.horovod.allreduce`; docs/distributed.md, "Faster allreduce").
+
+    With the defaults the dense gradients go through Horovod's allreduce exactly as in Horovod. Each of the
+    arguments after `process_set` is overridden by its environment variable (`TF_EXT_HVD_COMPRESSION`,
+    `TF_EXT_HVD_HIERARCHICAL`, `TF_EXT_HVD_NODE_SIZE`, `TF_EXT_HVD_TOPK_RATIO`, `TF_EXT_HVD_TOPK_MIN_ELEMENTS`,
+    `TF_EXT_HVD_TOPK_WARMUP_STEPS`, `TF_EXT_HVD_FUSION_BYTES`), and so is `compression`.
 
     Args:
       optimizer: a `tf.compat.v1.train` optimizer.
       name, use_locking, device_dense, device_sparse: as in Horovod.
-      compression: `hvd.Compression.none` (default) or `.fp16`, for dense gradients.
+      compression: for dense gradients: Horovod's `hvd.Compression.none` (default) or `.fp16` (Horovod's
+        per-tensor path), or `tensorflow_ext.horovod.Compression.fp16` / `.bf16` (fused buffers, 16 bits on the
+        wire; bf16 keeps float32's range).
       sparse_as_dense: densify the IndexedSlices gradients of dense variables (as in Horovod). Dynamic embedding
         gradients always stay sparse: their "dense" form would be the whole key space.
       backward_passes_per_step: must be 1 here (gradient accumulation over several passes is not implemented for
@@ -195,13 +237,24 @@ def DistributedOptimizer(
       average_aggregated_gradients, num_groups, groups: Horovod's grouping options; accepted for signature
         compatibility (Horovod fuses the allreduces of one step by itself).
       process_set: Horovod process set (default: all ranks).
+      hierarchical: 2D allreduce: reduce inside each node of `node_size` ranks, allreduce 1/node_size slices
+        across nodes, gather inside the node. Needs `tensorflow_ext.horovod.init(node_size=...)`.
+      node_size: ranks per node of the 2D allreduce (default: Horovod's local_size); giving it turns
+        `hierarchical` on. Must divide the number of ranks.
+      topk_ratio: None (default, off) or a fraction in (0, 1]: each rank sends the ceil(ratio * n) largest
+        entries of each dense gradient (plus its residual) and keeps the rest in a residual variable.
+      topk_min_elements: gradients with fewer entries are reduced densely (default 1024).
+      topk_warmup_steps: dense steps before Top-K starts (needs the global step).
+      fusion_bytes: largest fused buffer of the accelerated paths, in bytes (default 64 MiB; 0: no fusion).
 
     Returns:
       An optimizer.
 
     Raises:
       TypeError: `optimizer` is not a `tf.compat.v1.train` optimizer.
-      ValueError: backward_passes_per_step != 1, or an unsupported op.
+      ValueError: backward_passes_per_step != 1, an unsupported op, a compression that is not one of the above,
+        topk_ratio outside (0, 1], a node size that does not divide the number of ranks, or 2D process sets that
+        were not registered at init.
     """
     del average_aggregated_gradients, num_groups, groups
     hvd = _hvd.require_horovod()
@@ -220,15 +273,25 @@ def DistributedOptimizer(
         raise ValueError("op must be hvd.Average or hvd.Sum, got %r" % (op,))
     if gradient_predivide_factor != 1.0 and op != hvd.Average:
         raise ValueError("gradient_predivide_factor needs op=hvd.Average")
+    config = allreduce_lib.resolve_config(
+        compression=compression,
+        hierarchical=hierarchical,
+        node_size=node_size,
+        topk_ratio=topk_ratio,
+        topk_min_elements=topk_min_elements,
+        topk_warmup_steps=topk_warmup_steps,
+        fusion_bytes=fusion_bytes,
+    )
     return _DistributedOptimizer(
         optimizer,
         name or "Distributed" + type(optimizer).__name__,
         use_locking,
         device_dense,
         device_sparse,
-        compression if compression is not None else hvd.Compression.none,
+        config.horovod_compression or hvd.Compression.none,
         sparse_as_dense,
         op,
         gradient_predivide_factor,
         process_set if process_set is not None else hvd.global_process_set,
+        config,
     )

@@ -1,0 +1,722 @@
+"""Faster dense allreduce for `DistributedOptimizer`: 16-bit compression, 2D (hierarchical) allreduce, Top-K
+sparsification with error feedback, and fusion of a step's gradients into a few buffers.
+
+Everything here is built from Horovod's collectives (allreduce, reducescatter, allgather, alltoall) and process
+sets, so it runs on Horovod's Gloo backend (CPU) as well as on MPI.
+
+* **Compression** (`Compression.fp16`, `Compression.bf16`): the buffer is cast to 16 bits before it is sent and
+  back after. fp16 is summed by Horovod's allreduce in fp16 (a sum above 65504 becomes inf); bf16 keeps float32's
+  range: Horovod has no bf16 reduction, so a bf16 buffer is reduced as its 16-bit patterns (one alltoall, the sum
+  in float32 on the receiving rank, one allgather: the same bytes as a ring allreduce). Infinities and NaNs stay
+  non-finite, so a mixed-precision "skip the step when a gradient is not finite" still sees them. Compress
+  gradients after loss scaling has been undone (wrap the loss-scaling optimizer in `DistributedOptimizer`, which
+  is what happens when `DistributedOptimizer(mp_optimizer)` is built).
+* **2D allreduce** (`hierarchical=True`): ranks [n*L, (n+1)*L) form node n (L = `node_size`, Horovod's
+  `local_size` by default). A buffer is reduce-scattered inside the node, each rank allreduces its 1/L slice with
+  the ranks of the same local index on the other nodes, and the node allgathers the slices. Only 1/L of the data
+  crosses the slow link per rank. The process sets must exist before training: `tensorflow_ext.horovod.init(
+  node_size=L)` registers them (or `TF_EXT_HVD_NODE_SIZE` / `TF_EXT_HVD_HIERARCHICAL=1` at `init`).
+* **Top-K** (`topk_ratio=r`): per gradient of at least `topk_min_elements` entries, each rank adds its residual
+  (a non-trainable variable per gradient, saved in checkpoints), sends the ceil(r * n) entries of largest
+  magnitude (indices and values, one allgather each per fused buffer) and keeps the rest as its new residual.
+  Every rank scatter-adds all ranks' entries, so all apply the same update. Optionally dense for the first
+  `topk_warmup_steps` steps.
+* **Fusion**: the gradients of a step are concatenated into flat buffers of at most `fusion_bytes` (64 MiB by
+  default) and each buffer is reduced with one collective (or one chain of collectives), then split back.
+
+The environment overrides the arguments: `TF_EXT_HVD_COMPRESSION` (none, fp16, bf16), `TF_EXT_HVD_HIERARCHICAL`
+(0/1), `TF_EXT_HVD_NODE_SIZE`, `TF_EXT_HVD_TOPK_RATIO` (a number in (0, 1], or "none"),
+`TF_EXT_HVD_TOPK_MIN_ELEMENTS`, `TF_EXT_HVD_TOPK_WARMUP_STEPS`, `TF_EXT_HVD_FUSION_BYTES`.
+"""
+
+import math
+import os
+
+import numpy as np
+import tensorflow as tf
+from tensorflow.python.training import slot_creator
+
+from tensorflow_ext.horovod import _hvd
+from tensorflow_ext.horovod import consistency
+
+__all__ = [
+    "Compression",
+    "DEFAULT_FUSION_BYTES",
+    "DEFAULT_TOPK_MIN_ELEMENTS",
+    "TOPK_RESIDUALS",
+    "Config",
+    "hierarchical_process_sets",
+    "init",
+    "resolve_config",
+]
+
+DEFAULT_FUSION_BYTES = 64 << 20
+DEFAULT_TOPK_MIN_ELEMENTS = 1024
+
+# Graph collection of the Top-K residual variables (per-rank state: saved and restored, never broadcast).
+TOPK_RESIDUALS = "tf_ext_topk_residuals"
+
+ENV_PREFIX = "TF_EXT_HVD_"
+
+
+class NoneCompressor(object):
+    """No compression (the default)."""
+
+    name = "none"
+    wire_dtype = None
+
+    @staticmethod
+    def compress(tensor):
+        """Returns (tensor, None)."""
+        return tensor, None
+
+    @staticmethod
+    def decompress(tensor, ctx):
+        """Returns tensor."""
+        del ctx
+        return tensor
+
+
+class _CastCompressor(object):
+    wire_dtype = None
+
+    @classmethod
+    def compress(cls, tensor):
+        """Casts a floating tensor to the 16-bit type; returns (compressed, original dtype)."""
+        if tensor.dtype.is_floating and tensor.dtype != cls.wire_dtype:
+            return tf.cast(tensor, cls.wire_dtype), tensor.dtype
+        return tensor, tensor.dtype
+
+    @staticmethod
+    def decompress(tensor, ctx):
+        """Casts back to the dtype the tensor had before `compress`."""
+        return tf.cast(tensor, ctx) if tensor.dtype != ctx else tensor
+
+
+class FP16Compressor(_CastCompressor):
+    """IEEE half precision on the wire: 10-bit mantissa, largest finite value 65504 (larger sums become inf)."""
+
+    name = "fp16"
+    wire_dtype = tf.float16
+
+
+class BF16Compressor(_CastCompressor):
+    """bfloat16 on the wire: float32's range, 7-bit mantissa (summed in float32 on the receiving rank)."""
+
+    name = "bf16"
+    wire_dtype = tf.bfloat16
+
+
+class Compression(object):
+    """Compression of dense gradients in `DistributedOptimizer` (like Horovod's `Compression`, plus bf16)."""
+
+    none = NoneCompressor
+    fp16 = FP16Compressor
+    bf16 = BF16Compressor
+
+
+_BY_NAME = {"none": NoneCompressor, "fp16": FP16Compressor, "bf16": BF16Compressor}
+
+
+def _compressor(value):
+    """Our compressor for `value`: one of ours, Horovod's none/fp16, or a name; None for anything else."""
+    hvd = _hvd.require_horovod()
+    if value is None:
+        return NoneCompressor
+    if isinstance(value, str):
+        return _BY_NAME.get(value.strip().lower())
+    if value in (NoneCompressor, FP16Compressor, BF16Compressor):
+        return value
+    if value is hvd.Compression.none:
+        return NoneCompressor
+    if value is hvd.Compression.fp16:
+        return FP16Compressor
+    return None
+
+
+class Config(object):
+    """The resolved settings of the dense allreduce (arguments, then the environment's overrides).
+
+    Attributes:
+      compression: NoneCompressor, FP16Compressor or BF16Compressor.
+      horovod_compression: the `compression` argument as given when it is a Horovod compressor (the per-tensor
+        Horovod path passes it on unchanged), else None.
+      hierarchical: bool.
+      node_size: int or None (None: Horovod's local_size).
+      topk_ratio: float in (0, 1] or None.
+      topk_min_elements: int.
+      topk_warmup_steps: int.
+      fusion_bytes: int.
+      explicit_compression: True when our compression was asked for (argument of ours, or the environment).
+    """
+
+    def __init__(self):
+        self.compression = NoneCompressor
+        self.horovod_compression = None
+        self.hierarchical = False
+        self.node_size = None
+        self.topk_ratio = None
+        self.topk_min_elements = DEFAULT_TOPK_MIN_ELEMENTS
+        self.topk_warmup_steps = 0
+        self.fusion_bytes = DEFAULT_FUSION_BYTES
+        self.explicit_compression = False
+
+    @property
+    def accelerated(self):
+        """True when gradients go through this module (else Horovod's per-tensor allreduce, as before)."""
+        return self.explicit_compression or self.hierarchical or self.topk_ratio is not None
+
+    def __repr__(self):
+        return (
+            "Config(compression=%s, hierarchical=%s, node_size=%s, topk_ratio=%s, topk_min_elements=%d, "
+            "topk_warmup_steps=%d, fusion_bytes=%d)"
+            % (
+                self.compression.name,
+                self.hierarchical,
+                self.node_size,
+                self.topk_ratio,
+                self.topk_min_elements,
+                self.topk_warmup_steps,
+                self.fusion_bytes,
+            )
+        )
+
+
+def _env(name):
+    value = os.environ.get(ENV_PREFIX + name)
+    return None if value is None or value.strip() == "" else value.strip()
+
+
+def _parse_bool(name, value):
+    if isinstance(value, bool):
+        return value
+    text = str(value).strip().lower()
+    if text in ("1", "true", "yes", "on"):
+        return True
+    if text in ("0", "false", "no", "off"):
+        return False
+    raise ValueError("%s must be a boolean (0/1, true/false), got %r" % (name, value))
+
+
+def _parse_int(name, value, minimum):
+    try:
+        out = int(str(value).strip()) if not isinstance(value, int) or isinstance(value, bool) else value
+    except ValueError:
+        raise ValueError("%s must be an integer >= %d, got %r" % (name, minimum, value)) from None
+    if isinstance(value, bool) or out < minimum:
+        raise ValueError("%s must be an integer >= %d, got %r" % (name, minimum, value))
+    return out
+
+
+def _parse_ratio(name, value):
+    if value is None:
+        return None
+    if isinstance(value, str):
+        if value.strip().lower() in ("none", "off"):
+            return None
+        try:
+            value = float(value)
+        except ValueError:
+            raise ValueError("%s must be a number in (0, 1] or 'none', got %r" % (name, value)) from None
+    if isinstance(value, bool) or not isinstance(value, (int, float, np.floating, np.integer)):
+        raise ValueError("%s must be a number in (0, 1] or None, got %r" % (name, value))
+    value = float(value)
+    if not (0.0 < value <= 1.0):
+        raise ValueError(
+            "%s must be in (0, 1] (the fraction of each gradient's entries that every rank sends), got %r"
+            % (name, value)
+        )
+    return value
+
+
+def resolve_config(
+    compression=None,
+    hierarchical=False,
+    node_size=None,
+    topk_ratio=None,
+    topk_min_elements=DEFAULT_TOPK_MIN_ELEMENTS,
+    topk_warmup_steps=0,
+    fusion_bytes=DEFAULT_FUSION_BYTES,
+):
+    """The settings from `DistributedOptimizer`'s arguments, each overridden by its `TF_EXT_HVD_*` variable.
+
+    Args:
+      compression: `Compression.none/fp16/bf16`, Horovod's `Compression.none/fp16`, a name, or None.
+      hierarchical: bool: 2D allreduce.
+      node_size: ranks per node for the 2D allreduce (None: Horovod's local_size). Giving it turns the 2D
+        allreduce on.
+      topk_ratio: None (off) or the fraction in (0, 1] of each large gradient's entries sent per step.
+      topk_min_elements: gradients with fewer entries are reduced densely.
+      topk_warmup_steps: dense steps before Top-K starts (needs the global step).
+      fusion_bytes: the largest fused buffer in bytes (0: one buffer per gradient).
+
+    Returns:
+      A `Config`.
+
+    Raises:
+      ValueError: a setting out of range or an unknown compression, naming the argument or variable.
+    """
+    c = Config()
+    env = _env("COMPRESSION")
+    if env is not None:
+        comp = _compressor(env)
+        if comp is None:
+            raise ValueError("%sCOMPRESSION must be one of none, fp16, bf16, got %r" % (ENV_PREFIX, env))
+        c.compression, c.explicit_compression = comp, comp is not NoneCompressor
+    else:
+        comp = _compressor(compression)
+        hvd = _hvd.require_horovod()
+        if comp is None and not isinstance(compression, str) and hasattr(compression, "compress"):
+            # Another Horovod compressor: Horovod's per-tensor allreduce applies it, as in Horovod.
+            c.horovod_compression = compression
+        elif comp is None:
+            raise ValueError(
+                "compression must be tensorflow_ext.horovod.Compression.none, .fp16 or .bf16 (or a Horovod "
+                "compressor), got %r" % (compression,)
+            )
+        elif compression in (hvd.Compression.none, hvd.Compression.fp16):
+            c.compression = comp
+            c.horovod_compression = compression
+        else:
+            c.compression = comp
+            c.explicit_compression = comp is not NoneCompressor
+    c.hierarchical = _parse_bool("hierarchical", hierarchical)
+    if node_size is not None:
+        c.node_size = _parse_int("node_size", node_size, 1)
+        c.hierarchical = True
+    env = _env("HIERARCHICAL")
+    if env is not None:
+        c.hierarchical = _parse_bool(ENV_PREFIX + "HIERARCHICAL", env)
+    env = _env("NODE_SIZE")
+    if env is not None:
+        c.node_size = _parse_int(ENV_PREFIX + "NODE_SIZE", env, 1)
+        if _env("HIERARCHICAL") is None:
+            c.hierarchical = True
+    env = _env("TOPK_RATIO")
+    c.topk_ratio = (
+        _parse_ratio(ENV_PREFIX + "TOPK_RATIO", env) if env is not None else _parse_ratio("topk_ratio", topk_ratio)
+    )
+    env = _env("TOPK_MIN_ELEMENTS")
+    c.topk_min_elements = _parse_int(
+        ENV_PREFIX + "TOPK_MIN_ELEMENTS" if env is not None else "topk_min_elements",
+        env if env is not None else topk_min_elements,
+        1,
+    )
+    env = _env("TOPK_WARMUP_STEPS")
+    c.topk_warmup_steps = _parse_int(
+        ENV_PREFIX + "TOPK_WARMUP_STEPS" if env is not None else "topk_warmup_steps",
+        env if env is not None else topk_warmup_steps,
+        0,
+    )
+    env = _env("FUSION_BYTES")
+    c.fusion_bytes = _parse_int(
+        ENV_PREFIX + "FUSION_BYTES" if env is not None else "fusion_bytes",
+        env if env is not None else fusion_bytes,
+        0,
+    )
+    if c.explicit_compression or c.hierarchical or c.topk_ratio is not None:
+        if c.horovod_compression is not None and _compressor(c.horovod_compression) is None:
+            raise ValueError(
+                "compression=%r is a Horovod compressor that the fused paths (hierarchical, topk_ratio) cannot "
+                "apply; use tensorflow_ext.horovod.Compression.none, .fp16 or .bf16" % (c.horovod_compression,)
+            )
+        c.horovod_compression = None
+    return c
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# Process sets of the 2D allreduce.
+
+# node_size -> (node process sets, cross process sets), registered at init.
+_registered = {}
+
+
+def _layout(size, node_size, where):
+    if size % node_size != 0:
+        raise ValueError(
+            "%s: node_size=%d does not divide the number of ranks %d; the 2D allreduce needs nodes of equal size "
+            "(ranks [n*node_size, (n+1)*node_size) form node n)" % (where, node_size, size)
+        )
+    nodes = [list(range(n * node_size, (n + 1) * node_size)) for n in range(size // node_size)]
+    cross = [list(range(i, size, node_size)) for i in range(node_size)]
+    return nodes, cross
+
+
+def _env_int(name):
+    value = os.environ.get(name)
+    try:
+        return int(value) if value else None
+    except ValueError:
+        return None
+
+
+def init(node_size=None, **kwargs):
+    """`hvd.init` that also registers the process sets of the 2D allreduce.
+
+    Horovod's Gloo backend creates a process set's communicators at `hvd.init`, so the node and cross-node sets
+    are registered there: pass `node_size`, or set `TF_EXT_HVD_NODE_SIZE` (or `TF_EXT_HVD_HIERARCHICAL=1` for
+    nodes of `local_size` ranks). Without either this is `hvd.init(**kwargs)`.
+
+    Args:
+      node_size: ranks per node (a divisor of the number of ranks), or None.
+      **kwargs: passed to `hvd.init` (`comm`, `process_sets`).
+
+    Returns:
+      None.
+
+    Raises:
+      ValueError: node_size does not divide the number of ranks, or the number of ranks is unknown before
+        `hvd.init` (not started by horovodrun or the Gloo environment variables).
+    """
+    hvd = _hvd.require_horovod()
+    env = _env("NODE_SIZE")
+    if env is not None:
+        node_size = _parse_int(ENV_PREFIX + "NODE_SIZE", env, 1)
+    elif node_size is not None:
+        node_size = _parse_int("node_size", node_size, 1)
+    elif _env("HIERARCHICAL") is not None and _parse_bool(ENV_PREFIX + "HIERARCHICAL", _env("HIERARCHICAL")):
+        node_size = _env_int("HOROVOD_LOCAL_SIZE")
+        if node_size is None:
+            raise ValueError(
+                "init: %sHIERARCHICAL=1 needs the node size before hvd.init: start with horovodrun (it sets "
+                "HOROVOD_LOCAL_SIZE) or set %sNODE_SIZE" % (ENV_PREFIX, ENV_PREFIX)
+            )
+    if node_size is None:
+        hvd.init(**kwargs)
+        return
+    size = _env_int("HOROVOD_SIZE")
+    if size is None:
+        raise ValueError(
+            "init(node_size=%d): the number of ranks is needed before hvd.init to register the 2D allreduce's "
+            "process sets; start the job with horovodrun (or set HOROVOD_SIZE as its Gloo launch does)" % node_size
+        )
+    sets = list(kwargs.pop("process_sets", None) or [])
+    nodes, cross = _layout(size, node_size, "init")
+    ours = []
+    if 1 < node_size < size:
+        ours = [hvd.ProcessSet(r) for r in nodes] + [hvd.ProcessSet(r) for r in cross]
+    hvd.init(process_sets=sets + ours, **kwargs)
+    if ours:
+        _registered[node_size] = (ours[: len(nodes)], ours[len(nodes) :])
+    else:
+        _registered[node_size] = (None, None)
+
+
+def hierarchical_process_sets(node_size=None):
+    """(this rank's node process set, its cross-node process set) for nodes of `node_size` ranks.
+
+    Args:
+      node_size: ranks per node; None: Horovod's local_size.
+
+    Returns:
+      (ProcessSet, ProcessSet), or (None, None) when the 2D allreduce is a flat one (node_size 1 or all ranks).
+
+    Raises:
+      ValueError: node_size does not divide the number of ranks, or its process sets were not registered at init.
+    """
+    hvd = _hvd.require_horovod()
+    size, rank = hvd.size(), hvd.rank()
+    node_size = hvd.local_size() if node_size is None else node_size
+    _layout(size, node_size, "hierarchical allreduce")
+    if node_size in (1, size):
+        return None, None
+    if node_size not in _registered:
+        if os.environ.get("HOROVOD_DYNAMIC_PROCESS_SETS") == "1":
+            nodes, cross = _layout(size, node_size, "hierarchical allreduce")
+            _registered[node_size] = (
+                [hvd.add_process_set(r) for r in nodes],
+                [hvd.add_process_set(r) for r in cross],
+            )
+        else:
+            raise ValueError(
+                "the 2D allreduce with node_size=%d needs its process sets registered when Horovod starts: call "
+                "tensorflow_ext.horovod.init(node_size=%d) instead of hvd.init() (or set %sNODE_SIZE=%d before "
+                "init)" % (node_size, node_size, ENV_PREFIX, node_size)
+            )
+    nodes, cross = _registered[node_size]
+    if nodes is None:
+        return None, None
+    return nodes[rank // node_size], cross[rank % node_size]
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# Collectives on flat buffers.
+
+
+def _to_bits(x):
+    """bf16 tensor -> uint16 bit patterns (Horovod moves uint16 but has no bf16)."""
+    return tf.bitcast(x, tf.uint16)
+
+
+def _from_bits(x):
+    return tf.bitcast(x, tf.bfloat16)
+
+
+def _pad_to(x, multiple):
+    n = tf.size(x)
+    pad = tf.math.floormod(-n, multiple)
+    return tf.pad(x, [[0, pad]]), n
+
+
+class _Reducer(object):
+    """Sum-reduces flat buffers over a process set with a compression."""
+
+    def __init__(self, compression, name):
+        self._hvd = _hvd.require_horovod()
+        self._comp = compression
+        self._name = name
+
+    def reduce_scatter(self, x, ps, name):
+        """x: flat, length a multiple of ps.size(); returns this rank's summed slice (x's dtype)."""
+        hvd = self._hvd
+        if self._comp is BF16Compressor and x.dtype.is_floating:
+            n = ps.size()
+            bits = _to_bits(tf.cast(x, tf.bfloat16))
+            got = hvd.alltoall(bits, process_set=ps, name=name + "_a2a")
+            if isinstance(got, (tuple, list)):
+                got = got[0]
+            parts = tf.reshape(tf.cast(_from_bits(got), tf.float32), [n, -1])
+            return tf.cast(tf.reduce_sum(parts, axis=0), x.dtype)
+        comp, ctx = self._comp.compress(x)
+        out = hvd.reducescatter(comp, op=hvd.Sum, process_set=ps, name=name + "_rs")
+        return self._comp.decompress(out, ctx)
+
+    def allgather(self, x, ps, name):
+        """Concatenation of every rank's slice, in rank order (x's dtype)."""
+        hvd = self._hvd
+        if self._comp is BF16Compressor and x.dtype.is_floating:
+            got = hvd.allgather(_to_bits(tf.cast(x, tf.bfloat16)), process_set=ps, name=name + "_ag")
+            return tf.cast(_from_bits(got), x.dtype)
+        comp, ctx = self._comp.compress(x)
+        out = hvd.allgather(comp, process_set=ps, name=name + "_ag")
+        return self._comp.decompress(out, ctx)
+
+    def allreduce(self, x, ps, name):
+        """Sum over the process set (flat x, any length)."""
+        hvd = self._hvd
+        if self._comp is BF16Compressor and x.dtype.is_floating:
+            padded, n = _pad_to(x, ps.size())
+            part = self.reduce_scatter(padded, ps, name)
+            return self.allgather(part, ps, name)[:n]
+        comp, ctx = self._comp.compress(x)
+        out = hvd.allreduce(comp, op=hvd.Sum, process_set=ps, name=name + "_ar")
+        return self._comp.decompress(out, ctx)
+
+    def hierarchical(self, x, node_ps, cross_ps, name):
+        """Sum over all ranks: reduce-scatter in the node, allreduce of the slice across nodes, allgather."""
+        padded, n = _pad_to(x, node_ps.size())
+        part = self.reduce_scatter(padded, node_ps, name + "_node")
+        part = self.allreduce(part, cross_ps, name + "_cross")
+        return self.allgather(part, node_ps, name + "_node")[:n]
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# The reduction of a step's dense gradients.
+
+
+def _static_size(t):
+    shape = t.shape
+    if shape.rank is None or not shape.is_fully_defined():
+        return None
+    return int(np.prod(shape.as_list(), dtype=np.int64))
+
+
+def _buckets(items, cap, key):
+    """Consecutive groups of items with one key (dtype) whose bytes stay <= cap (one item may exceed it)."""
+    groups, current, current_bytes, current_key = [], [], 0, None
+    for item in items:
+        k, nbytes = key(item)
+        if current and (k != current_key or (cap > 0 and current_bytes + nbytes > cap) or cap == 0):
+            groups.append(current)
+            current, current_bytes = [], 0
+        current.append(item)
+        current_key = k
+        current_bytes += nbytes
+    if current:
+        groups.append(current)
+    return groups
+
+
+def _item_bytes(grad):
+    n = _static_size(grad)
+    return grad.dtype.base_dtype.name, (n if n is not None else 1 << 30) * grad.dtype.size
+
+
+class DenseReducer(object):
+    """Reduces a step's dense gradients with the `Config`'s methods (built once per compute_gradients).
+
+    Args:
+      config: a `Config`.
+      op: hvd.Average or hvd.Sum.
+      predivide: gradient_predivide_factor (Average only).
+      process_set: the optimizer's process set (must be the global one for the 2D allreduce).
+      name: name prefix of the collectives.
+    """
+
+    def __init__(self, config, op, predivide, process_set, name):
+        self._hvd = hvd = _hvd.require_horovod()
+        self._config = config
+        self._ps = process_set
+        self._name = name
+        size = process_set.size()
+        if op == hvd.Average:
+            self._pre, self._post = 1.0 / predivide, predivide / size
+        else:
+            self._pre, self._post = 1.0, 1.0
+        # Top-K sends unscaled values: the sum of all ranks' entries times this.
+        self._topk_factor = 1.0 / size if op == hvd.Average else 1.0
+        self._reducer = _Reducer(config.compression, name)
+        self._node_ps = self._cross_ps = None
+        if config.hierarchical:
+            if process_set is not hvd.global_process_set and process_set.size() != hvd.size():
+                raise ValueError("the 2D allreduce works on all ranks; it cannot be combined with a process_set")
+            self._node_ps, self._cross_ps = hierarchical_process_sets(config.node_size)
+
+    def _sum(self, flat, name):
+        if self._node_ps is not None:
+            return self._reducer.hierarchical(flat, self._node_ps, self._cross_ps, name)
+        return self._reducer.allreduce(flat, self._ps, name)
+
+    def _scaled(self, t, factor):
+        return t if factor == 1.0 else t * tf.cast(factor, t.dtype)
+
+    def _dense_buckets(self, grads, tag):
+        """Fused sum of grads (list of tensors); returns the reduced list."""
+        out = [None] * len(grads)
+        order = list(range(len(grads)))
+        for b, group in enumerate(_buckets(order, self._config.fusion_bytes, lambda i: _item_bytes(grads[i]))):
+            flats = [tf.reshape(grads[i], [-1]) for i in group]
+            flat = flats[0] if len(flats) == 1 else tf.concat(flats, 0)
+            flat = consistency.gate(self._scaled(flat, self._pre))
+            summed = self._scaled(self._sum(flat, "%s_%s%d" % (self._name, tag, b)), self._post)
+            sizes = [tf.size(f) for f in flats]
+            parts = [summed] if len(group) == 1 else tf.split(summed, tf.stack(sizes), num=len(group))
+            for i, part in zip(group, parts):
+                out[i] = tf.reshape(part, tf.shape(grads[i]))
+        return out
+
+    def reduce(self, grads_and_vars, global_step=None):
+        """The reduced gradients of `grads_and_vars` (dense tensors), in order.
+
+        Args:
+          grads_and_vars: list of (dense gradient, variable).
+          global_step: the global step tensor (needed for Top-K warm-up).
+
+        Returns:
+          list of reduced gradients.
+
+        Raises:
+          ValueError: Top-K warm-up without a global step.
+        """
+        cfg = self._config
+        grads = [tf.convert_to_tensor(g) for g, _ in grads_and_vars]
+        topk = []
+        if cfg.topk_ratio is not None:
+            topk = [
+                i
+                for i, g in enumerate(grads)
+                if g.dtype.is_floating and _static_size(g) is not None and _static_size(g) >= cfg.topk_min_elements
+            ]
+        dense = [i for i in range(len(grads)) if i not in set(topk)]
+        out = [None] * len(grads)
+        if dense:
+            for i, r in zip(dense, self._dense_buckets([grads[i] for i in dense], "dense")):
+                out[i] = r
+        if topk:
+            vars_ = [grads_and_vars[i][1] for i in topk]
+            reduced = self._topk([grads[i] for i in topk], vars_, global_step)
+            for i, r in zip(topk, reduced):
+                out[i] = r
+        return out
+
+    # -- Top-K -----------------------------------------------------------------------------------------------
+
+    def _residual(self, var, grad):
+        residual = slot_creator.create_zeros_slot(var, self._name + "_topk_residual", dtype=grad.dtype)
+        if residual not in tf.compat.v1.get_collection(TOPK_RESIDUALS):
+            tf.compat.v1.add_to_collection(TOPK_RESIDUALS, residual)
+        return residual
+
+    def _topk(self, grads, vars_, global_step):
+        cfg = self._config
+        residuals = [self._residual(v, g) for g, v in zip(grads, vars_)]
+        if cfg.topk_warmup_steps > 0:
+            if global_step is None:
+                raise ValueError(
+                    "topk_warmup_steps=%d needs a global step: create it before minimize() "
+                    "(tf.compat.v1.train.get_or_create_global_step()) or set topk_warmup_steps=0"
+                    % cfg.topk_warmup_steps
+                )
+            warm = tf.less(global_step, tf.cast(cfg.topk_warmup_steps, global_step.dtype))
+            outs = tf.cond(
+                warm,
+                lambda: self._topk_dense(grads, residuals),
+                lambda: self._topk_sparse(grads, residuals),
+                name="topk_warmup",
+            )
+            return list(outs)
+        return self._topk_sparse(grads, residuals)
+
+    def _topk_dense(self, grads, residuals):
+        accs = [g + r.read_value() for g, r in zip(grads, residuals)]
+        reduced = self._dense_buckets(accs, "warm")
+        with tf.control_dependencies(reduced):
+            clears = [r.assign(tf.zeros_like(r)) for r in residuals]
+        with tf.control_dependencies(clears):
+            return [tf.identity(t) for t in reduced]
+
+    def _topk_sparse(self, grads, residuals):
+        """Each bucket: per gradient the top ceil(ratio*n) of |grad + residual|; one allgather of the indices (in
+        the bucket's flat buffer) and one of the values; every rank scatter-adds them all."""
+        cfg = self._config
+        hvd = self._hvd
+        out = [None] * len(grads)
+        order = list(range(len(grads)))
+        for b, group in enumerate(_buckets(order, cfg.fusion_bytes, lambda i: _item_bytes(grads[i]))):
+            idx_parts, val_parts, assigns, offset = [], [], [], 0
+            sizes = []
+            for i in group:
+                n = _static_size(grads[i])
+                k = max(1, int(math.ceil(cfg.topk_ratio * n)))
+                acc = tf.reshape(grads[i] + residuals[i].read_value(), [-1])
+                _, idx = tf.math.top_k(tf.abs(acc), k=k, sorted=False)
+                vals = tf.gather(acc, idx)
+                # What the other ranks will see of these values (after the wire compression): the residual keeps
+                # the rest, so sent + residual == grad + old residual.
+                comp, ctx = self._wire(vals)
+                sent = self._unwire(comp, ctx, vals.dtype)
+                new_res = tf.tensor_scatter_nd_sub(acc, tf.expand_dims(idx, 1), sent)
+                assigns.append(residuals[i].assign(tf.reshape(new_res, tf.shape(residuals[i]))))
+                idx_parts.append(idx + offset)
+                val_parts.append(comp)
+                sizes.append(n)
+                offset += n
+            name = "%s_topk%d" % (self._name, b)
+            idx = consistency.gate(tf.concat(idx_parts, 0) if len(idx_parts) > 1 else idx_parts[0])
+            vals = consistency.gate(tf.concat(val_parts, 0) if len(val_parts) > 1 else val_parts[0])
+            all_idx = hvd.allgather(idx, process_set=self._ps, name=name + "_idx")
+            all_vals = hvd.allgather(vals, process_set=self._ps, name=name + "_val")
+            dtype = grads[group[0]].dtype
+            all_vals = self._unwire(all_vals, dtype, dtype)
+            total = tf.math.unsorted_segment_sum(all_vals, all_idx, offset)
+            total = self._scaled(total, self._topk_factor)
+            with tf.control_dependencies(assigns):
+                parts = tf.split(total, sizes) if len(group) > 1 else [tf.identity(total)]
+            for i, part in zip(group, parts):
+                out[i] = tf.reshape(part, tf.shape(grads[i]))
+        return out
+
+    def _wire(self, vals):
+        """Values as sent by the Top-K allgather: 16-bit with fp16/bf16 compression (bf16 as uint16 bits)."""
+        comp = self._config.compression
+        if comp is FP16Compressor:
+            return tf.cast(vals, tf.float16), vals.dtype
+        if comp is BF16Compressor:
+            return _to_bits(tf.cast(vals, tf.bfloat16)), vals.dtype
+        return vals, vals.dtype
+
+    def _unwire(self, comp, ctx, dtype):
+        del ctx
+        if comp.dtype == tf.uint16:
+            return tf.cast(_from_bits(comp), dtype)
+        return tf.cast(comp, dtype) if comp.dtype != dtype else comp

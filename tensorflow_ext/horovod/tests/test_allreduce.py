@@ -1,0 +1,93 @@
+"""tensorflow_ext.horovod.allreduce: compression, 2D allreduce and Top-K under `horovodrun --gloo -np 4`, the four
+local ranks treated as 2 nodes x 2 (see allreduce_worker.py for the checks of each launch)."""
+
+import os
+import subprocess
+import sys
+import textwrap
+
+from tensorflow_ext.horovod.tests.test_horovod import HERE
+from tensorflow_ext.horovod.tests.test_horovod import TIMEOUT_S
+from tensorflow_ext.horovod.tests.test_horovod import _env
+from tensorflow_ext.horovod.tests.test_horovod import horovodrun
+
+WORKER = os.path.join(HERE, "allreduce_worker.py")
+
+
+def test_2d_compression_topk_and_checkpoint_restart(tmp_path):
+    """One job checks everything that needs 4 ranks and saves per-rank checkpoints; a fresh job restores them."""
+    code, out = horovodrun(4, WORKER, "main", str(tmp_path))
+    assert code == 0, out[-8000:]
+    for r in range(4):
+        for what in ("2D", "COMPRESSION", "TOPK RATIO 1", "TOPK RESIDUAL", "TOPK FP16"):
+            assert "RANK %d %s OK" % (r, what) in out, (what, out[-8000:])
+        assert "RANK %d ERROR node_size" % r in out, out[-8000:]
+    code, out = horovodrun(4, WORKER, "restore", str(tmp_path))
+    assert code == 0, out[-8000:]
+    for r in range(4):
+        assert "RANK %d RESTORE OK" % r in out, out[-8000:]
+        assert "RANK %d ERROR unregistered" % r in out, out[-8000:]
+
+
+def test_bad_settings_are_named():
+    """Arguments and environment variables out of range fail when the optimizer is built, naming the setting."""
+    code = textwrap.dedent(
+        """
+        import os
+        import tensorflow as tf
+        tf.compat.v1.disable_v2_behavior()
+        import tensorflow_ext.horovod as tfe_hvd
+        opt = tf.compat.v1.train.GradientDescentOptimizer(0.1)
+        def err(f, *a, env=None, **k):
+            os.environ.update(env or {})
+            try:
+                f(*a, **k)
+            except (TypeError, ValueError) as e:
+                print(type(e).__name__, e)
+            else:
+                print("NO ERROR")
+            for name in env or {}:
+                del os.environ[name]
+        D = tfe_hvd.DistributedOptimizer
+        err(D, opt, topk_ratio=0)
+        err(D, opt, topk_ratio=1.5)
+        err(D, opt, topk_ratio="x")
+        err(D, opt, env={"TF_EXT_HVD_TOPK_RATIO": "1.5"})
+        err(D, opt, compression="zip")
+        err(D, opt, env={"TF_EXT_HVD_COMPRESSION": "int8"})
+        err(D, opt, fusion_bytes=-1)
+        err(D, opt, env={"TF_EXT_HVD_NODE_SIZE": "two"})
+        err(D, opt, topk_min_elements=0)
+        err(tfe_hvd.init, node_size=3, env={"HOROVOD_SIZE": "4"})
+        os.environ.pop("HOROVOD_SIZE", None)
+        tfe_hvd.init()
+        print(D(opt).allreduce_config.accelerated, D(opt, compression=tfe_hvd.Compression.fp16).allreduce_config)
+        os.environ["TF_EXT_HVD_TOPK_RATIO"] = "0.01"
+        os.environ["TF_EXT_HVD_FUSION_BYTES"] = "1024"
+        print(D(opt, topk_ratio=0.5, fusion_bytes=7).allreduce_config)
+    """
+    )
+    r = subprocess.run([sys.executable, "-c", code], env=_env(), capture_output=True, text=True, timeout=TIMEOUT_S)
+    assert r.returncode == 0, (r.stdout + r.stderr)[-5000:]
+    out = r.stdout.splitlines()
+    assert out[0] == (
+        "ValueError topk_ratio must be in (0, 1] (the fraction of each gradient's entries that every rank sends), "
+        "got 0.0"
+    ), out[0]
+    assert out[1].startswith("ValueError topk_ratio must be in (0, 1]") and out[1].endswith("got 1.5"), out[1]
+    assert out[2] == "ValueError topk_ratio must be a number in (0, 1] or 'none', got 'x'", out[2]
+    assert out[3].startswith("ValueError TF_EXT_HVD_TOPK_RATIO must be in (0, 1]"), out[3]
+    assert out[4].startswith("ValueError compression must be tensorflow_ext.horovod.Compression.none"), out[4]
+    assert out[5] == "ValueError TF_EXT_HVD_COMPRESSION must be one of none, fp16, bf16, got 'int8'", out[5]
+    assert out[6] == "ValueError fusion_bytes must be an integer >= 0, got -1", out[6]
+    assert out[7] == "ValueError TF_EXT_HVD_NODE_SIZE must be an integer >= 1, got 'two'", out[7]
+    assert out[8] == "ValueError topk_min_elements must be an integer >= 1, got 0", out[8]
+    assert out[9].startswith("ValueError init: node_size=3 does not divide the number of ranks 4"), out[9]
+    assert out[10] == (
+        "False Config(compression=fp16, hierarchical=False, node_size=None, topk_ratio=None, "
+        "topk_min_elements=1024, topk_warmup_steps=0, fusion_bytes=67108864)"
+    ), out[10]
+    assert out[11] == (
+        "Config(compression=none, hierarchical=False, node_size=None, topk_ratio=0.01, topk_min_elements=1024, "
+        "topk_warmup_steps=0, fusion_bytes=1024)"
+    ), out[11]

@@ -1,5 +1,8 @@
 """Creating dynamic embeddings: `get_dynamic_embedding` (variable-scope naming and reuse, argument checks),
-`get_dynamic_embeddings` (those of a graph), `dense_variables`."""
+`get_dynamic_embeddings` (those of a graph), `dense_variables`, `creation_hook`."""
+
+import contextlib
+import threading
 
 import numpy as np
 import tensorflow as tf
@@ -8,7 +11,37 @@ from tensorflow.python.ops import variable_scope as vs
 from tensorflow_ext.embedding import initializers as init_lib
 from tensorflow_ext.embedding import variable as var_lib
 
-__all__ = ["dense_variables", "get_dynamic_embedding", "get_dynamic_embeddings"]
+__all__ = ["creation_hook", "dense_variables", "get_dynamic_embedding", "get_dynamic_embeddings"]
+
+_hooks = threading.local()
+
+
+@contextlib.contextmanager
+def creation_hook(hook):
+    """Inside, every embedding that `get_dynamic_embedding` returns (new or reused) first goes through `hook`.
+
+    This is how a setting reaches embeddings that code the user does not write creates, e.g. the tables of
+    feature columns: `tensorflow_ext.horovod.parallelism_scope("model")` makes them model-parallel. Hooks nest;
+    the innermost runs last.
+
+    Args:
+      hook: callable(DynamicEmbedding) -> None; it may raise to refuse the embedding.
+
+    Yields:
+      None.
+    """
+    stack = getattr(_hooks, "stack", ())
+    _hooks.stack = stack + (hook,)
+    try:
+        yield
+    finally:
+        _hooks.stack = stack
+
+
+def _after_creation(emb):
+    for hook in getattr(_hooks, "stack", ()):
+        hook(emb)
+    return emb
 
 
 def get_dynamic_embeddings(graph=None):
@@ -191,7 +224,7 @@ def get_dynamic_embedding(
                 "Trying to share dynamic embedding %s, but specified key_dtype %s and found %s"
                 % (full_name, key_dtype.name, existing.key_dtype.name)
             )
-        return existing
+        return _after_creation(existing)
     if reuse is True:
         raise ValueError(
             "Dynamic embedding %s does not exist, or was not created with tf_ext.get_dynamic_embedding(). "
@@ -220,6 +253,8 @@ def get_dynamic_embedding(
     if initializer is None and scope.initializer is not None:
         initializer = scope.initializer
     spec = init_lib.resolve(initializer, dim)
-    return var_lib.DynamicEmbedding(
-        full_name, dim, key_dtype, value_dtype, spec, num_shards, devices, trainable, initial_capacity
+    return _after_creation(
+        var_lib.DynamicEmbedding(
+            full_name, dim, key_dtype, value_dtype, spec, num_shards, devices, trainable, initial_capacity
+        )
     )

@@ -21,6 +21,17 @@ weights, tables and optimizer slots): incremental, "day after day" training. On
 the synthetic stream a continued run starts at the batch after the last one
 trained, i.e. it sees new data.
 
+Distributed: under ``horovodrun --gloo -np N python -m tensorflow_ext.examples.ctr
+--distributed model_parallel`` (or ``data_parallel``) every rank trains on its own
+batches of ``--batch_size`` (the global batch is N times larger): model-parallel
+tables hold 1/N of the keys on each rank, data-parallel ones a full replica; dense
+layers are data-parallel. Rank 0 writes checkpoints and summaries, evaluates and
+exports; its JSON summary is the run's.
+
+Serving: every run ends with a SavedModel export of the trained model under
+``--export_dir`` (raw features in, ``probability`` out), servable by a process that
+only imports tensorflow_ext.
+
 Output: progress lines, the evaluation metrics, where the checkpoint and the
 summaries went (stderr), then the JSON summary (stdout). TensorFlow's own
 chatter (deprecation warnings of the TF1 APIs used here, the Estimator's INFO
@@ -72,6 +83,9 @@ DEFAULT_MODEL_DIR = os.path.join(tempfile.gettempdir(), "tf_ext_ctr_model")
 _DEFAULTS = dict(steps=3000, batch_size=1024, eval_steps=20, dim=8, hidden="256,128", max_ids=2**22, log_every=100)
 _QUICK = dict(steps=100, batch_size=512, eval_steps=5, dim=4, hidden="64,32", max_ids=2**20, log_every=50)
 
+_DISTRIBUTED = ("model_parallel", "data_parallel")
+_DISTRIBUTED_SAVE_STEPS = 1000
+
 _OPTIMIZERS = ("adagrad", "adam", "ftrl", "sgd", "momentum", "rmsprop")
 _DEFAULT_LR = {"adagrad": 0.5, "adam": 0.001, "ftrl": 0.05, "sgd": 0.5, "momentum": 0.05, "rmsprop": 0.001}
 
@@ -81,6 +95,13 @@ def _embedding_module():
     from tensorflow_ext import embedding  # pylint: disable=g-import-not-at-top
 
     return embedding
+
+
+def _horovod_module():
+    """``tensorflow_ext.horovod`` (only for --distributed: plain runs never import Horovod)."""
+    import tensorflow_ext.horovod as hvd  # pylint: disable=g-import-not-at-top
+
+    return hvd
 
 
 def _feature_column_module():
@@ -196,6 +217,26 @@ def parse_args(argv=None):
         help="checkpoint period in seconds; one is always written at the end " "(default 120).",
     )
     p.add_argument(
+        "--save_checkpoints_steps",
+        type=int,
+        default=None,
+        help="checkpoint every N steps instead of --save_checkpoints_secs (with --distributed the default is %d: "
+        "model-parallel tables are saved by all ranks together, at the same step)." % _DISTRIBUTED_SAVE_STEPS,
+    )
+    p.add_argument(
+        "--distributed",
+        choices=_DISTRIBUTED,
+        default=None,
+        help="train under horovodrun: model_parallel (each rank holds 1/N of every table's keys) or data_parallel "
+        "(each rank holds full replicas). --batch_size is per rank.",
+    )
+    p.add_argument(
+        "--export_dir",
+        default=None,
+        help="where the serving SavedModel goes (default: <model_dir>/export; a timestamped directory inside).",
+    )
+    p.add_argument("--no_export", action="store_true", help="skip the SavedModel export.")
+    p.add_argument(
         "--threads", type=int, default=0, help="intra-op and inter-op threads (default 0: TensorFlow's choice)."
     )
     p.add_argument(
@@ -218,7 +259,11 @@ def parse_args(argv=None):
         args.hidden_units = [int(h) for h in args.hidden.split(",") if h.strip()]
     except ValueError:
         p.error("--hidden must be comma-separated ints, got %r" % args.hidden)
-    for name in ("batch_size", "dim", "num_shards", "log_every", "epochs"):
+    if args.export_dir is None:
+        args.export_dir = os.path.join(args.model_dir, "export")
+    if args.distributed and args.save_checkpoints_steps is None:
+        args.save_checkpoints_steps = _DISTRIBUTED_SAVE_STEPS
+    for name in ("batch_size", "dim", "num_shards", "log_every", "epochs", "save_checkpoints_steps"):
         if getattr(args, name) is not None and getattr(args, name) < 1:
             p.error("--%s must be >= 1" % name)
     if args.steps is not None and args.steps < 0:
@@ -350,6 +395,10 @@ def _short_table_name(name):
 def model_fn(features, labels, mode, params):
     """DeepFM or Wide&Deep on dynamic embeddings (an Estimator ``model_fn``).
 
+    With ``params["distributed"] == "model_parallel"`` (under horovodrun) its tables are
+    model-parallel; with any ``distributed`` the optimizer is Horovod's (tf_ext's
+    ``DistributedOptimizer``).
+
     Args:
       features: dict with ``C1..C26`` (int64 ids, -1 missing; or strings, "" missing)
         and ``I1..I13`` (float, log counts).
@@ -357,11 +406,18 @@ def model_fn(features, labels, mode, params):
       mode: a ``tf.estimator.ModeKeys``.
       params: dict with ``model``, ``dim``, ``hidden_units``, ``optimizer``,
         ``learning_rate``, ``num_shards``, ``string_ids``, ``init_stddev``,
-        ``log_every``, ``batch_size``.
+        ``log_every``, ``batch_size`` (optional: ``distributed``, ``progress``).
 
     Returns:
       A ``tf.estimator.EstimatorSpec``.
     """
+    if params.get("distributed") == "model_parallel":
+        with _horovod_module().parallelism_scope("model"):
+            return _model_fn(features, labels, mode, params)
+    return _model_fn(features, labels, mode, params)
+
+
+def _model_fn(features, labels, mode, params):
     num_fields = synthetic.NUM_CATEGORICAL
     dim = params["dim"]
     dense = tf.compat.v1.feature_column.input_layer(features, _dense_columns())  # [B, 13]
@@ -430,6 +486,8 @@ def model_fn(features, labels, mode, params):
         opt = tf.compat.v1.train.MomentumOptimizer(lr, 0.9)
     else:
         opt = tf.compat.v1.train.RMSPropOptimizer(lr)
+    if params.get("distributed"):
+        opt = _horovod_module().DistributedOptimizer(opt)
     train_op = opt.minimize(loss, global_step=global_step)
 
     # Per table: tf_ext/<table>/size, memory_bytes and bytes_per_key.
@@ -443,10 +501,24 @@ def model_fn(features, labels, mode, params):
         _total_table_bytes(),
         global_step,
         params["log_every"],
-        params["batch_size"],
+        params["batch_size"] * params.get("num_ranks", 1),
         params.get("progress", True),
+        "on rank 0" if params.get("distributed") == "model_parallel" else "",
     )
     return tf.estimator.EstimatorSpec(mode, loss=loss, train_op=train_op, training_hooks=[progress])
+
+
+def _serving_input_fn(string_ids):
+    """The export's input: one raw value per field and example (ids, or hex strings with --data; log counts)."""
+    id_dtype = tf.string if string_ids else tf.int64
+
+    def serving_input_receiver_fn():
+        features = {k: tf.compat.v1.placeholder(id_dtype, [None], name=k) for k in synthetic.CATEGORICAL_KEYS}
+        for k in synthetic.DENSE_KEYS:
+            features[k] = tf.compat.v1.placeholder(tf.float32, [None], name=k)
+        return tf.estimator.export.ServingInputReceiver(features, features)
+
+    return serving_input_receiver_fn
 
 
 def _say(message, *args):
@@ -465,7 +537,7 @@ class _ProgressHook(tf.compat.v1.train.SessionRunHook):
     # model_fn), read by main() for the summary line.
     last = None
 
-    def __init__(self, loss, total_keys, total_bytes, global_step, every_n, batch_size, show=True):
+    def __init__(self, loss, total_keys, total_bytes, global_step, every_n, batch_size, show=True, tables_where=""):
         self._loss = loss
         self._keys = total_keys
         self._bytes = total_bytes
@@ -473,6 +545,7 @@ class _ProgressHook(tf.compat.v1.train.SessionRunHook):
         self._step = global_step
         self._every = max(1, int(every_n))
         self._batch = batch_size
+        self._where = (" " + tables_where) if tables_where else ""
         self.steps = 0
         self.losses = []
         self.first_step_time = None
@@ -514,7 +587,7 @@ class _ProgressHook(tf.compat.v1.train.SessionRunHook):
             rate = self._window_steps / dt if dt > 0 else float("nan")
             if self._show:
                 _say(
-                    "step %d: loss %.4f (mean of last %d: %.4f), %.1f steps/s, %.0f examples/s, " "%d table keys (%s)",
+                    "step %d: loss %.4f (mean of last %d: %.4f), %.1f steps/s, %.0f examples/s, %d table keys (%s)%s",
                     self.final_step,
                     self.losses[-1],
                     min(len(self.losses), self._every),
@@ -523,6 +596,7 @@ class _ProgressHook(tf.compat.v1.train.SessionRunHook):
                     rate * self._batch,
                     self.final_keys,
                     _mib(self.final_bytes),
+                    self._where,
                 )
             self._window_start = now
             self._window_steps = 0
@@ -593,12 +667,22 @@ def run(args):
 
     Returns:
       A dict with ``auc``, ``loss``, ``logloss``, ``global_step``, ``steps``,
-      ``steps_per_sec``, ``table_sizes``, ``total_keys``, ...
+      ``steps_per_sec``, ``table_sizes``, ``total_keys``, ``export_dir``, ...;
+      None on ranks other than 0 of a distributed run (rank 0 evaluates and exports).
     """
     t_start = time.time()
-    if args.fresh and os.path.isdir(args.model_dir):
-        shutil.rmtree(args.model_dir)
-    os.makedirs(args.model_dir, exist_ok=True)
+    hvd = None
+    rank, num_ranks = 0, 1
+    if args.distributed:
+        hvd = _horovod_module()
+        hvd.init()
+        rank, num_ranks = hvd.rank(), hvd.size()
+    if rank == 0:
+        if args.fresh and os.path.isdir(args.model_dir):
+            shutil.rmtree(args.model_dir)
+        os.makedirs(args.model_dir, exist_ok=True)
+    if hvd is not None:
+        hvd.barrier()  # the others read model_dir once rank 0 has prepared it
     start_step = _checkpoint_step(args.model_dir)
 
     stream = None
@@ -610,18 +694,21 @@ def run(args):
         stream = synthetic.CriteoLikeStream(seed=args.seed, max_ids=args.max_ids, zipf_a=args.zipf)
         source = "synthetic"
 
-    _check_model_dir_config(
-        args.model_dir,
-        dict(
-            model=args.model,
-            dim=args.dim,
-            hidden=",".join(map(str, args.hidden_units)),
-            optimizer=args.optimizer,
-            num_shards=args.num_shards,
-            string_ids=string_ids,
-        ),
-        has_checkpoint=start_step > 0 or tf.train.latest_checkpoint(args.model_dir) is not None,
-    )
+    if rank == 0:
+        _check_model_dir_config(
+            args.model_dir,
+            dict(
+                model=args.model,
+                dim=args.dim,
+                hidden=",".join(map(str, args.hidden_units)),
+                optimizer=args.optimizer,
+                num_shards=args.num_shards,
+                string_ids=string_ids,
+            ),
+            has_checkpoint=start_step > 0 or tf.train.latest_checkpoint(args.model_dir) is not None,
+        )
+    if hvd is not None:
+        hvd.barrier()  # a refused model_dir stops rank 0 here; the others then fail at this barrier
     params = dict(
         model=args.model,
         dim=args.dim,
@@ -633,28 +720,43 @@ def run(args):
         init_stddev=0.05,
         log_every=args.log_every,
         batch_size=args.batch_size,
-        progress=not args.quiet,
+        progress=not args.quiet and rank == 0,
+        distributed=args.distributed,
+        num_ranks=num_ranks,
     )
     session_config = tf.compat.v1.ConfigProto(allow_soft_placement=True)
     if args.threads:
         session_config.intra_op_parallelism_threads = args.threads
         session_config.inter_op_parallelism_threads = args.threads
-    config = tf.estimator.RunConfig(
-        model_dir=args.model_dir,
+    schedule = dict(save_checkpoints_steps=args.save_checkpoints_steps, save_checkpoints_secs=None)
+    if args.save_checkpoints_steps is None:
+        schedule = dict(save_checkpoints_steps=None, save_checkpoints_secs=args.save_checkpoints_secs)
+    common = dict(
         tf_random_seed=args.seed + start_step,
         save_summary_steps=max(1, min(100, args.log_every)),
-        save_checkpoints_secs=args.save_checkpoints_secs,
         keep_checkpoint_max=2,
         log_step_count_steps=args.log_every,
         session_config=session_config,
+        **schedule,
     )
+    if hvd is not None:
+        # Rank 0 writes checkpoints and summaries; the others only restore (and join model-parallel saves).
+        config = hvd.run_config(args.model_dir, **common)
+    else:
+        config = tf.estimator.RunConfig(model_dir=args.model_dir, **common)
     estimator = tf.estimator.Estimator(model_fn=model_fn, config=config, params=params)
 
     if stream is not None:
 
         def train_input_fn():
-            # New data on every run: continue the stream where the checkpoint stopped.
-            return stream.dataset(args.batch_size, args.steps, start=start_step, split="train")
+            # New data on every run: continue the stream where the checkpoint stopped. Distributed, rank r
+            # reads batches r, r + N, ... of it (shard_input_fn below).
+            return stream.dataset(
+                args.batch_size,
+                args.steps * num_ranks if args.steps is not None else None,
+                start=start_step * num_ranks,
+                split="train",
+            )
 
         def eval_input_fn():
             return stream.dataset(args.batch_size, args.eval_steps, start=0, split="eval")
@@ -673,11 +775,12 @@ def run(args):
 
         train_steps = args.steps
 
-    if not args.quiet:
+    if not args.quiet and rank == 0:
         _say(
-            "%s on %s, %s steps from global step %d (batch %d, dim %d, %s lr %g), model_dir %s",
+            "%s on %s%s, %s steps from global step %d (batch %d, dim %d, %s lr %g), model_dir %s",
             args.model,
             source,
+            " (%s, %d ranks; batch per rank)" % (args.distributed, num_ranks) if hvd else "",
             train_steps if train_steps is not None else "all",
             start_step,
             args.batch_size,
@@ -689,13 +792,26 @@ def run(args):
     _ProgressHook.last = None
     t_train = time.time()
     if train_steps is None or train_steps > 0:
-        estimator.train(train_input_fn, steps=train_steps)
+        if hvd is not None:
+            estimator.train(hvd.shard_input_fn(train_input_fn), steps=train_steps, hooks=hvd.training_hooks(config))
+        else:
+            estimator.train(train_input_fn, steps=train_steps)
     train_seconds = time.time() - t_train
     hook = _ProgressHook.last
+    if rank != 0:
+        return None
 
+    # Distributed: rank 0 evaluates and exports alone, from the checkpoint (which holds every key), with a
+    # graph built as one process.
+    one_process = hvd.single_process if hvd is not None else contextlib.nullcontext
     t_eval = time.time()
-    metrics = estimator.evaluate(eval_input_fn, steps=args.eval_steps)
+    with one_process():
+        metrics = estimator.evaluate(eval_input_fn, steps=args.eval_steps)
     eval_seconds = time.time() - t_eval
+    export_dir = None
+    if not args.no_export:
+        with one_process():
+            export_dir = estimator.export_saved_model(args.export_dir, _serving_input_fn(string_ids)).decode()
 
     table_sizes = {}
     for k, v in metrics.items():
@@ -712,7 +828,11 @@ def run(args):
         "steps": hook.steps if hook else 0,
         "batch_size": args.batch_size,
         "steps_per_sec": round(hook.steps_per_sec(), 2) if hook and hook.steps_per_sec() else None,
-        "examples_per_sec": round(hook.steps_per_sec() * args.batch_size) if hook and hook.steps_per_sec() else None,
+        "examples_per_sec": (
+            round(hook.steps_per_sec() * args.batch_size * num_ranks) if hook and hook.steps_per_sec() else None
+        ),
+        "ranks": num_ranks,
+        "distributed": args.distributed,
         "total_keys": int(metrics.get("table_keys/total", 0)),
         "table_sizes": table_sizes,
         "label_mean": round(float(metrics["label_mean"]), 4),
@@ -724,6 +844,7 @@ def run(args):
     if stream is not None:
         summary["oracle_auc"] = round(stream.oracle_auc(args.eval_steps, args.batch_size), 4)
     summary["checkpoint"] = tf.train.latest_checkpoint(args.model_dir)
+    summary["export_dir"] = export_dir
     summary["event_files"] = len(_event_files(args.model_dir))
     summary["wall_seconds"] = round(time.time() - t_start, 1)
     return summary
@@ -775,6 +896,8 @@ def _report(summary, args):
     )
     _say("tables: %d keys in %d tables", summary["total_keys"], len(summary["table_sizes"]))
     _say("checkpoint: %s", summary["checkpoint"])
+    if summary["export_dir"]:
+        _say("serving SavedModel: %s", summary["export_dir"])
     _say("TensorBoard summaries (training, and eval/): tensorboard --logdir %s", args.model_dir)
     _say("done in %.1f s", summary["wall_seconds"])
 
@@ -793,6 +916,8 @@ def main(argv=None):
         tf.compat.v1.disable_v2_behavior()
         tf.compat.v1.enable_resource_variables()
         summary = run(args)
+    if summary is None:  # a distributed run's other ranks: rank 0 reports
+        return 0
     if not args.quiet:
         _report(summary, args)
     sys.stdout.flush()

@@ -16,6 +16,7 @@ import threading
 
 import tensorflow as tf
 
+from tensorflow_ext.embedding import creation
 from tensorflow_ext.embedding import initializers as init_lib
 from tensorflow_ext.embedding import variable as var_lib
 from tensorflow_ext.embedding.keys import HashPartition
@@ -23,7 +24,14 @@ from tensorflow_ext.horovod import _hvd
 from tensorflow_ext.horovod import checkpoint as ckpt_lib
 from tensorflow_ext.horovod import consistency
 
-__all__ = ["ModelParallel", "get_dynamic_embedding", "OWNER_SALT", "owner_of", "single_process"]
+__all__ = [
+    "ModelParallel",
+    "get_dynamic_embedding",
+    "OWNER_SALT",
+    "owner_of",
+    "parallelism_scope",
+    "single_process",
+]
 
 _local = threading.local()
 
@@ -146,6 +154,27 @@ class ModelParallel(object):
             return tf.gather(back, tf.math.invert_permutation(order))
 
 
+_PARALLELISMS = ("data", "model")
+
+
+def _check_parallelism(parallelism):
+    if parallelism not in _PARALLELISMS:
+        raise ValueError("parallelism must be 'data' or 'model', got %r" % (parallelism,))
+
+
+def _set_parallelism(emb, parallelism, process_set):
+    """Makes `emb` model-parallel (once), or checks that it is what `parallelism` asks."""
+    if in_single_process():
+        parallelism = "data"
+    wanted = "model" if parallelism == "model" else None
+    current = emb.distribution.name if emb.distribution is not None else None
+    if current != wanted and emb.distribution is not None:
+        raise ValueError("dynamic embedding %s is already %s-parallel" % (emb.name, current))
+    if parallelism == "model" and emb.distribution is None:
+        emb.distribution = ModelParallel(process_set)
+        ckpt_lib.use_model_parallel_saveables(emb, emb.distribution)
+
+
 def get_dynamic_embedding(name, dim, parallelism="data", process_set=None, **kwargs):
     """`tf_ext.get_dynamic_embedding` for Horovod training.
 
@@ -165,18 +194,34 @@ def get_dynamic_embedding(name, dim, parallelism="data", process_set=None, **kwa
       ValueError: an unknown parallelism, or a model-parallel embedding with a reused name of another parallelism.
     """
     _hvd.require_horovod()
-    if parallelism not in ("data", "model"):
-        raise ValueError("parallelism must be 'data' or 'model', got %r" % (parallelism,))
-    if in_single_process():
-        parallelism = "data"
+    _check_parallelism(parallelism)
     # Every rank must draw the same initial row for a key (replicas; re-partitioned restores).
     init_lib.require_deterministic_seeds(True)
     emb = var_lib.get_dynamic_embedding(name, dim, **kwargs)
-    wanted = "model" if parallelism == "model" else None
-    current = emb.distribution.name if emb.distribution is not None else None
-    if current != wanted and emb.distribution is not None:
-        raise ValueError("dynamic embedding %s is already %s-parallel" % (emb.name, current))
-    if parallelism == "model" and emb.distribution is None:
-        emb.distribution = ModelParallel(process_set)
-        ckpt_lib.use_model_parallel_saveables(emb, emb.distribution)
+    _set_parallelism(emb, parallelism, process_set)
     return emb
+
+
+@contextlib.contextmanager
+def parallelism_scope(parallelism, process_set=None):
+    """Every dynamic embedding got inside (by `tf_ext.get_dynamic_embedding`, feature columns, the TFRA API) has
+    this parallelism.
+
+        with tfe_hvd.parallelism_scope("model"):
+            net = tf.compat.v1.feature_column.input_layer(features, columns)   # model-parallel tables
+
+    Args:
+      parallelism: "data" or "model" (as in `get_dynamic_embedding`).
+      process_set: Horovod process set of model-parallel tables (default: all ranks).
+
+    Yields:
+      None.
+
+    Raises:
+      ValueError: an unknown parallelism; inside, reusing an embedding of another parallelism.
+    """
+    _hvd.require_horovod()
+    _check_parallelism(parallelism)
+    init_lib.require_deterministic_seeds(True)
+    with creation.creation_hook(lambda emb: _set_parallelism(emb, parallelism, process_set)):
+        yield

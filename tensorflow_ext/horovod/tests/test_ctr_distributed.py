@@ -1,0 +1,150 @@
+"""The main job under horovodrun: `python -m tensorflow_ext.examples.ctr --distributed model_parallel|data_parallel`.
+
+Both runs train on the same global batches (rank r reads batches r, r + N, ... of the stream), so model- and
+data-parallel tables must end with the same keys and the model with the same quality; rank 0 evaluates and exports a
+SavedModel that a plain process serves; a single process continues from the distributed checkpoint.
+"""
+
+import json
+import os
+import subprocess
+import sys
+import textwrap
+
+import pytest
+
+from tensorflow_ext.horovod.tests.test_horovod import TIMEOUT_S
+from tensorflow_ext.horovod.tests.test_horovod import _env
+from tensorflow_ext.horovod.tests.test_horovod import horovodrun
+
+FLAGS = [
+    "--quick",
+    "--fresh",
+    "--steps",
+    "30",
+    "--batch_size",
+    "256",
+    "--eval_steps",
+    "3",
+    "--log_every",
+    "10",
+]
+
+
+def _summary(text, prefix=""):
+    """The JSON summary line of a ctr run (under horovodrun: rank 0's stdout, prefixed "[0]<stdout>:")."""
+    lines = [l[len(prefix) :] for l in text.splitlines() if l.startswith(prefix + "{")]
+    assert len(lines) == 1, "expected one JSON summary, got %d:\n%s" % (
+        len(lines),
+        text[-4000:],
+    )
+    return json.loads(lines[0])
+
+
+@pytest.fixture(scope="module")
+def runs(tmp_path_factory):
+    out = {}
+    for mode in ("model_parallel", "data_parallel"):
+        model_dir = str(tmp_path_factory.mktemp(mode))
+        code, text = horovodrun(
+            2, "-m", "tensorflow_ext.examples.ctr", "--distributed", mode, "--model_dir", model_dir, *FLAGS
+        )
+        assert code == 0, text[-6000:]
+        # Only rank 0 reports; every other rank trains silently.
+        assert "[1]<stdout>:{" not in text
+        out[mode] = _summary(text, "[0]<stdout>:")
+    return out
+
+
+def test_both_parallelisms_train_the_same_model(runs):
+    mp, dp = runs["model_parallel"], runs["data_parallel"]
+    for s in (mp, dp):
+        assert s["ranks"] == 2 and s["global_step"] == 30 and s["steps"] == 30
+        assert s["auc"] > 0.6, s  # the hidden model is learnable (single process --quick: ~0.72)
+        assert s["export_dir"] and os.path.isdir(s["export_dir"])
+    # The same global batches: the same keys in every table (eval reads the full checkpoint on rank 0)...
+    assert mp["table_sizes"] == dp["table_sizes"]
+    assert mp["total_keys"] == dp["total_keys"] > 0
+    # ...and the same trained model up to the order of float sums.
+    assert abs(mp["auc"] - dp["auc"]) < 2e-3, (mp["auc"], dp["auc"])
+    assert abs(mp["logloss"] - dp["logloss"]) < 2e-3, (mp["logloss"], dp["logloss"])
+
+
+SERVE = textwrap.dedent(
+    """
+    import json, sys
+    import numpy as np
+    import tensorflow as tf
+    import tensorflow_ext  # noqa: F401  (a plain import: no Horovod)
+    from tensorflow_ext.examples import synthetic
+
+    assert "horovod" not in sys.modules
+    export_dir = sys.argv[1]
+    stream = synthetic.CriteoLikeStream(seed=0, max_ids=2 ** 20)
+    probs, labels = [], []
+    with tf.compat.v1.Session(graph=tf.Graph()) as sess:
+        meta = tf.compat.v1.saved_model.loader.load(sess, ["serve"], export_dir)
+        sig = meta.signature_def["serving_default"]
+        for i in range(3):
+            feats, y, _ = stream.batch(i, 256, "eval")
+            feed = {}
+            for k in synthetic.CATEGORICAL_KEYS:
+                feed[sig.inputs[k].name] = feats[k]
+            for k in synthetic.DENSE_KEYS:
+                feed[sig.inputs[k].name] = synthetic.log_counts(feats[k])
+            probs.append(sess.run(sig.outputs["probability"].name, feed))
+            labels.append(y)
+    p, y = np.concatenate(probs), np.concatenate(labels)
+    order = np.argsort(p)
+    ranks = np.empty(len(p)); ranks[order] = np.arange(1, len(p) + 1)
+    pos = y > 0.5
+    auc = (ranks[pos].sum() - pos.sum() * (pos.sum() + 1) / 2) / (pos.sum() * (~pos).sum())
+    print(json.dumps({"auc": float(auc), "min": float(p.min()), "max": float(p.max())}))
+    """
+)
+
+
+@pytest.mark.parametrize("mode", ["model_parallel", "data_parallel"])
+def test_export_serves_every_key_in_a_plain_process(runs, mode):
+    s = runs[mode]
+    r = subprocess.run(
+        [sys.executable, "-c", SERVE, s["export_dir"]],
+        env=_env(),
+        capture_output=True,
+        text=True,
+        timeout=TIMEOUT_S,
+    )
+    assert r.returncode == 0, r.stderr[-4000:]
+    served = json.loads(r.stdout.strip().splitlines()[-1])
+    assert 0.0 < served["min"] <= served["max"] < 1.0
+    # The evaluation's AUC over the same eval batches (its AUC is approximated over 2000 thresholds).
+    assert abs(served["auc"] - s["auc"]) < 5e-3, (served, s["auc"])
+
+
+def test_one_process_continues_a_model_parallel_checkpoint(runs):
+    model_dir = runs["model_parallel"]["model_dir"]
+    flags = [
+        "--quick",
+        "--steps",
+        "10",
+        "--batch_size",
+        "256",
+        "--eval_steps",
+        "3",
+        "--no_export",
+        "--quiet",
+    ]
+    r = subprocess.run(
+        [sys.executable, "-m", "tensorflow_ext.examples.ctr", "--model_dir", model_dir] + flags,
+        env=_env(),
+        capture_output=True,
+        text=True,
+        timeout=TIMEOUT_S,
+    )
+    assert r.returncode == 0, r.stderr[-4000:]
+    s = _summary(r.stdout)
+    assert s["start_step"] == 30 and s["global_step"] == 40 and s["ranks"] == 1
+    # Every key of the 2-rank table came back, and training only adds keys.
+    assert s["total_keys"] >= runs["model_parallel"]["total_keys"]
+    for table, size in runs["model_parallel"]["table_sizes"].items():
+        assert s["table_sizes"][table] >= size, table

@@ -26,6 +26,7 @@ _hvd_module = _hvd.require_horovod()
 import tensorflow as _tf  # noqa: E402
 
 from tensorflow_ext.embedding import initializers as _initializers  # noqa: E402
+from tensorflow_ext.horovod import allreduce  # noqa: E402
 from tensorflow_ext.horovod import checkpoint  # noqa: E402
 from tensorflow_ext.horovod import consistency as _consistency  # noqa: E402
 from tensorflow_ext.horovod import estimator  # noqa: E402
@@ -48,7 +49,8 @@ _initializers.require_deterministic_seeds(True)
 def broadcast_global_variables(root_rank):
     """Horovod's `broadcast_global_variables`, run after the check that every rank built the same model.
 
-    Run it once after initializing (or restoring) the variables, before the first step.
+    Run it once after initializing (or restoring) the variables, before the first step. The Top-K residuals of
+    `DistributedOptimizer(topk_ratio=...)` are each rank's own and are not broadcast.
 
     Args:
       root_rank: the rank whose values are broadcast.
@@ -56,10 +58,12 @@ def broadcast_global_variables(root_rank):
     Returns:
       An op.
     """
+    residuals = set(id(v) for v in _tf.compat.v1.get_collection(allreduce.TOPK_RESIDUALS))
+    variables = [v for v in _tf.compat.v1.global_variables() if id(v) not in residuals]
     if _hvd_module.size() == 1:
-        return _hvd_module.broadcast_global_variables(root_rank)
+        return _hvd_module.broadcast_variables(variables, root_rank)
     with _tf.control_dependencies([_consistency.check_op()]):
-        return _hvd_module.broadcast_global_variables(root_rank)
+        return _hvd_module.broadcast_variables(variables, root_rank)
 
 
 def barrier():
@@ -73,10 +77,7 @@ def barrier():
         # Fed, not constant: TF would fold a constant input on one rank and skip the collective.
         token = _tf.compat.v1.placeholder(_tf.int32, [1])
         with _tf.compat.v1.Session() as session:
-            session.run(
-                _hvd_module.allreduce(token, op=_hvd_module.Sum, name="tf_ext_barrier"),
-                {token: [1]},
-            )
+            session.run(_hvd_module.allreduce(token, op=_hvd_module.Sum, name="tf_ext_barrier"), {token: [1]})
 
 
 class BroadcastGlobalVariablesHook(_hvd_module.BroadcastGlobalVariablesHook):
@@ -91,14 +92,15 @@ class BroadcastGlobalVariablesHook(_hvd_module.BroadcastGlobalVariablesHook):
                 self.bcast_op = broadcast_global_variables(self.root_rank)
 
 
-# Horovod's own names that users of this module need (one import for both).
-init = _hvd_module.init
+# Horovod's own names that users of this module need (one import for both). `init` is Horovod's, registering the
+# process sets of the 2D allreduce when asked to (`init(node_size=...)`); `Compression` adds bf16.
+init = allreduce.init
 shutdown = _hvd_module.shutdown
 rank = _hvd_module.rank
 size = _hvd_module.size
 local_rank = _hvd_module.local_rank
 local_size = _hvd_module.local_size
-Compression = _hvd_module.Compression
+Compression = allreduce.Compression
 Average = _hvd_module.Average
 Sum = _hvd_module.Sum
 
@@ -109,6 +111,7 @@ __all__ = [
     "DistributedOptimizer",
     "ModelParallel",
     "Sum",
+    "allreduce",
     "barrier",
     "broadcast_global_variables",
     "checkpoint",

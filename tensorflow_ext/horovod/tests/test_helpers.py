@@ -106,3 +106,42 @@ def test_bad_arguments_are_named():
     ), out[5]
     assert out[6] == "TypeError shard_input_fn needs an input_fn that returns a tf.data.Dataset; <lambda> returned list"
     assert out[7] == "5 None 2"
+
+
+def test_parallelism_scope_reaches_feature_column_tables():
+    out = run(
+        """
+        import tensorflow as tf
+        tf.compat.v1.disable_v2_behavior()
+        import tensorflow_ext as tf_ext
+        import tensorflow_ext.horovod as tfe_hvd
+        tfe_hvd.init()
+        fc = tf_ext.feature_column
+        features = {"u": tf.constant([[1], [2]], tf.int64), "i": tf.constant([[3], [4]], tf.int64)}
+        with tfe_hvd.parallelism_scope("model"):
+            tf.compat.v1.feature_column.input_layer(features, [fc.categorical_column_with_dynamic_embedding("u", 4)])
+            with tf.compat.v1.variable_scope("s", reuse=tf.compat.v1.AUTO_REUSE):
+                a = tf_ext.get_dynamic_embedding("a", 2)
+        tf.compat.v1.feature_column.input_layer(features, [fc.categorical_column_with_dynamic_embedding("i", 4)])
+        for emb in tf_ext.embedding.get_dynamic_embeddings():
+            print(emb.name, emb.distribution.name if emb.distribution is not None else "data")
+        try:
+            with tfe_hvd.parallelism_scope("data"), tf.compat.v1.variable_scope("s", reuse=True):
+                tf_ext.get_dynamic_embedding("a", 2)
+        except ValueError as e:
+            print("ValueError", e)
+        try:
+            tfe_hvd.parallelism_scope("pipeline").__enter__()
+        except ValueError as e:
+            print("ValueError", e)
+        with tfe_hvd.single_process(), tfe_hvd.parallelism_scope("model"):
+            b = tf_ext.get_dynamic_embedding("b", 2)
+        print(b.name, b.distribution)
+    """
+    ).splitlines()
+    assert out[0].endswith("u_embedding/embedding_weights model"), out
+    assert out[1] == "s/a model", out
+    assert out[2].endswith("i_embedding/embedding_weights data"), out
+    assert out[3] == "ValueError dynamic embedding s/a is already model-parallel", out
+    assert out[4] == "ValueError parallelism must be 'data' or 'model', got 'pipeline'", out
+    assert out[5] == "b None", out

@@ -21,6 +21,7 @@ from tensorflow_ext.embedding.lookup import safe_embedding_lookup_sparse
 from tensorflow_ext.embedding import optimizers as _optimizers
 from tensorflow_ext.embedding.optimizers import supported_optimizers
 from tensorflow_ext.embedding.saveable import ShardSaveable
+from tensorflow_ext.embedding.saveable import restore_values_only
 from tensorflow_ext.embedding.variable import DynamicEmbedding
 from tensorflow_ext.embedding.variable import DynamicEmbeddingShard
 from tensorflow_ext.embedding.layout import DynamicEmbeddingSlot
@@ -73,6 +74,7 @@ __all__ = [
     "evict",
     "get_dynamic_embedding",
     "get_dynamic_embeddings",
+    "restore_values_only",
     "restrict",
     "safe_embedding_lookup_sparse",
     "string_to_key",

@@ -11,9 +11,13 @@ Tensors written per shard (prefix = the shard's name, e.g. `user_emb/part_0`):
   <shard>-versions  int64 [n]           global step of each key's last update
   <shard>-freqs     int64 [n]           training lookup counts
   <shard>-num_shards int64 []           the embedding's shard count when it was saved
+  <shard>-layout    string []           the row layout (`layout_record`: JSON of dim, width
+                                        and each optimizer's class, name and slot columns)
 
-Restore replaces the table's contents (`TfExtTableImport(clear_first=True)`)
-and places every key by the current partition (`HashKey(key) % num_shards`),
+Restore replaces the table's contents (`TfExtTableImport(clear_first=True)`:
+the new contents are built aside and swapped in under the table's locks, so a
+concurrent lookup sees the old rows or the new ones, never an empty or partly
+filled table) and places every key by the current partition (`HashKey(key) % num_shards`),
 not by the shard tensor it was read from: a key found in another shard's
 tensors (a checkpoint written by another partitioner, or edited by hand) is
 imported into the shard it belongs to, with its row, slots and metadata, so
@@ -28,15 +32,32 @@ keys; reshard with `tf.compat.v1.train.warm_start` instead) or a different
 `dim` (the `-values` rows are not `dim` wide). A shard whose tensors are
 missing from the checkpoint is the Saver's NotFoundError naming the tensor
 (e.g. `Key user_emb/part_2-keys not found in checkpoint`).
-When the checkpoint's slot columns do not have the width the current graph's
-optimizers need (e.g. a checkpoint written by another optimizer), the slots of
-the restored keys start from their initial values instead.
+No shard of an embedding is imported before every shard's tensors of the
+same Saver were read and checked, so a truncated or corrupt file, or a
+mismatch, fails the restore with the tables unchanged.
+
+Slots: when the graph's rows have optimizer slot columns, the checkpoint's
+layout record must have the same signature (dim, and each optimizer's class
+and slot names in column order; optimizer names and initial values may
+differ), else the restore fails naming both layouts: an Adagrad checkpoint is
+not loaded into a Momentum model although the widths match. A checkpoint
+without the record (written before it existed) is checked by the slot width
+alone, with a warning on stderr. `restore_values_only(embeddings)` restores
+the embedding values (with versions and frequencies) from any layout, and the
+restored keys' slots start from their initial values. A graph without slot
+columns (inference, evaluation, plain SGD) restores the values and ignores the
+checkpoint's slots. The Saver does not read `-layout` itself (it fails on a
+tensor missing from older checkpoints): restore reads it with
+`TfExtCheckpointReadOptionalString` from the prefix the Saver restores from.
 
 The tensors are built when the Saver is built (lazily, on first access to
 `specs`), which freezes the table layout: create optimizers (minimize /
 apply_gradients) before the Saver.
 """
 
+import json
+import re
+import sys
 import weakref
 
 import tensorflow as tf
@@ -45,9 +66,11 @@ from tensorflow.python.training.saving import saveable_object
 
 from tensorflow_ext.embedding import _ops
 
-__all__ = ["ShardSaveable"]
+__all__ = ["ShardSaveable", "layout_record", "restore_values_only"]
 
 _SUFFIXES = ("-keys", "-values", "-slots", "-versions", "-freqs", "-num_shards")
+_LAYOUT_SUFFIX = "-layout"
+_LAYOUT_FORMAT = 1
 _RESTORE_OPS = ("RestoreV2", "Restore", "RestoreSlice")
 
 # Per embedding, per Saver restore being built: which shards imported their own
@@ -61,6 +84,8 @@ class _RestoreBuild(object):
     def __init__(self):
         self.imported = {}  # shard index -> op importing that shard's own rows
         self.pending = {}  # shard index -> [rows tuples read from other shards]
+        self.ready = []  # per shard built: an op that runs once its tensors are read and checked
+        self.imports = []  # every import op built, each gated on every shard's `ready`
 
 
 def _restore_build(embedding, restored_tensor):
@@ -85,39 +110,172 @@ def _restore_build(embedding, restored_tensor):
     return builds.setdefault(key, _RestoreBuild())
 
 
-def _import_rows(shard, rows, clear_first):
-    """Imports (keys, values, slots, versions, freqs) into `shard`: the embedding
-    columns, then the slot columns when the slots have the width the graph's
-    optimizers need (else the keys' slots keep their initial values)."""
-    keys, values, slots, versions, freqs = rows
-    restore_values = _ops.op("tf_ext_table_import")(
-        shard.handle, keys, values, versions, freqs, col_begin=0, cols=shard.dim, clear_first=clear_first
+def _slot_signature(shard):
+    """What must agree for slot columns to be restored: dim, and each optimizer's class and slot names in order.
+
+    Optimizer names (e.g. "Adagrad" vs "Adagrad_1") and slot initial values may differ: the columns mean the same.
+    """
+    groups = ["%s(%s)" % (g.optimizer_class, ",".join(g.slot_names)) for g in shard.slot_groups if g.slot_names]
+    return "dim=%d;%s" % (shard.dim, ";".join(groups) if groups else "no slots")
+
+
+def _describe_layout(shard):
+    """A one-line description of a shard's row layout, for error messages."""
+    parts = []
+    for g in shard.slot_groups:
+        if not g.slot_names:
+            continue
+        parts.append(
+            "%s (%s): %s"
+            % (
+                g.optimizer_name,
+                g.optimizer_class,
+                ", ".join("%s [%d:%d]" % (n, g.column(n), g.column(n) + g.dim) for n in g.slot_names),
+            )
+        )
+    return "dim=%d, width=%d, slot columns: %s" % (shard.dim, shard.width, "; ".join(parts) if parts else "none")
+
+
+def layout_record(shard):
+    """The row layout a checkpoint records for `shard` (tensor `<shard>-layout`): a JSON string.
+
+    Fields: format (1), embedding, dim, width, signature (what a restore compares: dim and each optimizer's class and
+    slot names, in column order), description (one line, for messages), and slot_groups (per optimizer: name,
+    class, slots, first column, initial values).
+
+    Args:
+      shard: a `DynamicEmbeddingShard`.
+
+    Returns:
+      str.
+    """
+    groups = [
+        {
+            "optimizer": g.optimizer_name,
+            "class": g.optimizer_class,
+            "slots": list(g.slot_names),
+            "offset": g.offset,
+            "initial_values": list(g.initial_values),
+        }
+        for g in shard.slot_groups
+    ]
+    return json.dumps(
+        {
+            "format": _LAYOUT_FORMAT,
+            "embedding": shard.embedding.name,
+            "dim": shard.dim,
+            "width": shard.width,
+            "signature": _slot_signature(shard),
+            "description": _describe_layout(shard),
+            "slot_groups": groups,
+        },
+        sort_keys=True,
     )
+
+
+def _json_field_pattern(field):
+    # The value of a string field of a json.dumps record (escaped quotes included).
+    return r'"%s": "((?:[^"\\]|\\.)*)"' % field
+
+
+def restore_values_only(embeddings=None):
+    """Makes checkpoint restores of these embeddings import the embedding values only, not the optimizer slots.
+
+    By default a restore refuses a checkpoint whose row layout (the optimizers and slots each row holds) differs
+    from the graph's, e.g. an Adagrad checkpoint restored into a Momentum model. After this call the embeddings
+    restore their values (with versions and frequencies) from any checkpoint of the same dim, and every restored key's
+    slots start from the optimizers' initial values, as for a new key: what a job that changes its optimizer wants.
+    Call it before the Saver is built (in an Estimator's `model_fn`, after building the training op).
+
+    Args:
+      embeddings: a `DynamicEmbedding` or a list of them; None (default): every dynamic embedding of the default graph.
+
+    Returns:
+      The list of embeddings marked.
+
+    Raises:
+      TypeError: an element is not a `DynamicEmbedding`.
+      ValueError: a Saver's restore was already built for one of them (it would keep restoring the slots).
+    """
+    from tensorflow_ext.embedding import creation  # pylint: disable=import-outside-toplevel
+    from tensorflow_ext.embedding import variable  # pylint: disable=import-outside-toplevel
+
+    if embeddings is None:
+        embeddings = creation.get_dynamic_embeddings()
+    elif isinstance(embeddings, variable.DynamicEmbedding):
+        embeddings = [embeddings]
+    embeddings = list(embeddings)
+    for emb in embeddings:
+        if not isinstance(emb, variable.DynamicEmbedding):
+            raise TypeError(
+                "restore_values_only takes DynamicEmbeddings (from tf_ext.get_dynamic_embedding), got %r" % (emb,)
+            )
+        built = [s.name for s in emb.shards if getattr(s.saveable, "_restore_built", False)]
+        if built:
+            raise ValueError(
+                "restore_values_only(%r) must be called before the Saver is built: a restore of %s was built already "
+                "and restores the slots too" % (emb.name, ", ".join(built))
+            )
+    for emb in embeddings:
+        emb._restore_slots = False  # pylint: disable=protected-access
+    return embeddings
+
+
+def _restores_slots(shard):
+    return getattr(shard.embedding, "_restore_slots", True)
+
+
+def _import_rows(shard, rows, clear_first, with_slots):
+    """Imports (keys, values, slots, versions, freqs) into `shard` in one op.
+
+    With slots (their width checked before), whole rows; else the embedding columns, and a key new to the table
+    starts its slot columns from their initial values. With clear_first the op replaces the table's contents in one
+    step (concurrent lookups see the old contents or the new ones)."""
+    keys, values, slots, versions, freqs = rows
     slot_width = shard.width - shard.dim
-    if slot_width == 0:
-        return restore_values
-    with tf.control_dependencies([restore_values]):
-        matches = tf.logical_and(tf.equal(tf.rank(slots), 2), tf.equal(tf.shape(slots)[-1], slot_width))
+    if with_slots and slot_width > 0:
+        rows = tf.concat([values, tf.reshape(slots, [-1, slot_width])], axis=1)
+        cols = shard.width
+    else:
+        rows, cols = values, shard.dim
+    return _ops.op("tf_ext_table_import")(
+        shard.handle, keys, rows, versions, freqs, col_begin=0, cols=cols, clear_first=clear_first
+    )
 
-        def _import_slots():
-            with tf.control_dependencies(
-                [
-                    _ops.op("tf_ext_table_import")(
-                        shard.handle,
-                        keys,
-                        tf.reshape(slots, [-1, slot_width]),
-                        versions,
-                        freqs,
-                        col_begin=shard.dim,
-                        cols=slot_width,
-                        clear_first=False,
-                    )
-                ]
-            ):
-                return tf.constant(True)
 
-        restored_slots = tf.cond(matches, _import_slots, lambda: tf.constant(False))
-    return tf.group(restore_values, restored_slots)
+def _re2_literal(text):
+    """`text` as an RE2 pattern matching it literally (RE2 rejects some of Python's re.escape escapes)."""
+    return re.sub(r"([\\.^$|?*+()\[\]{}])", r"\\\1", text)
+
+
+# The functions of TF's saver.py that read `specs` to build a restore (BulkSaverBuilder.bulk_restore,
+# BaseSaverBuilder.restore_op / _AddRestoreOps).
+_SAVER_RESTORE_BUILDERS = frozenset(["bulk_restore", "restore_op", "_AddRestoreOps"])
+
+
+def _in_saver_restore_build():
+    """True when `ShardSaveable.specs` is read by TF's Saver to build its restore ops (not its save ops)."""
+    frame = sys._getframe(2)  # pylint: disable=protected-access
+    for _ in range(3):
+        if frame is None:
+            return False
+        code = frame.f_code
+        if code.co_name in _SAVER_RESTORE_BUILDERS and code.co_filename.endswith("saver.py"):
+            return True
+        frame = frame.f_back
+    return False
+
+
+def _checkpoint_prefix(restored_tensor):
+    """The checkpoint prefix tensor of the Restore op that produced `restored_tensor`, or None."""
+    t = restored_tensor
+    for _ in range(8):
+        if t.op.type in _RESTORE_OPS:
+            return t.op.inputs[0]
+        if not t.op.inputs:
+            return None
+        t = t.op.inputs[0]
+    return None
 
 
 class ShardSaveable(saveable_object.SaveableObject):
@@ -136,13 +294,27 @@ class ShardSaveable(saveable_object.SaveableObject):
 
     @property
     def specs(self):
-        if self._specs is None:
-            self._specs = self._build_specs()
-        return self._specs
+        if _in_saver_restore_build():
+            # The Saver reads every spec it restores in one RestoreV2, which fails on a tensor missing from the
+            # checkpoint; the layout record is read by restore() itself (optional: older checkpoints lack it).
+            return self._all_specs()[: len(_SUFFIXES)]
+        return self._all_specs()
 
     @specs.setter
     def specs(self, value):
         self._specs = value
+
+    def _all_specs(self):
+        if self._specs is None:
+            specs = list(self._build_specs())
+            # The layout record, for every subclass's specs alike (the layout is frozen by now).
+            with tf_ops.colocate_with(self._shard.handle, ignore_existing=True):
+                record = tf.constant(
+                    layout_record(self._shard), tf.string, name=self.name.replace("/", "_") + "_layout"
+                )
+            specs.append(saveable_object.SaveSpec(record, "", self.name + _LAYOUT_SUFFIX))
+            self._specs = specs
+        return self._specs
 
     @property
     def device(self):
@@ -177,10 +349,72 @@ class ShardSaveable(saveable_object.SaveableObject):
         """
         return rows
 
+    def _check_layout(self, restored_tensors, slots):
+        """An Assert that the checkpoint's slot columns are the graph's (see the module docstring).
+
+        The record is read by its own op (`TfExtCheckpointReadOptionalString`) from the prefix the Saver restores
+        from: a checkpoint written before layouts were recorded lacks it, and the Saver's read would fail on that.
+        Such a checkpoint is checked by the slot columns' width alone, with a warning on stderr.
+        """
+        shard = self._shard
+        prefix = _checkpoint_prefix(restored_tensors[0])
+        if prefix is not None:
+            record, found = _ops.op("tf_ext_checkpoint_read_optional_string")(
+                prefix, tensor_name=self.name + _LAYOUT_SUFFIX, name="read_layout"
+            )
+        elif len(restored_tensors) > len(_SUFFIXES):
+            record, found = restored_tensors[len(_SUFFIXES)], tf.constant(True)
+        else:
+            record, found = tf.constant(""), tf.constant(False)
+        slot_width = shard.width - shard.dim
+        expected = '"signature": ' + json.dumps(_slot_signature(shard))
+        signature_ok = tf.strings.regex_full_match(record, "(?s).*" + _re2_literal(expected) + ".*")
+        width_ok = tf.logical_and(tf.equal(tf.rank(slots), 2), tf.equal(tf.shape(slots)[-1], slot_width))
+        ok = tf.logical_or(tf.logical_and(found, signature_ok), tf.logical_and(tf.logical_not(found), width_ok))
+        checkpoint_layout = tf.where(
+            found,
+            tf.strings.regex_replace(record, "(?s)^.*" + _json_field_pattern("description") + ".*$", r"\1"),
+            tf.strings.join(
+                [
+                    "no layout record (written by an older tensorflow_ext), slot columns ",
+                    tf.strings.as_string(tf.shape(slots)[-1]),
+                    " wide",
+                ]
+            ),
+        )
+        check = tf.debugging.Assert(
+            ok,
+            [
+                "Checkpoint tensors %s-* hold rows of another layout than dynamic embedding %s here, whose optimizer "
+                "slots would be restored into the wrong columns. Layout here: %s. Layout in the checkpoint:"
+                % (self.name, shard.embedding.name, _describe_layout(shard)),
+                checkpoint_layout,
+                ". To restore the embedding values only (the slots then start from their initial values), call "
+                "tf_ext.embedding.restore_values_only() before building the Saver.",
+            ],
+            name="check_layout",
+        )
+
+        def _warn():
+            printed = tf.print(
+                "WARNING: checkpoint tensors %s-* have no layout record (a checkpoint written by an older "
+                "tensorflow_ext): their optimizer slots are restored because their width fits dynamic embedding %s "
+                "(%s); only the width was checked." % (self.name, shard.embedding.name, _describe_layout(shard)),
+                output_stream=sys.stderr,
+            )
+            with tf.control_dependencies([printed]):
+                return tf.constant(True)
+
+        with tf.control_dependencies([check]):
+            warned = tf.cond(tf.logical_and(tf.logical_not(found), width_ok), _warn, lambda: tf.constant(False))
+        return tf.group(check, warned)
+
     def restore(self, restored_tensors, restored_shapes):
         del restored_shapes
         shard = self._shard
-        keys, values, slots, versions, freqs, num_shards = restored_tensors
+        self._restore_built = True
+        keys, values, slots, versions, freqs, num_shards = restored_tensors[: len(_SUFFIXES)]
+        with_slots = _restores_slots(shard) and shard.width > shard.dim
         with tf_ops.colocate_with(shard.handle, ignore_existing=True):
             checks = [
                 tf.debugging.Assert(
@@ -204,6 +438,10 @@ class ShardSaveable(saveable_object.SaveableObject):
                     name="check_dim",
                 ),
             ]
+            if with_slots:
+                # After the shard-count and dim checks: those errors say more when they apply.
+                with tf.control_dependencies(checks):
+                    checks.append(self._check_layout(restored_tensors, slots))
             with tf.control_dependencies(checks):
                 keys = tf.identity(keys)
                 values = tf.identity(values)
@@ -215,7 +453,7 @@ class ShardSaveable(saveable_object.SaveableObject):
             emb = shard.embedding
             n = emb.num_shards
             if n == 1:
-                return _import_rows(shard, rows, clear_first=True)
+                return _import_rows(shard, rows, clear_first=True, with_slots=with_slots)
 
             # Place every key by the current partition: keys of this tensor that
             # belong to another shard go there (usually none: the cond then passes
@@ -229,7 +467,7 @@ class ShardSaveable(saveable_object.SaveableObject):
             def _own(t):
                 return tf.cond(all_own, lambda: tf.identity(t), lambda: tf.gather(t, own_idx))
 
-            own_import = _import_rows(shard, tuple(_own(t) for t in rows), clear_first=True)
+            own_import = _import_rows(shard, tuple(_own(t) for t in rows), clear_first=True, with_slots=with_slots)
             ops = [own_import]
             others_sid = tf.gather(sid, others_idx)
             parts = [tf.dynamic_partition(tf.gather(t, others_idx), others_sid, n) for t in rows]
@@ -242,14 +480,24 @@ class ShardSaveable(saveable_object.SaveableObject):
                     if j in build.imported:
                         # Shard j's own import was built: insert after it (it clears first).
                         with tf.control_dependencies([build.imported[j]]):
-                            ops.append(_import_rows(other, rows_j, clear_first=False))
+                            ops.append(_import_rows(other, rows_j, clear_first=False, with_slots=with_slots))
                     else:
                         # Insert now (for a Saver that does not restore shard j), and again
                         # after shard j's own import when this Saver builds it.
-                        ops.append(_import_rows(other, rows_j, clear_first=False))
+                        ops.append(_import_rows(other, rows_j, clear_first=False, with_slots=with_slots))
                         build.pending.setdefault(j, []).append(rows_j)
             for rows_from_other in build.pending.pop(shard.shard_index, []):
                 with tf.control_dependencies([own_import]):
-                    ops.append(_import_rows(shard, rows_from_other, clear_first=False))
+                    ops.append(_import_rows(shard, rows_from_other, clear_first=False, with_slots=with_slots))
             build.imported[shard.shard_index] = own_import
+            # No shard of the embedding is imported before every shard's tensors are read and checked: a
+            # truncated file or a mismatch in one shard fails the restore with no table changed.
+            ready = tf.group(*(checks + [t.op for t in restored_tensors[: len(_SUFFIXES)]]), name="read_and_checked")
+            for op in ops:
+                for other_ready in build.ready:
+                    op._add_control_input(other_ready)  # pylint: disable=protected-access
+            for op in build.imports:
+                op._add_control_input(ready)  # pylint: disable=protected-access
+            build.ready.append(ready)
+            build.imports.extend(ops)
             return tf.group(*ops)

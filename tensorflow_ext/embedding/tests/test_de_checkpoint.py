@@ -174,7 +174,7 @@ def test_restore_replaces_table_contents(tmp_path, sess, graph):
     assert sess.run(emb.size()) == 2  # key 3 is gone: restore = clear + import
 
 
-def test_warm_start_with_other_optimizer_resets_slots(tmp_path):
+def test_other_optimizer_is_refused_and_values_only_resets_slots(tmp_path):
     with tf.Graph().as_default():
         emb = tf_ext.get_dynamic_embedding("e", 2, initializer=1.0)
         loss = tf.reduce_sum(tf_ext.embedding_lookup(emb, tf.constant([1, 2], tf.int64)))
@@ -186,8 +186,17 @@ def test_warm_start_with_other_optimizer_resets_slots(tmp_path):
     with tf.Graph().as_default():
         emb = tf_ext.get_dynamic_embedding("e", 2, initializer=1.0)
         loss = tf.reduce_sum(tf_ext.embedding_lookup(emb, tf.constant([1, 2], tf.int64)))
+        tf.compat.v1.train.AdamOptimizer(0.1).minimize(loss)
+        saver = tf.compat.v1.train.Saver(var_list=emb.saveables)
+        with tf.compat.v1.Session() as sess:
+            with pytest.raises(tf.errors.InvalidArgumentError, match="another layout"):
+                saver.restore(sess, path)
+    with tf.Graph().as_default():
+        emb = tf_ext.get_dynamic_embedding("e", 2, initializer=1.0)
+        loss = tf.reduce_sum(tf_ext.embedding_lookup(emb, tf.constant([1, 2], tf.int64)))
         opt = tf.compat.v1.train.AdamOptimizer(0.1)
         opt.minimize(loss)
+        tf_ext.embedding.restore_values_only(emb)
         m_slot = emb.slot_values(opt, "m", [1, 2])
         rows = tf_ext.embedding_lookup(emb, [1, 2], is_training=False)
         saver = tf.compat.v1.train.Saver(var_list=emb.saveables)  # Adam's beta powers are not in the checkpoint

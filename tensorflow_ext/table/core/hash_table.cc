@@ -517,6 +517,9 @@ struct HashTable::Impl {
   std::unique_ptr<Shard[]> shards;
   std::unique_ptr<ChunkSource> chunk_source;
   bool huge_pages = true;  // resolved from the options and the environment
+  // Bumped under every shard's write lock by Replace and Clear: a reader of
+  // several blocks that sees it change was overtaken and reads again.
+  std::atomic<uint64_t> generation{0};
 
   // ---- addressing ----
   int64_t ShardIndex(uint64_t hash) const { return shard_bits == 0 ? 0 : static_cast<int64_t>(hash >> shard_shift); }
@@ -833,9 +836,47 @@ struct HashTable::Impl {
     const int64_t blocks = (n + kReadBlock - 1) / kReadBlock;
     if (blocks == 1) {
       run_blocks(0, 1);
-    } else {
-      RunParallel(pf, blocks, run_blocks);
+      return;
     }
+    // The blocks run under separate lock acquisitions: a Replace or Clear
+    // between two of them would mix the old contents and the new ones in one
+    // batch. Such a batch is read again (the reads only write outputs); after
+    // a few overtaken tries it is read under every shard's lock at once.
+    for (int attempt = 0; attempt < 3; ++attempt) {
+      const uint64_t before = generation.load(std::memory_order_seq_cst);
+      RunParallel(pf, blocks, run_blocks);
+      if (generation.load(std::memory_order_seq_cst) == before) return;
+    }
+    for (int64_t si = 0; si < num_shards; ++si) shards[si].mu.lock_shared();
+    ScopeExit unlock([this] {
+      for (int64_t si = num_shards - 1; si >= 0; --si) shards[si].mu.unlock_shared();
+    });
+    read(0, n);
+  }
+
+  // Swaps the contents (indexes, arenas, sizes) of this table and `other`,
+  // which must have the same layout and shard count. The caller holds every
+  // shard's write lock of both.
+  void SwapContentsLocked(Impl& other) {
+    for (int64_t si = 0; si < num_shards; ++si) {
+      Shard& a = shards[si];
+      Shard& b = other.shards[si];
+      std::swap(a.slots, b.slots);
+      std::swap(a.mask, b.mask);
+      std::swap(a.capacity, b.capacity);
+      std::swap(a.grow_at, b.grow_at);
+      std::swap(a.slots_mapped, b.slots_mapped);
+      const int64_t a_size = a.size.load(std::memory_order_relaxed);
+      a.size.store(b.size.load(std::memory_order_relaxed), std::memory_order_relaxed);
+      b.size.store(a_size, std::memory_order_relaxed);
+      a.chunks.swap(b.chunks);
+      std::swap(a.rows_handed_out, b.rows_handed_out);
+      std::swap(a.free_head, b.free_head);
+    }
+    // The rows live in the chunk sources: they move with the shards.
+    chunk_source.swap(other.chunk_source);
+    generation.fetch_add(1, std::memory_order_seq_cst);
+    other.generation.fetch_add(1, std::memory_order_seq_cst);
   }
 };
 
@@ -1079,6 +1120,9 @@ int64_t HashTable::memory_bytes() const {
     bytes += static_cast<int64_t>(s.capacity * sizeof(uint64_t));
     bytes += static_cast<int64_t>(s.chunks.capacity() * sizeof(char*));
   }
+  // Under a shard lock: Replace swaps chunk_source under every shard's lock
+  // (and the old one is destroyed after).
+  std::shared_lock<std::shared_mutex> lock(m.shards[0].mu);
   return bytes + m.chunk_source->bytes();
 }
 
@@ -1287,6 +1331,35 @@ void HashTable::Clear() {
   for (int64_t si = 0; si < m.num_shards; ++si) m.ReleaseShard(m.shards[si]);
   m.chunk_source->ReleaseAll();
   for (int64_t si = 0; si < m.num_shards; ++si) m.PresizeShard(m.shards[si]);
+  m.generation.fetch_add(1, std::memory_order_seq_cst);
+}
+
+void HashTable::Replace(int64_t expected_keys, const std::function<void(HashTable& staging)>& fill) {
+  Impl& m = *impl_;
+  TableOptions options = m.options;
+  // The same shard count, whatever expected_keys would pick: the shards are
+  // swapped one for one.
+  options.shard_bits = m.shard_bits;
+  options.initial_capacity = std::min(std::max<int64_t>(expected_keys, 0), kMaxCapacity);
+  HashTable staging(options);
+  fill(staging);
+  Impl& o = *staging.impl_;
+  TFEXT_DCHECK(o.num_shards == m.num_shards && o.width == m.width && o.stride == m.stride &&
+                   o.chunk_bytes == m.chunk_bytes && o.shard_shift == m.shard_shift,
+               "Replace: the staging table has this table's layout");
+  {
+    // Readers lock shards in shard order within one table; the staging table
+    // has no other user, so taking this table's locks first cannot deadlock.
+    for (int64_t si = 0; si < m.num_shards; ++si) m.shards[si].mu.lock();
+    for (int64_t si = 0; si < o.num_shards; ++si) o.shards[si].mu.lock();
+    ScopeExit unlock([&m, &o] {
+      for (int64_t si = o.num_shards - 1; si >= 0; --si) o.shards[si].mu.unlock();
+      for (int64_t si = m.num_shards - 1; si >= 0; --si) m.shards[si].mu.unlock();
+    });
+    m.SwapContentsLocked(o);
+  }
+  // `staging` now holds the old contents and frees them here, outside the
+  // locks, so readers wait only for the swap.
 }
 
 void HashTable::Reserve(int64_t n) {

@@ -25,6 +25,11 @@
 //       batch is a sequence of them.
 //     - Export and Clear hold every shard's lock for the whole call: Export
 //       is a consistent snapshot of the whole table, Clear is atomic.
+//     - Replace builds the new contents in a table of its own and swaps them
+//       in under every shard's lock: readers see all of the old contents or
+//       all of the new ones. A Find or FindMeta batch larger than kReadBlock
+//       that a Replace (or Clear) overtakes is read again, so a whole batch
+//       of any size is one view of the table's contents before or after.
 //     - RemoveIf, Reserve and memory_bytes visit the shards one at a time.
 //     - size() sums per-shard counters without locks: exact when no writer
 //       is running.
@@ -271,6 +276,16 @@ class HashTable {
   // Removes every key and releases memory down to the pre-sized index of a
   // new table (best effort, as in the constructor).
   void Clear();
+
+  // Replaces the whole contents in one step: fill(staging) writes the new
+  // contents into an empty table of the same layout (sized for expected_keys,
+  // a hint), which is then swapped in under every shard's write lock, so no
+  // reader ever sees the table empty or partly filled. The old contents are
+  // freed after the locks are released. If the staging table cannot be had
+  // or fill throws, the exception reaches the caller and this table is
+  // unchanged. Holds the old and the new contents in memory at once. fill
+  // must not call into this table (the staging table is its own).
+  void Replace(int64_t expected_keys, const std::function<void(HashTable& staging)>& fill);
 
   // Sizes the index for at least n keys in total (n is capped at
   // kMaxCapacity); may throw OutOfMemoryError.

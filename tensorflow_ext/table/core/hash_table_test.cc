@@ -633,6 +633,118 @@ TFEXT_TEST(RemoveAndRemoveIf) {
   CHECK_EQ(t.size(), int64_t{0});
 }
 
+// Replace swaps in contents built aside: the new keys with their metadata,
+// none of the old ones, a consistent index; a fill that throws changes nothing.
+TFEXT_TEST(ReplaceSwapsContentsAndKeepsOldOnFailure) {
+  const ParallelFor pf = PoolParallelFor();
+  HashTable t(Options(2));
+  std::vector<int64_t> old_keys(5000), new_keys(7000);
+  for (size_t i = 0; i < old_keys.size(); ++i) old_keys[i] = static_cast<int64_t>(i);
+  for (size_t i = 0; i < new_keys.size(); ++i) new_keys[i] = static_cast<int64_t>(i) + 3000;  // overlap 3000..4999
+  std::vector<float> old_rows(old_keys.size() * 2, 1.f), new_rows(new_keys.size() * 2, 2.f);
+  std::vector<int64_t> versions(new_keys.size(), 7);
+  std::vector<uint32_t> freqs(new_keys.size(), 3);
+  t.Import(old_keys.data(), old_keys.size(), 0, 2, old_rows.data(), nullptr, nullptr, nullptr, pf);
+  const std::map<int64_t, Entry> before = Snapshot(t);
+  bool threw = false;
+  try {
+    t.Replace(new_keys.size(), [&](HashTable& staging) {
+      staging.Import(new_keys.data(), new_keys.size(), 0, 2, new_rows.data(), nullptr, nullptr, nullptr, pf);
+      throw std::bad_alloc();
+    });
+  } catch (const std::bad_alloc&) {
+    threw = true;
+  }
+  CHECK(threw);
+  CHECK(Snapshot(t) == before);
+  t.Replace(new_keys.size(), [&](HashTable& staging) {
+    CHECK_EQ(staging.size(), int64_t{0});
+    staging.Import(new_keys.data(), new_keys.size(), 0, 2, new_rows.data(), nullptr, versions.data(), freqs.data(), pf);
+  });
+  const std::map<int64_t, Entry> after = Snapshot(t);
+  CHECK_EQ(after.size(), new_keys.size());
+  CHECK_EQ(t.size(), static_cast<int64_t>(new_keys.size()));
+  for (const int64_t k : new_keys) {
+    const Entry& e = after.at(k);
+    CHECK(e.row == std::vector<float>({2.f, 2.f}));
+    CHECK_EQ(e.version, int64_t{7});
+    CHECK_EQ(e.frequency, uint32_t{3});
+  }
+  CHECK_EQ(t.CheckInvariants(), std::string());
+  // The table stays writable: its arena is the staging table's now.
+  const int64_t extra = -1;
+  const float extra_row[2] = {5.f, 6.f};
+  t.Insert(&extra, 1, 0, 2, extra_row, nullptr, false, -1, pf);
+  CHECK_EQ(t.size(), static_cast<int64_t>(new_keys.size()) + 1);
+  CHECK_EQ(t.CheckInvariants(), std::string());
+  CHECK_GT(t.memory_bytes(), int64_t{0});
+}
+
+// Readers running while the contents are replaced again and again see, in
+// every batch (several read blocks large), all old rows or all new rows.
+TFEXT_TEST(ReplaceIsAtomicForConcurrentReaders) {
+  HashTable t(Options(1));
+  const int64_t n = 3 * tfext::table::kReadBlock + 5;
+  std::vector<int64_t> keys(n);
+  for (int64_t i = 0; i < n; ++i) keys[i] = i * 7919;
+  std::vector<float> ones(n, 1.f), twos(n, 2.f);
+  const ParallelFor pf = PoolParallelFor();
+  t.Import(keys.data(), n, 0, 1, ones.data(), nullptr, nullptr, nullptr, pf);
+  std::atomic<bool> stop{false};
+  std::atomic<int64_t> bad{0}, reads{0};
+  auto reader = [&](bool big) {
+    const int64_t m = big ? n : 100;
+    std::vector<float> out(m);
+    std::unique_ptr<bool[]> found(new bool[m]);
+    const ParallelFor rpf = InlineParallelFor();  // blocks one after another: the widest window
+    while (!stop.load()) {
+      t.Find(keys.data(), m, 0, 1, out.data(), found.get(), nullptr, rpf);
+      for (int64_t i = 0; i < m; ++i) {
+        if (!found[i] || out[i] != out[0]) {
+          ++bad;
+          break;
+        }
+      }
+      ++reads;
+    }
+  };
+  std::thread big_reader(reader, true), small_reader(reader, false);
+  for (int round = 0; round < 60; ++round) {
+    const std::vector<float>& rows = round % 2 == 0 ? twos : ones;
+    t.Replace(n, [&](HashTable& staging) {
+      staging.Import(keys.data(), n, 0, 1, rows.data(), nullptr, nullptr, nullptr, InlineParallelFor());
+    });
+  }
+  stop = true;
+  big_reader.join();
+  small_reader.join();
+  CHECK_GT(reads.load(), int64_t{0});
+  CHECK_EQ(bad.load(), int64_t{0});
+  CHECK_EQ(t.CheckInvariants(), std::string());
+  // Deterministically: a Replace between two read blocks of one Find (run by
+  // its ParallelFor, where the Find holds no lock) makes the Find read the
+  // batch again, all of it from the new contents.
+  bool replaced = false;
+  const ParallelFor replace_after_first_block = [&](int64_t total, const std::function<void(int64_t, int64_t)>& fn) {
+    for (int64_t b = 0; b < total; ++b) {
+      fn(b, b + 1);
+      if (!replaced) {
+        replaced = true;
+        t.Replace(n, [&](HashTable& staging) {
+          staging.Import(keys.data(), n, 0, 1, twos.data(), nullptr, nullptr, nullptr, InlineParallelFor());
+        });
+      }
+    }
+  };
+  t.Replace(n, [&](HashTable& staging) {
+    staging.Import(keys.data(), n, 0, 1, ones.data(), nullptr, nullptr, nullptr, InlineParallelFor());
+  });
+  std::vector<float> out(n);
+  t.Find(keys.data(), n, 0, 1, out.data(), nullptr, nullptr, replace_after_first_block);
+  CHECK(replaced);
+  for (int64_t i = 0; i < n; ++i) CHECK_EQ(out[i], 2.f);
+}
+
 TFEXT_TEST(ExportImportRoundTrip) {
   const ParallelFor pf = PoolParallelFor();
   HashTable a(Options(3));

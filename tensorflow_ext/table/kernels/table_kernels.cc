@@ -450,13 +450,24 @@ class TableImportOp : public TableOpBase {
         f32[i] = v < 0 ? 0u : (v > 0xffffffffLL ? 0xffffffffu : static_cast<uint32_t>(v));
       }
     }
+    const int64_t* version_data = versions.NumElements() == n ? versions.flat<int64_t>().data() : nullptr;
+    const uint32_t* freq_data = f32.empty() ? nullptr : f32.data();
+    const table::ParallelFor pf = MakeParallelFor(ctx);
+    auto import_into = [&](table::HashTable& t) {
+      if (n == 0) return;
+      t.Import(in.key_data(), n, col_begin_, in.cols, in.row_data(), in.table->column_defaults().data(), version_data,
+               freq_data, pf);
+    };
+    // clear_first (a restore): the new contents are built aside and swapped
+    // in at once, so concurrent lookups (serving, an evaluator) see the old
+    // table or the new one, never an empty or half-filled one; a failure
+    // (out of memory) leaves the old contents.
     OP_REQUIRES_OK(ctx, CallTable(*in.table, "import", [&] {
-                     if (clear_first_) in.table->table()->Clear();
-                     if (n == 0) return;
-                     in.table->table()->Import(in.key_data(), n, col_begin_, in.cols, in.row_data(),
-                                               in.table->column_defaults().data(),
-                                               versions.NumElements() == n ? versions.flat<int64_t>().data() : nullptr,
-                                               f32.empty() ? nullptr : f32.data(), MakeParallelFor(ctx));
+                     if (clear_first_) {
+                       in.table->table()->Replace(n, import_into);
+                     } else {
+                       import_into(*in.table->table());
+                     }
                    }));
   }
 

@@ -194,11 +194,14 @@ Status TableResource::ImportValues(OpKernelContext* ctx, const Tensor& keys, con
     return InvalidArgument("values must have ", n, " rows of ", layout_.dim, " floats, got shape ",
                            values.shape().DebugString());
   }
+  // Built aside and swapped in at once: concurrent finds never see the table
+  // empty or partly filled.
   return CallTable(*this, "import", [&] {
-    table_->Clear();
-    if (n == 0) return;
-    table_->Import(keys.flat<int64_t>().data(), n, 0, layout_.dim, values.flat<float>().data(), column_defaults_.data(),
-                   nullptr, nullptr, MakeParallelFor(ctx));
+    table_->Replace(n, [&](table::HashTable& staging) {
+      if (n == 0) return;
+      staging.Import(keys.flat<int64_t>().data(), n, 0, layout_.dim, values.flat<float>().data(),
+                     column_defaults_.data(), nullptr, nullptr, MakeParallelFor(ctx));
+    });
   });
 }
 

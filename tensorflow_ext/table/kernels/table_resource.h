@@ -89,7 +89,7 @@ class TableResource : public tensorflow::lookup::LookupInterface {
   size_t size() const override;
   // Outputs "keys" [n] and "values" [n, dim] of the calling op.
   tensorflow::Status ExportValues(tensorflow::OpKernelContext* ctx) override;
-  // Replaces the contents (TF restore semantics): clear, then insert.
+  // Replaces the contents (TF restore semantics) in one step (HashTable::Replace).
   tensorflow::Status ImportValues(tensorflow::OpKernelContext* ctx, const tensorflow::Tensor& keys,
                                   const tensorflow::Tensor& values) override;
   tensorflow::DataType key_dtype() const override { return tensorflow::DT_INT64; }

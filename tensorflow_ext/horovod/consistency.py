@@ -13,6 +13,9 @@ mismatch. Instead, every collective that tensorflow_ext builds (model-parallel l
    `InvalidArgumentError` whose message names each embedding or variable that differs and how, e.g.
    ``dynamic embedding 'user': dim differs across ranks: rank 0: 8, rank 1: 16``.
 
+The comparison runs once per graph and process: at the first step (or the training hooks' check), on every rank at
+once; once it passed, later steps skip its collective.
+
 The fingerprint is the graph's configuration when the graph was last built into (`refresh`, called by the lookups,
 `DistributedOptimizer.apply_gradients` and the training hooks), so it includes optimizer slots added after the
 first lookup.
@@ -138,22 +141,40 @@ class _Check(object):
     """The check op of one graph and the constant holding this rank's fingerprint."""
 
     def __init__(self, graph):
-        hvd = _hvd.require_horovod()
+        _hvd.require_horovod()
         self._graph_ref = weakref.ref(graph)
+        self._passed = False
         with graph.as_default(), tf.control_dependencies(None), tf.compat.v1.name_scope(None):
             with tf.compat.v1.name_scope(CHECK_NAME + "/"):
                 self.fingerprint = tf.constant(_fingerprint(config_lines(graph)), tf.int64, name="fingerprint")
-                # Horovod's ops are not stateful: with a constant input, TF's constant folding would run the allgather
-                # while optimizing a graph (outside of any step, on one rank only).
-                mine = _stateful_identity(self.fingerprint)
-                everyone = hvd.allgather(mine, name=CHECK_NAME)
-                same = tf.reduce_all(tf.equal(everyone, mine))
-                agree = tf.cond(same, lambda: tf.constant(True), self._mismatch, name="agree")
+                # The fingerprints are compared once per process and graph: the first run of any op behind the check
+                # (a step, or the training hooks' check) runs the allgather on every rank at once, and once it passed,
+                # the configuration of this graph cannot change on any rank, so later steps skip the collective. Every
+                # rank takes the same branch: all of them pass the first check together.
+                pending = tf.numpy_function(self._pending, [], tf.bool, stateful=True, name="pending")
+                agree = tf.cond(pending, self._compare, lambda: tf.constant(True), name="compare_once")
                 # Horovod's ops are not stateful, so Grappler turns a collective whose outputs reach only control edges
                 # into a NoOp. The check ends in a stateful Assert, which keeps it (and its allgather) in every step.
                 self.op = tf.debugging.Assert(
                     agree, ["tensorflow_ext.horovod configuration check failed"], name="check"
                 )
+
+    def _pending(self):
+        return np.bool_(not self._passed)
+
+    def _passed_now(self, agree):
+        self._passed = self._passed or bool(agree)
+        return agree
+
+    def _compare(self):
+        hvd = _hvd.require_horovod()
+        # Horovod's ops are not stateful: with a constant input, TF's constant folding would run the allgather
+        # while optimizing a graph (outside of any step, on one rank only).
+        mine = _stateful_identity(self.fingerprint)
+        everyone = hvd.allgather(mine, name=CHECK_NAME)
+        same = tf.reduce_all(tf.equal(everyone, mine))
+        agree = tf.cond(same, lambda: tf.constant(True), self._mismatch, name="agree")
+        return tf.numpy_function(self._passed_now, [agree], tf.bool, stateful=True, name="passed")
 
     def _text_bytes(self):
         graph = self._graph_ref()

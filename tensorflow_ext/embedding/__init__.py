@@ -55,8 +55,12 @@ from tensorflow_ext.embedding.eviction import evict
 from tensorflow_ext.embedding.eviction import restrict
 
 from tensorflow_ext.embedding.summaries import add_summaries
+from tensorflow_ext.embedding.admission import BloomAdmission
+from tensorflow_ext.embedding.admission import CountAdmission
 
 __all__ = [
+    "BloomAdmission",
+    "CountAdmission",
     "DynamicEmbedding",
     "DynamicEmbeddingShard",
     "DynamicEmbeddingSlot",

@@ -8,6 +8,7 @@ import numpy as np
 import tensorflow as tf
 from tensorflow.python.ops import variable_scope as vs
 
+from tensorflow_ext.embedding import admission as admission_lib
 from tensorflow_ext.embedding import initializers as init_lib
 from tensorflow_ext.embedding import variable as var_lib
 
@@ -107,6 +108,7 @@ def get_dynamic_embedding(
     trainable=True,
     initial_capacity=0,
     reuse=None,
+    admission=None,
     **tfra_kwargs,
 ):
     """Gets an existing dynamic embedding or creates a new one (variable_scope rules).
@@ -143,6 +145,9 @@ def get_dynamic_embedding(
       initial_capacity: expected number of keys (all shards); tables grow on
         demand.
       reuse: overrides the variable scope's reuse (True, False or AUTO_REUSE).
+      admission: None (every key trains from its first lookup) or an admission policy,
+        `tf_ext.embedding.CountAdmission(min_count)` or `BloomAdmission(min_count, ...)`:
+        a key gets a row only at its min_count-th training lookup (see admission.py).
       **tfra_kwargs: TFRA's `get_variable` keywords, for code ported by
         renaming: `init_size` (= initial_capacity). The others of TFRA
         (kv_creator, restrict_policy, bp_v2, checkpoint, shared_name) raise a
@@ -224,6 +229,11 @@ def get_dynamic_embedding(
                 "Trying to share dynamic embedding %s, but specified key_dtype %s and found %s"
                 % (full_name, key_dtype.name, existing.key_dtype.name)
             )
+        if admission is not None and existing.admission is not admission:
+            raise ValueError(
+                "Trying to share dynamic embedding %s with admission=%r, but it has %r"
+                % (full_name, admission, existing.admission)
+            )
         return _after_creation(existing)
     if reuse is True:
         raise ValueError(
@@ -253,8 +263,14 @@ def get_dynamic_embedding(
     if initializer is None and scope.initializer is not None:
         initializer = scope.initializer
     spec = init_lib.resolve(initializer, dim)
-    return _after_creation(
-        var_lib.DynamicEmbedding(
-            full_name, dim, key_dtype, value_dtype, spec, num_shards, devices, trainable, initial_capacity
+    if admission is not None and not isinstance(admission, admission_lib.Admission):
+        raise TypeError(
+            "admission of dynamic embedding %r must be a tf_ext.embedding.CountAdmission or BloomAdmission, got %r"
+            % (name, admission)
         )
+    emb = var_lib.DynamicEmbedding(
+        full_name, dim, key_dtype, value_dtype, spec, num_shards, devices, trainable, initial_capacity
     )
+    if admission is not None:
+        emb.set_admission(admission)
+    return _after_creation(emb)

@@ -24,6 +24,7 @@ from tensorflow.core.framework import attr_value_pb2
 from tensorflow.python.framework import ops as tf_ops
 
 from tensorflow_ext.embedding import _ops
+from tensorflow_ext.embedding import admission as admission_lib
 from tensorflow_ext.embedding import embedding_ops
 from tensorflow_ext.embedding import variable as var_lib
 
@@ -109,6 +110,15 @@ def _lookup_unique(emb, unique_keys, is_training):
 
 def _lookup_unique_local(emb, unique_keys, is_training):
     """`_lookup_unique` over this process's shards."""
+    if emb.admission is not None:
+        # On the keys' owner for a model-parallel embedding: its counts see every rank's lookups.
+        return admission_lib.admitted_lookup(
+            emb, unique_keys, is_training, lambda keys: _lookup_unique_rows(emb, keys, is_training)
+        )
+    return _lookup_unique_rows(emb, unique_keys, is_training)
+
+
+def _lookup_unique_rows(emb, unique_keys, is_training):
     if is_training is None:
         # Shards created in training graphs where an optimizer was applied already.
         if all(s.is_training for s in emb.shards):
@@ -151,7 +161,13 @@ def _lookup_ids_fused(emb, flat_keys, is_training):
 
 
 def _use_fused_ids(emb):
-    return len(emb.shards) == 1 and emb.distribution is None and emb.initializer.in_kernel and _ops.use_fused()
+    return (
+        len(emb.shards) == 1
+        and emb.distribution is None
+        and emb.admission is None
+        and emb.initializer.in_kernel
+        and _ops.use_fused()
+    )
 
 
 def _refuse_return_trainable(fn, return_trainable):

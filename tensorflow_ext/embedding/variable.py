@@ -413,6 +413,8 @@ class DynamicEmbedding(object):
         self._trainable = trainable
         self._devices = list(devices) if devices else None
         self._distribution = None  # set by tensorflow_ext.horovod for model-parallel embeddings
+        self._admission = None  # an admission policy and its state (see admission.py), set by get_dynamic_embedding
+        self._admission_state = None
         graph = tf.compat.v1.get_default_graph()
         self._graph = graph
         self._partition = HashPartition(num_shards)
@@ -477,6 +479,32 @@ class DynamicEmbedding(object):
         if self._distribution is not None and value is not self._distribution:
             raise ValueError("dynamic embedding %s already has a distribution (%r)" % (self._name, self._distribution))
         self._distribution = value
+
+    @property
+    def admission(self):
+        """The admission policy (`tf_ext.embedding.CountAdmission` / `BloomAdmission`), or None: every key trains."""
+        return self._admission
+
+    @property
+    def admission_state(self):
+        """The admission policy's state in this graph (a dict of its tables and variables), or None."""
+        return self._admission_state
+
+    def set_admission(self, policy):
+        """Gives the embedding an admission policy (before its first lookup; `get_dynamic_embedding(admission=)`).
+
+        Args:
+          policy: a `CountAdmission` or `BloomAdmission`.
+
+        Raises:
+          ValueError: the embedding has a policy already.
+        """
+        if self._admission is not None:
+            raise ValueError(
+                "dynamic embedding %s already has an admission policy (%r)" % (self._name, self._admission)
+            )
+        self._admission_state = policy.build(self)
+        self._admission = policy
 
     @property
     def num_shards(self):

@@ -1,0 +1,286 @@
+"""Feature admission: a key gets a row in a dynamic embedding only once it was seen `min_count` times in training.
+
+Recommender ids follow a long tail: most ids occur a handful of times, and a row trained on one or two examples is
+noise that costs a full row (embedding and optimizer slots) until eviction. An admission policy keeps such keys out:
+
+    emb = tf_ext.get_dynamic_embedding("user", 16, admission=tf_ext.embedding.CountAdmission(min_count=3))
+
+* A training lookup counts each of its keys that has no row yet (once per lookup call, duplicates in the batch count
+  once). A key is admitted in the lookup where its count reaches `min_count`: it gets its row (the initializer's
+  draw) and trains from then on, like any key.
+* A key not admitted reads `default_value` (zeros by default) and receives no update: its gradient is dropped, and
+  no optimizer slot is created for it.
+* Inference lookups (eval, predict, serving) count nothing; a key without a row reads `default_value` there too, so
+  a model is evaluated as it was trained.
+* Counts are part of the model: `tf.compat.v1.train.Saver()` saves and restores them with the embedding.
+
+Two ways of counting:
+
+* `CountAdmission`: exact counts in a side hash table holding only the keys still waiting (8-byte key, one float
+  count and the table's metadata per key, no embedding row); a key leaves it when admitted.
+* `BloomAdmission`: a counting Bloom filter, `num_counters` int32 counters in a fixed array (memory independent of
+  the number of keys), `num_hashes` counters per key, the count of a key being the minimum of its counters. It never
+  under-counts; a key may be admitted early when all its counters were also raised by other keys. After `n` distinct
+  keys were counted, the probability that a key never seen reads as seen at least once is
+  `(1 - exp(-num_hashes * n / num_counters)) ** num_hashes` (`BloomAdmission.false_positive_rate`), an upper bound
+  for being admitted before its `min_count`-th occurrence.
+
+Under Horovod: with model-parallel embeddings the owner of a key counts it (the counts see every rank's lookups);
+with data-parallel ones each rank counts its own lookups, and a key admitted on one rank is inserted on every rank by
+the gathered gradient.
+"""
+
+import math
+
+import numpy as np
+import tensorflow as tf
+from tensorflow.core.framework import attr_value_pb2
+from tensorflow.python.framework import ops as tf_ops
+from tensorflow.python.framework import tensor_util
+
+from tensorflow_ext.embedding import _ops
+from tensorflow_ext.embedding.keys import HashPartition
+
+__all__ = ["BloomAdmission", "CountAdmission", "admitted_lookup"]
+
+# Summaries and tests read these collections: one int64 variable per embedding with admission.
+ADMITTED_COLLECTION = "tf_ext_admitted_keys"
+
+
+def _check_int(what, value, lo, hi=None):
+    if isinstance(value, bool) or not isinstance(value, (int, np.integer)) or value < lo or (hi and value > hi):
+        raise ValueError("%s must be an int in [%d, %s], got %r" % (what, lo, hi or "inf", value))
+    return int(value)
+
+
+class Admission(object):
+    """What both policies share: the threshold, the default row, the admitted-keys counter, the lookup."""
+
+    def __init__(self, min_count, default_value):
+        self.min_count = _check_int("min_count", min_count, 1)
+        try:
+            self.default_value = float(default_value)
+        except (TypeError, ValueError):
+            raise ValueError("default_value must be a number, got %r" % (default_value,)) from None
+
+    def build(self, emb):
+        """Creates the policy's state for a new embedding (called by `get_dynamic_embedding`, in its variable scope).
+
+        Args:
+          emb: the `DynamicEmbedding`.
+
+        Returns:
+          The state (a dict) the embedding keeps as `admission_state`.
+        """
+        short = emb.name.split("/")[-1]
+        with tf.compat.v1.variable_scope(short + "_admission"), tf.control_dependencies(None):
+            with tf.device(emb.shards[0].handle.device):
+                state = self._build(emb)
+                state["admitted"] = tf.compat.v1.get_variable(
+                    "admitted",
+                    [],
+                    tf.int64,
+                    initializer=tf.compat.v1.zeros_initializer(),
+                    trainable=False,
+                    collections=[tf.compat.v1.GraphKeys.GLOBAL_VARIABLES, ADMITTED_COLLECTION],
+                )
+        return state
+
+    def _build(self, emb):
+        raise NotImplementedError
+
+    def _count(self, state, keys):
+        """Counts `keys` (unique, without rows) once more; returns their counts after it (int64 [n])."""
+        raise NotImplementedError
+
+    def _peek(self, state, keys):
+        """Their counts, unchanged (int64 [n])."""
+        raise NotImplementedError
+
+    def _forget(self, state, keys):
+        """Admitted keys need no count any more (an op, or None)."""
+        return None
+
+    def admitted_keys_total(self, emb):
+        """int64 variable: keys of `emb` admitted so far (saved with the model)."""
+        return emb.admission_state["admitted"]
+
+    def memory_bytes(self, emb):
+        """int64 scalar: bytes the policy's state for `emb` holds."""
+        raise NotImplementedError
+
+
+class CountAdmission(Admission):
+    """Exact counting in a side table of the keys still waiting (see the module docstring).
+
+    Args:
+      min_count: int >= 1: a key is admitted at its min_count-th training lookup (1 = no admission).
+      default_value: what a key without a row reads (a float; default 0).
+    """
+
+    def __init__(self, min_count, default_value=0.0):
+        super().__init__(min_count, default_value)
+
+    def __repr__(self):
+        return "CountAdmission(min_count=%d)" % self.min_count
+
+    def _build(self, emb):
+        from tensorflow_ext.table.table_ops import HashTable  # pylint: disable=import-outside-toplevel
+
+        table = HashTable(1, name="counts")
+        # Saved under the embedding's name (a HashTable's own saveable is named after its op, not unique).
+        tf.compat.v1.add_to_collection(
+            tf.compat.v1.GraphKeys.SAVEABLE_OBJECTS, HashTable._Saveable(table, emb.name + "/admission_counts")
+        )
+        return dict(table=table)
+
+    def _count(self, state, keys):
+        table = state["table"]
+        ones = tf.ones([tf.size(keys), 1], tf.float32)
+        add = table.accumulate(keys, ones, insert_missing=True)
+        with tf.control_dependencies([add]):
+            counts = table.find(keys, default_value=0.0)
+        return tf.cast(tf.reshape(counts, [-1]), tf.int64)
+
+    def _peek(self, state, keys):
+        return tf.cast(tf.reshape(state["table"].find(keys, default_value=0.0), [-1]), tf.int64)
+
+    def _forget(self, state, keys):
+        return state["table"].remove(keys)
+
+    def pending_keys(self, emb):
+        """int64 scalar: keys of `emb` counted but not admitted yet."""
+        return emb.admission_state["table"].size()
+
+    def memory_bytes(self, emb):
+        return emb.admission_state["table"].memory_bytes()
+
+
+class BloomAdmission(Admission):
+    """Counting in a counting Bloom filter of fixed size (see the module docstring).
+
+    Args:
+      min_count: int >= 1: a key is admitted once all of its counters reach min_count.
+      num_counters: int32 counters in the filter (memory: 4 bytes each). Size it to >= 10x the distinct keys you
+        expect between two evictions for a false-positive rate below 1% with 3 hashes.
+      num_hashes: counters per key (1..8).
+      default_value: what a key without a row reads (a float; default 0).
+    """
+
+    def __init__(self, min_count, num_counters=1 << 22, num_hashes=3, default_value=0.0):
+        super().__init__(min_count, default_value)
+        self.num_counters = _check_int("num_counters", num_counters, 16, 1 << 31)
+        self.num_hashes = _check_int("num_hashes", num_hashes, 1, 8)
+
+    def __repr__(self):
+        return "BloomAdmission(min_count=%d, num_counters=%d, num_hashes=%d)" % (
+            self.min_count,
+            self.num_counters,
+            self.num_hashes,
+        )
+
+    @staticmethod
+    def false_positive_rate(num_keys, num_counters, num_hashes):
+        """Probability that a key never counted reads a count >= 1 after `num_keys` distinct keys were counted."""
+        return (1.0 - math.exp(-float(num_hashes) * num_keys / num_counters)) ** num_hashes
+
+    def _build(self, emb):
+        counters = tf.compat.v1.get_variable(
+            "bloom_counters",
+            [self.num_counters],
+            tf.int32,
+            initializer=tf.compat.v1.zeros_initializer(),
+            trainable=False,
+        )
+        return dict(counters=counters)
+
+    def _slots(self, keys):
+        # Independent hashes: the tables' key mixer with one salt per hash function.
+        salts = [0x9E3779B97F4A7C15 * (i + 1) & 0xFFFFFFFFFFFFFFFF for i in range(self.num_hashes)]
+        return tf.stack([HashPartition(self.num_counters, salt).part_ids(keys) for salt in salts], axis=1)
+
+    def _count(self, state, keys):
+        slots = self._slots(keys)  # [n, h]
+        flat = tf.reshape(slots, [-1])
+        add = tf.compat.v1.scatter_add(state["counters"], flat, tf.ones_like(flat), use_locking=True)
+        with tf.control_dependencies([add]):
+            return self._peek(state, keys, slots)
+
+    def _peek(self, state, keys, slots=None):
+        if slots is None:
+            slots = self._slots(keys)
+        values = tf.gather(state["counters"], slots)
+        return tf.cast(tf.reduce_min(values, axis=1), tf.int64)
+
+    def memory_bytes(self, emb):
+        del emb  # the same for every embedding
+        return tf.constant(4 * self.num_counters, tf.int64)
+
+
+def _training_flag(emb, is_training):
+    """A bool scalar: True when the lookup trains. For is_training=None, a constant that becomes True when an
+    optimizer is applied to the embedding (before the graph first runs), like the lookups' insert_missing attr."""
+    if is_training is None and all(s.is_training for s in emb.shards):
+        is_training = True
+    flag = tf.constant(bool(is_training), name="training")
+    if is_training is None:
+
+        def activate():
+            value = tensor_util.make_tensor_proto(True, tf.bool)
+            flag.op._set_attr("value", attr_value_pb2.AttrValue(tensor=value))  # pylint: disable=protected-access
+
+        emb.shards[0].lookups.when_training(activate)
+    return flag
+
+
+def _has_row(emb, keys):
+    """bool [n]: which unique int64 keys have a row (no insert, no count)."""
+    parts, positions = emb.partition.split(keys)
+    found = []
+    for shard, part in zip(emb.shards, parts):
+        with tf_ops.colocate_with(shard.handle):
+            _, f = _ops.op("tf_ext_table_find")(shard.handle, part, tf.constant(0.0), col_begin=0, cols=1)
+        found.append(f)
+    return found[0] if positions is None else tf.dynamic_stitch(positions, found)
+
+
+def admitted_lookup(emb, unique_keys, is_training, lookup):
+    """Rows [n, dim] of unique int64 keys [n] under the embedding's admission policy.
+
+    Args:
+      emb: the `DynamicEmbedding` (its `admission` is not None).
+      unique_keys: int64 [n], unique.
+      is_training: as in the lookups (True, False or None).
+      lookup: callable(keys) -> rows [m, dim] of unique keys (the lookup without admission; it inserts in training).
+
+    Returns:
+      float32 [n, dim]: the rows of admitted keys (differentiable, their gradients reach the table) and
+      `default_value` rows for the others (no gradient).
+    """
+    policy, state = emb.admission, emb.admission_state
+    with tf.name_scope("admission"):
+        n = tf.size(unique_keys)
+        has_row = _has_row(emb, unique_keys)
+        training = _training_flag(emb, is_training)
+        waiting = tf.boolean_mask(unique_keys, tf.logical_not(has_row))
+
+        def count_and_admit():
+            counts = policy._count(state, waiting)  # pylint: disable=protected-access
+            newly = counts >= policy.min_count
+            new_keys = tf.boolean_mask(waiting, newly)
+            updates = [state["admitted"].assign_add(tf.cast(tf.size(new_keys), tf.int64))]
+            forget = policy._forget(state, new_keys)  # pylint: disable=protected-access
+            if forget is not None:
+                updates.append(forget)
+            with tf.control_dependencies(updates):
+                return tf.identity(newly)
+
+        newly = tf.cond(training, count_and_admit, lambda: tf.zeros_like(waiting, tf.bool))
+        admitted = tf.tensor_scatter_nd_update(has_row, tf.where(tf.logical_not(has_row)), newly)
+        positions = tf.where(admitted)  # [m, 1]
+        rows = lookup(tf.gather_nd(unique_keys, positions))
+        # scatter_nd's gradient is a gather: only the admitted keys' rows get (and pass on) a gradient.
+        out = tf.scatter_nd(positions, rows, tf.stack([tf.cast(n, tf.int64), emb.dim]))
+        if policy.default_value:
+            out = tf.where(tf.expand_dims(admitted, 1), out, tf.fill(tf.shape(out), policy.default_value))
+        return out

@@ -1,0 +1,315 @@
+"""Faster dense allreduce (tensorflow_ext.horovod.allreduce) over a simulated 2-node network, side by side.
+
+As root, `netsim` makes two network namespaces ("nodes") joined by a veth pair whose both ends are shaped with
+`tc qdisc ... root tbf rate R` (no netem needed), runs two ranks in each namespace (4 ranks, 2 nodes x 2), and
+removes everything at the end (also on errors and Ctrl-C). Ranks of one node talk over the namespace's local
+route (unshaped); ranks of different nodes cross the shaped link. The ranks are started without ssh: this tool
+runs Horovod's Gloo rendezvous server itself (inside the first namespace) and gives each rank the environment that
+horovodrun would (HOROVOD_RANK/SIZE/LOCAL_*/CROSS_*, HOROVOD_HOSTNAME, HOROVOD_GLOO_RENDEZVOUS_ADDR/PORT,
+HOROVOD_GLOO_IFACE, HOROVOD_CONTROLLER=gloo, HOROVOD_CPU_OPERATIONS=gloo), started with `ip netns exec`.
+
+Per link rate, in one job, every method on the same tensors / the same data:
+  * allreduce of one float32 tensor of 1 KiB .. 64 MiB: median time and bus bandwidth (2(N-1)/N * bytes / time,
+    the convention of nccl-tests) for plain Horovod (hvd.allreduce), 2D (node_size=2), Top-K 1% (every size),
+    FP16;
+  * training: an MLP 1024-2048-2048-1 (6.3 M float32 parameters, 25 MB of dense gradients per step), batch 16 per
+    rank, SGD; steps/s, and the loss on a fixed evaluation set after the run for each method.
+
+    sudo .venv/bin/python tools/bench_allreduce.py netsim --rates 1gbit 10gbit --json docs/bench_allreduce.json
+    sudo .venv/bin/python tools/bench_allreduce.py netsim --rates 1gbit --quick      # smoke run
+"""
+
+import argparse
+import json
+import os
+import signal
+import subprocess
+import sys
+import tempfile
+import time
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+ROOT = os.path.dirname(HERE)
+NS = ("tfe_bench_n0", "tfe_bench_n1")
+DEV = ("tfe_bench_v0", "tfe_bench_v1")
+IPS = ("10.233.0.1", "10.233.0.2")
+PER_NODE = 2
+METHODS = {
+    "plain": None,  # Horovod's own hvd.allreduce, one tensor
+    "2d": dict(node_size=PER_NODE),
+    "topk1": dict(topk_ratio=0.01, topk_min_elements=1),
+    "fp16": dict(compression="fp16"),
+}
+TRAIN_METHODS = {
+    "plain": dict(),
+    "2d": dict(node_size=PER_NODE),
+    "topk1": dict(topk_ratio=0.01),
+    "fp16": dict(compression="fp16"),
+    "topk1_fp16": dict(topk_ratio=0.01, compression="fp16"),
+}
+
+
+def sh(*cmd, check=True):
+    return subprocess.run(list(cmd), check=check, capture_output=True, text=True)
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# The network.
+
+
+HOSTNAMES = ("tfe-bench-node0", "tfe-bench-node1")
+
+
+def teardown():
+    for ns in NS:
+        sh("ip", "netns", "del", ns, check=False)
+        sh("rm", "-rf", "/etc/netns/" + ns, check=False)
+    try:
+        os.rmdir("/etc/netns")  # only when empty (nothing else uses it)
+    except OSError:
+        pass
+
+
+def setup(rate):
+    teardown()
+    for ns, ip, host in zip(NS, IPS, HOSTNAMES):
+        sh("ip", "netns", "add", ns)
+        # `ip netns exec` shows /etc/netns/<ns>/hosts as /etc/hosts. Horovod 0.28.1 builds the Gloo communicators of
+        # process sets on the address of the host name (it ignores HOROVOD_GLOO_IFACE there), so each rank gets the
+        # node's host name (a UTS namespace) and the name resolves to the node's address.
+        os.makedirs("/etc/netns/" + ns, exist_ok=True)
+        with open("/etc/netns/%s/hosts" % ns, "w") as f:
+            f.write(
+                "127.0.0.1 localhost\n%s %s\n%s %s\n" % (ip, host, IPS[1 - NS.index(ns)], HOSTNAMES[1 - NS.index(ns)])
+            )
+    sh("ip", "link", "add", DEV[0], "type", "veth", "peer", "name", DEV[1])
+    for ns, dev, ip in zip(NS, DEV, IPS):
+        sh("ip", "link", "set", dev, "netns", ns)
+        sh("ip", "-n", ns, "addr", "add", ip + "/24", "dev", dev)
+        sh("ip", "-n", ns, "link", "set", dev, "up")
+        sh("ip", "-n", ns, "link", "set", "lo", "up")
+        # Token bucket on each end's egress: the link's rate in both directions. Burst >= rate/HZ, latency bounds
+        # the queue.
+        sh("ip", "netns", "exec", ns, "tc", "qdisc", "add", "dev", dev, "root", "tbf", "rate", rate,
+           "burst", "1mb" if rate.startswith("10g") else "256kb", "latency", "20ms")  # fmt: skip
+
+
+def netsim(args):
+    if os.geteuid() != 0:
+        sys.exit("netsim needs root (network namespaces and tc)")
+    results = {"machine": _machine(), "runs": []}
+
+    def on_signal(signum, frame):
+        teardown()
+        sys.exit(128 + signum)
+
+    signal.signal(signal.SIGTERM, on_signal)
+    try:
+        for rate in args.rates:
+            setup(rate)
+            with tempfile.TemporaryDirectory() as out:
+                cmd = ["ip", "netns", "exec", NS[0], sys.executable, os.path.abspath(__file__), "driver", "--out", out]
+                cmd += ["--quick"] if args.quick else []
+                t0 = time.time()
+                r = subprocess.run(cmd, text=True, capture_output=True, timeout=1800)
+                if r.returncode != 0:
+                    sys.stderr.write(r.stdout[-6000:] + r.stderr[-6000:])
+                    raise SystemExit("the job at %s failed" % rate)
+                with open(os.path.join(out, "rank0.json")) as f:
+                    run = json.load(f)
+                run.update(rate=rate, wall_s=round(time.time() - t0, 1))
+                results["runs"].append(run)
+                _print(run)
+    finally:
+        teardown()
+    results["load_end"] = os.getloadavg()
+    if args.json:
+        with open(args.json, "w") as f:
+            json.dump(results, f, indent=1)
+
+
+def _machine():
+    return {"cores": os.cpu_count(), "load_start": os.getloadavg(), "time": time.strftime("%Y-%m-%d %H:%M")}
+
+
+def _print(run):
+    print("== link %s (job %.0f s)" % (run["rate"], run["wall_s"]))
+    print("%-10s" % "bytes" + "".join("%24s" % m for m in METHODS))
+    for row in run["micro"]:
+        cells = "".join("%12.2f ms %6.1f MB/s" % (row[m]["ms"], row[m]["busbw_MBps"]) for m in METHODS)  # noqa: E501
+        print("%-10d%s" % (row["bytes"], cells))
+    for m, t in run["train"].items():
+        print("train %-11s %6.2f steps/s  eval loss %.5f" % (m, t["steps_per_s"], t["eval_loss"]))
+    sys.stdout.flush()
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# The job: rendezvous server + 4 ranks (run inside the first namespace).
+
+
+def driver(args):
+    from horovod.runner.common.util.hosts import get_host_assignments  # pylint: disable=import-outside-toplevel
+    from horovod.runner.common.util.hosts import parse_hosts  # pylint: disable=import-outside-toplevel
+    from horovod.runner.http.http_server import RendezvousServer  # pylint: disable=import-outside-toplevel
+
+    hosts = parse_hosts(",".join("%s:%d" % (ip, PER_NODE) for ip in IPS))
+    plan = get_host_assignments(hosts, PER_NODE * len(IPS))
+    server = RendezvousServer()
+    port = server.start()
+    server.init(plan)
+    procs = []
+    try:
+        for slot in plan:
+            node = IPS.index(slot.hostname)
+            env = dict(
+                os.environ,
+                PYTHONPATH=ROOT,
+                PYTHONUNBUFFERED="1",
+                TF_CPP_MIN_LOG_LEVEL="2",
+                HOROVOD_HOSTNAME=slot.hostname,
+                HOROVOD_RANK=str(slot.rank),
+                HOROVOD_SIZE=str(slot.size),
+                HOROVOD_LOCAL_RANK=str(slot.local_rank),
+                HOROVOD_LOCAL_SIZE=str(slot.local_size),
+                HOROVOD_CROSS_RANK=str(slot.cross_rank),
+                HOROVOD_CROSS_SIZE=str(slot.cross_size),
+                HOROVOD_GLOO_RENDEZVOUS_ADDR=IPS[0],
+                HOROVOD_GLOO_RENDEZVOUS_PORT=str(port),
+                HOROVOD_GLOO_IFACE=DEV[node],
+                HOROVOD_CONTROLLER="gloo",
+                HOROVOD_CPU_OPERATIONS="gloo",
+            )
+            cmd = ["ip", "netns", "exec", NS[node], "unshare", "--uts", "sh", "-c", 'hostname "$0" && exec "$@"']
+            cmd += [HOSTNAMES[node], sys.executable, os.path.abspath(__file__), "worker"]
+            cmd += ["--out", args.out] + (["--quick"] if args.quick else [])
+            log = open(os.path.join(args.out, "rank%d.log" % slot.rank), "w")
+            procs.append((subprocess.Popen(cmd, env=env, stdout=log, stderr=subprocess.STDOUT), log))
+        codes = [p.wait() for p, _ in procs]
+    finally:
+        for p, log in procs:
+            if p.poll() is None:
+                p.kill()
+                p.wait()
+            log.close()
+        server.stop()
+    if any(codes):
+        for r in range(len(procs)):
+            with open(os.path.join(args.out, "rank%d.log" % r)) as f:
+                sys.stderr.write("--- rank %d\n%s" % (r, f.read()[-4000:]))
+        sys.exit("ranks exited with %s" % codes)
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# One rank.
+
+
+def worker(args):
+    import numpy as np  # pylint: disable=import-outside-toplevel
+    import tensorflow as tf  # pylint: disable=import-outside-toplevel
+
+    tf.compat.v1.disable_v2_behavior()
+    import horovod.tensorflow as hvd  # pylint: disable=import-outside-toplevel
+
+    import tensorflow_ext.horovod as tfe_hvd  # pylint: disable=import-outside-toplevel
+    from tensorflow_ext.horovod import allreduce as ar  # pylint: disable=import-outside-toplevel
+    from tensorflow_ext.horovod import consistency  # pylint: disable=import-outside-toplevel
+
+    tfe_hvd.init(node_size=PER_NODE)
+    rank, size = hvd.rank(), hvd.size()
+    config = tf.compat.v1.ConfigProto(intra_op_parallelism_threads=1, inter_op_parallelism_threads=1)
+    out = {"ranks": size, "micro": [], "train": {}}
+
+    sizes = [1 << 10, 1 << 14, 1 << 18, 1 << 20, 1 << 22, 1 << 24, 1 << 26]
+    if args.quick:
+        sizes = [1 << 10, 1 << 20, 1 << 22]
+    for nbytes in sizes:
+        n = nbytes // 4
+        reps = 20 if nbytes <= (1 << 20) else (5 if nbytes <= (1 << 22) else (3 if nbytes <= (1 << 24) else 2))
+        row = {"bytes": nbytes}
+        with tf.Graph().as_default():
+            v = tf.compat.v1.get_variable(
+                "x", initializer=tf.random.stateless_normal([n], seed=[rank, 1]), use_resource=True
+            )
+            ops = {}
+            for m, kwargs in METHODS.items():
+                grad = consistency.gate(v.read_value())
+                if kwargs is None:
+                    ops[m] = hvd.allreduce(grad, op=hvd.Average, name="plain")
+                else:
+                    cfg = ar.resolve_config(**kwargs)
+                    ops[m] = ar.DenseReducer(cfg, hvd.Average, 1.0, hvd.global_process_set, m).reduce([(grad, v)])[0]
+            with tf.compat.v1.Session(config=config) as s:
+                s.run(tf.compat.v1.global_variables_initializer())
+                for m, op in ops.items():
+                    s.run(op)  # warm-up
+                    times = []
+                    for _ in range(reps):
+                        t = time.perf_counter()
+                        s.run(op.op)
+                        times.append(time.perf_counter() - t)
+                    sec = float(np.median(times))
+                    row[m] = {"ms": sec * 1e3, "busbw_MBps": 2.0 * (size - 1) / size * nbytes / sec / 1e6}
+        out["micro"].append(row)
+
+    steps, warm = (8, 2) if args.quick else (40, 5)
+    batch, din = 16, 1024
+    rng = np.random.RandomState(7)
+    teacher = rng.normal(size=[din, 1]).astype(np.float32) / np.sqrt(din)
+    eval_x = rng.normal(size=[512, din]).astype(np.float32)
+    eval_y = np.tanh(eval_x @ teacher) + 0.1 * np.sin(3 * eval_x[:, :1])
+    for m, kwargs in TRAIN_METHODS.items():
+        with tf.Graph().as_default():
+            tf.compat.v1.set_random_seed(1)
+            x = tf.compat.v1.placeholder(tf.float32, [None, din])
+            y = tf.compat.v1.placeholder(tf.float32, [None, 1])
+            h = x
+            for i, width in enumerate((2048, 2048)):
+                h = tf.compat.v1.layers.dense(h, width, tf.nn.relu, name="h%d" % i)
+            pred = tf.compat.v1.layers.dense(h, 1, name="out")
+            loss = tf.reduce_mean(tf.square(pred - y))
+            gs = tf.compat.v1.train.get_or_create_global_step()
+            opt = tfe_hvd.DistributedOptimizer(tf.compat.v1.train.GradientDescentOptimizer(0.005), **kwargs)
+            train = opt.minimize(loss, global_step=gs)
+            bcast = tfe_hvd.broadcast_global_variables(0)
+            nparams = sum(int(np.prod(t.shape)) for t in tf.compat.v1.trainable_variables())
+            with tf.compat.v1.Session(config=config) as s:
+                s.run(tf.compat.v1.global_variables_initializer())
+                s.run(bcast)
+                data = np.random.RandomState(100 + rank)  # every method sees the same batches
+                times = []
+                for step in range(steps):
+                    bx = data.normal(size=[batch, din]).astype(np.float32)
+                    by = np.tanh(bx @ teacher) + 0.1 * np.sin(3 * bx[:, :1])
+                    t = time.perf_counter()
+                    s.run(train, {x: bx, y: by})
+                    if step >= warm:
+                        times.append(time.perf_counter() - t)
+                eval_loss = float(s.run(loss, {x: eval_x, y: eval_y}))
+        out["train"][m] = {
+            "steps_per_s": len(times) / sum(times),
+            "eval_loss": eval_loss,
+            "steps": steps,
+            "dense_grad_MB": nparams * 4 / 1e6,
+        }
+    if rank == 0:
+        with open(os.path.join(args.out, "rank0.json"), "w") as f:
+            json.dump(out, f)
+
+
+def main():
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    sub = p.add_subparsers(dest="cmd", required=True)
+    n = sub.add_parser("netsim", help="(root) set up the namespaces, run the job per rate, tear down")
+    n.add_argument("--rates", nargs="+", default=["1gbit", "10gbit"])
+    n.add_argument("--json")
+    n.add_argument("--quick", action="store_true")
+    for name in ("driver", "worker"):
+        s = sub.add_parser(name)
+        s.add_argument("--out", required=True)
+        s.add_argument("--quick", action="store_true")
+    args = p.parse_args()
+    {"netsim": netsim, "driver": driver, "worker": worker}[args.cmd](args)
+
+
+if __name__ == "__main__":
+    main()

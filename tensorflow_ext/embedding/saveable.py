@@ -266,16 +266,16 @@ def _in_saver_restore_build():
     return False
 
 
-def _checkpoint_prefix(restored_tensor):
-    """The checkpoint prefix tensor of the Restore op that produced `restored_tensor`, or None."""
+def _checkpoint_source(restored_tensor):
+    """(prefix tensor, Restore op) of the Restore op that produced `restored_tensor`, or (None, None)."""
     t = restored_tensor
     for _ in range(8):
         if t.op.type in _RESTORE_OPS:
-            return t.op.inputs[0]
+            return t.op.inputs[0], t.op
         if not t.op.inputs:
-            return None
+            return None, None
         t = t.op.inputs[0]
-    return None
+    return None, None
 
 
 class ShardSaveable(saveable_object.SaveableObject):
@@ -349,23 +349,37 @@ class ShardSaveable(saveable_object.SaveableObject):
         """
         return rows
 
-    def _check_layout(self, restored_tensors, slots):
+    def _read_layout(self, restored_tensors):
+        """(record, found): the checkpoint's layout record of this shard, read by its own op.
+
+        `TfExtCheckpointReadOptionalString` reads it from the prefix the Saver restores from (a checkpoint written
+        before layouts were recorded lacks it, and the Saver's read would fail on that), and checks that this shard's
+        tensors lie inside their data file, so a truncated file is an error naming the file. It runs before the
+        Saver's RestoreV2 (a control input), whose own error on such a file does not say which file is short.
+        """
+        prefix, restore_op = _checkpoint_source(restored_tensors[0])
+        if prefix is None:
+            if len(restored_tensors) > len(_SUFFIXES):
+                return restored_tensors[len(_SUFFIXES)], tf.constant(True)
+            return tf.constant(""), tf.constant(False)
+        # No control dependencies (the restored tensors' checks would make a cycle with the RestoreV2), and where
+        # the RestoreV2 runs: the process that reads the checkpoint files.
+        with tf.control_dependencies(None), tf_ops.colocate_with(restore_op, ignore_existing=True):
+            record, found = _ops.op("tf_ext_checkpoint_read_optional_string")(
+                prefix,
+                tensor_name=self.name + _LAYOUT_SUFFIX,
+                check_tensors=[self.name + suffix for suffix in _SUFFIXES + (_LAYOUT_SUFFIX,)],
+                name=self.name.replace("/", "_") + "_read_layout",
+            )
+        restore_op._add_control_input(found.op)  # pylint: disable=protected-access
+        return record, found
+
+    def _check_layout(self, record, found, slots):
         """An Assert that the checkpoint's slot columns are the graph's (see the module docstring).
 
-        The record is read by its own op (`TfExtCheckpointReadOptionalString`) from the prefix the Saver restores
-        from: a checkpoint written before layouts were recorded lacks it, and the Saver's read would fail on that.
-        Such a checkpoint is checked by the slot columns' width alone, with a warning on stderr.
+        A checkpoint without the layout record is checked by the slot columns' width alone, with a warning on stderr.
         """
         shard = self._shard
-        prefix = _checkpoint_prefix(restored_tensors[0])
-        if prefix is not None:
-            record, found = _ops.op("tf_ext_checkpoint_read_optional_string")(
-                prefix, tensor_name=self.name + _LAYOUT_SUFFIX, name="read_layout"
-            )
-        elif len(restored_tensors) > len(_SUFFIXES):
-            record, found = restored_tensors[len(_SUFFIXES)], tf.constant(True)
-        else:
-            record, found = tf.constant(""), tf.constant(False)
         slot_width = shard.width - shard.dim
         expected = '"signature": ' + json.dumps(_slot_signature(shard))
         signature_ok = tf.strings.regex_full_match(record, "(?s).*" + _re2_literal(expected) + ".*")
@@ -415,6 +429,7 @@ class ShardSaveable(saveable_object.SaveableObject):
         self._restore_built = True
         keys, values, slots, versions, freqs, num_shards = restored_tensors[: len(_SUFFIXES)]
         with_slots = _restores_slots(shard) and shard.width > shard.dim
+        record, found = self._read_layout(restored_tensors)
         with tf_ops.colocate_with(shard.handle, ignore_existing=True):
             checks = [
                 tf.debugging.Assert(
@@ -441,7 +456,9 @@ class ShardSaveable(saveable_object.SaveableObject):
             if with_slots:
                 # After the shard-count and dim checks: those errors say more when they apply.
                 with tf.control_dependencies(checks):
-                    checks.append(self._check_layout(restored_tensors, slots))
+                    checks.append(self._check_layout(record, found, slots))
+            # The integrity check of the layout read runs even when the layout is not compared.
+            checks.append(found.op)
             with tf.control_dependencies(checks):
                 keys = tf.identity(keys)
                 values = tf.identity(values)

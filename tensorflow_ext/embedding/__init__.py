@@ -50,6 +50,7 @@ _tf_compat.install(
 )
 
 from tensorflow_ext.embedding.eviction import EvictionHook
+from tensorflow_ext.embedding.eviction import EvictionPolicy
 from tensorflow_ext.embedding.eviction import EvictionSaverListener
 from tensorflow_ext.embedding.eviction import evict
 from tensorflow_ext.embedding.eviction import restrict
@@ -65,6 +66,7 @@ __all__ = [
     "DynamicEmbeddingShard",
     "DynamicEmbeddingSlot",
     "EvictionHook",
+    "EvictionPolicy",
     "EvictionSaverListener",
     "ExportedEmbedding",
     "GraphKeys",

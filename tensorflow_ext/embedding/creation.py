@@ -9,6 +9,7 @@ import tensorflow as tf
 from tensorflow.python.ops import variable_scope as vs
 
 from tensorflow_ext.embedding import admission as admission_lib
+from tensorflow_ext.embedding import eviction as eviction_lib
 from tensorflow_ext.embedding import initializers as init_lib
 from tensorflow_ext.embedding import variable as var_lib
 
@@ -109,6 +110,7 @@ def get_dynamic_embedding(
     initial_capacity=0,
     reuse=None,
     admission=None,
+    eviction=None,
     **tfra_kwargs,
 ):
     """Gets an existing dynamic embedding or creates a new one (variable_scope rules).
@@ -148,6 +150,9 @@ def get_dynamic_embedding(
       admission: None (every key trains from its first lookup) or an admission policy,
         `tf_ext.embedding.CountAdmission(min_count)` or `BloomAdmission(min_count, ...)`:
         a key gets a row only at its min_count-th training lookup (see admission.py).
+      eviction: None or a `tf_ext.embedding.EvictionPolicy` (time to live, minimum
+        frequency, capacity, L2 norm; run every N steps in training and before
+        saves, see eviction.py).
       **tfra_kwargs: TFRA's `get_variable` keywords, for code ported by
         renaming: `init_size` (= initial_capacity). The others of TFRA
         (kv_creator, restrict_policy, bp_v2, checkpoint, shared_name) raise a
@@ -234,6 +239,11 @@ def get_dynamic_embedding(
                 "Trying to share dynamic embedding %s with admission=%r, but it has %r"
                 % (full_name, admission, existing.admission)
             )
+        if eviction is not None and existing.eviction is not eviction:
+            raise ValueError(
+                "Trying to share dynamic embedding %s with eviction=%r, but it has %r"
+                % (full_name, eviction, existing.eviction)
+            )
         return _after_creation(existing)
     if reuse is True:
         raise ValueError(
@@ -268,9 +278,15 @@ def get_dynamic_embedding(
             "admission of dynamic embedding %r must be a tf_ext.embedding.CountAdmission or BloomAdmission, got %r"
             % (name, admission)
         )
+    if eviction is not None and not isinstance(eviction, eviction_lib.EvictionPolicy):
+        raise TypeError(
+            "eviction of dynamic embedding %r must be a tf_ext.embedding.EvictionPolicy, got %r" % (name, eviction)
+        )
     emb = var_lib.DynamicEmbedding(
         full_name, dim, key_dtype, value_dtype, spec, num_shards, devices, trainable, initial_capacity
     )
     if admission is not None:
         emb.set_admission(admission)
+    if eviction is not None:
+        emb.set_eviction(eviction)
     return _after_creation(emb)

@@ -1,20 +1,40 @@
-"""Eviction of stale or rare keys from dynamic embeddings.
+"""Eviction of stale, rare or weak keys from dynamic embeddings: one policy object, run in the training step
+every N steps and before checkpoint saves.
 
-A key's metadata tells when it was last trained (its version = the global step
-of its last training lookup or update) and how often it was looked up in
-training (its frequency). An eviction policy removes, from every shard:
+    policy = tf_ext.embedding.EvictionPolicy(steps_to_live=100000, capacity=50000000, every_n_steps=1000)
+    emb = tf_ext.get_dynamic_embedding("user", 16, eviction=policy)
 
-* with `steps_to_live=N`: keys whose version < global_step - N (not trained in
-  the last N steps);
-* with `min_frequency=F`: keys looked up in training fewer than F times.
+A key's metadata says when it was last trained (its version = the global step of its last training lookup or
+update) and how often it was looked up in training (its frequency). An `EvictionPolicy` removes, from every shard:
 
-Removed keys lose their embedding and optimizer slots; if they come back they
-start again from the initializer. Eviction runs where the model is saved:
-`EvictionSaverListener` runs it right before each checkpoint save (pass it to
-`Estimator.train(saving_listeners=...)` or a `CheckpointSaverHook`), so
-checkpoints never carry evicted keys; `EvictionHook` runs it every N steps in
-any MonitoredSession. `evict()` builds the op for manual use.
+* `steps_to_live=N`: keys whose version < global_step - N (not trained in the last N steps);
+* `min_frequency=F`: keys looked up in training fewer than F times;
+* `min_l2_norm=X`: keys whose embedding's L2 norm is below X (rows that learned nothing);
+* `capacity=C`: beyond C keys, the least recently trained ones (lowest version), so that at most C keys remain
+  (C / num_shards per shard; keys spread evenly over shards).
+
+The criteria apply in this order. Removed keys lose their embedding and every optimizer slot; if they come back
+they start again from the initializer (with `CountAdmission`, from a count of zero; `BloomAdmission`'s counters
+keep their counts, so such a key is admitted again at once).
+
+When it runs:
+
+* given to `get_dynamic_embedding(eviction=...)` with `every_n_steps=N`: inside the training step, right after the
+  embedding's optimizer update, at every global step that is a multiple of N (needs a global step);
+* before every checkpoint save, with `EvictionSaverListener()` (pass it to `Estimator.train(saving_listeners=...)`
+  or a `CheckpointSaverHook`): checkpoints never carry evicted keys;
+* every N `session.run` calls with `EvictionHook(N)`, or whenever you run the op of `evict()`.
+
+`EvictionSaverListener` and `EvictionHook` without criteria run the policies the embeddings were created with;
+with criteria (`steps_to_live=...`) they apply those to the embeddings they are given (default: all). Each
+embedding with a policy counts the keys it evicted in a saved int64 variable (`evicted_keys_total`), which
+`tf_ext.embedding.add_summaries()` writes to TensorBoard.
+
+Evicting reads the whole shard (its keys, versions and, for `min_l2_norm` and `capacity`, rows): choose N so that
+this cost is small against N training steps.
 """
+
+import math
 
 import tensorflow as tf
 from tensorflow.python.framework import ops as tf_ops
@@ -22,57 +42,211 @@ from tensorflow.python.framework import ops as tf_ops
 from tensorflow_ext.embedding import _ops
 from tensorflow_ext.embedding import variable as var_lib
 
-__all__ = ["evict", "restrict", "EvictionSaverListener", "EvictionHook"]
+__all__ = ["EvictionHook", "EvictionPolicy", "EvictionSaverListener", "evict", "restrict"]
+
+EVICTED_COLLECTION = "tf_ext_evicted_keys"
 
 
-def _check_policy(steps_to_live, min_frequency):
-    if steps_to_live is None and min_frequency is None:
-        raise ValueError("an eviction policy needs steps_to_live and/or min_frequency")
-    if steps_to_live is not None and (not isinstance(steps_to_live, int) or steps_to_live < 0):
-        raise ValueError("steps_to_live must be a non-negative int, got %r" % (steps_to_live,))
-    if min_frequency is not None and (not isinstance(min_frequency, int) or min_frequency < 0):
-        raise ValueError("min_frequency must be a non-negative int, got %r" % (min_frequency,))
+def _check_count(what, value, lo):
+    if value is not None and (isinstance(value, bool) or not isinstance(value, int) or value < lo):
+        raise ValueError("%s must be %s int, got %r" % (what, "a non-negative" if lo == 0 else "a positive", value))
+
+
+class EvictionPolicy(object):
+    """Which keys an embedding loses, and how often (see the module docstring).
+
+    Args:
+      steps_to_live: remove keys not trained in the last steps_to_live global steps.
+      min_frequency: remove keys looked up in training fewer than min_frequency times.
+      capacity: keep at most this many keys (the most recently trained).
+      min_l2_norm: remove keys whose embedding has an L2 norm below this (a float > 0).
+      every_n_steps: also evict inside the training step at global steps that are multiples of this (None: only
+        before saves, or with `EvictionHook`/`evict`).
+
+    Raises:
+      ValueError: no criterion, or a bad value (named).
+    """
+
+    def __init__(self, steps_to_live=None, min_frequency=None, capacity=None, min_l2_norm=None, every_n_steps=None):
+        _check_count("steps_to_live", steps_to_live, 0)
+        _check_count("min_frequency", min_frequency, 0)
+        _check_count("capacity", capacity, 0)
+        _check_count("every_n_steps", every_n_steps, 1)
+        if min_l2_norm is not None:
+            if isinstance(min_l2_norm, bool) or not isinstance(min_l2_norm, (int, float)) or not min_l2_norm > 0:
+                raise ValueError("min_l2_norm must be a number > 0, got %r" % (min_l2_norm,))
+            min_l2_norm = float(min_l2_norm)
+        if steps_to_live is None and min_frequency is None and capacity is None and min_l2_norm is None:
+            raise ValueError(
+                "an eviction policy needs at least one of steps_to_live, min_frequency, capacity, min_l2_norm"
+            )
+        self.steps_to_live = steps_to_live
+        self.min_frequency = min_frequency
+        self.capacity = capacity
+        self.min_l2_norm = min_l2_norm
+        self.every_n_steps = every_n_steps
+
+    def __repr__(self):
+        items = ("steps_to_live", "min_frequency", "capacity", "min_l2_norm", "every_n_steps")
+        return "EvictionPolicy(%s)" % ", ".join(
+            "%s=%r" % (k, getattr(self, k)) for k in items if getattr(self, k) is not None
+        )
+
+    def build(self, emb):
+        """Creates the policy's state for a new embedding: its evicted-keys counter (a saved int64 variable).
+
+        Args:
+          emb: the `DynamicEmbedding` (called by `get_dynamic_embedding`, in its variable scope).
+
+        Returns:
+          dict with "evicted".
+        """
+        short = emb.name.split("/")[-1]
+        with tf.compat.v1.variable_scope(short + "_eviction"), tf.control_dependencies(None):
+            with tf.device(emb.shards[0].handle.device):
+                evicted = tf.compat.v1.get_variable(
+                    "evicted",
+                    [],
+                    tf.int64,
+                    initializer=tf.compat.v1.zeros_initializer(),
+                    trainable=False,
+                    collections=[tf.compat.v1.GraphKeys.GLOBAL_VARIABLES, EVICTED_COLLECTION],
+                )
+        return dict(evicted=evicted)
+
+    def shard_op(self, shard, global_step=None):
+        """The eviction of one shard: an int64 scalar tensor, the number of keys removed.
+
+        Args:
+          shard: a `DynamicEmbeddingShard`.
+          global_step: the step (default: the graph's global step; required with steps_to_live).
+
+        Raises:
+          ValueError: steps_to_live without a global step.
+        """
+        removed = []
+        with tf_ops.colocate_with(shard.handle):
+            if self.steps_to_live is not None or self.min_frequency is not None:
+                if self.steps_to_live is not None:
+                    if global_step is None:
+                        global_step = tf.compat.v1.train.get_global_step()
+                    if global_step is None:
+                        raise ValueError("an eviction policy with steps_to_live needs a global step")
+                    min_version = tf.cast(tf.convert_to_tensor(global_step), tf.int64) - self.steps_to_live
+                else:
+                    min_version = tf.constant(-1, tf.int64)
+                min_freq = tf.constant(-1 if self.min_frequency is None else self.min_frequency, tf.int64)
+                removed.append(_ops.op("tf_ext_table_evict")(shard.handle, min_version, min_freq))
+            if self.min_l2_norm is not None:
+                with tf.control_dependencies(removed):
+                    keys, values, _, _ = _ops.op("tf_ext_table_export")(shard.handle, col_begin=0, cols=shard.dim)
+                weak = tf.reduce_sum(tf.square(values), axis=1) < self.min_l2_norm**2
+                removed.append(_ops.op("tf_ext_table_remove")(shard.handle, tf.boolean_mask(keys, weak)))
+            if self.capacity is not None:
+                per_shard = int(math.ceil(self.capacity / float(shard.embedding.num_shards)))
+                with tf.control_dependencies(removed):
+                    keys, _, versions, _ = _ops.op("tf_ext_table_export")(shard.handle, col_begin=0, cols=1)
+                removed.append(_remove_all_but_newest(shard, keys, versions, per_shard))
+        if not removed:
+            return tf.constant(0, tf.int64)
+        return tf.add_n(removed)
+
+    def op(self, emb, global_step=None):
+        """The eviction of every shard of `emb`, counted in its evicted-keys variable when it has one.
+
+        Returns:
+          int64 scalar tensor: the keys removed.
+        """
+        removed = [self.shard_op(shard, global_step) for shard in emb.shards]
+        total = tf.add_n(removed) if len(removed) > 1 else removed[0]
+        state = emb.eviction_state
+        if state is not None:
+            with tf.control_dependencies([state["evicted"].assign_add(total)]):
+                return tf.identity(total)
+        return total
+
+
+def _remove_all_but_newest(shard, keys, versions, keep):
+    n = tf.size(keys)
+
+    def remove():
+        _, newest = tf.math.top_k(versions, k=tf.minimum(n, keep), sorted=False)
+        drop = tf.tensor_scatter_nd_update(
+            tf.ones([n], tf.bool), tf.expand_dims(newest, 1), tf.zeros_like(newest, tf.bool)
+        )
+        return _ops.op("tf_ext_table_remove")(shard.handle, tf.boolean_mask(keys, drop))
+
+    return tf.cond(n > keep, remove, lambda: tf.constant(0, tf.int64))
+
+
+def in_step_eviction(shard, update_op):
+    """The shard's optimizer update followed, at global steps that are multiples of the policy's every_n_steps, by
+    the eviction of the shard (called by the optimizer support for embeddings with such a policy).
+
+    Args:
+      shard: a `DynamicEmbeddingShard`.
+      update_op: its optimizer update.
+
+    Returns:
+      An op.
+
+    Raises:
+      ValueError: the graph has no global step.
+    """
+    emb = shard.embedding
+    policy = emb.eviction
+    if policy is None or policy.every_n_steps is None:
+        return update_op
+    step = tf.compat.v1.train.get_global_step()
+    if step is None:
+        raise ValueError(
+            "dynamic embedding %s: EvictionPolicy(every_n_steps=%d) evicts at global steps that are multiples of "
+            "every_n_steps; create a global step first (tf.compat.v1.train.get_or_create_global_step())"
+            % (emb.name, policy.every_n_steps)
+        )
+    with tf.name_scope("tf_ext_eviction"), tf.control_dependencies([update_op]):
+        step = tf.cast(tf.convert_to_tensor(step), tf.int64)
+        due = tf.logical_and(step > 0, tf.equal(step % policy.every_n_steps, 0))
+        removed = tf.cond(due, lambda: policy.shard_op(shard, step), lambda: tf.constant(0, tf.int64))
+        return emb.eviction_state["evicted"].assign_add(removed, read_value=False)
 
 
 def evict(embeddings=None, steps_to_live=None, min_frequency=None, global_step=None, name=None):
-    """Builds an op that evicts stale/rare keys from dynamic embeddings.
+    """Builds an op that evicts keys from dynamic embeddings.
 
     Args:
-      embeddings: a `DynamicEmbedding`, a list of them, or None (every dynamic
-        embedding of the default graph).
+      embeddings: a `DynamicEmbedding`, a list of them, or None (every dynamic embedding of the default graph).
       steps_to_live: remove keys whose version < global_step - steps_to_live.
       min_frequency: remove keys with frequency < min_frequency.
-      global_step: the step tensor/variable (default: the graph's global step;
-        required with steps_to_live).
+      global_step: the step tensor/variable (default: the graph's global step; required with steps_to_live).
       name: optional name scope.
+
+    Without steps_to_live and min_frequency, each embedding's own `EvictionPolicy` (from `get_dynamic_embedding(
+    eviction=...)`) applies, and embeddings without one are left alone.
 
     Returns:
       An int64 scalar tensor: the number of keys removed (all shards).
 
     Raises:
-      ValueError: no policy, a bad policy value, or steps_to_live without a
-        global step.
+      ValueError: a bad policy value, steps_to_live without a global step, or no criterion and no embedding with
+        a policy.
     """
-    _check_policy(steps_to_live, min_frequency)
     if embeddings is None:
         embeddings = var_lib.get_dynamic_embeddings()
     elif isinstance(embeddings, var_lib.DynamicEmbedding):
         embeddings = [embeddings]
+    if steps_to_live is None and min_frequency is None:
+        pairs = [(emb, emb.eviction) for emb in embeddings if emb.eviction is not None]
+        if not pairs:
+            raise ValueError(
+                "an eviction policy needs steps_to_live and/or min_frequency (or embeddings created with "
+                "get_dynamic_embedding(eviction=tf_ext.embedding.EvictionPolicy(...)))"
+            )
+    else:
+        given = EvictionPolicy(steps_to_live=steps_to_live, min_frequency=min_frequency)
+        pairs = [(emb, given) for emb in embeddings]
     with tf.name_scope(name or "tf_ext_evict"):
-        if steps_to_live is not None:
-            if global_step is None:
-                global_step = tf.compat.v1.train.get_global_step()
-            if global_step is None:
-                raise ValueError("evict(steps_to_live=...) needs a global step")
-            min_version = tf.cast(tf.convert_to_tensor(global_step), tf.int64) - steps_to_live
-        else:
-            min_version = tf.constant(-1, tf.int64)
-        min_freq = tf.constant(-1 if min_frequency is None else min_frequency, tf.int64)
-        removed = []
-        for emb in embeddings:
-            for shard in emb.shards:
-                with tf_ops.colocate_with(shard.handle):
-                    removed.append(_ops.op("tf_ext_table_evict")(shard.handle, min_version, min_freq))
+        removed = [policy.op(emb, global_step) for emb, policy in pairs]
         if not removed:
             return tf.constant(0, tf.int64)
         return tf.add_n(removed)
@@ -131,11 +305,12 @@ def restrict(embedding, num_reserved, trigger=None, policy="timestamp", name=Non
         return tf.cond(n > trigger, _remove_all_but_best, lambda: tf.constant(0, tf.int64))
 
 
-class _EvictionPolicy(object):
-    """The policy and the eviction op shared by the saver listener and the hook."""
+class _EvictionRunner(object):
+    """The eviction op shared by the saver listener and the hook."""
 
     def _init_policy(self, embeddings, steps_to_live, min_frequency):
-        _check_policy(steps_to_live, min_frequency)
+        if steps_to_live is not None or min_frequency is not None:
+            EvictionPolicy(steps_to_live=steps_to_live, min_frequency=min_frequency)  # checks the values
         self._embeddings = embeddings
         self._steps_to_live = steps_to_live
         self._min_frequency = min_frequency
@@ -146,12 +321,12 @@ class _EvictionPolicy(object):
         """Builds the eviction op (called once, before the graph is finalized).
 
         Raises:
-          ValueError: `steps_to_live` was given and the graph has no global step.
+          ValueError: `steps_to_live` without a global step, or no criterion and no embedding with a policy.
         """
         self._op = evict(self._embeddings, self._steps_to_live, self._min_frequency)
 
 
-class EvictionSaverListener(_EvictionPolicy, tf.compat.v1.train.CheckpointSaverListener):
+class EvictionSaverListener(_EvictionRunner, tf.compat.v1.train.CheckpointSaverListener):
     """Evicts keys right before every checkpoint save (see module docstring).
 
     Example:
@@ -163,14 +338,15 @@ class EvictionSaverListener(_EvictionPolicy, tf.compat.v1.train.CheckpointSaverL
         embedding of the graph when `begin` runs).
       steps_to_live: remove keys whose version < global_step - steps_to_live.
       min_frequency: remove keys with frequency < min_frequency.
+        Without both, each embedding's own `EvictionPolicy` applies.
 
     Attributes:
       last_removed: the number of keys removed before the last save (None
         before the first save).
 
     Raises:
-      ValueError: no policy (neither `steps_to_live` nor `min_frequency`), or a
-        policy value that is not a non-negative int.
+      ValueError: a policy value that is not a non-negative int (without
+        criteria and without embeddings that have a policy: at `begin`).
     """
 
     def __init__(self, embeddings=None, steps_to_live=None, min_frequency=None):
@@ -189,7 +365,7 @@ class EvictionSaverListener(_EvictionPolicy, tf.compat.v1.train.CheckpointSaverL
         )
 
 
-class EvictionHook(_EvictionPolicy, tf.compat.v1.train.SessionRunHook):
+class EvictionHook(_EvictionRunner, tf.compat.v1.train.SessionRunHook):
     """Evicts keys after every `every_n_steps`-th `run` call of the session.
 
     Args:
@@ -199,14 +375,14 @@ class EvictionHook(_EvictionPolicy, tf.compat.v1.train.SessionRunHook):
         embedding of the graph when `begin` runs).
       steps_to_live: remove keys whose version < global_step - steps_to_live.
       min_frequency: remove keys with frequency < min_frequency.
+        Without both, each embedding's own `EvictionPolicy` applies.
 
     Attributes:
       last_removed: the number of keys removed by the last eviction (None
         before the first one).
 
     Raises:
-      ValueError: no policy, a bad policy value, or `every_n_steps` not a
-        positive int.
+      ValueError: a bad policy value, or `every_n_steps` not a positive int.
     """
 
     def __init__(self, every_n_steps, embeddings=None, steps_to_live=None, min_frequency=None):

@@ -49,6 +49,7 @@ from tensorflow.python.framework import indexed_slices
 from tensorflow_ext import tf_compat
 from tensorflow_ext.embedding import _ops
 from tensorflow_ext.embedding import embedding_ops
+from tensorflow_ext.embedding import eviction
 from tensorflow_ext.embedding import optimizer_spec
 from tensorflow_ext.embedding import variable as var_lib
 
@@ -442,7 +443,8 @@ class ShardProcessor(object):
         return self._v.handle
 
     def update_op(self, optimizer, g):
-        return _apply_to_shard(optimizer, self._v, g)
+        # An embedding created with EvictionPolicy(every_n_steps=N) evicts right after its update, every N steps.
+        return eviction.in_step_eviction(self._v, _apply_to_shard(optimizer, self._v, g))
 
 
 # ---- patches of TF (defined in tf_compat, the one registry of changes to TF objects) --------------------------

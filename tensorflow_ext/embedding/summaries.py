@@ -11,6 +11,9 @@ three scalars are added, with these exact tags whatever the current name scope:
 * ``tf_ext/<name>/size``: keys held (all shards), `DynamicEmbedding.size()`;
 * ``tf_ext/<name>/memory_bytes``: bytes the tables hold, `DynamicEmbedding.memory_bytes()`;
 * ``tf_ext/<name>/bytes_per_key``: ``memory_bytes / size`` (0 while the embedding is empty).
+
+An embedding with an admission policy also gets ``tf_ext/<name>/admitted_keys`` (keys admitted so far), one with
+an eviction policy ``tf_ext/<name>/evicted_keys`` (keys evicted so far); both counts are saved with the model.
 """
 
 import numpy as np
@@ -24,6 +27,15 @@ __all__ = ["add_summaries", "summary_tags"]
 _KINDS = ("size", "memory_bytes", "bytes_per_key")
 
 
+def _kinds(embedding):
+    kinds = _KINDS
+    if embedding.admission is not None:
+        kinds += ("admitted_keys",)
+    if embedding.eviction is not None:
+        kinds += ("evicted_keys",)
+    return kinds
+
+
 def summary_tags(embedding):
     """The tags `add_summaries` gives an embedding's summaries.
 
@@ -31,7 +43,8 @@ def summary_tags(embedding):
       embedding: a `DynamicEmbedding`.
 
     Returns:
-      dict with keys "size", "memory_bytes", "bytes_per_key" and the tags as values
+      dict with keys "size", "memory_bytes", "bytes_per_key" (and "admitted_keys",
+      "evicted_keys" for an embedding with those policies) and the tags as values
       (``tf_ext/<name>/<kind>``).
 
     Raises:
@@ -39,7 +52,7 @@ def summary_tags(embedding):
     """
     if not isinstance(embedding, variable_lib.DynamicEmbedding):
         raise TypeError("summary_tags() expects a tf_ext DynamicEmbedding, got %r" % (embedding,))
-    return {kind: "tf_ext/%s/%s" % (embedding.name, kind) for kind in _KINDS}
+    return {kind: "tf_ext/%s/%s" % (embedding.name, kind) for kind in _kinds(embedding)}
 
 
 def _as_embedding_list(embeddings):
@@ -101,7 +114,8 @@ def add_summaries(embeddings=None, collections=None):
 
     Returns:
       list of string tensors (serialized `Summary` protos), three per embedding
-      in the order size, memory_bytes, bytes_per_key; [] if there is no
+      in the order size, memory_bytes, bytes_per_key (then admitted_keys,
+      evicted_keys for embeddings with those policies); [] if there is no
       embedding.
 
     Raises:
@@ -127,8 +141,9 @@ def add_summaries(embeddings=None, collections=None):
     out = []
     for emb in embs:
         tags = summary_tags(emb)
-        if all(tags[k] in existing for k in _KINDS):
-            out.extend(existing[tags[k]] for k in _KINDS)
+        kinds = _kinds(emb)
+        if all(tags[k] in existing for k in kinds):
+            out.extend(existing[tags[k]] for k in kinds)
             continue
         short = emb.name.split("/")[-1]
         with tf.name_scope("tf_ext_summaries/%s" % short):
@@ -140,7 +155,12 @@ def add_summaries(embeddings=None, collections=None):
                 tf.constant(0.0, tf.float64),
                 name="bytes_per_key",
             )
-            for kind, value in zip(_KINDS, (size, memory, per_key)):
+            values = [size, memory, per_key]
+            if emb.admission is not None:
+                values.append(emb.admission_state["admitted"].read_value())
+            if emb.eviction is not None:
+                values.append(emb.eviction_state["evicted"].read_value())
+            for kind, value in zip(kinds, values):
                 if tags[kind] in existing:
                     out.append(existing[tags[kind]])
                     continue

@@ -415,6 +415,8 @@ class DynamicEmbedding(object):
         self._distribution = None  # set by tensorflow_ext.horovod for model-parallel embeddings
         self._admission = None  # an admission policy and its state (see admission.py), set by get_dynamic_embedding
         self._admission_state = None
+        self._eviction = None  # an EvictionPolicy and its state (see eviction.py), set by get_dynamic_embedding
+        self._eviction_state = None
         graph = tf.compat.v1.get_default_graph()
         self._graph = graph
         self._partition = HashPartition(num_shards)
@@ -505,6 +507,30 @@ class DynamicEmbedding(object):
             )
         self._admission_state = policy.build(self)
         self._admission = policy
+
+    @property
+    def eviction(self):
+        """The `tf_ext.embedding.EvictionPolicy` the embedding was created with, or None."""
+        return self._eviction
+
+    @property
+    def eviction_state(self):
+        """The eviction policy's state in this graph (a dict: "evicted", the keys evicted so far), or None."""
+        return self._eviction_state
+
+    def set_eviction(self, policy):
+        """Gives the embedding an eviction policy (before the optimizer is applied; `get_dynamic_embedding(eviction=)`).
+
+        Args:
+          policy: an `EvictionPolicy`.
+
+        Raises:
+          ValueError: the embedding has a policy already.
+        """
+        if self._eviction is not None:
+            raise ValueError("dynamic embedding %s already has an eviction policy (%r)" % (self._name, self._eviction))
+        self._eviction_state = policy.build(self)
+        self._eviction = policy
 
     @property
     def num_shards(self):

@@ -40,6 +40,7 @@ log, the C++ runtime's info lines) is off unless ``--verbose``.
 
 import argparse
 import contextlib
+import copy
 import glob
 import json
 import os
@@ -237,6 +238,47 @@ def parse_args(argv=None):
     )
     p.add_argument("--no_export", action="store_true", help="skip the SavedModel export.")
     p.add_argument(
+        "--days",
+        type=int,
+        default=None,
+        help="day-by-day mode: N days of --steps each on a drifting stream; every day continues from yesterday's "
+        "checkpoint, trains, evaluates on the next day's data, evicts/admits by the policies and exports; a table "
+        "and a PNG plot (<model_dir>/days.png) at the end.",
+    )
+    p.add_argument(
+        "--drift_per_day",
+        type=float,
+        default=20.0,
+        help="synthetic, with --days: popularity ranks the ids move per day (new ids appear, old ones fade; "
+        "default 20).",
+    )
+    p.add_argument(
+        "--admission",
+        type=int,
+        default=None,
+        help="admission policy: a key gets a row at its N-th training sighting (CountAdmission; default: off).",
+    )
+    p.add_argument(
+        "--bloom_counters",
+        type=int,
+        default=None,
+        help="with --admission: count in a counting Bloom filter of this many counters per table instead.",
+    )
+    p.add_argument("--capacity", type=int, default=None, help="eviction: at most N keys per table (most recent).")
+    p.add_argument(
+        "--steps_to_live", type=int, default=None, help="eviction: drop keys not trained in the last N steps."
+    )
+    p.add_argument(
+        "--evict_every", type=int, default=100, help="with --capacity/--steps_to_live: evict every N steps (100)."
+    )
+    p.add_argument(
+        "--static_buckets",
+        type=int,
+        default=None,
+        help="baseline: static hashed tables of N buckets per field (tf.Variable, ids hashed into buckets) "
+        "instead of dynamic embeddings.",
+    )
+    p.add_argument(
         "--threads", type=int, default=0, help="intra-op and inter-op threads (default 0: TensorFlow's choice)."
     )
     p.add_argument(
@@ -263,11 +305,32 @@ def parse_args(argv=None):
         args.export_dir = os.path.join(args.model_dir, "export")
     if args.distributed and args.save_checkpoints_steps is None:
         args.save_checkpoints_steps = _DISTRIBUTED_SAVE_STEPS
-    for name in ("batch_size", "dim", "num_shards", "log_every", "epochs", "save_checkpoints_steps"):
+    for name in (
+        "batch_size",
+        "dim",
+        "num_shards",
+        "log_every",
+        "epochs",
+        "save_checkpoints_steps",
+        "days",
+        "admission",
+        "bloom_counters",
+        "capacity",
+        "evict_every",
+        "static_buckets",
+    ):
         if getattr(args, name) is not None and getattr(args, name) < 1:
             p.error("--%s must be >= 1" % name)
     if args.steps is not None and args.steps < 0:
         p.error("--steps must be >= 0")
+    if args.steps_to_live is not None and args.steps_to_live < 0:
+        p.error("--steps_to_live must be >= 0")
+    if args.bloom_counters is not None and args.admission is None:
+        p.error("--bloom_counters needs --admission")
+    if args.static_buckets and (args.admission or args.capacity or args.steps_to_live is not None):
+        p.error("--static_buckets (static tables) excludes the dynamic-embedding policies")
+    if args.days and args.data:
+        p.error("--days uses the synthetic stream (not --data)")
     if args.quiet and args.verbose:
         p.error("--quiet and --verbose exclude each other")
     if args.data:
@@ -349,10 +412,41 @@ def _mlp(x, hidden_units):
     return _dense(x, 1, "logit")
 
 
+def _policies(params):
+    """get_dynamic_embedding's admission= and eviction= from the flags (new objects per graph)."""
+    emb = _embedding_module()
+    out = {}
+    if params.get("admission"):
+        if params.get("bloom_counters"):
+            out["admission"] = emb.BloomAdmission(params["admission"], num_counters=params["bloom_counters"])
+        else:
+            out["admission"] = emb.CountAdmission(params["admission"])
+    if params.get("capacity") or params.get("steps_to_live") is not None:
+        out["eviction"] = emb.EvictionPolicy(
+            capacity=params.get("capacity"),
+            steps_to_live=params.get("steps_to_live"),
+            every_n_steps=params.get("evict_every"),
+        )
+    return out
+
+
 def _categorical_columns(params, dim, suffix):
+    init = tf.compat.v1.truncated_normal_initializer(0.0, params["init_stddev"])
+    if params.get("static_buckets"):
+        # The baseline: a static [buckets, dim] variable per field, ids hashed into buckets (collisions share a row).
+        tf_fc = tf.compat.v1.feature_column
+        dtype = tf.string if params["string_ids"] else tf.int64
+        return [
+            tf_fc.embedding_column(
+                tf_fc.categorical_column_with_hash_bucket(key, params["static_buckets"], dtype=dtype),
+                dim,
+                combiner="sum",
+                initializer=init,
+            )
+            for key in synthetic.CATEGORICAL_KEYS
+        ]
     fc = _feature_column_module()
     dtype = tf.string if params["string_ids"] else tf.int64
-    init = tf.compat.v1.truncated_normal_initializer(0.0, params["init_stddev"])
     # Integer ids come dense, with -1 for a missing value (strings: "", always missing).
     ignore = None if params["string_ids"] else -1
     return [
@@ -365,6 +459,7 @@ def _categorical_columns(params, dim, suffix):
             num_shards=params["num_shards"],
             name="%s_%s" % (key, suffix),
             ignore_value=ignore,
+            **_policies(params),
         )
         for key in synthetic.CATEGORICAL_KEYS
     ]
@@ -380,8 +475,16 @@ def _dynamic_tables():
 
 
 def _total_table_bytes():
-    """int64 scalar: bytes held by every dynamic embedding of the current graph."""
+    """int64 scalar: bytes held by the embedding tables of the current graph (dynamic embeddings: their
+    memory_bytes; static ones, --static_buckets: the variables and their optimizer slots)."""
     parts = [emb.memory_bytes() for emb in _embedding_module().get_dynamic_embeddings()]
+    static = sum(
+        v.shape.num_elements() * v.dtype.size
+        for v in tf.compat.v1.global_variables()
+        if "embedding_weights" in v.op.name and v.shape.is_fully_defined()
+    )
+    if static:
+        parts.append(tf.constant(static, tf.int64))
     return tf.add_n(parts) if parts else tf.constant(0, tf.int64)
 
 
@@ -601,6 +704,10 @@ class _ProgressHook(tf.compat.v1.train.SessionRunHook):
             self._window_start = now
             self._window_steps = 0
 
+    def end(self, session):
+        # The tables as training left them (also for runs shorter than one logging period).
+        self.final_keys, self.final_bytes = (int(v) for v in session.run([self._keys, self._bytes]))
+
     def steps_per_sec(self):
         """Steps per second over the run, excluding the first step (None if < 2 steps)."""
         if self.steps < 2 or self.last_time is None or self.last_time <= self.first_step_time:
@@ -623,7 +730,7 @@ def _checkpoint_step(model_dir):
 
 _CONFIG_FILE = "ctr_config.json"
 # Flags that fix the checkpoint's contents: a continued run must use the same values.
-_SHAPE_FLAGS = ("model", "dim", "hidden", "optimizer", "num_shards", "string_ids")
+_SHAPE_FLAGS = ("model", "dim", "hidden", "optimizer", "num_shards", "string_ids", "static_buckets")
 
 
 def _check_model_dir_config(model_dir, config, has_checkpoint):
@@ -653,6 +760,26 @@ def _check_model_dir_config(model_dir, config, has_checkpoint):
             )
     with open(path, "w") as f:
         json.dump(config, f, sort_keys=True)
+
+
+def _checkpoint_bytes(prefix):
+    """Bytes of a checkpoint's files (index and data), 0 if none."""
+    if not prefix:
+        return 0
+    return sum(os.path.getsize(f) for f in glob.glob(prefix + ".*") if not f.endswith(".meta"))
+
+
+def _lifecycle_counts(prefix):
+    """Keys admitted and evicted so far (all tables), from the counters a checkpoint holds."""
+    out = {"admitted_keys": 0, "evicted_keys": 0}
+    if not prefix:
+        return out
+    for name, _ in tf.train.list_variables(prefix):
+        if name.endswith("_admission/admitted"):
+            out["admitted_keys"] += int(tf.train.load_variable(prefix, name))
+        elif name.endswith("_eviction/evicted"):
+            out["evicted_keys"] += int(tf.train.load_variable(prefix, name))
+    return out
 
 
 def _event_files(model_dir):
@@ -691,7 +818,8 @@ def run(args):
         source = ",".join(args.train_files)
     else:
         string_ids = False
-        stream = synthetic.CriteoLikeStream(seed=args.seed, max_ids=args.max_ids, zipf_a=args.zipf)
+        drift = args.drift_per_day / float(args.steps * num_ranks) if args.days and args.steps else 0.0
+        stream = synthetic.CriteoLikeStream(seed=args.seed, max_ids=args.max_ids, zipf_a=args.zipf, drift=drift)
         source = "synthetic"
 
     if rank == 0:
@@ -704,6 +832,7 @@ def run(args):
                 optimizer=args.optimizer,
                 num_shards=args.num_shards,
                 string_ids=string_ids,
+                static_buckets=args.static_buckets,
             ),
             has_checkpoint=start_step > 0 or tf.train.latest_checkpoint(args.model_dir) is not None,
         )
@@ -718,6 +847,12 @@ def run(args):
         num_shards=args.num_shards,
         string_ids=string_ids,
         init_stddev=0.05,
+        admission=args.admission,
+        bloom_counters=args.bloom_counters,
+        capacity=args.capacity,
+        steps_to_live=args.steps_to_live,
+        evict_every=args.evict_every,
+        static_buckets=args.static_buckets,
         log_every=args.log_every,
         batch_size=args.batch_size,
         progress=not args.quiet and rank == 0,
@@ -758,8 +893,11 @@ def run(args):
                 split="train",
             )
 
+        # Day by day, a model is evaluated on the next day's data (the stream's clock after this run's training).
+        eval_clock = (start_step + args.steps) * num_ranks if args.days else None
+
         def eval_input_fn():
-            return stream.dataset(args.batch_size, args.eval_steps, start=0, split="eval")
+            return stream.dataset(args.batch_size, args.eval_steps, start=0, split="eval", clock=eval_clock)
 
         train_steps = args.steps
     else:
@@ -842,12 +980,103 @@ def run(args):
         "model_dir": args.model_dir,
     }
     if stream is not None:
-        summary["oracle_auc"] = round(stream.oracle_auc(args.eval_steps, args.batch_size), 4)
+        summary["oracle_auc"] = round(stream.oracle_auc(args.eval_steps, args.batch_size, clock=eval_clock), 4)
     summary["checkpoint"] = tf.train.latest_checkpoint(args.model_dir)
+    summary["checkpoint_bytes"] = _checkpoint_bytes(summary["checkpoint"])
+    summary["table_bytes"] = hook.final_bytes if hook else None
+    summary.update(_lifecycle_counts(summary["checkpoint"]))
     summary["export_dir"] = export_dir
     summary["event_files"] = len(_event_files(args.model_dir))
     summary["wall_seconds"] = round(time.time() - t_start, 1)
     return summary
+
+
+_DAY_FIELDS = (
+    ("day", "%3d"),
+    ("global_step", "%7d"),
+    ("auc", "%6.4f"),
+    ("oracle_auc", "%6.4f"),
+    ("total_keys", "%9d"),
+    ("table_mib", "%8.1f"),
+    ("admitted_keys", "%9d"),
+    ("evicted_keys", "%9d"),
+    ("checkpoint_mib", "%8.1f"),
+)
+
+
+def run_days(args):
+    """Day-by-day training (--days N): each day continues from yesterday's checkpoint on the drifting stream.
+
+    Args:
+      args: parsed flags with ``days``.
+
+    Returns:
+      The last day's summary dict with ``days`` (one dict per day: AUC on the next day's data, keys, table bytes,
+      admitted and evicted keys so far, checkpoint bytes) and ``plot`` (the PNG path); None on ranks other than 0.
+    """
+    days = []
+    last = None
+    for d in range(args.days):
+        day_args = copy.copy(args)
+        day_args.fresh = args.fresh and d == 0
+        day_args.days_index = d
+        last = run(day_args)
+        if last is None:  # another rank of a distributed run
+            continue
+        day = {k: last.get(k) for k, _ in _DAY_FIELDS if k in last}
+        day["day"] = d + 1
+        day["table_mib"] = round((last.get("table_bytes") or 0) / float(1 << 20), 2)
+        day["checkpoint_mib"] = round(last["checkpoint_bytes"] / float(1 << 20), 2)
+        days.append(day)
+        if not args.quiet:
+            _say(
+                "day %d: AUC %.4f on the next day (oracle %.4f), %d keys, %s, admitted %d, evicted %d",
+                d + 1,
+                last["auc"],
+                last.get("oracle_auc", float("nan")),
+                last["total_keys"],
+                _mib(last.get("table_bytes") or 0),
+                last["admitted_keys"],
+                last["evicted_keys"],
+            )
+    if last is None:
+        return None
+    last["days"] = days
+    last["plot"] = _plot_days(days, os.path.join(args.model_dir, "days.png"))
+    return last
+
+
+def _days_table(days):
+    head = " ".join("%9s" % k.replace("_keys", "").replace("global_", "") for k, _ in _DAY_FIELDS)
+    rows = [" ".join("%9s" % (fmt % day[k]) for k, fmt in _DAY_FIELDS) for day in days]
+    return "\n".join([head] + rows)
+
+
+def _plot_days(days, path):
+    """AUC and table size per day as a PNG; returns its path (None without matplotlib)."""
+    try:
+        import matplotlib  # pylint: disable=import-outside-toplevel
+
+        matplotlib.use("Agg")
+        import matplotlib.pyplot as plt  # pylint: disable=import-outside-toplevel
+    except ImportError:
+        return None
+    x = [d["day"] for d in days]
+    fig, (ax1, ax2) = plt.subplots(1, 2, figsize=(10, 3.5))
+    ax1.plot(x, [d["auc"] for d in days], "o-", label="model (next day's data)")
+    ax1.plot(x, [d["oracle_auc"] for d in days], "--", color="gray", label="oracle")
+    ax1.set_xlabel("day")
+    ax1.set_ylabel("AUC")
+    ax1.legend()
+    ax2.plot(x, [d["table_mib"] for d in days], "o-", label="table MiB")
+    ax2.plot(x, [d["checkpoint_mib"] for d in days], "s-", label="checkpoint MiB")
+    ax2.set_xlabel("day")
+    ax2.set_ylabel("MiB")
+    ax2.legend()
+    fig.tight_layout()
+    fig.savefig(path, dpi=80)
+    plt.close(fig)
+    return path
 
 
 @contextlib.contextmanager
@@ -915,10 +1144,14 @@ def main(argv=None):
     with _tf_chatter(args.verbose):
         tf.compat.v1.disable_v2_behavior()
         tf.compat.v1.enable_resource_variables()
-        summary = run(args)
+        summary = run_days(args) if args.days else run(args)
     if summary is None:  # a distributed run's other ranks: rank 0 reports
         return 0
     if not args.quiet:
+        if args.days:
+            _say("per day (AUC on the next day's data; counts so far):\n%s", _days_table(summary["days"]))
+            if summary["plot"]:
+                _say("plot: %s", summary["plot"])
         _report(summary, args)
     sys.stdout.flush()
     print(json.dumps(summary, sort_keys=False))

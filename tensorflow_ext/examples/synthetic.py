@@ -213,6 +213,9 @@ class CriteoLikeStream(object):
       latent_scale: std of each component of ``u``.
       dense_scale: std of the dense part ``sum_j v_j z_j``.
       bias: the hidden logit's intercept (sets the click rate, ~0.25 by default).
+      drift: ranks the popularity of ids moves per batch of the stream's clock (0: a stationary stream). At clock
+        t, rank r draws the id of rank ``r + floor(t * drift)`` of clock 0: ids that were popular fade into the
+        tail, ids never seen before become popular (the hidden weight of an id never changes).
 
     Raises:
       ValueError: bad argument values.
@@ -230,6 +233,7 @@ class CriteoLikeStream(object):
         latent_scale=0.15,
         dense_scale=0.8,
         bias=-1.5,
+        drift=0.0,
     ):
         if int(seed) < 0:
             raise ValueError("seed must be >= 0, got %r" % (seed,))
@@ -252,6 +256,9 @@ class CriteoLikeStream(object):
         self.latent_dim = int(latent_dim)
         self.latent_scale = float(latent_scale)
         self.bias = float(bias)
+        if drift < 0:
+            raise ValueError("drift must be >= 0, got %r" % (drift,))
+        self.drift = float(drift)
         rng = np.random.default_rng([self.seed, 12345])
         v = rng.normal(size=NUM_DENSE)
         self.dense_weights = v / np.linalg.norm(v) * float(dense_scale)
@@ -290,13 +297,15 @@ class CriteoLikeStream(object):
         u = np.stack(cols, axis=-1) if cols else np.zeros(ids.shape + (0,))
         return np.where((ids >= 0)[..., None], u, 0.0)
 
-    def batch(self, index, batch_size, split="train"):
+    def batch(self, index, batch_size, split="train", clock=None):
         """One batch of the stream, a pure function of its arguments and the seed.
 
         Args:
           index: batch index (int >= 0).
           batch_size: examples per batch.
           split: ``"train"`` or ``"eval"`` (independent draws).
+          clock: the time of the batch for ``drift`` (default: ``index`` for "train", 0 for "eval"; evaluate "the
+            next day" with the clock of its first training batch).
 
         Returns:
           ``(features, labels, logits)``: ``features`` maps ``C1..C26`` to int64
@@ -309,6 +318,9 @@ class CriteoLikeStream(object):
         if split not in _SPLITS:
             raise ValueError("split must be one of %s, got %r" % (sorted(_SPLITS), split))
         rng = np.random.default_rng([self.seed, _SPLITS[split], int(index)])
+        if clock is None:
+            clock = index if split == "train" else 0
+        shift = int(np.floor(float(clock) * self.drift))
         b = int(batch_size)
         features = {}
         logit = np.full(b, self.bias)
@@ -317,7 +329,7 @@ class CriteoLikeStream(object):
         for f, key in enumerate(CATEGORICAL_KEYS):
             n = self.cardinalities[f]
             ranks = self._ranks(rng, n, b)
-            ids = ((ranks - 1) * _PRIME + int(self._offsets[f])) % n
+            ids = ((ranks - 1 + shift) * _PRIME + int(self._offsets[f])) % n
             if self.missing_rates[f] > 0:
                 ids = np.where(rng.random(b) < self.missing_rates[f], -1, ids)
             features[key] = ids.astype(np.int64)
@@ -336,20 +348,21 @@ class CriteoLikeStream(object):
         labels = (rng.random(b) < 1.0 / (1.0 + np.exp(-logit))).astype(np.float32)
         return features, labels, logit
 
-    def oracle_auc(self, num_batches, batch_size, split="eval"):
+    def oracle_auc(self, num_batches, batch_size, split="eval", clock=None):
         """AUC of the hidden logit on ``num_batches`` batches: the best any model can do.
 
         Args:
           num_batches: number of batches (from index 0).
           batch_size: examples per batch.
           split: ``"train"`` or ``"eval"``.
+          clock: as in `batch`.
 
         Returns:
           float AUC.
         """
         labels, logits = [], []
         for i in range(int(num_batches)):
-            _, y, lg = self.batch(i, batch_size, split)
+            _, y, lg = self.batch(i, batch_size, split, clock)
             labels.append(y)
             logits.append(lg)
         return auc(np.concatenate(labels), np.concatenate(logits))
@@ -380,7 +393,15 @@ class CriteoLikeStream(object):
     # ------------------------------------------------------------------ TF
 
     def dataset(
-        self, batch_size, num_batches, start=0, split="train", log_dense=True, string_ids=False, num_parallel_calls=2
+        self,
+        batch_size,
+        num_batches,
+        start=0,
+        split="train",
+        log_dense=True,
+        string_ids=False,
+        num_parallel_calls=2,
+        clock=None,
     ):
         """A ``tf.data.Dataset`` of ``(features, labels)`` batches of the stream.
 
@@ -393,6 +414,7 @@ class CriteoLikeStream(object):
           string_ids: give categorical values as Criteo-style hex strings
             (missing = ``""``) instead of int64 ids (missing = ``-1``).
           num_parallel_calls: batches generated in parallel.
+          clock: as in `batch` (one clock for every batch; default: each batch's own).
 
         Returns:
           A ``tf.data.Dataset`` whose elements are ``(features dict, labels)`` with
@@ -409,7 +431,7 @@ class CriteoLikeStream(object):
         cat_dtype = tf.string if string_ids else tf.int64
 
         def gen(index):
-            feats, labels, _ = self.batch(int(index), b, split)
+            feats, labels, _ = self.batch(int(index), b, split, clock)
             out = []
             for f, key in enumerate(CATEGORICAL_KEYS):
                 out.append(self.hex_ids(f, feats[key]) if string_ids else feats[key])

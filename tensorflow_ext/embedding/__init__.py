@@ -58,10 +58,13 @@ from tensorflow_ext.embedding.eviction import restrict
 from tensorflow_ext.embedding.summaries import add_summaries
 from tensorflow_ext.embedding.admission import BloomAdmission
 from tensorflow_ext.embedding.admission import CountAdmission
+from tensorflow_ext.embedding.delta import DeltaCheckpointSaverListener
+from tensorflow_ext.embedding.delta import delta_checkpoints
 
 __all__ = [
     "BloomAdmission",
     "CountAdmission",
+    "DeltaCheckpointSaverListener",
     "DynamicEmbedding",
     "DynamicEmbeddingShard",
     "DynamicEmbeddingSlot",
@@ -74,6 +77,7 @@ __all__ = [
     "InitSpec",
     "ShardSaveable",
     "add_summaries",
+    "delta_checkpoints",
     "dense_variables",
     "embedding_lookup",
     "embedding_lookup_sparse",

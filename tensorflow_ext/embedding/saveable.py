@@ -65,6 +65,7 @@ from tensorflow.python.framework import ops as tf_ops
 from tensorflow.python.training.saving import saveable_object
 
 from tensorflow_ext.embedding import _ops
+from tensorflow_ext.embedding import delta as delta_lib
 
 __all__ = ["ShardSaveable", "layout_record", "restore_values_only"]
 
@@ -287,6 +288,7 @@ class ShardSaveable(saveable_object.SaveableObject):
         self.op = shard.handle
         self.name = shard.name
         self._specs = None
+        self._delta = False
 
     @property
     def shard(self):
@@ -304,15 +306,29 @@ class ShardSaveable(saveable_object.SaveableObject):
     def specs(self, value):
         self._specs = value
 
+    def writes_deltas(self):
+        """True when this shard's checkpoints are (or, not built yet, will be) written as deltas when asked."""
+        return self._specs is None or self._delta
+
     def _all_specs(self):
         if self._specs is None:
-            specs = list(self._build_specs())
+            state = delta_lib.graph_state(self._shard.handle.graph)
+            if type(self)._build_specs is not ShardSaveable._build_specs:
+                state = None  # a subclass's own tensors (Horovod model parallel): always full
+                specs = list(self._build_specs())
+            else:
+                specs = list(self._build_specs(state))
             # The layout record, for every subclass's specs alike (the layout is frozen by now).
             with tf_ops.colocate_with(self._shard.handle, ignore_existing=True):
                 record = tf.constant(
                     layout_record(self._shard), tf.string, name=self.name.replace("/", "_") + "_layout"
                 )
             specs.append(saveable_object.SaveSpec(record, "", self.name + _LAYOUT_SUFFIX))
+            if state is not None:
+                removed, delta_record = self._delta_tensors
+                specs.append(saveable_object.SaveSpec(removed, "", self.name + delta_lib.REMOVED_SUFFIX))
+                specs.append(saveable_object.SaveSpec(delta_record, "", self.name + delta_lib.DELTA_SUFFIX))
+                self._delta = True
             self._specs = specs
         return self._specs
 
@@ -320,14 +336,19 @@ class ShardSaveable(saveable_object.SaveableObject):
     def device(self):
         return self._shard.handle.device
 
-    def _build_specs(self):
+    def _build_specs(self, delta_state=None):
         shard = self._shard
         shard.freeze_layout("a Saver (checkpoint tensors %s-*)" % shard.name)
         with tf_ops.colocate_with(shard.handle, ignore_existing=True):
             with tf.name_scope(shard.name.replace("/", "_") + "_export"):
-                keys, rows, versions, freqs = _ops.op("tf_ext_table_export")(
-                    shard.handle, col_begin=0, cols=shard.width
-                )
+                if delta_state is None:
+                    keys, rows, versions, freqs = _ops.op("tf_ext_table_export")(
+                        shard.handle, col_begin=0, cols=shard.width
+                    )
+                else:
+                    # Delta checkpoints: the rows trained since the previous save (all of them in a full save).
+                    keys, rows, versions, freqs, removed, record = delta_lib.save_tensors(shard, delta_state)
+                    self._delta_tensors = (removed, record)
                 values = rows[:, : shard.dim]
                 slots = rows[:, shard.dim :]
                 num_shards = tf.constant(shard.embedding.num_shards, tf.int64, name="num_shards")
@@ -465,6 +486,12 @@ class ShardSaveable(saveable_object.SaveableObject):
             keys = tf.cast(keys, tf.int64)
             versions = tf.cast(versions, tf.int64)
             freqs = tf.cast(freqs, tf.int64)
+            prefix, restore_op = _checkpoint_source(restored_tensors[0])
+            if prefix is not None:
+                # A delta checkpoint: its chain's rows, applied in order (else these rows as they are).
+                keys, values, slots, versions, freqs = delta_lib.restore_rows(
+                    self.name, prefix, restore_op, (keys, values, slots, versions, freqs)
+                )
             values = tf.reshape(values, [-1, shard.dim])
             rows = self.select_rows((keys, values, slots, versions, freqs))
             emb = shard.embedding
@@ -509,7 +536,10 @@ class ShardSaveable(saveable_object.SaveableObject):
             build.imported[shard.shard_index] = own_import
             # No shard of the embedding is imported before every shard's tensors are read and checked: a
             # truncated file or a mismatch in one shard fails the restore with no table changed.
-            ready = tf.group(*(checks + [t.op for t in restored_tensors[: len(_SUFFIXES)]]), name="read_and_checked")
+            ready = tf.group(
+                *(checks + [t.op for t in restored_tensors[: len(_SUFFIXES)]] + [t.op for t in rows]),
+                name="read_and_checked",
+            )
             for op in ops:
                 for other_ready in build.ready:
                     op._add_control_input(other_ready)  # pylint: disable=protected-access

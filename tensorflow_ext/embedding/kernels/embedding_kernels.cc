@@ -292,6 +292,8 @@ class LookupBase : public OpKernel {
     }
     const int64_t dim = dim_;
     const RowInitializer& init = init_;
+    // Inserts (and counts) without setting versions: invisible to a delta save.
+    if (step < 0) table->NoteUntrackedWrite();
     return CallTable(*table, "lookup", [&] {
       t->FindOrInsertWith(
           k, n, 0, dim, [&init, k, dim](int64_t i, float* dst) { init.Fill(k[i], dst, dim); },

@@ -114,6 +114,8 @@ class EmbeddingSparseApplyOp : public OpKernel {
     const std::string problem = opt.Prepare(hypers, flags_);
     OP_REQUIRES(ctx, problem.empty(), InvalidArgument(op, ": ", problem));
     if (n == 0) return;
+    // Updates without a step set no version: invisible to a delta save.
+    if (step < 0) table->NoteUntrackedWrite();
 
     const int64_t* k = keys.flat<int64_t>().data();
     const float* g = grad.flat<float>().data();

@@ -1302,6 +1302,43 @@ void HashTable::Export(int64_t col_begin, int64_t cols, const std::function<Expo
   TFEXT_DCHECK(k == total, "occupied slots == size, so alloc's n is what is written (I3)");
 }
 
+void HashTable::ExportSince(int64_t min_version, int64_t col_begin, int64_t cols,
+                            const std::function<ExportBuffers(int64_t n)>& alloc) const {
+  const Impl& m = *impl_;
+  for (int64_t si = 0; si < m.num_shards; ++si) m.shards[si].mu.lock_shared();
+  ScopeExit unlock([&m] {
+    for (int64_t si = m.num_shards - 1; si >= 0; --si) m.shards[si].mu.unlock_shared();
+  });
+  // Two passes under the same locks: count, then copy exactly that many.
+  int64_t total = 0;
+  for (int64_t si = 0; si < m.num_shards; ++si) {
+    const Shard& s = m.shards[si];
+    for (uint64_t p = 0; p < s.capacity; ++p) {
+      const uint64_t slot = s.slots[p];
+      if (slot == 0) continue;
+      if (LoadI64(m.Row(s, SlotRow(slot)) + m.version_offset) >= min_version) ++total;
+    }
+  }
+  const ExportBuffers out = alloc(total);
+  int64_t k = 0;
+  for (int64_t si = 0; si < m.num_shards && k < total; ++si) {
+    const Shard& s = m.shards[si];
+    for (uint64_t p = 0; p < s.capacity; ++p) {
+      const uint64_t slot = s.slots[p];
+      if (slot == 0) continue;
+      const char* row = m.Row(s, SlotRow(slot));
+      const int64_t version = LoadI64(row + m.version_offset);
+      if (version < min_version) continue;
+      if (out.keys != nullptr) out.keys[k] = LoadI64(row);
+      if (out.rows != nullptr) CopyFloats(out.rows + k * cols, m.Values(row) + col_begin, cols);
+      if (out.versions != nullptr) out.versions[k] = version;
+      if (out.frequencies != nullptr) out.frequencies[k] = LoadU32(row + m.frequency_offset);
+      ++k;
+    }
+  }
+  TFEXT_DCHECK(k == total, "the rows counted are the rows written (the locks are held throughout)");
+}
+
 void HashTable::Import(const int64_t* keys, int64_t n, int64_t col_begin, int64_t cols, const float* rows,
                        const float* column_defaults, const int64_t* versions, const uint32_t* frequencies,
                        const ParallelFor& pf) {

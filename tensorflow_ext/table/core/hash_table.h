@@ -266,6 +266,13 @@ class HashTable {
   };
   void Export(int64_t col_begin, int64_t cols, const std::function<ExportBuffers(int64_t n)>& alloc) const;
 
+  // Export of the entries whose version >= min_version only, under the same
+  // locks and with the same outputs (alloc gets the exact number of such
+  // entries). Delta checkpoints write the rows trained since the last save
+  // with it, reading the others' metadata only.
+  void ExportSince(int64_t min_version, int64_t col_begin, int64_t cols,
+                   const std::function<ExportBuffers(int64_t n)>& alloc) const;
+
   // Inserts/overwrites entries with their metadata (versions/frequencies may be
   // null: then 0). rows are [n, cols] for the column range; the other columns
   // of new keys get column_defaults (null = zeros).

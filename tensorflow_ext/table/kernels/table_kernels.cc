@@ -1,6 +1,7 @@
 // tensorflow_ext: CPU kernels of the table ops (thin over the core).
 
 #include <cstring>
+#include <limits>
 #include <memory>
 #include <string>
 #include <vector>
@@ -235,6 +236,8 @@ class TableUpdateOpBase : public TableOpBase {
     OP_REQUIRES_OK(ctx, PrepareKeyedRows(ctx, rows_name_, &in));
     int64_t step = -1;
     OP_REQUIRES_OK(ctx, GetScalarInt64(ctx, 3, "step", &step));
+    // A write that sets no version is invisible to a delta save (see TableResource's change log).
+    if (step < 0 && in.n() > 0) in.table->NoteUntrackedWrite();
     Apply(ctx, in, step);
   }
 
@@ -355,6 +358,7 @@ class TableRemoveOp : public TableOpBase {
       OP_REQUIRES_OK(ctx, CallTable(*table, "remove", [&] {
                        removed = table->table()->Remove(keys.flat<int64_t>().data(), n, MakeParallelFor(ctx));
                      }));
+      if (removed > 0) table->LogRemovedKeys(keys.flat<int64_t>().data(), n);
     }
     out->scalar<int64_t>()() = removed;
   }
@@ -378,6 +382,7 @@ class TableClearOp : public OpKernel {
   void Compute(OpKernelContext* ctx) override {
     RefCountPtr<TableResource> table;
     OP_REQUIRES_OK(ctx, GetTableResource(ctx, 0, &table));
+    table->NoteUntrackedWrite();
     OP_REQUIRES_OK(ctx, CallTable(*table, "clear", [&] { table->table()->Clear(); }));
   }
 };
@@ -415,6 +420,95 @@ class TableExportOp : public TableOpBase {
     auto f64 = freqs->flat<int64_t>();
     auto f32 = freqs32.flat<uint32_t>();
     for (int64_t i = 0; i < f64.size(); ++i) f64(i) = f32(i);
+  }
+};
+
+// Rows whose version >= min_version (all rows when min_version < 0).
+class TableExportSinceOp : public TableOpBase {
+ public:
+  using TableOpBase::TableOpBase;
+  void Compute(OpKernelContext* ctx) override {
+    TableColumns tc;
+    OP_REQUIRES_OK(ctx, Prepare(ctx, &tc));
+    int64_t min_version = -1;
+    OP_REQUIRES_OK(ctx, GetScalarInt64(ctx, 1, "min_version", &min_version));
+    if (min_version < 0) min_version = std::numeric_limits<int64_t>::min();
+    Status st;
+    Tensor freqs32;
+    Tensor* freqs = nullptr;
+    OP_REQUIRES_OK(ctx, CallTable(*tc.table, "export", [&] {
+                     tc.table->table()->ExportSince(min_version, col_begin_, tc.cols, [&](int64_t n) {
+                       table::HashTable::ExportBuffers b;
+                       Tensor* keys = nullptr;
+                       Tensor* values = nullptr;
+                       Tensor* versions = nullptr;
+                       st = ctx->allocate_output(0, TensorShape({n}), &keys);
+                       if (st.ok()) st = ctx->allocate_output(1, TensorShape({n, tc.cols}), &values);
+                       if (st.ok()) st = ctx->allocate_output(2, TensorShape({n}), &versions);
+                       if (st.ok()) st = ctx->allocate_output(3, TensorShape({n}), &freqs);
+                       if (st.ok()) st = ctx->allocate_temp(tensorflow::DT_UINT32, TensorShape({n}), &freqs32);
+                       if (!st.ok()) return b;
+                       b.keys = keys->flat<int64_t>().data();
+                       b.rows = values->flat<float>().data();
+                       b.versions = versions->flat<int64_t>().data();
+                       b.frequencies = freqs32.flat<uint32_t>().data();
+                       return b;
+                     });
+                   }));
+    OP_REQUIRES_OK(ctx, st);
+    OP_REQUIRES(ctx, freqs != nullptr, tensorflow::errors::Internal("table export did not size its outputs"));
+    auto f64 = freqs->flat<int64_t>();
+    auto f32 = freqs32.flat<uint32_t>();
+    for (int64_t i = 0; i < f64.size(); ++i) f64(i) = f32(i);
+  }
+};
+
+// TfExtTableChangeLog: the removed keys logged (marked as read) and the log's flags.
+class TableChangeLogOp : public OpKernel {
+ public:
+  explicit TableChangeLogOp(OpKernelConstruction* ctx) : OpKernel(ctx) {
+    OP_REQUIRES_OK(ctx, ctx->GetAttr("read_keys", &read_keys_));
+  }
+  void Compute(OpKernelContext* ctx) override {
+    RefCountPtr<TableResource> table;
+    OP_REQUIRES_OK(ctx, GetTableResource(ctx, 0, &table));
+    std::vector<int64_t> removed;
+    const TableResource::ChangeLogState state = table->ReadChangeLog(read_keys_ ? &removed : nullptr);
+    Tensor* keys = nullptr;
+    OP_REQUIRES_OK(ctx, ctx->allocate_output(0, TensorShape({static_cast<int64_t>(removed.size())}), &keys));
+    if (!removed.empty()) std::memcpy(keys->flat<int64_t>().data(), removed.data(), removed.size() * sizeof(int64_t));
+    const bool flags[3] = {state.enabled, state.untracked, state.overflow};
+    for (int i = 0; i < 3; ++i) {
+      Tensor* out = nullptr;
+      OP_REQUIRES_OK(ctx, ctx->allocate_output(1 + i, TensorShape({}), &out));
+      out->scalar<bool>()() = flags[i];
+    }
+  }
+
+ private:
+  bool read_keys_ = true;
+};
+
+class TableChangeLogStartOp : public OpKernel {
+ public:
+  using OpKernel::OpKernel;
+  void Compute(OpKernelContext* ctx) override {
+    RefCountPtr<TableResource> table;
+    OP_REQUIRES_OK(ctx, GetTableResource(ctx, 0, &table));
+    int64_t capacity = 0;
+    OP_REQUIRES_OK(ctx, GetScalarInt64(ctx, 1, "capacity", &capacity));
+    OP_REQUIRES(ctx, capacity >= 0, InvalidArgument("capacity must be >= 0 removed keys, got ", capacity));
+    table->StartChangeLog(capacity);
+  }
+};
+
+class TableChangeLogCommitOp : public OpKernel {
+ public:
+  using OpKernel::OpKernel;
+  void Compute(OpKernelContext* ctx) override {
+    RefCountPtr<TableResource> table;
+    OP_REQUIRES_OK(ctx, GetTableResource(ctx, 0, &table));
+    table->CommitChangeLog();
   }
 };
 
@@ -458,6 +552,8 @@ class TableImportOp : public TableOpBase {
       t.Import(in.key_data(), n, col_begin_, in.cols, in.row_data(), in.table->column_defaults().data(), version_data,
                freq_data, pf);
     };
+    // Imported rows keep the versions given: a delta save cannot find them by version.
+    if (n > 0 || clear_first_) in.table->NoteUntrackedWrite();
     // clear_first (a restore): the new contents are built aside and swapped
     // in at once, so concurrent lookups (serving, an evaluator) see the old
     // table or the new one, never an empty or half-filled one; a failure
@@ -488,13 +584,18 @@ class TableEvictOp : public OpKernel {
     OP_REQUIRES_OK(ctx, ctx->allocate_output(0, TensorShape({}), &out));
     int64_t removed = 0;
     if (min_version >= 0 || min_frequency >= 0) {
+      // RemoveIf calls the predicate on one thread, shard by shard, and removes every key it accepts.
+      std::vector<int64_t> doomed;
       OP_REQUIRES_OK(ctx, CallTable(*table, "evict", [&] {
-                       removed = table->table()->RemoveIf(
-                           [min_version, min_frequency](int64_t, const float*, const table::KeyMeta& m) {
-                             return (min_version >= 0 && m.version < min_version) ||
-                                    (min_frequency >= 0 && static_cast<int64_t>(m.frequency) < min_frequency);
-                           });
+                       removed = table->table()->RemoveIf([min_version, min_frequency, &doomed](
+                                                              int64_t key, const float*, const table::KeyMeta& m) {
+                         const bool evict = (min_version >= 0 && m.version < min_version) ||
+                                            (min_frequency >= 0 && static_cast<int64_t>(m.frequency) < min_frequency);
+                         if (evict) doomed.push_back(key);
+                         return evict;
+                       });
                      }));
+      table->LogRemovedKeys(doomed.data(), static_cast<int64_t>(doomed.size()));
     }
     out->scalar<int64_t>()() = removed;
   }
@@ -514,6 +615,10 @@ TFEXT_REGISTER_CPU("TfExtTableImport", TableImportOp);
 TFEXT_REGISTER_CPU("TfExtTableClear", TableClearOp);
 TFEXT_REGISTER_CPU("TfExtTableMemoryBytes", TableStatOp<&table::HashTable::memory_bytes>);
 TFEXT_REGISTER_CPU("TfExtTableEvict", TableEvictOp);
+TFEXT_REGISTER_CPU("TfExtTableExportSince", TableExportSinceOp);
+TFEXT_REGISTER_CPU("TfExtTableChangeLog", TableChangeLogOp);
+TFEXT_REGISTER_CPU("TfExtTableChangeLogStart", TableChangeLogStartOp);
+TFEXT_REGISTER_CPU("TfExtTableChangeLogCommit", TableChangeLogCommitOp);
 
 }  // namespace
 }  // namespace tfext

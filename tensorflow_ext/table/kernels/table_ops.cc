@@ -265,4 +265,56 @@ REGISTER_OP("TfExtTableEvict")
       return OkStatus();
     });
 
+REGISTER_OP("TfExtTableExportSince")
+    .Input("table_handle: resource")
+    .Input("min_version: int64")
+    .Output("keys: int64")
+    .Output("values: float")
+    .Output("versions: int64")
+    .Output("frequencies: int64")
+    .TFEXT_COLUMN_ATTRS.SetIsStateful()
+    .SetShapeFn([](InferenceContext* c) {
+      TF_RETURN_IF_ERROR(HandleInput(c));
+      TF_RETURN_IF_ERROR(ScalarInput(c, 1, "min_version"));
+      DimensionHandle cols;
+      TF_RETURN_IF_ERROR(ResolveCols(c, &cols));
+      DimensionHandle n = c->UnknownDim();
+      c->set_output(0, c->Vector(n));
+      c->set_output(1, c->Matrix(n, cols));
+      c->set_output(2, c->Vector(n));
+      c->set_output(3, c->Vector(n));
+      return OkStatus();
+    });
+
+REGISTER_OP("TfExtTableChangeLog")
+    .Input("table_handle: resource")
+    .Output("removed_keys: int64")
+    .Output("enabled: bool")
+    .Output("untracked: bool")
+    .Output("overflow: bool")
+    .Attr("read_keys: bool = true")
+    .SetIsStateful()
+    .SetShapeFn([](InferenceContext* c) {
+      TF_RETURN_IF_ERROR(HandleInput(c));
+      c->set_output(0, c->Vector(c->UnknownDim()));
+      c->set_output(1, c->Scalar());
+      c->set_output(2, c->Scalar());
+      c->set_output(3, c->Scalar());
+      return OkStatus();
+    });
+
+REGISTER_OP("TfExtTableChangeLogStart")
+    .Input("table_handle: resource")
+    .Input("capacity: int64")
+    .SetIsStateful()
+    .SetShapeFn([](InferenceContext* c) {
+      TF_RETURN_IF_ERROR(HandleInput(c));
+      return ScalarInput(c, 1, "capacity");
+    });
+
+REGISTER_OP("TfExtTableChangeLogCommit")
+    .Input("table_handle: resource")
+    .SetIsStateful()
+    .SetShapeFn([](InferenceContext* c) { return HandleInput(c); });
+
 }  // namespace tfext

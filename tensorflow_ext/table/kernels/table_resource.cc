@@ -152,6 +152,7 @@ Status TableResource::Insert(OpKernelContext* ctx, const Tensor& keys, const Ten
                            " floats), got shape ", values.shape().DebugString());
   }
   if (n == 0) return tensorflow::OkStatus();
+  NoteUntrackedWrite();  // no version is set
   return CallTable(*this, "insert", [&] {
     table_->Insert(keys.flat<int64_t>().data(), n, 0, layout_.dim, values.flat<float>().data(), column_defaults_.data(),
                    /*count=*/false, /*version=*/-1, MakeParallelFor(ctx));
@@ -162,7 +163,10 @@ Status TableResource::Remove(OpKernelContext* ctx, const Tensor& keys) {
   TF_RETURN_IF_ERROR(CheckKeysTensor(keys));
   const int64_t n = keys.NumElements();
   if (n == 0) return tensorflow::OkStatus();
-  return CallTable(*this, "remove", [&] { table_->Remove(keys.flat<int64_t>().data(), n, MakeParallelFor(ctx)); });
+  TF_RETURN_IF_ERROR(
+      CallTable(*this, "remove", [&] { table_->Remove(keys.flat<int64_t>().data(), n, MakeParallelFor(ctx)); }));
+  LogRemovedKeys(keys.flat<int64_t>().data(), n);
+  return tensorflow::OkStatus();
 }
 
 size_t TableResource::size() const { return static_cast<size_t>(table_->size()); }
@@ -194,6 +198,7 @@ Status TableResource::ImportValues(OpKernelContext* ctx, const Tensor& keys, con
     return InvalidArgument("values must have ", n, " rows of ", layout_.dim, " floats, got shape ",
                            values.shape().DebugString());
   }
+  NoteUntrackedWrite();  // new contents, versions not kept
   // Built aside and swapped in at once: concurrent finds never see the table
   // empty or partly filled.
   return CallTable(*this, "import", [&] {
@@ -203,6 +208,60 @@ Status TableResource::ImportValues(OpKernelContext* ctx, const Tensor& keys, con
                      column_defaults_.data(), nullptr, nullptr, MakeParallelFor(ctx));
     });
   });
+}
+
+void TableResource::StartChangeLog(int64_t capacity) {
+  tensorflow::mutex_lock l(log_mu_);
+  log_capacity_ = capacity < 0 ? 0 : capacity;
+  log_removed_.clear();
+  log_removed_.shrink_to_fit();
+  log_seq_ = log_untracked_seq_ = log_overflow_seq_ = log_read_seq_ = 0;
+  log_read_size_ = 0;
+  log_enabled_.store(true, std::memory_order_release);
+}
+
+void TableResource::LogRemovedKeys(const int64_t* keys, int64_t n) {
+  if (n <= 0 || !log_enabled_.load(std::memory_order_acquire)) return;
+  tensorflow::mutex_lock l(log_mu_);
+  ++log_seq_;
+  if (log_overflow_seq_ != 0 && log_overflow_seq_ > log_read_seq_) return;  // the next save is full anyway
+  if (static_cast<int64_t>(log_removed_.size()) + n > log_capacity_) {
+    // Past the bound: forget the keys (the next save must be full) and free their memory.
+    log_overflow_seq_ = log_seq_;
+    log_removed_.clear();
+    log_removed_.shrink_to_fit();
+    log_read_size_ = 0;
+    return;
+  }
+  log_removed_.insert(log_removed_.end(), keys, keys + n);
+}
+
+void TableResource::NoteUntrackedWrite() {
+  if (!log_enabled_.load(std::memory_order_acquire)) return;
+  tensorflow::mutex_lock l(log_mu_);
+  log_untracked_seq_ = ++log_seq_;
+}
+
+TableResource::ChangeLogState TableResource::ReadChangeLog(std::vector<int64_t>* removed) {
+  tensorflow::mutex_lock l(log_mu_);
+  ChangeLogState state;
+  state.enabled = log_enabled_.load(std::memory_order_acquire);
+  state.untracked = log_untracked_seq_ != 0;
+  state.overflow = log_overflow_seq_ != 0;
+  if (removed == nullptr) return state;  // the flags only: nothing is marked as read
+  *removed = log_removed_;
+  log_read_seq_ = log_seq_;
+  log_read_size_ = log_removed_.size();
+  return state;
+}
+
+void TableResource::CommitChangeLog() {
+  tensorflow::mutex_lock l(log_mu_);
+  const size_t drop = std::min(log_read_size_, log_removed_.size());
+  log_removed_.erase(log_removed_.begin(), log_removed_.begin() + drop);
+  if (log_untracked_seq_ <= log_read_seq_) log_untracked_seq_ = 0;
+  if (log_overflow_seq_ <= log_read_seq_) log_overflow_seq_ = 0;
+  log_read_size_ = 0;
 }
 
 int64_t TableResource::MemoryUsed() const { return table_->memory_bytes(); }

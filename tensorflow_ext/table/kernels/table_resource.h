@@ -17,6 +17,7 @@
 #ifndef TENSORFLOW_EXT_TABLE_KERNELS_TABLE_RESOURCE_H_
 #define TENSORFLOW_EXT_TABLE_KERNELS_TABLE_RESOURCE_H_
 
+#include <atomic>
 #include <cstdint>
 #include <memory>
 #include <new>
@@ -31,6 +32,7 @@
 #include "tensorflow/core/framework/tensor.h"
 #include "tensorflow/core/lib/core/refcount.h"
 #include "tensorflow/core/lib/core/status.h"
+#include "tensorflow/core/platform/mutex.h"
 #include "tensorflow_ext/table/core/hash_table.h"
 
 namespace tfext {
@@ -99,8 +101,48 @@ class TableResource : public tensorflow::lookup::LookupInterface {
   int64_t MemoryUsed() const override;
   std::string DebugString() const override;
 
+  // --- Change log, for delta checkpoints ---
+  // A delta save writes the rows whose version is at least the step of the
+  // previous save (ExportSince) and the keys removed since then. A removed
+  // key leaves no row to find by version, so while the log is on (from a full
+  // save on) removals record their keys here, up to `capacity` keys: past
+  // that only the overflow is noted and the next save must be full, so the
+  // log's memory is bounded by its capacity (8 bytes a key). Writes that set
+  // no version (a preload insert, an import, a clear, a lookup without a
+  // step) cannot be found by version either and are noted as "untracked":
+  // they make the next save full too. Logging all key sets instead (and
+  // comparing them at save time) would hold a copy of every key.
+  struct ChangeLogState {
+    bool enabled = false;
+    bool untracked = false;
+    bool overflow = false;
+  };
+  // Turns the log on (or resets it) with room for `capacity` removed keys.
+  void StartChangeLog(int64_t capacity);
+  // Called by every kernel that removes keys (absent keys may be included).
+  void LogRemovedKeys(const int64_t* keys, int64_t n);
+  // Called by every kernel that writes rows without setting their version.
+  void NoteUntrackedWrite();
+  // Copies the logged keys into *removed and marks them (and the flags seen)
+  // as read (removed == nullptr: returns the flags only, marks nothing); CommitChangeLog (after the save succeeded)
+  // then drops what the last read saw, keeping what was logged after it.
+  ChangeLogState ReadChangeLog(std::vector<int64_t>* removed);
+  void CommitChangeLog();
+
  private:
   ~TableResource() override;
+
+  mutable tensorflow::mutex log_mu_;
+  std::atomic<bool> log_enabled_{false};
+  int64_t log_capacity_ TF_GUARDED_BY(log_mu_) = 0;
+  std::vector<int64_t> log_removed_ TF_GUARDED_BY(log_mu_);
+  // Event sequence numbers: the last event, the last untracked write, the
+  // last overflow (0 = none), and the last event and log size a read saw.
+  uint64_t log_seq_ TF_GUARDED_BY(log_mu_) = 0;
+  uint64_t log_untracked_seq_ TF_GUARDED_BY(log_mu_) = 0;
+  uint64_t log_overflow_seq_ TF_GUARDED_BY(log_mu_) = 0;
+  uint64_t log_read_seq_ TF_GUARDED_BY(log_mu_) = 0;
+  size_t log_read_size_ TF_GUARDED_BY(log_mu_) = 0;
 
   TableLayout layout_;
   table::TableOptions options_;

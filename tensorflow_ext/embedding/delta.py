@@ -1,0 +1,500 @@
+"""Delta checkpoints of dynamic embeddings: most saves write only what changed since the previous save.
+
+    listener = tf_ext.embedding.delta_checkpoints(full_every=8)
+    estimator.train(input_fn, saving_listeners=[listener])
+
+How it fits TF's checkpoints. Every checkpoint is an ordinary TF checkpoint written by the stock Saver; for each
+shard of a dynamic embedding it holds the usual tensors (`ShardSaveable`) plus
+
+  <shard>-removed  int64 [m]   keys removed since the previous save (empty in a full save)
+  <shard>-delta    string []   the delta record (see below)
+
+In a delta save `-keys`, `-values`, `-slots`, `-versions` and `-freqs` hold only the rows whose version (the global
+step of the key's last training update or lookup) is at least the step of the previous save: every row trained
+since then, with its slots and metadata. The record names the chain the delta applies to, oldest first: the full
+save and the deltas after it, each by its id and its file name in the same directory. Restoring a delta (any
+Saver, e.g. an Estimator restarting, `predict`, a plain `saver.restore`) reads the chain in order from the
+checkpoint's directory: the full rows, then for each delta its removals and its rows, and imports the result in one
+step. It checks each link first: a missing link, a link whose id is not the one recorded (another run's checkpoint
+under the same name), or a truncated file is an error naming the files; nothing is imported then.
+
+What a delta cannot see by version is made safe by the table's change log (C++, `TableResource`): removals
+(eviction, `remove`) log their keys, up to `max_removed_keys` per shard (8 bytes a key, freed at each save); writes
+that set no version (a preload `insert`, an import, a lookup without a global step) are noted. When the log
+overflowed or such a write happened, the next save is a full one. A removal log was chosen over comparing key sets
+at save time because the latter keeps a copy of every key of the table between saves.
+
+Which saves are full: the first save of each graph (a new training run, each `Estimator.train` call), every
+`full_every`-th save, and saves after untracked changes. The listener keeps the checkpoints a kept delta needs: when
+the Saver's `max_to_keep` would delete a link of a checkpoint it still keeps, the link is taken off the Saver's list
+(so the Saver does not delete it) and deleted by the listener once no kept checkpoint needs it.
+"""
+
+import os
+import uuid
+import weakref
+
+import tensorflow as tf
+from tensorflow.python.framework import ops as tf_ops
+
+from tensorflow_ext.embedding import _ops
+
+__all__ = ["DeltaCheckpointSaverListener", "delta_checkpoints"]
+
+REMOVED_SUFFIX = "-removed"
+DELTA_SUFFIX = "-delta"
+_HEADER = "tf_ext delta checkpoint 1"
+_ROW_SUFFIXES = ("-keys", "-values", "-slots", "-versions", "-freqs")
+_ROW_DTYPES = (tf.int64, tf.float32, tf.float32, tf.int64, tf.int64)
+
+# Graph -> _DeltaState, for the graphs whose Savers write delta checkpoints.
+_STATES = weakref.WeakKeyDictionary()
+
+
+class _DeltaState(object):
+    """The per-graph inputs of the save tensors: the step rows must have reached (-1: a full save) and the record."""
+
+    def __init__(self, graph):
+        with graph.as_default(), tf_ops.init_scope(), tf.name_scope("tf_ext_delta_checkpoint/"):
+            # Not in any collection: not saved, not initialized by the usual ops; before_save assigns both.
+            self.since = tf.compat.v1.Variable(
+                tf.constant(-1, tf.int64), trainable=False, collections=[], name="since_step", use_resource=True
+            )
+            self.record = tf.compat.v1.Variable(
+                tf.constant("", tf.string), trainable=False, collections=[], name="record", use_resource=True
+            )
+            self.since_in = tf.compat.v1.placeholder(tf.int64, [], name="since_step_in")
+            self.record_in = tf.compat.v1.placeholder(tf.string, [], name="record_in")
+            self.assign = tf.group(self.since.assign(self.since_in), self.record.assign(self.record_in), name="assign")
+
+
+def graph_state(graph=None):
+    """The graph's `_DeltaState`, or None when its Savers write ordinary checkpoints."""
+    graph = graph or tf.compat.v1.get_default_graph()
+    state = _STATES.get(graph)
+    return state
+
+
+def _install(graph):
+    if graph not in _STATES:
+        _STATES[graph] = _DeltaState(graph)
+    return _STATES[graph]
+
+
+def save_tensors(shard, state):
+    """The tensors a shard's saveable writes in a graph with delta checkpoints.
+
+    Returns:
+      (keys, rows [n, width], versions, freqs, removed keys, record): the rows whose version >= the state's step
+      (all rows when it is -1) and, in a delta save, the keys logged as removed. A delta save whose changes were not
+      all tracked fails (the listener makes such saves full, so this is only a safety net).
+    """
+    with tf_ops.colocate_with(shard.handle, ignore_existing=True):
+        since = tf.identity(state.since.read_value())
+        keys, rows, versions, freqs = _ops.op("tf_ext_table_export_since")(
+            shard.handle, since, col_begin=0, cols=shard.width
+        )
+        removed, enabled, untracked, overflow = _ops.op("tf_ext_table_change_log")(shard.handle)
+        is_delta = tf.greater_equal(since, 0)
+        tracked = tf.logical_and(enabled, tf.logical_not(tf.logical_or(untracked, overflow)))
+        check = tf.debugging.Assert(
+            tf.logical_or(tf.logical_not(is_delta), tracked),
+            [
+                "Delta save of %s refused: not every change since the previous save was tracked (change log on, "
+                "untracked write, log overflow):" % shard.name,
+                enabled,
+                untracked,
+                overflow,
+                "; make this save a full one (tf_ext.embedding.delta_checkpoints does).",
+            ],
+            name="check_tracked",
+        )
+        with tf.control_dependencies([check]):
+            keys = tf.identity(keys)
+        removed = removed[: tf.where(is_delta, tf.size(removed), 0)]
+        record = tf.identity(state.record.read_value())
+    return keys, rows, versions, freqs, removed, record
+
+
+def _record_field(record, field):
+    return tf.strings.regex_replace(record, "(?s)^.*\n%s=([^\n]*)(\n.*)?$" % field, r"\1")
+
+
+def _has_field(record, field, value):
+    return tf.strings.regex_full_match(record, "(?s).*\n%s=%s(\n.*)?" % (field, value))
+
+
+def _merge(state, delta, removed):
+    """state rows without the keys removed or rewritten by the delta, then the delta's rows."""
+    keys = state[0]
+    ns = tf.size(keys)
+    drop = tf.concat([removed, delta[0]], 0)
+    unique, idx = tf.unique(tf.concat([keys, drop], 0))
+    marks = tf.math.unsorted_segment_max(
+        tf.concat([tf.zeros([ns], tf.int32), tf.ones(tf.shape(drop), tf.int32)], 0), idx, tf.size(unique)
+    )
+    keep = tf.equal(tf.gather(marks, idx[:ns]), 0)
+    return tuple(tf.concat([tf.boolean_mask(s, keep), d], 0) for s, d in zip(state, delta))
+
+
+def restore_rows(name, prefix, restore_op, rows):
+    """The rows a restore of shard `name` from `prefix` imports: `rows` themselves unless `prefix` is a delta.
+
+    For a delta, the rows of its chain applied in order (see the module docstring); a missing, foreign or truncated
+    link fails with an error naming it.
+
+    Args:
+      name: the shard's checkpoint name (e.g. "user/part_0").
+      prefix: the string tensor the Saver restores from.
+      restore_op: the Saver's Restore op (the reads are placed with it).
+      rows: (keys, values, slots, versions, freqs) read from `prefix`.
+
+    Returns:
+      (keys, values, slots, versions, freqs).
+    """
+    with tf.control_dependencies(None), tf_ops.colocate_with(restore_op, ignore_existing=True):
+        with tf.name_scope(name.replace("/", "_") + "_delta_chain"):
+            record, found = _ops.op("tf_ext_checkpoint_read_optional_string")(
+                prefix, tensor_name=name + DELTA_SUFFIX, check_tensors=[name + DELTA_SUFFIX, name + REMOVED_SUFFIX]
+            )
+    is_delta = tf.logical_and(found, _has_field(record, "kind", "delta"))
+
+    def chain():
+        lines = tf.strings.split(tf.reshape(record, [1]), sep="\n").flat_values
+        links = tf.boolean_mask(lines, tf.strings.regex_full_match(lines, r"link=\S+ .+"))
+        link_ids = tf.strings.regex_replace(links, r"^link=(\S+) .*$", r"\1")
+        link_paths = tf.strings.join(
+            [tf.strings.regex_replace(prefix, "[^/]*$", ""), tf.strings.regex_replace(links, r"^link=\S+ ", "")]
+        )
+        n_links = tf.size(links)
+        has_base = tf.debugging.Assert(
+            tf.greater(n_links, 0),
+            ["Delta checkpoint", prefix, "names no full checkpoint to apply to (a damaged record):", record],
+        )
+
+        def read(i, kind, with_removed):
+            path = link_paths[i]
+            exists = tf.debugging.Assert(
+                tf.greater(tf.size(tf.io.matching_files(tf.strings.join([path, ".index"]))), 0),
+                [
+                    "Delta checkpoint",
+                    prefix,
+                    "needs checkpoint",
+                    path,
+                    "(link",
+                    i,
+                    "of its chain: the full save and the deltas after it, oldest first), which is missing: it was "
+                    "deleted or not copied with the others. Restore an older full checkpoint, or copy the chain back.",
+                ],
+            )
+            with tf.control_dependencies([exists]):
+                link_record, link_found = _ops.op("tf_ext_checkpoint_read_optional_string")(
+                    path,
+                    tensor_name=name + DELTA_SUFFIX,
+                    check_tensors=[name + s for s in _ROW_SUFFIXES + (REMOVED_SUFFIX, DELTA_SUFFIX)],
+                )
+            same = tf.logical_and(
+                tf.logical_and(link_found, _has_field(link_record, "kind", kind)),
+                tf.equal(_record_field(link_record, "id"), link_ids[i]),
+            )
+            match = tf.debugging.Assert(
+                same,
+                [
+                    "Delta checkpoint",
+                    prefix,
+                    "was written on checkpoint",
+                    path,
+                    "with id",
+                    link_ids[i],
+                    "and kind %s, but that checkpoint is another one (a checkpoint of another run under the same "
+                    "name?). Its record:" % kind,
+                    link_record,
+                ],
+            )
+            names = [name + s for s in _ROW_SUFFIXES] + ([name + REMOVED_SUFFIX] if with_removed else [])
+            dtypes = list(_ROW_DTYPES) + ([tf.int64] if with_removed else [])
+            with tf.control_dependencies([match]):
+                read = tf.raw_ops.RestoreV2(
+                    prefix=path, tensor_names=names, shape_and_slices=[""] * len(names), dtypes=dtypes
+                )
+            return _shaped(read)
+
+        with tf.control_dependencies([has_base]):
+            base = read(0, "full", False)
+
+        def body(i, *state):
+            delta = read(i, "delta", True)
+            return (i + 1,) + _merge(state, delta[:5], delta[5])
+
+        shapes = [tf.TensorShape([])] + [tf.TensorShape([None])] + [tf.TensorShape([None, None])] * 2
+        shapes += [tf.TensorShape([None])] * 2
+        merged = tf.compat.v1.while_loop(
+            lambda i, *_: tf.less(i, n_links),
+            body,
+            (tf.constant(1),) + base,
+            shape_invariants=tuple(shapes),
+            parallel_iterations=1,
+        )[1:]
+        own_removed = tf.raw_ops.RestoreV2(
+            prefix=prefix, tensor_names=[name + REMOVED_SUFFIX], shape_and_slices=[""], dtypes=[tf.int64]
+        )[0]
+        return _merge(tuple(merged), _shaped(rows), own_removed)
+
+    def plain():
+        return tuple(tf.identity(t) for t in rows)
+
+    return tf.cond(is_delta, chain, plain)
+
+
+def _shaped(tensors):
+    """Rows tuple with the static ranks the merge relies on."""
+    out = [tf.reshape(tensors[0], [-1])]
+    for t in tensors[1:3]:
+        out.append(tf.reshape(t, tf.stack([tf.shape(t)[0], tf.reduce_prod(tf.shape(t)[1:])])))
+    out += [tf.reshape(t, [-1]) for t in tensors[3:]]
+    return tuple(out)
+
+
+def _format_record(kind, save_id, step, since, links):
+    lines = [_HEADER, "kind=" + kind, "id=" + save_id, "step=%d" % step, "since_step=%d" % since]
+    lines += ["link=%s %s" % (link_id, os.path.basename(path)) for link_id, path in links]
+    return "\n".join(lines) + "\n"
+
+
+def _parse_links(record, directory):
+    """(id, path) of each link of a record read in Python."""
+    out = []
+    for line in record.split("\n"):
+        if line.startswith("link="):
+            link_id, _, base = line[len("link=") :].partition(" ")
+            out.append((link_id, os.path.join(directory, base)))
+    return out
+
+
+class DeltaCheckpointSaverListener(tf.compat.v1.train.CheckpointSaverListener):
+    """Makes the checkpoints of dynamic embeddings full every `full_every` saves and deltas in between.
+
+    See `delta_checkpoints`.
+    """
+
+    def __init__(self, full_every, saver=None, max_removed_keys=2**22):
+        if isinstance(full_every, bool) or not isinstance(full_every, int) or full_every < 1:
+            raise ValueError(
+                "delta_checkpoints: full_every must be an int >= 1 (saves per full save), got %r" % (full_every,)
+            )
+        if isinstance(max_removed_keys, bool) or not isinstance(max_removed_keys, int) or max_removed_keys < 0:
+            raise ValueError("delta_checkpoints: max_removed_keys must be an int >= 0, got %r" % (max_removed_keys,))
+        if saver is not None and not hasattr(saver, "last_checkpoints"):
+            raise TypeError("delta_checkpoints: saver must be a tf.compat.v1.train.Saver, got %r" % (saver,))
+        self._full_every = full_every
+        self._saver = saver
+        self._max_removed_keys = max_removed_keys
+        self._graph = None
+        self._reset()
+
+    def _reset(self):
+        self._chain = []  # (id, path) of the last full save and the deltas after it
+        self._last_step = None
+        self._needs = {}  # checkpoint path -> paths of the links it needs
+        self._kept_for_deltas = set()  # links the Saver no longer lists, kept because a listed checkpoint needs them
+        self._pending = None
+
+    @property
+    def full_every(self):
+        return self._full_every
+
+    def begin(self):
+        """Installs the delta save tensors into the default graph; call before its Saver is built."""
+        from tensorflow_ext.embedding import creation  # pylint: disable=import-outside-toplevel
+
+        graph = tf.compat.v1.get_default_graph()
+        if graph is self._graph:
+            return
+        self._graph = graph
+        self._reset()
+        self._state = _install(graph)
+        self._shards = [s for emb in creation.get_dynamic_embeddings(graph) for s in emb.shards]
+        with graph.as_default(), tf_ops.init_scope(), tf.name_scope("tf_ext_delta_checkpoint/"):
+            starts, flags, commits = [], [], []
+            for shard in self._shards:
+                with tf_ops.colocate_with(shard.handle, ignore_existing=True):
+                    starts.append(
+                        _ops.op("tf_ext_table_change_log_start")(
+                            shard.handle, tf.constant(self._max_removed_keys, tf.int64)
+                        )
+                    )
+                    _, enabled, untracked, overflow = _ops.op("tf_ext_table_change_log")(shard.handle, read_keys=False)
+                    flags.append(tf.logical_and(enabled, tf.logical_not(tf.logical_or(untracked, overflow))))
+                    commits.append(_ops.op("tf_ext_table_change_log_commit")(shard.handle))
+            self._start = tf.group(*starts, name="start")
+            self._tracked = tf.reduce_all(tf.stack(flags)) if flags else tf.constant(True)
+            self._commit = tf.group(*commits, name="commit")
+
+    def _get_saver(self, session):
+        if self._saver is not None:
+            return self._saver
+        savers = session.graph.get_collection(tf.compat.v1.GraphKeys.SAVERS)
+        if len(savers) != 1:
+            raise ValueError(
+                "delta checkpoints: cannot tell which Saver writes the checkpoints (%d in GraphKeys.SAVERS); pass "
+                "it: tf_ext.embedding.delta_checkpoints(full_every, saver=...)" % len(savers)
+            )
+        return savers[0]
+
+    def _check_built(self):
+        late = [s.name for s in self._shards if s.saveable is not None and not s.saveable.writes_deltas()]
+        if late:
+            raise RuntimeError(
+                "delta checkpoints: %s would write full checkpoints without a delta record: the Saver was built "
+                "before tf_ext.embedding.delta_checkpoints() (create the listener, or call its begin(), before "
+                "building the Saver), or the embedding is a Horovod model-parallel one, which delta checkpoints do "
+                "not support" % ", ".join(late)
+            )
+
+    def _recover_needs(self, paths):
+        """Reads which links the listed checkpoints of an earlier run need (their records)."""
+        for path in paths:
+            if path in self._needs or not self._shards:
+                continue
+            links = []
+            try:
+                reader = tf.compat.v1.train.NewCheckpointReader(path)
+                key = self._shards[0].name + DELTA_SUFFIX
+                if reader.has_tensor(key):
+                    record = reader.get_tensor(key)
+                    record = record.decode() if isinstance(record, bytes) else str(record)
+                    links = [p for _, p in _parse_links(record, os.path.dirname(path))]
+            except (tf.errors.OpError, ValueError):
+                pass
+            self._needs[path] = links
+
+    def before_save(self, session, global_step_value):
+        if self._graph is not session.graph:
+            raise RuntimeError(
+                "delta checkpoints: the listener's begin() was not called for this graph (pass it to "
+                "CheckpointSaverHook(listeners=...) or Estimator.train(saving_listeners=...), or call begin() before "
+                "building the Saver)"
+            )
+        self._check_built()
+        saver = self._get_saver(session)
+        step = int(global_step_value)
+        self._recover_needs(saver.last_checkpoints)
+        full = (
+            not self._chain
+            or len(self._chain) >= self._full_every
+            or self._last_step is None
+            or step <= self._last_step  # the same name as the previous save: it would overwrite a link
+            or not session.run(self._tracked)
+        )
+        save_id = uuid.uuid4().hex
+        links = [] if full else list(self._chain)
+        since = -1 if full else self._last_step
+        record = _format_record("full" if full else "delta", save_id, step, since, links)
+        # Keep what the checkpoints the Saver keeps need: the Saver deletes its oldest beyond max_to_keep while
+        # saving; a link a kept checkpoint needs is taken off its list (and deleted here once nothing needs it).
+        max_to_keep = saver.saver_def.max_to_keep
+        listed = list(saver.last_checkpoints)
+        if max_to_keep > 0 and len(listed) + 1 > max_to_keep:
+            doomed = listed[: len(listed) + 1 - max_to_keep]
+            kept = listed[len(listed) + 1 - max_to_keep :]
+            needed = {p for _, p in links}
+            for p in kept:
+                needed.update(self._needs.get(p, ()))
+            rescued = [p for p in doomed if p in needed]
+            if rescued:
+                # pylint: disable=protected-access
+                saver.set_last_checkpoints_with_time([(p, t) for p, t in saver._last_checkpoints if p not in rescued])
+                self._kept_for_deltas.update(rescued)
+        session.run(self._state.assign, {self._state.since_in: since, self._state.record_in: record})
+        if full:
+            session.run(self._start)
+        self._pending = (save_id, full, step, links)
+
+    def after_save(self, session, global_step_value):
+        del global_step_value
+        if self._pending is None:
+            return
+        save_id, full, step, links = self._pending
+        self._pending = None
+        saver = self._get_saver(session)
+        listed = list(saver.last_checkpoints)
+        if not listed:
+            raise RuntimeError(
+                "delta checkpoints: the Saver lists no checkpoint after the save (saved with write_state=False?)"
+            )
+        path = listed[-1]
+        if any(os.path.basename(p) == os.path.basename(path) for _, p in links):
+            raise RuntimeError(
+                "delta checkpoints: the delta %s was saved under the name of a checkpoint it applies to, which it "
+                "replaced; save with global_step=" % path
+            )
+        session.run(self._commit)
+        self._chain = [(save_id, path)] if full else self._chain + [(save_id, path)]
+        self._last_step = step
+        self._needs[path] = [p for _, p in links]
+        # Links kept for deltas that no listed checkpoint needs any more go now.
+        needed = set()
+        for p in listed:
+            needed.update(self._needs.get(p, ()))
+        for p in sorted(self._kept_for_deltas - needed):
+            if p not in listed:
+                tf.compat.v1.train.remove_checkpoint(p)
+            self._kept_for_deltas.discard(p)
+        self._kept_for_deltas.update(p for p in needed if p not in listed)
+        for p in list(self._needs):
+            if p not in listed and p not in self._kept_for_deltas:
+                del self._needs[p]
+
+    def save(self, sess, saver, save_path, global_step):
+        """`saver.save(sess, save_path, global_step=...)` as a delta or full save, for plain Sessions.
+
+        Args:
+          sess: the Session.
+          saver: the `tf.compat.v1.train.Saver` (built after this listener).
+          save_path: the checkpoint prefix; the step is appended (`<save_path>-<step>`), as the hooks do.
+          global_step: int, or a tensor/variable to read.
+
+        Returns:
+          The path of the checkpoint written.
+        """
+        if self._saver is None:
+            self._saver = saver
+        elif saver is not self._saver:
+            raise ValueError("delta checkpoints: save() got another Saver than the one the listener was given")
+        step = global_step if isinstance(global_step, int) else int(sess.run(global_step))
+        self.begin()
+        self.before_save(sess, step)
+        path = saver.save(sess, save_path, global_step=step)
+        self.after_save(sess, step)
+        return path
+
+
+def delta_checkpoints(full_every, saver=None, max_removed_keys=2**22):
+    """Checkpoints of dynamic embeddings written as deltas: a full save every `full_every` saves, deltas between.
+
+    A delta holds the rows trained since the previous save (with their optimizer slots, versions and frequencies)
+    and the keys removed since then; restoring it (with any Saver, Estimator or MonitoredTrainingSession) applies its
+    full save and the deltas before it in order, giving exactly the table saved. Dense variables are saved whole,
+    as usual.
+
+    Usage: Estimator `train(..., saving_listeners=[listener])`; `CheckpointSaverHook(..., listeners=[listener])`;
+    with a plain Saver, create the listener after the model and before the Saver, then save with
+    `listener.save(sess, saver, path, global_step)`.
+
+    Args:
+      full_every: int >= 1: every full_every-th save is full (1: every save).
+      saver: the Saver (default: the graph's only Saver in `GraphKeys.SAVERS`, as hooks and Estimators use).
+      max_removed_keys: removed keys each shard logs between saves (8 bytes each); past that the next save is full.
+
+    Returns:
+      A `DeltaCheckpointSaverListener` (a `tf.compat.v1.train.CheckpointSaverListener`).
+
+    Raises:
+      ValueError / TypeError: a bad argument.
+    """
+    listener = DeltaCheckpointSaverListener(full_every, saver=saver, max_removed_keys=max_removed_keys)
+    from tensorflow_ext.embedding import creation  # pylint: disable=import-outside-toplevel
+
+    if creation.get_dynamic_embeddings():
+        listener.begin()  # a graph already built (plain Sessions): install before its Saver
+    return listener

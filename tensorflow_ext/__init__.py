@@ -34,6 +34,7 @@ _LAZY = {
     "tfra": (("tensorflow_ext.tfra",), None),
     "horovod": (("tensorflow_ext.horovod",), None),
     "tf_compat": (("tensorflow_ext.tf_compat",), None),
+    "xla": (("tensorflow_ext.xla",), None),
     "DynamicEmbeddingOptimizer": (("tensorflow_ext.tfra",), "DynamicEmbeddingOptimizer"),
     "examples": (("tensorflow_ext.examples",), None),
 }

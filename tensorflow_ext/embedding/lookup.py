@@ -66,6 +66,13 @@ def _lookup_shard(shard, keys, is_training, step):
     spec = shard.embedding.initializer
     dim = shard.dim
     handle = shard.handle
+    if shard.frozen:
+        if is_training:
+            shard.check_writable("embedding_lookup(is_training=True)")
+        # A read-only serving table: no insert, no count, no gradient.
+        with tf_ops.colocate_with(handle):
+            values, _ = _ops.op("tf_ext_frozen_table_find")(handle, keys, tf.constant(spec.missing_row(dim)), dim=dim)
+        return values
     with tf_ops.colocate_with(handle):
         if spec.in_kernel and _ops.use_fused():
             values = _ops.op("tf_ext_embedding_lookup")(
@@ -163,6 +170,7 @@ def _lookup_ids_fused(emb, flat_keys, is_training):
 def _use_fused_ids(emb):
     return (
         len(emb.shards) == 1
+        and not emb.shards[0].frozen
         and emb.distribution is None
         and emb.admission is None
         and emb.initializer.in_kernel

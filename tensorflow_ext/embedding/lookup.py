@@ -61,6 +61,16 @@ def _insert_once_training(shard, lookup_op):
     shard.lookups.when_training(activate)
 
 
+@tf.RegisterGradient("TfExtFrozenTableFind")
+def _frozen_find_grad(op, *grads):
+    """Training through a frozen serving table is refused by name (rather than TF's 'no gradient defined')."""
+    del grads
+    raise ValueError(
+        "%s reads a read-only serving table (created inside tf_ext.serving.freeze_for_serving()): it has no "
+        "gradient; build training graphs outside that scope" % op.name
+    )
+
+
 def _lookup_shard(shard, keys, is_training, step):
     """Rows [n, dim] of unique int64 keys [n] in one shard."""
     spec = shard.embedding.initializer

@@ -177,6 +177,10 @@ def _lookup_ids_fused(emb, flat_keys, is_training):
     return values
 
 
+def _use_frozen(emb):
+    return emb.distribution is None and emb.admission is None and all(s.frozen for s in emb.shards)
+
+
 def _use_fused_ids(emb):
     return (
         len(emb.shards) == 1
@@ -231,7 +235,14 @@ def embedding_lookup(params, ids, name=None, is_training=None, max_norm=None, re
         )
         keys = emb.to_keys(ids_t)
         flat = tf.reshape(keys, [-1])
-        if _use_fused_ids(emb):
+        if _use_frozen(emb):
+            # A read-only serving table: no dedup (nothing to count or differentiate), one find per shard.
+            parts, positions = emb.partition.split(flat)
+            rows = [_lookup_shard(shard, part, is_training, None) for shard, part in zip(emb.shards, parts)]
+            out = emb.partition.stitch(positions, rows)
+            if max_norm is not None:
+                out = tf.clip_by_norm(out, max_norm, axes=[1])
+        elif _use_fused_ids(emb):
             # One kernel dedups, looks up each unique key once and writes every id's
             # row; the gradient sums per unique key in one kernel too.
             out = _lookup_ids_fused(emb, flat, is_training)

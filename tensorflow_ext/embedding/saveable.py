@@ -281,6 +281,12 @@ def _checkpoint_source(restored_tensor):
     return None, None
 
 
+def _release_free_memory(restore_op):
+    """`restore_op`, then the freed read buffers given back to the OS (a served process's memory is its tables)."""
+    with tf.control_dependencies([restore_op]):
+        return _ops.op("tf_ext_release_free_memory")()
+
+
 class ShardSaveable(saveable_object.SaveableObject):
     """SaveableObject of one `DynamicEmbeddingShard` (see module docstring)."""
 
@@ -450,7 +456,8 @@ class ShardSaveable(saveable_object.SaveableObject):
         del restored_shapes
         shard = self._shard
         self._restore_built = True
-        if len(restored_tensors) == len(_LEAN_SUFFIXES):
+        lean = len(restored_tensors) == len(_LEAN_SUFFIXES)
+        if lean:
             # A SavedModel export's Saver (lean specs): keys and embeddings only; versions and frequencies are 0.
             keys, values, num_shards = restored_tensors
             keys = tf.cast(keys, tf.int64)
@@ -482,7 +489,8 @@ class ShardSaveable(saveable_object.SaveableObject):
             emb = shard.embedding
             n = emb.num_shards
             if n == 1:
-                return _import_rows(shard, rows, clear_first=True, with_slots=with_slots)
+                imported = _import_rows(shard, rows, clear_first=True, with_slots=with_slots)
+                return _release_free_memory(imported) if lean else imported
 
             # Place every key by the current partition: keys of this tensor that
             # belong to another shard go there (usually none: the cond then passes
@@ -529,7 +537,7 @@ class ShardSaveable(saveable_object.SaveableObject):
                 op._add_control_input(ready)  # pylint: disable=protected-access
             build.ready.append(ready)
             build.imports.extend(ops)
-            return tf.group(*ops)
+            return _release_free_memory(tf.group(*ops)) if lean else tf.group(*ops)
 
     def _shape_checks(self, num_shards, values):
         """Asserts that the checkpoint's shard count and embedding dim are the graph's."""
@@ -597,4 +605,5 @@ class FrozenShardSaveable(ShardSaveable):
                     tf.cond(all_own, lambda t=t: tf.identity(t), lambda t=t: tf.gather(t, own_idx))
                     for t in (keys, values)
                 )
-            return _ops.op("tf_ext_frozen_table_build")(shard.handle, keys, values)
+            build = _ops.op("tf_ext_frozen_table_build")(shard.handle, keys, values)
+        return _release_free_memory(build)

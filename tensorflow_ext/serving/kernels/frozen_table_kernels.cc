@@ -10,6 +10,9 @@
 
 #include <cstring>
 #include <memory>
+#if defined(__GLIBC__)
+#include <malloc.h>
+#endif
 #include <stdexcept>
 #include <string>
 #include <vector>
@@ -259,6 +262,20 @@ class FrozenTableStatOp : public OpKernel {
   }
 };
 
+// TfExtReleaseFreeMemory: returns the allocator's free memory to the OS. A restore reads tensors as large as the
+// tables it fills and frees them; glibc keeps freed blocks below its mmap threshold mapped, so without this a
+// served process would keep the read buffers in its resident memory next to the tables. Runs after a serving
+// restore.
+class ReleaseFreeMemoryOp : public OpKernel {
+ public:
+  using OpKernel::OpKernel;
+  void Compute(OpKernelContext* ctx) override {
+#if defined(__GLIBC__)
+    malloc_trim(0);
+#endif
+  }
+};
+
 Status HandleInput(InferenceContext* c) {
   ShapeHandle h;
   return c->WithRank(c->input(0), 0, &h);
@@ -328,6 +345,9 @@ REGISTER_OP("TfExtFrozenTableMemoryBytes")
     .SetIsStateful()
     .SetShapeFn(tensorflow::shape_inference::ScalarShape);
 
+REGISTER_OP("TfExtReleaseFreeMemory").SetIsStateful().SetShapeFn(tensorflow::shape_inference::NoOutputs);
+
+REGISTER_KERNEL_BUILDER(Name("TfExtReleaseFreeMemory").Device(DEVICE_CPU), ReleaseFreeMemoryOp);
 REGISTER_KERNEL_BUILDER(Name("TfExtFrozenTableHandle").Device(DEVICE_CPU), FrozenTableHandleOp);
 REGISTER_KERNEL_BUILDER(Name("TfExtFrozenTableFind").Device(DEVICE_CPU), FrozenTableFindOp);
 REGISTER_KERNEL_BUILDER(Name("TfExtFrozenTableBuild").Device(DEVICE_CPU), FrozenTableBuildOp);

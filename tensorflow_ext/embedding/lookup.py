@@ -61,11 +61,28 @@ def _insert_once_training(shard, lookup_op):
     shard.lookups.when_training(activate)
 
 
+@tf.RegisterGradient("TfExtFrozenTableFind")
+def _frozen_find_grad(op, *grads):
+    """Training through a frozen serving table is refused by name (rather than TF's 'no gradient defined')."""
+    del grads
+    raise ValueError(
+        "%s reads a read-only serving table (created inside tf_ext.serving.freeze_for_serving()): it has no "
+        "gradient; build training graphs outside that scope" % op.name
+    )
+
+
 def _lookup_shard(shard, keys, is_training, step):
     """Rows [n, dim] of unique int64 keys [n] in one shard."""
     spec = shard.embedding.initializer
     dim = shard.dim
     handle = shard.handle
+    if shard.frozen:
+        if is_training:
+            shard.check_writable("embedding_lookup(is_training=True)")
+        # A read-only serving table: no insert, no count, no gradient.
+        with tf_ops.colocate_with(handle):
+            values, _ = _ops.op("tf_ext_frozen_table_find")(handle, keys, tf.constant(spec.missing_row(dim)), dim=dim)
+        return values
     with tf_ops.colocate_with(handle):
         if spec.in_kernel and _ops.use_fused():
             values = _ops.op("tf_ext_embedding_lookup")(
@@ -160,9 +177,14 @@ def _lookup_ids_fused(emb, flat_keys, is_training):
     return values
 
 
+def _use_frozen(emb):
+    return emb.distribution is None and emb.admission is None and all(s.frozen for s in emb.shards)
+
+
 def _use_fused_ids(emb):
     return (
         len(emb.shards) == 1
+        and not emb.shards[0].frozen
         and emb.distribution is None
         and emb.admission is None
         and emb.initializer.in_kernel
@@ -213,7 +235,14 @@ def embedding_lookup(params, ids, name=None, is_training=None, max_norm=None, re
         )
         keys = emb.to_keys(ids_t)
         flat = tf.reshape(keys, [-1])
-        if _use_fused_ids(emb):
+        if _use_frozen(emb):
+            # A read-only serving table: no dedup (nothing to count or differentiate), one find per shard.
+            parts, positions = emb.partition.split(flat)
+            rows = [_lookup_shard(shard, part, is_training, None) for shard, part in zip(emb.shards, parts)]
+            out = emb.partition.stitch(positions, rows)
+            if max_norm is not None:
+                out = tf.clip_by_norm(out, max_norm, axes=[1])
+        elif _use_fused_ids(emb):
             # One kernel dedups, looks up each unique key once and writes every id's
             # row; the gradient sums per unique key in one kernel too.
             out = _lookup_ids_fused(emb, flat, is_training)

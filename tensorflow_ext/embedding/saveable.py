@@ -64,12 +64,15 @@ import tensorflow as tf
 from tensorflow.python.framework import ops as tf_ops
 from tensorflow.python.training.saving import saveable_object
 
+from tensorflow_ext import serving
 from tensorflow_ext.embedding import _ops
 from tensorflow_ext.embedding import delta as delta_lib
 
-__all__ = ["ShardSaveable", "layout_record", "restore_values_only"]
+__all__ = ["FrozenShardSaveable", "ShardSaveable", "layout_record", "restore_values_only"]
 
 _SUFFIXES = ("-keys", "-values", "-slots", "-versions", "-freqs", "-num_shards")
+# What a SavedModel export writes and reads per shard (see tensorflow_ext.serving): the embedding only.
+_LEAN_SUFFIXES = ("-keys", "-values", "-num_shards")
 _LAYOUT_SUFFIX = "-layout"
 _LAYOUT_FORMAT = 1
 _RESTORE_OPS = ("RestoreV2", "Restore", "RestoreSlice")
@@ -279,6 +282,12 @@ def _checkpoint_source(restored_tensor):
     return None, None
 
 
+def _release_free_memory(restore_op):
+    """`restore_op`, then the freed read buffers given back to the OS (a served process's memory is its tables)."""
+    with tf.control_dependencies([restore_op]):
+        return _ops.op("tf_ext_release_free_memory")()
+
+
 class ShardSaveable(saveable_object.SaveableObject):
     """SaveableObject of one `DynamicEmbeddingShard` (see module docstring)."""
 
@@ -296,6 +305,9 @@ class ShardSaveable(saveable_object.SaveableObject):
 
     @property
     def specs(self):
+        if serving.in_saved_model_export():
+            # A SavedModel export's Saver writes and restores the embedding columns only.
+            return self._lean_specs()
         if _in_saver_restore_build():
             # The Saver reads every spec it restores in one RestoreV2, which fails on a tensor missing from the
             # checkpoint; the layout record is read by restore() itself (optional: older checkpoints lack it).
@@ -331,6 +343,23 @@ class ShardSaveable(saveable_object.SaveableObject):
                 self._delta = True
             self._specs = specs
         return self._specs
+
+    def _lean_specs(self):
+        if getattr(self, "_lean", None) is None:
+            shard = self._shard
+            with tf_ops.colocate_with(shard.handle, ignore_existing=True):
+                with tf.name_scope(shard.name.replace("/", "_") + "_serving_export"):
+                    keys, values = self._export_embedding()
+                    num_shards = tf.constant(shard.embedding.num_shards, tf.int64, name="num_shards")
+            self._lean = [
+                saveable_object.SaveSpec(t, "", self.name + suffix)
+                for t, suffix in zip((keys, values, num_shards), _LEAN_SUFFIXES)
+            ]
+        return self._lean
+
+    def _export_embedding(self):
+        keys, values, _, _ = _ops.op("tf_ext_table_export")(self._shard.handle, col_begin=0, cols=self._shard.dim)
+        return keys, values
 
     @property
     def device(self):
@@ -448,38 +477,28 @@ class ShardSaveable(saveable_object.SaveableObject):
         del restored_shapes
         shard = self._shard
         self._restore_built = True
-        keys, values, slots, versions, freqs, num_shards = restored_tensors[: len(_SUFFIXES)]
-        with_slots = _restores_slots(shard) and shard.width > shard.dim
-        record, found = self._read_layout(restored_tensors)
+        lean = len(restored_tensors) == len(_LEAN_SUFFIXES)
+        if lean:
+            # A SavedModel export's Saver (lean specs): keys and embeddings only; versions and frequencies are 0.
+            keys, values, num_shards = restored_tensors
+            keys = tf.cast(keys, tf.int64)
+            versions = freqs = tf.zeros_like(keys)
+            slots = tf.zeros(tf.stack([tf.size(keys), 0]), tf.float32)
+            with_slots = False
+            record = found = None
+        else:
+            keys, values, slots, versions, freqs, num_shards = restored_tensors[: len(_SUFFIXES)]
+            with_slots = _restores_slots(shard) and shard.width > shard.dim
+            record, found = self._read_layout(restored_tensors)
         with tf_ops.colocate_with(shard.handle, ignore_existing=True):
-            checks = [
-                tf.debugging.Assert(
-                    tf.equal(tf.cast(num_shards, tf.int64), shard.embedding.num_shards),
-                    [
-                        "Checkpoint tensors %s-* were written by a dynamic embedding with a different number of shards; "
-                        "embedding %s has num_shards=%d here (restoring would drop the keys of the other shards; use "
-                        "tf.compat.v1.train.warm_start to reshard). Checkpoint num_shards:"
-                        % (self.name, shard.embedding.name, shard.embedding.num_shards),
-                        num_shards,
-                    ],
-                    name="check_num_shards",
-                ),
-                tf.debugging.Assert(
-                    tf.logical_and(tf.equal(tf.rank(values), 2), tf.equal(tf.shape(values)[-1], shard.dim)),
-                    [
-                        "Checkpoint tensor %s-values does not match dynamic embedding %s: its rows must be dim=%d wide. "
-                        "Checkpoint shape:" % (self.name, shard.embedding.name, shard.dim),
-                        tf.shape(values),
-                    ],
-                    name="check_dim",
-                ),
-            ]
+            checks = self._shape_checks(num_shards, values)
             if with_slots:
                 # After the shard-count and dim checks: those errors say more when they apply.
                 with tf.control_dependencies(checks):
                     checks.append(self._check_layout(record, found, slots))
-            # The integrity check of the layout read runs even when the layout is not compared.
-            checks.append(found.op)
+            if found is not None:
+                # The integrity check of the layout read runs even when the layout is not compared.
+                checks.append(found.op)
             with tf.control_dependencies(checks):
                 keys = tf.identity(keys)
                 values = tf.identity(values)
@@ -497,7 +516,8 @@ class ShardSaveable(saveable_object.SaveableObject):
             emb = shard.embedding
             n = emb.num_shards
             if n == 1:
-                return _import_rows(shard, rows, clear_first=True, with_slots=with_slots)
+                imported = _import_rows(shard, rows, clear_first=True, with_slots=with_slots)
+                return _release_free_memory(imported) if lean else imported
 
             # Place every key by the current partition: keys of this tensor that
             # belong to another shard go there (usually none: the cond then passes
@@ -547,4 +567,73 @@ class ShardSaveable(saveable_object.SaveableObject):
                 op._add_control_input(ready)  # pylint: disable=protected-access
             build.ready.append(ready)
             build.imports.extend(ops)
-            return tf.group(*ops)
+            return _release_free_memory(tf.group(*ops)) if lean else tf.group(*ops)
+
+    def _shape_checks(self, num_shards, values):
+        """Asserts that the checkpoint's shard count and embedding dim are the graph's."""
+        shard = self._shard
+        with tf_ops.colocate_with(shard.handle, ignore_existing=True):
+            checks = [
+                tf.debugging.Assert(
+                    tf.equal(tf.cast(num_shards, tf.int64), shard.embedding.num_shards),
+                    [
+                        "Checkpoint tensors %s-* were written by a dynamic embedding with a different number of shards; "
+                        "embedding %s has num_shards=%d here (restoring would drop the keys of the other shards; use "
+                        "tf.compat.v1.train.warm_start to reshard). Checkpoint num_shards:"
+                        % (self.name, shard.embedding.name, shard.embedding.num_shards),
+                        num_shards,
+                    ],
+                    name="check_num_shards",
+                ),
+                tf.debugging.Assert(
+                    tf.logical_and(tf.equal(tf.rank(values), 2), tf.equal(tf.shape(values)[-1], shard.dim)),
+                    [
+                        "Checkpoint tensor %s-values does not match dynamic embedding %s: its rows must be dim=%d wide. "
+                        "Checkpoint shape:" % (self.name, shard.embedding.name, shard.dim),
+                        tf.shape(values),
+                    ],
+                    name="check_dim",
+                ),
+            ]
+        return checks
+
+
+class FrozenShardSaveable(ShardSaveable):
+    """SaveableObject of a frozen (read-only serving) shard: `<shard>-keys`, `-values` and `-num_shards` only.
+
+    Restoring builds the shard's `table::FrozenTable` from the keys and embedding values of a training checkpoint or
+    of a SavedModel (`TfExtFrozenTableBuild`, swapped in whole: concurrent lookups see the old table or the new one).
+    """
+
+    @property
+    def specs(self):
+        return self._lean_specs()
+
+    @specs.setter
+    def specs(self, value):
+        self._specs = value
+
+    def _export_embedding(self):
+        return _ops.op("tf_ext_frozen_table_export")(self._shard.handle, dim=self._shard.dim)
+
+    def restore(self, restored_tensors, restored_shapes):
+        del restored_shapes
+        shard = self._shard
+        self._restore_built = True
+        keys, values, num_shards = restored_tensors[: len(_LEAN_SUFFIXES)]
+        with tf_ops.colocate_with(shard.handle, ignore_existing=True):
+            checks = self._shape_checks(num_shards, values)
+            with tf.control_dependencies(checks):
+                keys = tf.cast(keys, tf.int64)
+                values = tf.reshape(values, [-1, shard.dim])
+            if shard.embedding.num_shards > 1:
+                # Keys are placed by the current partition; a key of another shard's tensors is not looked up here.
+                own = tf.equal(shard.embedding.shard_ids(keys), shard.shard_index)
+                own_idx = tf.reshape(tf.where(own), [-1])
+                all_own = tf.reduce_all(own)
+                keys, values = (
+                    tf.cond(all_own, lambda t=t: tf.identity(t), lambda t=t: tf.gather(t, own_idx))
+                    for t in (keys, values)
+                )
+            build = _ops.op("tf_ext_frozen_table_build")(shard.handle, keys, values)
+        return _release_free_memory(build)

@@ -106,26 +106,42 @@ class DynamicEmbeddingShard(object):
             self._dim, embedding.initializer.embedding_column_defaults(self._dim), embedding.name
         )
         self._lookups = shard_lookups.ShardLookups(name)
+        from tensorflow_ext import serving  # pylint: disable=import-outside-toplevel
+
+        # Created inside tf_ext.serving.freeze_for_serving(): a read-only serving table (no slots, no metadata).
+        self._frozen = serving.freezing()
         with tf.control_dependencies(None), tf.compat.v1.name_scope(None):
             with tf.compat.v1.name_scope(embedding.name + "/"):
                 ctx = tf.device(device) if device is not None else _NullContext()
                 with ctx:
-                    self._handle = _ops.op("tf_ext_table_handle")(
-                        dim=self._dim,
-                        width=self._layout.width,
-                        column_defaults=self._layout.column_defaults_attr,
-                        initial_capacity=int(initial_capacity),
-                        shard_bits=-1,
-                        # Training tables grow every step; on kernels that compact memory
-                        # on a huge-page fault, huge pages made growth-heavy steps ~20%
-                        # slower (docs/benchmarks.md). TF_EXT_TABLE_HUGE_PAGES=1 overrides.
-                        huge_pages=False,
-                        container="",
-                        shared_name=name,
-                        use_node_name_sharing=False,
-                        name="part_%d" % index,
-                    )
+                    if self._frozen:
+                        self._handle = _ops.op("tf_ext_frozen_table_handle")(
+                            dim=self._dim,
+                            container="",
+                            shared_name=name,
+                            use_node_name_sharing=False,
+                            name="part_%d" % index,
+                        )
+                    else:
+                        self._handle = self._mutable_handle(name, index, initial_capacity)
         self._saveable = None
+
+    def _mutable_handle(self, name, index, initial_capacity):
+        return _ops.op("tf_ext_table_handle")(
+            dim=self._dim,
+            width=self._layout.width,
+            column_defaults=self._layout.column_defaults_attr,
+            initial_capacity=int(initial_capacity),
+            shard_bits=-1,
+            # Training tables grow every step; on kernels that compact memory
+            # on a huge-page fault, huge pages made growth-heavy steps ~20%
+            # slower (docs/benchmarks.md). TF_EXT_TABLE_HUGE_PAGES=1 overrides.
+            huge_pages=False,
+            container="",
+            shared_name=name,
+            use_node_name_sharing=False,
+            name="part_%d" % index,
+        )
 
     # ---- variable-like interface ------------------------------------------------
 
@@ -138,6 +154,20 @@ class DynamicEmbeddingShard(object):
     def handle(self):
         """The table resource (a scalar `resource` tensor)."""
         return self._handle
+
+    @property
+    def frozen(self):
+        """True for a read-only serving table (created inside `tf_ext.serving.freeze_for_serving()`)."""
+        return self._frozen
+
+    def check_writable(self, what):
+        """Raises a ValueError naming `what` when the shard is a frozen (read-only) serving table."""
+        if self._frozen:
+            raise ValueError(
+                "%s: dynamic embedding %r was created inside tf_ext.serving.freeze_for_serving() and is a read-only "
+                "serving table (lookups only); build training and table updates outside that scope"
+                % (what, self._embedding.name)
+            )
 
     @property
     def op(self):
@@ -274,6 +304,7 @@ class DynamicEmbeddingShard(object):
           ValueError: the layout was frozen (a Saver or an export with slots was
             built for this embedding already).
         """
+        self.check_writable("an optimizer (%s)" % type(optimizer).__name__)
         group, changed = self._layout.add_slot_columns(optimizer, slot_names, initial_values)
         if changed:
             op = self._handle.op
@@ -301,6 +332,7 @@ class DynamicEmbeddingShard(object):
     def set_training(self):
         """Turns the shard's find-only lookups (built with is_training=None) into
         inserting ones, now and for lookups built later."""
+        self.check_writable("training lookups")
         self._lookups.set_training()
 
     # ---- the shard as a tensor: the rows this graph's lookups read ---------------
@@ -429,7 +461,8 @@ class DynamicEmbedding(object):
         from tensorflow_ext.embedding import saveable as saveable_lib  # pylint: disable=import-outside-toplevel
 
         for shard in self._shards:
-            shard._saveable = saveable_lib.ShardSaveable(shard)  # pylint: disable=protected-access
+            saveable_cls = saveable_lib.FrozenShardSaveable if shard.frozen else saveable_lib.ShardSaveable
+            shard._saveable = saveable_cls(shard)  # pylint: disable=protected-access
             graph.add_to_collection(tf.compat.v1.GraphKeys.SAVEABLE_OBJECTS, shard.saveable)
             graph.add_to_collection(GraphKeys.DYNAMIC_EMBEDDINGS, shard)
             if trainable:
@@ -650,7 +683,8 @@ class DynamicEmbedding(object):
             sizes = []
             for shard in shards:
                 with tf_ops.colocate_with(shard.handle):
-                    sizes.append(_ops.op("tf_ext_table_size")(shard.handle))
+                    size_op = "tf_ext_frozen_table_size" if shard.frozen else "tf_ext_table_size"
+                    sizes.append(_ops.op(size_op)(shard.handle))
             return tf.add_n(sizes) if len(sizes) > 1 else tf.identity(sizes[0])
 
     def memory_bytes(self, name=None):
@@ -671,7 +705,8 @@ class DynamicEmbedding(object):
             parts = []
             for shard in self._shards:
                 with tf_ops.colocate_with(shard.handle):
-                    parts.append(_ops.op("tf_ext_table_memory_bytes")(shard.handle))
+                    bytes_op = "tf_ext_frozen_table_memory_bytes" if shard.frozen else "tf_ext_table_memory_bytes"
+                    parts.append(_ops.op(bytes_op)(shard.handle))
             return tf.add_n(parts) if len(parts) > 1 else tf.identity(parts[0])
 
     def export(self, with_slots=False, name=None):
@@ -709,6 +744,10 @@ class DynamicEmbedding(object):
 
     # ---- TFRA's Variable methods (porting by renaming) ------------------------
 
+    def _check_writable(self, what):
+        for shard in self._shards:
+            shard.check_writable("%s.%s()" % (self._name, what))
+
     def upsert(self, keys, values, name=None):
         """TFRA's name for `insert`: inserts/overwrites the embeddings of keys.
 
@@ -745,7 +784,12 @@ class DynamicEmbedding(object):
             missing_row = tf.constant(self._initializer.missing_row(self._dim), tf.float32)
             for shard, part in zip(self._shards, parts):
                 with tf_ops.colocate_with(shard.handle):
-                    v, f = _ops.op("tf_ext_table_find")(shard.handle, part, missing_row, col_begin=0, cols=self._dim)
+                    if shard.frozen:
+                        v, f = _ops.op("tf_ext_frozen_table_find")(shard.handle, part, missing_row, dim=self._dim)
+                    else:
+                        v, f = _ops.op("tf_ext_table_find")(
+                            shard.handle, part, missing_row, col_begin=0, cols=self._dim
+                        )
                 rows.append(v)
                 found.append(f)
             if positions is None:
@@ -773,6 +817,7 @@ class DynamicEmbedding(object):
         Returns:
           int64 scalar tensor: keys removed.
         """
+        self._check_writable("restrict")
         from tensorflow_ext.embedding import eviction  # pylint: disable=import-outside-toplevel
 
         policy = policy or getattr(self, "restrict_policy", None) or "timestamp"
@@ -795,6 +840,7 @@ class DynamicEmbedding(object):
         Raises:
           ValueError: the optimizer has no such slot on this embedding.
         """
+        self._check_writable("slot_values")
         group = self._shards[0].slot_group(optimizer)
         if group is None or slot_name not in group.slot_names:
             raise ValueError(
@@ -845,6 +891,7 @@ class DynamicEmbedding(object):
             `ids.shape + [dim]`).
           InvalidArgumentError (at run time): values do not have n rows of `dim`.
         """
+        self._check_writable("insert")
         with tf.name_scope(name or "insert"):
             ids_keys = self.to_keys(ids)
             keys = tf.reshape(ids_keys, [-1])
@@ -915,6 +962,7 @@ class DynamicEmbedding(object):
         Raises:
           TypeError: ids of the wrong dtype (see `to_keys`).
         """
+        self._check_writable("remove")
         with tf.name_scope(name or "remove"):
             keys = tf.reshape(self.to_keys(ids), [-1])
             parts, _ = self._partition.split(keys)
@@ -927,6 +975,11 @@ class DynamicEmbedding(object):
 
 def _export_shard(shard, with_slots):
     with tf_ops.colocate_with(shard.handle):
+        if shard.frozen:
+            # A frozen table holds the embedding only: no slots, versions or frequencies (zeros here).
+            keys, values = _ops.op("tf_ext_frozen_table_export")(shard.handle, dim=shard.dim)
+            zeros = tf.zeros_like(keys)
+            return ExportedEmbedding(keys, values, tf.zeros(tf.stack([tf.size(keys), 0]), tf.float32), zeros, zeros)
         if with_slots:
             shard.freeze_layout("export(with_slots=True)")
             keys, rows, versions, freqs = _ops.op("tf_ext_table_export")(shard.handle, col_begin=0, cols=shard.width)

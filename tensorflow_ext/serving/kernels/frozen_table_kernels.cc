@@ -1,0 +1,359 @@
+// tensorflow_ext: the read-only serving table as a TF resource, its ops and CPU kernels.
+//
+// A TfExtFrozenTableHandle resource holds a `std::shared_ptr<const table::FrozenTable>`:
+// lookups copy the pointer under a short lock and then read the immutable table
+// with no lock at all, so concurrent requests never wait on each other.
+// TfExtFrozenTableBuild (run by the restore of a SavedModel or checkpoint)
+// builds a new table aside and swaps the pointer: lookups running meanwhile
+// finish on the old table, later ones see the new one. No op writes into a
+// built table: FrozenTable has no mutating member.
+
+#include <cstring>
+#include <memory>
+#if defined(__GLIBC__)
+#include <malloc.h>
+#endif
+#include <stdexcept>
+#include <string>
+#include <vector>
+
+#include "tensorflow/core/framework/common_shape_fns.h"
+#include "tensorflow/core/framework/op.h"
+#include "tensorflow/core/framework/op_kernel.h"
+#include "tensorflow/core/framework/resource_mgr.h"
+#include "tensorflow/core/framework/shape_inference.h"
+#include "tensorflow/core/framework/tensor.h"
+#include "tensorflow/core/framework/tensor_shape.h"
+#include "tensorflow/core/lib/core/errors.h"
+#include "tensorflow/core/platform/mutex.h"
+#include "tensorflow/core/util/work_sharder.h"
+#include "tensorflow_ext/table/core/frozen_table.h"
+
+namespace tfext {
+namespace {
+
+using table::FrozenTable;
+using tensorflow::DataTypeString;
+using tensorflow::DEVICE_CPU;
+using tensorflow::DT_FLOAT;
+using tensorflow::DT_INT64;
+using tensorflow::OkStatus;
+using tensorflow::OpKernel;
+using tensorflow::OpKernelConstruction;
+using tensorflow::OpKernelContext;
+using tensorflow::ResourceHandle;
+using tensorflow::Status;
+using tensorflow::Tensor;
+using tensorflow::TensorShape;
+using tensorflow::core::RefCountPtr;
+using tensorflow::errors::InvalidArgument;
+using tensorflow::shape_inference::InferenceContext;
+using tensorflow::shape_inference::ShapeHandle;
+
+class FrozenTableResource : public tensorflow::ResourceBase {
+ public:
+  explicit FrozenTableResource(int64_t dim) : dim_(dim), table_(FrozenTable::Build(nullptr, nullptr, 0, dim)) {}
+
+  int64_t dim() const { return dim_; }
+
+  // The current table; the caller reads it with no lock held.
+  std::shared_ptr<const FrozenTable> Get() const {
+    tensorflow::tf_shared_lock l(mu_);
+    return table_;
+  }
+
+  void Set(std::shared_ptr<const FrozenTable> t) {
+    std::shared_ptr<const FrozenTable> old;
+    {
+      tensorflow::mutex_lock l(mu_);
+      old.swap(table_);
+      table_ = std::move(t);
+    }
+    // `old` is released here, outside the lock (or by the last lookup still reading it).
+  }
+
+  std::string DebugString() const override {
+    auto t = Get();
+    return "tf_ext frozen table (dim=" + std::to_string(dim_) + ", " + std::to_string(t->size()) + " keys)";
+  }
+
+  int64_t MemoryUsed() const override { return Get()->memory_bytes(); }
+
+ private:
+  const int64_t dim_;
+  mutable tensorflow::mutex mu_;
+  std::shared_ptr<const FrozenTable> table_ TF_GUARDED_BY(mu_);
+};
+
+Status GetFrozenTable(OpKernelContext* ctx, RefCountPtr<FrozenTableResource>* out) {
+  const Tensor& t = ctx->input(0);
+  if (t.dtype() != tensorflow::DT_RESOURCE || t.NumElements() != 1) {
+    return InvalidArgument("input 0 must be a scalar tf_ext frozen table handle (resource), got ",
+                           DataTypeString(t.dtype()), " of shape ", t.shape().DebugString());
+  }
+  const ResourceHandle& h = t.flat<ResourceHandle>()(0);
+  if (h.hash_code() != tensorflow::TypeIndex::Make<FrozenTableResource>().hash_code()) {
+    return InvalidArgument("input 0 is not a tf_ext frozen table handle: it refers to '", h.name(), "' of type ",
+                           h.maybe_type_name());
+  }
+  return tensorflow::LookupResource(ctx, h, out);
+}
+
+// ---------------------------------------------------------------------------
+// TfExtFrozenTableHandle
+
+class FrozenTableHandleOp : public OpKernel {
+ public:
+  explicit FrozenTableHandleOp(OpKernelConstruction* ctx) : OpKernel(ctx) {
+    OP_REQUIRES_OK(ctx, ctx->GetAttr("dim", &dim_));
+    OP_REQUIRES(ctx, dim_ >= 1, InvalidArgument("dim must be >= 1, got ", dim_));
+    OP_REQUIRES_OK(ctx, ctx->GetAttr("use_node_name_sharing", &use_node_name_sharing_));
+  }
+
+  ~FrozenTableHandleOp() override {
+    if (initialized_ && cinfo_.resource_is_private_to_kernel()) {
+      cinfo_.resource_manager()->Delete<FrozenTableResource>(cinfo_.container(), cinfo_.name()).IgnoreError();
+    }
+  }
+
+  void Compute(OpKernelContext* ctx) override {
+    tensorflow::mutex_lock l(mu_);
+    if (!initialized_) {
+      OP_REQUIRES_OK(ctx, cinfo_.Init(ctx->resource_manager(), def(), use_node_name_sharing_));
+    }
+    FrozenTableResource* table = nullptr;
+    const int64_t dim = dim_;
+    OP_REQUIRES_OK(ctx, cinfo_.resource_manager()->LookupOrCreate<FrozenTableResource>(
+                            cinfo_.container(), cinfo_.name(), &table, [dim](FrozenTableResource** ret) {
+                              try {
+                                *ret = new FrozenTableResource(dim);
+                              } catch (const std::bad_alloc&) {
+                                return tensorflow::errors::ResourceExhausted("cannot allocate a frozen table");
+                              }
+                              return OkStatus();
+                            }));
+    tensorflow::core::ScopedUnref unref(table);
+    OP_REQUIRES(ctx, table->dim() == dim_,
+                tensorflow::errors::FailedPrecondition("tf_ext frozen table '", cinfo_.name(),
+                                                       "' already exists with dim=", table->dim(),
+                                                       " but this op asks for dim=", dim_));
+    initialized_ = true;
+    Tensor* handle = nullptr;
+    OP_REQUIRES_OK(ctx, ctx->allocate_output(0, TensorShape({}), &handle));
+    handle->scalar<ResourceHandle>()() =
+        tensorflow::MakeResourceHandle<FrozenTableResource>(ctx, cinfo_.container(), cinfo_.name());
+  }
+
+ private:
+  tensorflow::mutex mu_;
+  bool initialized_ TF_GUARDED_BY(mu_) = false;
+  tensorflow::ContainerInfo cinfo_;
+  bool use_node_name_sharing_ = false;
+  int64_t dim_ = 1;
+};
+
+// ---------------------------------------------------------------------------
+// TfExtFrozenTableFind: handle, keys (any shape), default_value (scalar or [dim]) -> values, found
+
+class FrozenTableFindOp : public OpKernel {
+ public:
+  using OpKernel::OpKernel;
+  void Compute(OpKernelContext* ctx) override {
+    RefCountPtr<FrozenTableResource> res;
+    OP_REQUIRES_OK(ctx, GetFrozenTable(ctx, &res));
+    const int64_t dim = res->dim();
+    const Tensor& keys = ctx->input(1);
+    const Tensor& def = ctx->input(2);
+    OP_REQUIRES(ctx, def.NumElements() == 1 || (def.dims() == 1 && def.dim_size(0) == dim),
+                InvalidArgument("default_value must be a scalar or a vector of ", dim, " floats, got shape ",
+                                def.shape().DebugString()));
+    TensorShape out_shape = keys.shape();
+    out_shape.AddDim(dim);
+    Tensor* values = nullptr;
+    Tensor* found = nullptr;
+    OP_REQUIRES_OK(ctx, ctx->allocate_output(0, out_shape, &values));
+    if (ctx->output_required(1)) {
+      OP_REQUIRES_OK(ctx, ctx->allocate_output(1, keys.shape(), &found));
+    }
+    const int64_t n = keys.NumElements();
+    if (n == 0) return;
+    std::vector<float> default_row(dim, def.flat<float>()(0));
+    if (def.NumElements() == dim) std::memcpy(default_row.data(), def.flat<float>().data(), dim * sizeof(float));
+    const std::shared_ptr<const FrozenTable> t = res->Get();
+    const int64_t* k = keys.flat<int64_t>().data();
+    float* out = values->flat<float>().data();
+    bool* f = found != nullptr ? found->flat<bool>().data() : nullptr;
+    auto work = [&](int64_t begin, int64_t end) {
+      t->Find(k + begin, end - begin, out + begin * dim, f != nullptr ? f + begin : nullptr, default_row.data());
+    };
+    // Small batches (a serving request) run inline: the request threads are the parallelism.
+    if (n < 16384) {
+      work(0, n);
+    } else {
+      auto* workers = ctx->device()->tensorflow_cpu_worker_threads();
+      tensorflow::Shard(workers->num_threads, workers->workers, n, 200 + 4 * dim, work);
+    }
+  }
+};
+
+// ---------------------------------------------------------------------------
+// TfExtFrozenTableBuild: handle, keys [n], values [n, dim]: replaces the table's contents.
+
+class FrozenTableBuildOp : public OpKernel {
+ public:
+  using OpKernel::OpKernel;
+  void Compute(OpKernelContext* ctx) override {
+    RefCountPtr<FrozenTableResource> res;
+    OP_REQUIRES_OK(ctx, GetFrozenTable(ctx, &res));
+    const int64_t dim = res->dim();
+    const Tensor& keys = ctx->input(1);
+    const Tensor& values = ctx->input(2);
+    OP_REQUIRES(ctx, keys.dims() == 1,
+                InvalidArgument("keys must be a vector, got shape ", keys.shape().DebugString()));
+    OP_REQUIRES(ctx, values.dims() == 2 && values.dim_size(0) == keys.dim_size(0) && values.dim_size(1) == dim,
+                InvalidArgument("values must be [", keys.dim_size(0), ", ", dim, "] (one row of dim=", dim,
+                                " floats per key), got shape ", values.shape().DebugString()));
+    std::shared_ptr<const FrozenTable> t;
+    try {
+      t = FrozenTable::Build(keys.flat<int64_t>().data(), values.flat<float>().data(), keys.dim_size(0), dim);
+    } catch (const std::invalid_argument& e) {
+      ctx->CtxFailure(InvalidArgument(e.what(), " (table ", res->DebugString(), ")"));
+      return;
+    } catch (const std::bad_alloc&) {
+      ctx->CtxFailure(
+          tensorflow::errors::ResourceExhausted("frozen table build of ", keys.dim_size(0), " keys: out of memory"));
+      return;
+    }
+    res->Set(std::move(t));
+  }
+};
+
+// ---------------------------------------------------------------------------
+// TfExtFrozenTableExport: handle -> keys [n], values [n, dim]
+
+class FrozenTableExportOp : public OpKernel {
+ public:
+  using OpKernel::OpKernel;
+  void Compute(OpKernelContext* ctx) override {
+    RefCountPtr<FrozenTableResource> res;
+    OP_REQUIRES_OK(ctx, GetFrozenTable(ctx, &res));
+    const std::shared_ptr<const FrozenTable> t = res->Get();
+    const int64_t n = t->size();
+    Tensor* keys = nullptr;
+    Tensor* values = nullptr;
+    OP_REQUIRES_OK(ctx, ctx->allocate_output(0, TensorShape({n}), &keys));
+    OP_REQUIRES_OK(ctx, ctx->allocate_output(1, TensorShape({n, t->dim()}), &values));
+    if (n == 0) return;
+    std::memcpy(keys->flat<int64_t>().data(), t->keys(), n * sizeof(int64_t));
+    std::memcpy(values->flat<float>().data(), t->values(), n * t->dim() * sizeof(float));
+  }
+};
+
+template <int64_t (FrozenTable::*Stat)() const>
+class FrozenTableStatOp : public OpKernel {
+ public:
+  using OpKernel::OpKernel;
+  void Compute(OpKernelContext* ctx) override {
+    RefCountPtr<FrozenTableResource> res;
+    OP_REQUIRES_OK(ctx, GetFrozenTable(ctx, &res));
+    Tensor* out = nullptr;
+    OP_REQUIRES_OK(ctx, ctx->allocate_output(0, TensorShape({}), &out));
+    out->scalar<int64_t>()() = ((*res->Get()).*Stat)();
+  }
+};
+
+// TfExtReleaseFreeMemory: returns the allocator's free memory to the OS. A restore reads tensors as large as the
+// tables it fills and frees them; glibc keeps freed blocks below its mmap threshold mapped, so without this a
+// served process would keep the read buffers in its resident memory next to the tables. Runs after a serving
+// restore.
+class ReleaseFreeMemoryOp : public OpKernel {
+ public:
+  using OpKernel::OpKernel;
+  void Compute(OpKernelContext* ctx) override {
+#if defined(__GLIBC__)
+    malloc_trim(0);
+#endif
+  }
+};
+
+Status HandleInput(InferenceContext* c) {
+  ShapeHandle h;
+  return c->WithRank(c->input(0), 0, &h);
+}
+
+}  // namespace
+
+REGISTER_OP("TfExtFrozenTableHandle")
+    .Output("table_handle: resource")
+    .Attr("dim: int")
+    .Attr("container: string = ''")
+    .Attr("shared_name: string = ''")
+    .Attr("use_node_name_sharing: bool = false")
+    .SetIsStateful()
+    .SetShapeFn(tensorflow::shape_inference::ScalarShape);
+
+REGISTER_OP("TfExtFrozenTableFind")
+    .Input("table_handle: resource")
+    .Input("keys: int64")
+    .Input("default_value: float")
+    .Output("values: float")
+    .Output("found: bool")
+    .Attr("dim: int")
+    .SetIsStateful()
+    .SetShapeFn([](InferenceContext* c) {
+      TF_RETURN_IF_ERROR(HandleInput(c));
+      int64_t dim = -1;
+      TF_RETURN_IF_ERROR(c->GetAttr("dim", &dim));
+      ShapeHandle values;
+      TF_RETURN_IF_ERROR(c->Concatenate(c->input(1), c->Vector(dim), &values));
+      c->set_output(0, values);
+      c->set_output(1, c->input(1));
+      return OkStatus();
+    });
+
+REGISTER_OP("TfExtFrozenTableBuild")
+    .Input("table_handle: resource")
+    .Input("keys: int64")
+    .Input("values: float")
+    .SetIsStateful()
+    .SetShapeFn([](InferenceContext* c) { return HandleInput(c); });
+
+REGISTER_OP("TfExtFrozenTableExport")
+    .Input("table_handle: resource")
+    .Output("keys: int64")
+    .Output("values: float")
+    .Attr("dim: int")
+    .SetIsStateful()
+    .SetShapeFn([](InferenceContext* c) {
+      TF_RETURN_IF_ERROR(HandleInput(c));
+      int64_t dim = -1;
+      TF_RETURN_IF_ERROR(c->GetAttr("dim", &dim));
+      c->set_output(0, c->Vector(c->UnknownDim()));
+      c->set_output(1, c->Matrix(c->UnknownDim(), dim));
+      return OkStatus();
+    });
+
+REGISTER_OP("TfExtFrozenTableSize")
+    .Input("table_handle: resource")
+    .Output("size: int64")
+    .SetIsStateful()
+    .SetShapeFn(tensorflow::shape_inference::ScalarShape);
+
+REGISTER_OP("TfExtFrozenTableMemoryBytes")
+    .Input("table_handle: resource")
+    .Output("bytes: int64")
+    .SetIsStateful()
+    .SetShapeFn(tensorflow::shape_inference::ScalarShape);
+
+REGISTER_OP("TfExtReleaseFreeMemory").SetIsStateful().SetShapeFn(tensorflow::shape_inference::NoOutputs);
+
+REGISTER_KERNEL_BUILDER(Name("TfExtReleaseFreeMemory").Device(DEVICE_CPU), ReleaseFreeMemoryOp);
+REGISTER_KERNEL_BUILDER(Name("TfExtFrozenTableHandle").Device(DEVICE_CPU), FrozenTableHandleOp);
+REGISTER_KERNEL_BUILDER(Name("TfExtFrozenTableFind").Device(DEVICE_CPU), FrozenTableFindOp);
+REGISTER_KERNEL_BUILDER(Name("TfExtFrozenTableBuild").Device(DEVICE_CPU), FrozenTableBuildOp);
+REGISTER_KERNEL_BUILDER(Name("TfExtFrozenTableExport").Device(DEVICE_CPU), FrozenTableExportOp);
+REGISTER_KERNEL_BUILDER(Name("TfExtFrozenTableSize").Device(DEVICE_CPU), FrozenTableStatOp<&FrozenTable::size>);
+REGISTER_KERNEL_BUILDER(Name("TfExtFrozenTableMemoryBytes").Device(DEVICE_CPU),
+                        FrozenTableStatOp<&FrozenTable::memory_bytes>);
+
+}  // namespace tfext

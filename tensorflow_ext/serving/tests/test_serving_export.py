@@ -1,0 +1,246 @@
+"""Serving exports of dynamic embeddings: lean SavedModel contents, the frozen read-only form, fresh-process loads,
+and 16 threads predicting on one session.
+
+A model with a one-shard and a three-shard embedding (Adam: two slot columns per row) is trained and checkpointed;
+it is exported four ways (Builder and Estimator, plain and frozen) and served by a fresh process that only imports
+tensorflow_ext. Predictions are compared with a numpy evaluation of the trained parameters.
+"""
+
+import contextlib
+import json
+import os
+import subprocess
+import sys
+
+import numpy as np
+import pytest
+import tensorflow as tf
+
+import tensorflow_ext as tf_ext
+
+_ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)))))
+_WORKER = os.path.join(os.path.dirname(os.path.abspath(__file__)), "serve_worker.py")
+DIM = 8
+TRAIN_IDS = 300  # ids in [0, TRAIN_IDS) are trained; the served batches also hold ids never seen
+
+
+def _model(ids):
+    """Probability [batch] of int64 ids [batch, 2] (item id, user id)."""
+    item = tf_ext.get_dynamic_embedding(
+        "item", DIM, initializer=tf.compat.v1.random_normal_initializer(0.0, 0.1, seed=1)
+    )
+    user = tf_ext.get_dynamic_embedding(
+        "user", DIM, num_shards=3, initializer=tf.compat.v1.random_normal_initializer(0.0, 0.1, seed=2)
+    )
+    x = tf.concat([tf_ext.embedding_lookup(item, ids[:, 0]), tf_ext.embedding_lookup(user, ids[:, 1])], 1)
+    w = tf.compat.v1.get_variable("w", [2 * DIM, 1], initializer=tf.compat.v1.glorot_uniform_initializer(seed=3))
+    b = tf.compat.v1.get_variable("b", [1], initializer=tf.compat.v1.zeros_initializer())
+    return tf.identity(tf.sigmoid(tf.matmul(x, w) + b)[:, 0], name="prob"), (item, user)
+
+
+def _numpy_predict(params, ids):
+    """The model in numpy: a key the training never saw reads zeros (the random initializer's missing row)."""
+
+    def rows(table, keys):
+        return np.stack([table.get(int(k), np.zeros(DIM, np.float32)) for k in keys])
+
+    x = np.concatenate([rows(params["item"], ids[:, 0]), rows(params["user"], ids[:, 1])], 1)
+    return 1.0 / (1.0 + np.exp(-(x @ params["w"] + params["b"])[:, 0]))
+
+
+@pytest.fixture(scope="module")
+def trained(tmp_path_factory):
+    """Trains with Adam and checkpoints into an Estimator model_dir; returns (model_dir, params, train_pred, ids)."""
+    model_dir = str(tmp_path_factory.mktemp("model"))
+    rng = np.random.RandomState(0)
+    with tf.Graph().as_default(), tf.compat.v1.Session() as sess:
+        gs = tf.compat.v1.train.get_or_create_global_step()
+        ids = tf.compat.v1.placeholder(tf.int64, [None, 2])
+        labels = tf.compat.v1.placeholder(tf.float32, [None])
+        prob, (item, user) = _model(ids)
+        loss = tf.compat.v1.losses.log_loss(labels, prob)
+        train = tf.compat.v1.train.AdamOptimizer(0.05).minimize(loss, global_step=gs)
+        sess.run(tf.compat.v1.global_variables_initializer())
+        for _ in range(30):
+            batch = rng.randint(0, TRAIN_IDS, size=[64, 2])
+            sess.run(train, {ids: batch, labels: (batch[:, 0] % 2).astype(np.float32)})
+        tf.compat.v1.train.Saver().save(sess, os.path.join(model_dir, "model.ckpt"), global_step=gs)
+        params = {}
+        for emb in (item, user):
+            exported = emb.export()
+            keys, values = sess.run([exported.keys, exported.values])
+            params[emb.name] = dict(zip(keys.tolist(), values))
+        with tf.compat.v1.variable_scope("", reuse=True):
+            params["w"], params["b"] = sess.run([tf.compat.v1.get_variable("w"), tf.compat.v1.get_variable("b")])
+        known = rng.randint(0, TRAIN_IDS, size=[96, 2])
+        # The training graph's own predictions on trained ids (its lookups of known keys change no row).
+        train_pred = sess.run(prob, {ids: known})
+    serve_ids = np.concatenate([known, rng.randint(0, 10**6, size=[64, 2]), [[-1, 2**62]]]).astype(np.int64)
+    return model_dir, params, train_pred, serve_ids
+
+
+def _freeze(frozen):
+    return tf_ext.serving.freeze_for_serving() if frozen else contextlib.nullcontext()
+
+
+def _export_builder(model_dir, export_dir, frozen):
+    with tf.Graph().as_default(), tf.compat.v1.Session() as sess:
+        with _freeze(frozen):
+            ids = tf.compat.v1.placeholder(tf.int64, [None, 2], name="ids")
+            prob, _ = _model(ids)
+        tf.compat.v1.train.Saver().restore(sess, tf.train.latest_checkpoint(model_dir))
+        builder = tf.compat.v1.saved_model.Builder(export_dir)
+        builder.add_meta_graph_and_variables(
+            sess,
+            ["serve"],
+            signature_def_map={
+                "serving_default": tf.compat.v1.saved_model.predict_signature_def({"ids": ids}, {"prob": prob})
+            },
+        )
+        builder.save()
+    return export_dir
+
+
+def _model_fn(features, labels, mode):
+    del labels
+    prob, _ = _model(features["ids"])
+    return tf.estimator.EstimatorSpec(mode, predictions={"prob": prob})
+
+
+def _export_estimator(model_dir, export_base, frozen):
+    est = tf.estimator.Estimator(_model_fn, model_dir=model_dir)
+
+    def serving_input_fn():
+        ids = tf.compat.v1.placeholder(tf.int64, [None, 2], name="ids")
+        return tf.estimator.export.ServingInputReceiver({"ids": ids}, {"ids": ids})
+
+    with _freeze(frozen):
+        return est.export_saved_model(export_base, serving_input_fn).decode()
+
+
+@pytest.fixture(scope="module")
+def exports(trained, tmp_path_factory):
+    model_dir = trained[0]
+    base = tmp_path_factory.mktemp("exports")
+    return {
+        "builder_plain": _export_builder(model_dir, str(base / "builder_plain"), False),
+        "builder_frozen": _export_builder(model_dir, str(base / "builder_frozen"), True),
+        "estimator_plain": _export_estimator(model_dir, str(base / "estimator_plain"), False),
+        "estimator_frozen": _export_estimator(model_dir, str(base / "estimator_frozen"), True),
+    }
+
+
+@pytest.fixture(scope="module")
+def served(trained, exports, tmp_path_factory):
+    """Runs the serving worker once, in a fresh process, over every export."""
+    tmp = tmp_path_factory.mktemp("serve")
+    ids_file = str(tmp / "ids.npy")
+    np.save(ids_file, trained[3])
+    request = {
+        "ids": ids_file,
+        "exports": {
+            name: dict(
+                path=path,
+                loader="tf1_loader" if name.startswith("builder") else "saved_model_load",
+                input="ids",
+                output="prob",
+            )
+            for name, path in exports.items()
+        },
+    }
+    req_file = str(tmp / "request.json")
+    json.dump(request, open(req_file, "w"))
+    out_file = str(tmp / "out.npz")
+    env = dict(os.environ, PYTHONPATH=_ROOT)
+    proc = subprocess.run(
+        [sys.executable, _WORKER, req_file, out_file],
+        cwd=str(tmp),
+        env=env,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        universal_newlines=True,
+        timeout=600,
+    )
+    assert proc.returncode == 0, proc.stderr[-6000:]
+    report = json.loads(proc.stdout.strip().splitlines()[-1])
+    return report, dict(np.load(out_file))
+
+
+EXPORTS = ["builder_plain", "builder_frozen", "estimator_plain", "estimator_frozen"]
+
+
+@pytest.mark.parametrize("name", EXPORTS)
+def test_saved_model_holds_embedding_columns_only(trained, exports, name):
+    params = trained[1]
+    variables = os.path.join(exports[name], "variables", "variables")
+    names = {n: shape for n, shape in tf.train.list_variables(variables)}
+    table_tensors = sorted(n for n in names if n.startswith(("item/", "user/")))
+    expected = sorted(
+        "%s/part_%d%s" % (emb, i, suffix)
+        for emb, shards in (("item", 1), ("user", 3))
+        for i in range(shards)
+        for suffix in ("-keys", "-values", "-num_shards")
+    )
+    assert table_tensors == expected
+    for n in names:
+        assert not n.endswith(("-slots", "-versions", "-freqs", "-layout")), n
+        assert "Adam" not in n, n  # no optimizer state of the dense variables either
+    # Every trained key is there, with dim-wide rows.
+    assert names["item/part_0-values"] == [len(params["item"]), DIM]
+    assert sum(names["user/part_%d-keys" % i][0] for i in range(3)) == len(params["user"])
+
+
+@pytest.mark.parametrize("name", EXPORTS)
+def test_fresh_process_serves_the_training_model(trained, served, name):
+    _, params, train_pred, ids = trained
+    report, preds = served
+    assert report[name]["errors"] == []
+    pred = preds[name]
+    np.testing.assert_allclose(pred, _numpy_predict(params, ids), rtol=1e-5, atol=1e-6)
+    np.testing.assert_allclose(pred[: len(train_pred)], train_pred, rtol=1e-6, atol=1e-7)
+    ops = set(report[name]["op_types"])
+    if name.endswith("frozen"):
+        assert "TfExtFrozenTableHandle" in ops and "TfExtTableHandle" not in ops, sorted(ops)
+    else:
+        assert "TfExtTableHandle" in ops and "TfExtFrozenTableHandle" not in ops, sorted(ops)
+    # Served graphs never write: no insert, update or import op runs per request.
+    assert not ops & {"TfExtTableFindOrInsert", "TfExtTableInsert", "TfExtTableAccumulate"}
+
+
+@pytest.mark.parametrize("name", EXPORTS)
+def test_sixteen_threads_get_the_single_threaded_results(served, name):
+    report, _ = served
+    assert report[name]["errors"] == []
+    assert report[name]["mismatches"] == 0
+
+
+def test_frozen_embedding_is_read_only():
+    with tf.Graph().as_default():
+        with tf_ext.serving.freeze_for_serving():
+            emb = tf_ext.get_dynamic_embedding("frozen_item", 4)
+        assert tf_ext.serving.freezing() is False
+        vecs = tf_ext.embedding_lookup(emb, tf.constant([1, 2], tf.int64))
+        with pytest.raises(ValueError, match="freeze_for_serving"):
+            tf.compat.v1.train.AdagradOptimizer(0.1).minimize(tf.reduce_sum(vecs))
+        with pytest.raises(ValueError, match="read-only"):
+            emb.insert(tf.constant([1], tf.int64), tf.zeros([1, 4]))
+        with pytest.raises(ValueError, match="read-only"):
+            emb.remove(tf.constant([1], tf.int64))
+
+
+def test_frozen_table_build_refuses_bad_rows():
+    with tf.Graph().as_default(), tf.compat.v1.Session() as sess:
+        with tf_ext.serving.freeze_for_serving():
+            emb = tf_ext.get_dynamic_embedding("frozen_bad", 2)
+        build = tf_ext.embedding._ops.op("tf_ext_frozen_table_build")  # pylint: disable=protected-access
+        handle = emb.shards[0].handle
+        with pytest.raises(tf.errors.InvalidArgumentError, match="key 3 occurs more than once"):
+            sess.run(build(handle, tf.constant([3, 4, 3], tf.int64), tf.zeros([3, 2])))
+        with pytest.raises(tf.errors.InvalidArgumentError, match=r"values must be \[2, 2\]"):
+            sess.run(build(handle, tf.constant([3, 4], tf.int64), tf.zeros([2, 3])))
+        # The failed builds left the (empty) table as it was; a good one replaces it whole.
+        sess.run(build(handle, tf.constant([3, 4], tf.int64), tf.constant([[1.0, 2.0], [3.0, 4.0]])))
+        np.testing.assert_array_equal(
+            sess.run(emb.lookup(tf.constant([4, 5, 3], tf.int64))), [[3.0, 4.0], [0.0, 0.0], [1.0, 2.0]]
+        )
+        assert sess.run(emb.size()) == 2

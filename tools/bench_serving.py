@@ -1,0 +1,207 @@
+"""Serving benchmark: memory of the served tables and predictions/s, mutable vs frozen tables, fresh processes.
+
+    python tools/bench_serving.py [--keys 3000000] [--dim 16] [--fields 4] [--seconds 5]
+
+Builds a checkpoint of `--fields` dynamic embeddings holding `--keys` keys in all (random rows), exports it twice
+with `tf.compat.v1.saved_model.Builder` (the plain form and inside `tf_ext.serving.freeze_for_serving()`), plus the
+same two exports of a model with one key per table (the baseline). Each export is then loaded by a fresh process that
+only imports tensorflow_ext: it reports its resident memory (RSS) after the load, and predictions/s (batches of
+`--batch` examples, half of the ids known) with 1 and 16 threads on one session. The memory attributable to the tables
+is RSS(full export) - RSS(baseline export) of the same form; the raw embedding bytes are keys * (8 + 4 * dim).
+Prints one JSON line at the end.
+"""
+
+import argparse
+import contextlib
+import json
+import os
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+
+REPO_ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+
+
+def _rss_bytes():
+    with open("/proc/self/status") as f:
+        for line in f:
+            if line.startswith("VmRSS:"):
+                return int(line.split()[1]) * 1024
+    return 0
+
+
+def _model(tf, tf_ext, ids, fields, dim):
+    vecs, embs = [], []
+    for f in range(fields):
+        emb = tf_ext.get_dynamic_embedding("field_%d" % f, dim, initializer=0.0)
+        embs.append(emb)
+        vecs.append(tf_ext.embedding_lookup(emb, ids[:, f]))
+    w = tf.compat.v1.get_variable("w", [fields * dim, 1], initializer=tf.compat.v1.constant_initializer(0.01))
+    return tf.identity(tf.sigmoid(tf.matmul(tf.concat(vecs, 1), w))[:, 0], name="prob"), embs
+
+
+def _build_exports(args, workdir):
+    import numpy as np
+    import tensorflow as tf
+
+    import tensorflow_ext as tf_ext
+
+    tf.compat.v1.disable_v2_behavior()
+    per_field = args.keys // args.fields
+    exports = {}
+    for size_name, n in (("full", per_field), ("empty", 1)):
+        ckpt = os.path.join(workdir, "ckpt_%s" % size_name)
+        with tf.Graph().as_default(), tf.compat.v1.Session() as sess:
+            ids = tf.compat.v1.placeholder(tf.int64, [None, args.fields])
+            _, embs = _model(tf, tf_ext, ids, args.fields, args.dim)
+            keys_ph = tf.compat.v1.placeholder(tf.int64, [None])
+            rows_ph = tf.compat.v1.placeholder(tf.float32, [None, args.dim])
+            inserts = [emb.insert(keys_ph, rows_ph) for emb in embs]
+            sess.run(tf.compat.v1.global_variables_initializer())
+            rng = np.random.RandomState(0)
+            for f, insert in enumerate(inserts):
+                # Field f holds the keys f, f + fields, ...: the served ids below know which are present.
+                keys = np.arange(n, dtype=np.int64) * args.fields + f
+                for start in range(0, n, 1 << 20):
+                    k = keys[start : start + (1 << 20)]
+                    sess.run(insert, {keys_ph: k, rows_ph: rng.standard_normal([len(k), args.dim]).astype(np.float32)})
+            tf.compat.v1.train.Saver().save(sess, ckpt)
+        for form in ("mutable", "frozen"):
+            export_dir = os.path.join(workdir, "%s_%s" % (form, size_name))
+            with tf.Graph().as_default(), tf.compat.v1.Session() as sess:
+                scope = tf_ext.serving.freeze_for_serving() if form == "frozen" else contextlib.nullcontext()
+                with scope:
+                    ids = tf.compat.v1.placeholder(tf.int64, [None, args.fields], name="ids")
+                    prob, _ = _model(tf, tf_ext, ids, args.fields, args.dim)
+                tf.compat.v1.train.Saver().restore(sess, ckpt)
+                builder = tf.compat.v1.saved_model.Builder(export_dir)
+                sig = tf.compat.v1.saved_model.predict_signature_def({"ids": ids}, {"prob": prob})
+                builder.add_meta_graph_and_variables(sess, ["serve"], signature_def_map={"serving_default": sig})
+                builder.save()
+            exports[(form, size_name)] = export_dir
+    return exports, per_field * args.fields
+
+
+def _serve_child(args):
+    """In a fresh process: load one export, report RSS and predictions/s."""
+    import numpy as np
+    import tensorflow as tf
+
+    import tensorflow_ext  # noqa: F401  (registers the ops)
+
+    tf.compat.v1.disable_v2_behavior()
+    rss_before = _rss_bytes()
+    graph = tf.Graph()
+    sess = tf.compat.v1.Session(graph=graph)
+    with graph.as_default():
+        meta = tf.compat.v1.saved_model.loader.load(sess, ["serve"], args.child)
+    rss_loaded = _rss_bytes()
+    out = dict(rss_before=rss_before, rss_loaded=rss_loaded)
+    if args.measure_speed:
+        sig = meta.signature_def["serving_default"]
+        feed, fetch = sig.inputs["ids"].name, sig.outputs["prob"].name
+        rng = np.random.RandomState(1)
+        known = args.keys // args.fields
+        # Half the ids are known keys (field f holds i * fields + f), half are not (negative).
+        batches = []
+        for _ in range(64):
+            rows = rng.randint(0, known, size=[args.batch, args.fields]) * args.fields + np.arange(args.fields)
+            rows = np.where(rng.rand(args.batch, args.fields) < 0.5, rows, -1 - rows)
+            batches.append(rows.astype(np.int64))
+        for b in batches[:4]:
+            sess.run(fetch, {feed: b})
+        for threads in (1, 16):
+            counts = [0] * threads
+            stop = time.time() + args.seconds
+
+            def work(t):
+                i = t
+                while time.time() < stop:
+                    sess.run(fetch, {feed: batches[i % len(batches)]})
+                    counts[t] += 1
+                    i += 1
+
+            start = time.time()
+            ths = [threading.Thread(target=work, args=(t,)) for t in range(threads)]
+            for th in ths:
+                th.start()
+            for th in ths:
+                th.join()
+            elapsed = time.time() - start
+            out["predictions_per_s_%d_threads" % threads] = sum(counts) * args.batch / elapsed
+    print(json.dumps(out), flush=True)
+
+
+def _run_child(args, export_dir, measure_speed):
+    cmd = [
+        sys.executable,
+        os.path.abspath(__file__),
+        "--child",
+        export_dir,
+        "--keys",
+        str(args.keys),
+        "--fields",
+        str(args.fields),
+        "--batch",
+        str(args.batch),
+        "--seconds",
+        str(args.seconds),
+    ]
+    if measure_speed:
+        cmd.append("--measure_speed")
+    env = dict(os.environ, PYTHONPATH=REPO_ROOT, TF_CPP_MIN_LOG_LEVEL="2")
+    proc = subprocess.run(cmd, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, universal_newlines=True)
+    if proc.returncode != 0:
+        raise RuntimeError("serving process failed:\n" + proc.stderr[-4000:])
+    return json.loads(proc.stdout.strip().splitlines()[-1])
+
+
+def main():
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--keys", type=int, default=3000000, help="keys in all tables together (default 3e6)")
+    p.add_argument("--dim", type=int, default=16)
+    p.add_argument("--fields", type=int, default=4, help="tables (one id per example each)")
+    p.add_argument("--batch", type=int, default=256, help="examples per request")
+    p.add_argument("--seconds", type=float, default=5.0, help="per throughput measurement")
+    p.add_argument("--child", default=None, help=argparse.SUPPRESS)
+    p.add_argument("--measure_speed", action="store_true", help=argparse.SUPPRESS)
+    args = p.parse_args()
+    if args.child:
+        _serve_child(args)
+        return
+    if REPO_ROOT not in sys.path:
+        sys.path.insert(0, REPO_ROOT)
+    os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
+    with tempfile.TemporaryDirectory() as workdir:
+        exports, keys = _build_exports(args, workdir)
+        raw = keys * (8 + 4 * args.dim)
+        result = dict(keys=keys, dim=args.dim, fields=args.fields, batch=args.batch, raw_bytes=raw, cpus=os.cpu_count())
+        for form in ("mutable", "frozen"):
+            base = _run_child(args, exports[(form, "empty")], measure_speed=False)
+            full = _run_child(args, exports[(form, "full")], measure_speed=True)
+            table_bytes = full["rss_loaded"] - base["rss_loaded"]
+            result[form] = dict(
+                table_rss_bytes=table_bytes,
+                rss_vs_raw=round(table_bytes / raw, 3),
+                predictions_per_s_1_thread=round(full["predictions_per_s_1_threads"]),
+                predictions_per_s_16_threads=round(full["predictions_per_s_16_threads"]),
+            )
+            print(
+                "%-8s tables: %.1f MB RSS for %.1f MB raw (%.2fx); predictions/s: %d (1 thread), %d (16 threads)"
+                % (
+                    form,
+                    table_bytes / 1e6,
+                    raw / 1e6,
+                    table_bytes / raw,
+                    result[form]["predictions_per_s_1_thread"],
+                    result[form]["predictions_per_s_16_threads"],
+                ),
+                flush=True,
+            )
+        print(json.dumps(result), flush=True)
+
+
+if __name__ == "__main__":
+    main()

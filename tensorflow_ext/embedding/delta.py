@@ -30,6 +30,7 @@ the Saver's `max_to_keep` would delete a link of a checkpoint it still keeps, th
 (so the Saver does not delete it) and deleted by the listener once no kept checkpoint needs it.
 """
 
+import glob
 import os
 import uuid
 import weakref
@@ -432,18 +433,19 @@ class DeltaCheckpointSaverListener(tf.compat.v1.train.CheckpointSaverListener):
         self._chain = [(save_id, path)] if full else self._chain + [(save_id, path)]
         self._last_step = step
         self._needs[path] = [p for _, p in links]
-        # Links kept for deltas that no listed checkpoint needs any more go now.
+        # Links kept for deltas (here, or by an earlier run: read from the records) that no listed checkpoint
+        # needs any more go now, as the Saver would have deleted them.
         needed = set()
         for p in listed:
             needed.update(self._needs.get(p, ()))
-        for p in sorted(self._kept_for_deltas - needed):
-            if p not in listed:
+        known = set(self._kept_for_deltas)
+        for links_of in self._needs.values():
+            known.update(links_of)
+        for p in sorted(known - needed - set(listed)):
+            if glob.glob(glob.escape(p) + ".index"):
                 tf.compat.v1.train.remove_checkpoint(p)
-            self._kept_for_deltas.discard(p)
-        self._kept_for_deltas.update(p for p in needed if p not in listed)
-        for p in list(self._needs):
-            if p not in listed and p not in self._kept_for_deltas:
-                del self._needs[p]
+        self._kept_for_deltas = {p for p in needed if p not in listed}
+        self._needs = {p: links_of for p, links_of in self._needs.items() if p in listed or p in needed}
 
     def save(self, sess, saver, save_path, global_step):
         """`saver.save(sess, save_path, global_step=...)` as a delta or full save, for plain Sessions.

@@ -58,8 +58,8 @@ def _record(path, shard="user/part_0"):
     return value.decode() if isinstance(value, bytes) else value
 
 
-def _kind(path):
-    return [line for line in _record(path).split("\n") if line.startswith("kind=")][0][len("kind=") :]
+def _kind(path, shard="user/part_0"):
+    return [line for line in _record(path, shard).split("\n") if line.startswith("kind=")][0][len("kind=") :]
 
 
 def _rows(path, shard="user/part_0"):
@@ -100,3 +100,184 @@ def test_full_and_deltas_restore_the_uninterrupted_table(graph, tmp_path):
             removed = tf.train.load_checkpoint(path).get_tensor("user/part_0-removed")
             assert removed.size > 0
         _assert_same(_restore_state(path), state)
+
+
+def _restore_error(path):
+    with pytest.raises(tf.errors.OpError) as info:
+        _restore_state(path)
+    return str(info.value)
+
+
+def _files(path):
+    return glob.glob(path + ".*")
+
+
+def test_missing_truncated_or_foreign_link_is_a_clear_error(graph, tmp_path):
+    saves, _, _ = _train_run(tmp_path, num_saves=3, full_every=3)
+    (full, _), (delta1, _), (delta2, _) = saves
+    # A truncated delta in the chain: DataLoss naming its file.
+    data = [f for f in _files(delta1) if ".data-" in f][0]
+    with open(data, "rb") as f:
+        content = f.read()
+    with open(data, "wb") as f:
+        f.write(content[: len(content) // 2])
+    message = _restore_error(delta2)
+    assert "truncated" in message and data in message
+    with open(data, "wb") as f:
+        f.write(content)
+    _restore_state(delta2)
+    # Another run's checkpoint under the name of a link: refused, naming both.
+    with tf.Graph().as_default():
+        other, _, _ = _train_run(tmp_path / "other", num_saves=2, full_every=3)
+    originals = _files(delta1)
+    for f in originals:
+        os.rename(f, f + ".orig")
+    for f in _files(other[1][0]):
+        os.rename(f, f.replace(other[1][0], delta1))
+    message = _restore_error(delta2)
+    assert "another one" in message and delta1 in message and delta2 in message
+    for f in originals:
+        os.replace(f + ".orig", f)
+    _restore_state(delta2)
+    # The full save gone (e.g. deleted by hand): refused, naming it.
+    for f in _files(full):
+        os.remove(f)
+    message = _restore_error(delta2)
+    assert "needs checkpoint" in message and full in message and "missing" in message
+
+
+def test_a_failed_restore_leaves_the_table_unchanged(graph, tmp_path):
+    saves, _, _ = _train_run(tmp_path, num_saves=2, full_every=3)
+    (full, state0), (delta, _) = saves
+    for f in _files(full):
+        os.remove(f)
+    with tf.Graph().as_default():
+        _, emb, *_ = _build()
+        saver = tf.compat.v1.train.Saver()
+        with tf.compat.v1.Session(config=session_config()) as sess:
+            sess.run(emb.insert(tf.constant([7, 8], tf.int64), tf.ones([2, DIM])))
+            before = _state(sess, emb)
+            with pytest.raises(tf.errors.InvalidArgumentError, match="needs checkpoint"):
+                saver.restore(sess, delta)
+            _assert_same(_state(sess, emb), before)
+
+
+def test_keep_checkpoint_max_keeps_the_links_kept_deltas_need(graph, tmp_path):
+    saves, _, saver = _train_run(tmp_path, num_saves=9, full_every=4, max_to_keep=2)
+    states = dict(saves)
+    listed = saver.last_checkpoints
+    assert listed == [saves[-2][0], saves[-1][0]]
+    # saves: F D D D F D D D F; the Saver lists the last two, whose links (none: 8 is full, 7 needs 4, 5, 6) stay.
+    for path in listed:
+        _assert_same(_restore_state(path), states[path])
+    on_disk = sorted(p for p, _ in saves if _files(p))
+    assert on_disk == sorted([saves[i][0] for i in (4, 5, 6, 7, 8)])
+    # The links of deltas that left the list were deleted once nothing listed needed them.
+    assert not _files(saves[0][0]) and not _files(saves[3][0])
+
+
+def test_untracked_writes_make_the_next_save_full(graph, tmp_path):
+    gs, emb, ids, train, _, _, _ = _build()
+    listener = tf_ext.embedding.delta_checkpoints(full_every=10)
+    saver = tf.compat.v1.train.Saver()
+    prefix = str(tmp_path / "model.ckpt")
+    preload = emb.insert(tf.constant([5000, 5001], tf.int64), tf.fill([2, DIM], 0.25))
+    with tf.compat.v1.Session(config=session_config()) as sess:
+        sess.run(tf.compat.v1.global_variables_initializer())
+        sess.run(train, {ids: [1, 2, 3]})
+        kinds = [_kind(listener.save(sess, saver, prefix, gs))]
+        sess.run(train, {ids: [3, 4]})
+        kinds.append(_kind(listener.save(sess, saver, prefix, gs)))
+        sess.run(preload)  # sets no version: a delta could not find these rows
+        sess.run(train, {ids: [4, 5]})
+        path = listener.save(sess, saver, prefix, gs)
+        kinds.append(_kind(path))
+        state = _state(sess, emb)
+        sess.run(train, {ids: [6]})
+        kinds.append(_kind(listener.save(sess, saver, prefix, gs)))
+    assert kinds == ["full", "delta", "full", "delta"]
+    _assert_same(_restore_state(path), state)
+
+
+def test_bad_arguments():
+    with pytest.raises(ValueError, match="full_every must be an int >= 1"):
+        tf_ext.embedding.delta_checkpoints(full_every=0)
+    with pytest.raises(ValueError, match="max_removed_keys"):
+        tf_ext.embedding.delta_checkpoints(full_every=2, max_removed_keys=-1)
+    with pytest.raises(TypeError, match="saver must be"):
+        tf_ext.embedding.delta_checkpoints(full_every=2, saver="model.ckpt")
+
+
+def test_saver_built_before_the_listener_is_refused(graph, tmp_path):
+    gs, emb, ids, train, *_ = _build()
+    saver = tf.compat.v1.train.Saver()
+    listener = tf_ext.embedding.delta_checkpoints(full_every=2)
+    with tf.compat.v1.Session(config=session_config()) as sess:
+        sess.run(tf.compat.v1.global_variables_initializer())
+        with pytest.raises(RuntimeError, match="Saver was built before"):
+            listener.save(sess, saver, str(tmp_path / "m"), gs)
+
+
+def _model_fn(features, labels, mode):
+    del labels
+    emb = tf_ext.get_dynamic_embedding("item", DIM, num_shards=2, initializer=0.05)
+    pred = tf.reduce_sum(tf_ext.embedding_lookup(emb, features["items"]), axis=[1, 2])
+    if mode == tf.estimator.ModeKeys.PREDICT:
+        return tf.estimator.EstimatorSpec(mode, predictions={"p": pred})
+    loss = tf.reduce_mean(tf.square(pred - tf.cast(features["items"][:, 0] % 3, tf.float32)))
+    gs = tf.compat.v1.train.get_global_step()
+    train = tf.compat.v1.train.FtrlOptimizer(0.1).minimize(loss, gs)
+    with tf.control_dependencies([train]):
+        # After the update (and the step's increment): an eviction every 4 steps.
+        step = tf.identity(gs.read_value())
+        train = tf.cond(
+            tf.equal(step % 4, 3), lambda: tf.group(tf_ext.embedding.evict(emb, 3, global_step=step)), tf.no_op
+        )
+    return tf.estimator.EstimatorSpec(mode, loss=loss, train_op=train)
+
+
+def _input_fn(offset):
+    def fn():
+        rng = np.random.RandomState(offset)
+        items = (rng.randint(0, 40, size=[80, 3]) + np.arange(80)[:, None] * 5 + offset).astype(np.int64)
+        return tf.compat.v1.data.Dataset.from_tensor_slices({"items": items}).batch(8)
+
+    return fn
+
+
+def _checkpoint_state(model_dir, path):
+    with tf.Graph().as_default():
+        tf.compat.v1.train.get_or_create_global_step()
+        spec = _model_fn({"items": tf.zeros([1, 3], tf.int64)}, None, tf.estimator.ModeKeys.TRAIN)
+        del spec
+        emb = tf_ext.embedding.get_dynamic_embeddings()[0]
+        saver = tf.compat.v1.train.Saver()
+        with tf.compat.v1.Session(config=session_config()) as sess:
+            saver.restore(sess, path)
+            return _state(sess, emb)
+
+
+def test_estimator_train_then_continue_equals_full_checkpoints(tmp_path):
+    def run(model_dir, listeners):
+        config = tf.estimator.RunConfig(
+            model_dir=model_dir, save_checkpoints_steps=2, keep_checkpoint_max=2, session_config=session_config()
+        )
+        est = tf.estimator.Estimator(_model_fn, config=config)
+        est.train(_input_fn(0), saving_listeners=listeners())
+        est.train(_input_fn(1000), saving_listeners=listeners())  # restores the latest checkpoint, goes on
+        return tf.train.latest_checkpoint(model_dir)
+
+    plain = run(str(tmp_path / "plain"), lambda: [])
+    delta_dir = str(tmp_path / "delta")
+    latest = run(delta_dir, lambda: [tf_ext.embedding.delta_checkpoints(full_every=3)])
+    assert os.path.basename(latest) == os.path.basename(plain) == "model.ckpt-20"
+    prefixes = [p[: -len(".index")] for p in glob.glob(delta_dir + "/*.index")]
+    kinds = {int(p.rsplit("-", 1)[1]): _kind(p, "item/part_0") for p in prefixes}
+    # The second train() restored step 10 (a delta on the full save of step 6) and saved a full one there first;
+    # saves every 2 steps, full every 3rd: 10 F, 12 D, 14 D, 16 F, 18 D, 20 D. keep_checkpoint_max=2 lists 18 and
+    # 20; 16 stays as their base, the others are deleted.
+    assert kinds == {16: "full", 18: "delta", 20: "delta"}
+    _assert_same(_checkpoint_state(delta_dir, latest), _checkpoint_state(str(tmp_path / "plain"), plain))
+    # Every checkpoint the Saver lists (keep_checkpoint_max=2) restores.
+    for path in tf.train.get_checkpoint_state(delta_dir).all_model_checkpoint_paths:
+        _checkpoint_state(delta_dir, path)

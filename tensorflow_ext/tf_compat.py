@@ -13,6 +13,7 @@ TensorFlow it was not written for.
 """
 
 import importlib
+import sys
 
 import tensorflow as tf
 import threading
@@ -20,7 +21,19 @@ import threading
 from tensorflow_ext import errors
 from tensorflow_ext import version as _version
 
-__all__ = ["Patch", "PatchError", "register", "install", "patches", "is_installed", "original"]
+__all__ = [
+    "CallerProbe",
+    "Patch",
+    "PatchError",
+    "install",
+    "is_installed",
+    "original",
+    "patches",
+    "probe",
+    "probes",
+    "register",
+    "register_probe",
+]
 
 
 class PatchError(errors.TfExtError, RuntimeError):
@@ -167,6 +180,135 @@ def original(name):
     """TF's attribute that patch `name` replaced (None before install)."""
     with _lock:
         return _PATCHES[name].original
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# Caller probes: where TF gives no hook to tell *who* asks (the Saver building a restore, a SavedModel export), the
+# asking TF functions are recognised on the Python stack. Each probe names the TF functions it looks for; its guard
+# checks that they still exist in the tested TF versions, so a TF that renames them fails loudly, not silently.
+
+
+class CallerProbe(object):
+    """Recognises calls made (directly or not) from some functions of one TensorFlow module.
+
+    Attributes:
+      name: short unique name.
+      module: dotted module path of the functions (``tensorflow.python.training.saver``).
+      functions: qualified names inside the module (``BaseSaverBuilder.restore_op``).
+      why: what the caller's identity decides and why TF offers no hook for it.
+      test: the test that checks it.
+      max_depth: frames searched above the probing function (None: the whole stack).
+    """
+
+    def __init__(self, name, module, functions, why, test, max_depth=None):
+        self.name = name
+        self.module = module
+        self.functions = tuple(functions)
+        self.why = why
+        self.test = test
+        self.max_depth = max_depth
+        self._codes = None
+
+    def check_guard(self):
+        """Resolves the functions (once); raises PatchError if one is missing or TF's version is out of range."""
+        if self._codes is not None:
+            return
+        lo, hi = (_release(v) for v in (_version.MIN_TF_VERSION, _version.MAX_TF_VERSION_EXCLUSIVE))
+        if not lo <= _release(tf.__version__) < hi:
+            raise PatchError(
+                "tensorflow_ext caller probe %r was written for TensorFlow [%s, %s), not %s"
+                % (self.name, _version.MIN_TF_VERSION, _version.MAX_TF_VERSION_EXCLUSIVE, tf.__version__)
+            )
+        codes = set()
+        module = importlib.import_module(self.module)
+        for qualname in self.functions:
+            obj = module
+            try:
+                for part in qualname.split("."):
+                    obj = getattr(obj, part)
+            except AttributeError as e:
+                raise PatchError(
+                    "tensorflow_ext caller probe %r: %s.%s is missing in TensorFlow %s"
+                    % (self.name, self.module, qualname, tf.__version__)
+                ) from e
+            codes.add(getattr(obj, "__code__", None) or obj.__func__.__code__)
+        self._codes = frozenset(codes)
+
+    def active(self):
+        """True when the current call comes from one of the functions (within max_depth frames of the caller)."""
+        self.check_guard()
+        frame = sys._getframe(2)  # pylint: disable=protected-access
+        depth = 0
+        while frame is not None and (self.max_depth is None or depth < self.max_depth):
+            if frame.f_code in self._codes:
+                return True
+            frame = frame.f_back
+            depth += 1
+        return False
+
+
+_PROBES = {}
+
+
+def register_probe(name, module, functions, why, test, max_depth=None):
+    """Registers the caller probe `name` (see `CallerProbe`); returns it."""
+    with _lock:
+        if name in _PROBES:
+            raise ValueError("tf_compat caller probe %r registered twice" % name)
+        probe = _PROBES[name] = CallerProbe(name, module, functions, why, test, max_depth)
+    return probe
+
+
+def probe(name):
+    """The registered caller probe `name`."""
+    return _PROBES[name]
+
+
+def probes():
+    """The registered caller probes (a new list)."""
+    with _lock:
+        return list(_PROBES.values())
+
+
+def _release(version):
+    from tensorflow_ext.utils import loader  # pylint: disable=import-outside-toplevel
+
+    return loader._release(version)  # pylint: disable=protected-access
+
+
+register_probe(
+    "saver_restore_build",
+    "tensorflow.python.training.saver",
+    ("BaseSaverBuilder.restore_op", "BaseSaverBuilder._AddRestoreOps", "BulkSaverBuilder.bulk_restore"),
+    why="A dynamic-embedding shard saves its row-layout record, but checkpoints written before the record existed "
+    "lack it, and the Saver restores every spec in one RestoreV2 that fails on a missing tensor. While the Saver "
+    "builds its restore, the shard's saveable leaves the record out of its specs and reads it itself, if present.",
+    test="tensorflow_ext/embedding/tests/test_de_checkpoint_layout.py::"
+    "test_old_checkpoint_without_layout_record_restores_with_a_warning",
+    max_depth=4,
+)
+
+register_probe(
+    "saved_model_export",
+    "tensorflow.python.saved_model.builder_impl",
+    (
+        "_SavedModelBuilder.add_meta_graph_and_variables",
+        "_SavedModelBuilder.add_meta_graph",
+        "SavedModelBuilder.add_meta_graph_and_variables",
+        "SavedModelBuilder.add_meta_graph",
+    ),
+    why="Savers built while a SavedModel is exported save lean inference tables (keys and embedding values only); "
+    "TF's export builds an ordinary Saver with no hook to tell it apart from a training Saver.",
+    test="tensorflow_ext/serving/tests/test_serving_export.py::test_saved_model_holds_embedding_columns_only",
+)
+
+register_probe(
+    "estimator_export",
+    "tensorflow_estimator.python.estimator.estimator",
+    ("Estimator._add_meta_graph_for_mode",),
+    why="As saved_model_export, for Estimator.export_saved_model (it builds its own Saver per mode).",
+    test="tensorflow_ext/serving/tests/test_serving_export.py::test_saved_model_holds_embedding_columns_only",
+)
 
 
 # ---------------------------------------------------------------------------------------------------------------

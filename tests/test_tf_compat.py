@@ -211,3 +211,42 @@ def test_keras_optimizers_refuse_dynamic_embeddings(make_optimizer):
             opt.apply_gradients(zip(grads, emb.shards))
         dense = tf.Variable([1.0, 2.0])
         opt.minimize(lambda: tf.reduce_sum(dense**2), var_list=[dense])  # dense variables: Keras's own way
+
+
+def test_every_caller_probe_resolves_and_has_a_test():
+    probes = tf_compat.probes()
+    assert {p.name for p in probes} >= {"saver_restore_build", "saved_model_export", "estimator_export"}
+    for p in probes:
+        p.check_guard()  # the TF functions it recognises exist in this TensorFlow
+        assert len(p.why) > 60, "%s: say what the caller decides and why" % p.name
+        path, func = p.test.split("::")
+        assert func in _test_functions(path), "%s names a missing test %s" % (p.name, p.test)
+
+
+def test_caller_probe_recognises_its_callers_only():
+    import json  # pylint: disable=import-outside-toplevel
+
+    probe = tf_compat.CallerProbe("json_decode", "json.decoder", ("JSONDecoder.raw_decode",), why="-", test="-")
+    seen = []
+
+    def hook(obj):
+        seen.append(probe.active())  # called by json's decoder
+        return obj
+
+    json.loads('{"a": 1}', object_hook=hook)
+    assert seen == [True]
+    assert not probe.active()  # called by this test
+
+
+def test_caller_probe_guard_refuses_a_renamed_function(monkeypatch):
+    probe = tf_compat.CallerProbe(
+        "renamed", "tensorflow.python.training.saver", ("BaseSaverBuilder.no_such_method",), why="-", test="-"
+    )
+    with pytest.raises(tf_compat.PatchError, match="renamed.*no_such_method"):
+        probe.active()
+    other = tf_compat.CallerProbe(
+        "old_tf", "tensorflow.python.training.saver", ("BaseSaverBuilder.restore_op",), why="-", test="-"
+    )
+    monkeypatch.setattr(tf, "__version__", "2.17.0")
+    with pytest.raises(tf_compat.PatchError, match=r"old_tf.*2\.17\.0"):
+        other.check_guard()

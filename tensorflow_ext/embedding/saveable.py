@@ -65,6 +65,7 @@ from tensorflow.python.framework import ops as tf_ops
 from tensorflow.python.training.saving import saveable_object
 
 from tensorflow_ext import serving
+from tensorflow_ext import tf_compat
 from tensorflow_ext.embedding import _ops
 from tensorflow_ext.embedding import delta as delta_lib
 
@@ -252,22 +253,9 @@ def _re2_literal(text):
     return re.sub(r"([\\.^$|?*+()\[\]{}])", r"\\\1", text)
 
 
-# The functions of TF's saver.py that read `specs` to build a restore (BulkSaverBuilder.bulk_restore,
-# BaseSaverBuilder.restore_op / _AddRestoreOps).
-_SAVER_RESTORE_BUILDERS = frozenset(["bulk_restore", "restore_op", "_AddRestoreOps"])
-
-
 def _in_saver_restore_build():
     """True when `ShardSaveable.specs` is read by TF's Saver to build its restore ops (not its save ops)."""
-    frame = sys._getframe(2)  # pylint: disable=protected-access
-    for _ in range(3):
-        if frame is None:
-            return False
-        code = frame.f_code
-        if code.co_name in _SAVER_RESTORE_BUILDERS and code.co_filename.endswith("saver.py"):
-            return True
-        frame = frame.f_back
-    return False
+    return tf_compat.probe("saver_restore_build").active()
 
 
 def _checkpoint_source(restored_tensor):

@@ -20,21 +20,13 @@ remove a key of a frozen table, and applying an optimizer to one is a ValueError
 """
 
 import contextlib
-import sys
 import threading
+
+from tensorflow_ext import tf_compat
 
 __all__ = ["freeze_for_serving", "freezing", "in_saved_model_export"]
 
 _state = threading.local()
-
-# (function name, file name ending) of the TF functions that write a SavedModel's variables and saver_def.
-_EXPORT_FRAMES = frozenset(
-    [
-        ("add_meta_graph_and_variables", "builder_impl.py"),
-        ("add_meta_graph", "builder_impl.py"),
-        ("_add_meta_graph_for_mode", "estimator.py"),
-    ]
-)
 
 
 @contextlib.contextmanager
@@ -72,11 +64,4 @@ def in_saved_model_export():
     Returns:
       bool.
     """
-    frame = sys._getframe(1)  # pylint: disable=protected-access
-    while frame is not None:
-        code = frame.f_code
-        name = code.co_name
-        if any(name == fn and code.co_filename.endswith(suffix) for fn, suffix in _EXPORT_FRAMES):
-            return True
-        frame = frame.f_back
-    return False
+    return tf_compat.probe("saved_model_export").active() or tf_compat.probe("estimator_export").active()

@@ -30,6 +30,7 @@ _LAZY = {
     "mixed_precision": (("tensorflow_ext.mixed_precision",), None),
     "table": (("tensorflow_ext.table",), None),
     "embedding": (("tensorflow_ext.embedding",), None),
+    "graph": (("tensorflow_ext.graph",), None),
     "utils": (("tensorflow_ext.utils",), None),
     "tfra": (("tensorflow_ext.tfra",), None),
     "horovod": (("tensorflow_ext.horovod",), None),

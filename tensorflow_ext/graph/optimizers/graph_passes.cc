@@ -31,6 +31,7 @@
 #include <algorithm>
 #include <atomic>
 #include <cstdint>
+#include <cstdio>
 #include <cstdlib>
 #include <map>
 #include <string>
@@ -296,11 +297,32 @@ std::unordered_set<std::string> NodesToKeep(const tensorflow::grappler::Grappler
   return keep;
 }
 
-std::string UniqueName(const Index& index, const std::string& base) {
-  for (int k = 0;; ++k) {
-    const std::string name = base + "_" + std::to_string(k);
-    if (index.by_name.count(name) == 0) return name;
+// FNV-1a, 64 bits.
+uint64_t Fnv1a(const std::string& s, uint64_t h = 0xcbf29ce484222325ULL) {
+  for (unsigned char c : s) {
+    h ^= c;
+    h *= 0x100000001b3ULL;
   }
+  return h;
+}
+
+// The fused node's name: fixed by its content (op, inputs, attrs). A session
+// shares the kernels of stateful ops between its executors by node name, and
+// each fetch set gets its own optimized graph: two fused ops of one name
+// must therefore be the same op (the same tables in the same order, with the
+// same attrs), or one executor would run the other's kernel.
+std::string ContentName(const Index& index, const std::string& base, const NodeDef& node) {
+  uint64_t h = Fnv1a(node.op());
+  for (const auto& in : node.input()) h = Fnv1a(in + "\n", h);
+  std::vector<std::string> keys;
+  for (const auto& kv : node.attr()) keys.push_back(kv.first);
+  std::sort(keys.begin(), keys.end());
+  for (const auto& k : keys) h = Fnv1a(k + "=" + node.attr().at(k).SerializeAsString() + "\n", h);
+  char hex[17];
+  std::snprintf(hex, sizeof(hex), "%016llx", static_cast<unsigned long long>(h));
+  std::string name = base + "_" + hex;
+  for (int k = 1; index.by_name.count(name); ++k) name = base + "_" + hex + "_" + std::to_string(k);
+  return name;
 }
 
 class GraphPasses : public tensorflow::grappler::CustomGraphOptimizer {
@@ -419,7 +441,6 @@ class GraphPasses : public tensorflow::grappler::CustomGraphOptimizer {
     const int count = static_cast<int>(nodes.size());
     const OpDef& def = *kind.single_def;
     NodeDef fused;
-    fused.set_name(UniqueName(index, "tf_ext_graph_passes/" + kind.multi));
     fused.set_op(kind.multi);
     fused.set_device(g->node(nodes[0]).device());
     for (int a = 0; a < def.input_arg_size(); ++a) {
@@ -453,6 +474,8 @@ class GraphPasses : public tensorflow::grappler::CustomGraphOptimizer {
       }
       attrs[list_name] = list;
     }
+
+    fused.set_name(ContentName(index, "tf_ext_graph_passes/" + kind.multi, fused));
 
     // Rewire every consumer: output 0 of member i -> fused:i, ^member -> ^fused.
     std::unordered_map<std::string, int> member_pos;

@@ -47,8 +47,8 @@ def _features(batch):
     return feats, tf.compat.v1.placeholder(tf.float32, [batch], name="labels")
 
 
-def _feed(feats, labels, index, batch=BATCH):
-    f, l, _ = STREAM.batch(index, batch)
+def _feed(feats, labels, index, batch=None):
+    f, l, _ = STREAM.batch(index, batch or BATCH)
     feed = {feats[k]: f[k] for k in synthetic.CATEGORICAL_KEYS}
     for k in synthetic.DENSE_KEYS:
         feed[feats[k]] = synthetic.log_counts(f[k])
@@ -348,3 +348,79 @@ def test_environment_override(env, expect_fused):
     assert r.returncode == 0, r.stderr[-3000:]
     fused = int(r.stdout.strip().splitlines()[-1])
     assert (fused >= 3) if expect_fused else (fused == 0)
+
+
+def _estimator_run(model_dir, export_dir, passes):
+    """Train, evaluate, predict and export the CTR example's Estimator; serve the export in a session with the same
+    pass setting. Returns (eval metrics, predictions, served predictions, stats delta of train+predict)."""
+    config = tf.estimator.RunConfig(model_dir=model_dir, tf_random_seed=11)
+    if passes:
+        config = tf_ext.graph.enable_optimizations(config)
+    est = tf.estimator.Estimator(ctr.model_fn, config=config, params=dict(PARAMS))
+    before = tf_ext.graph.pass_stats()
+    est.train(lambda: STREAM.dataset(BATCH, 3), steps=3)
+    metrics = est.evaluate(lambda: STREAM.dataset(BATCH, 2, split="eval"), steps=2)
+    predictions = np.array([p["logit"] for p in est.predict(lambda: STREAM.dataset(BATCH, 1, split="eval"))])
+    after = tf_ext.graph.pass_stats()
+    path = est.export_saved_model(export_dir, ctr._serving_input_fn(False)).decode()  # pylint: disable=protected-access
+    with tf.Graph().as_default() as g:
+        with tf.compat.v1.Session(graph=g, config=_config(passes)) as sess:
+            meta = tf.compat.v1.saved_model.load(sess, ["serve"], path)
+            sig = meta.signature_def["serving_default"]
+            raw = _feed({k: k for k in synthetic.CATEGORICAL_KEYS + synthetic.DENSE_KEYS}, None, 0)
+            feed = {sig.inputs[k].name: v for k, v in raw.items()}
+            md = tf.compat.v1.RunMetadata()
+            served = sess.run(
+                sig.outputs["logit"].name,
+                feed,
+                options=tf.compat.v1.RunOptions(output_partition_graphs=True),
+                run_metadata=md,
+            )
+    delta = {k: after[k] - before[k] for k in after}
+    return metrics, predictions, served, _op_types(md), delta
+
+
+def test_estimator_train_evaluate_predict_and_export(tmp_path):
+    m_on, p_on, s_on, ops_on, d_on = _estimator_run(str(tmp_path / "on"), str(tmp_path / "x_on"), True)
+    m_off, p_off, s_off, ops_off, d_off = _estimator_run(str(tmp_path / "off"), str(tmp_path / "x_off"), False)
+    assert m_on.keys() == m_off.keys()
+    for k in m_on:
+        np.testing.assert_array_equal(m_on[k], m_off[k], err_msg=k)
+    np.testing.assert_array_equal(p_on, p_off)
+    np.testing.assert_array_equal(s_on, s_off)
+    # The serving graph (find-only lookups of the exported tables) is fused too; the export itself holds the
+    # graph as built (single-table ops), so a server without the passes reads it as well.
+    assert ops_on.count("TfExtEmbeddingLookupMulti") == 1 and "TfExtEmbeddingLookup" not in ops_on
+    assert ops_off.count("TfExtEmbeddingLookup") == 26
+    # train (lookups + updates), evaluate and predict (lookups) were all rewritten.
+    assert d_on["graphs_rewritten"] >= 3 and d_on["applies_fused"] >= 26 and d_on["lookups_fused"] >= 3 * 26
+    assert d_off["graphs_rewritten"] == 0
+
+
+def test_one_session_running_different_fetch_sets():
+    """Each fetch set gets its own optimized graph, and a session shares stateful kernels between them by node
+    name: fused ops of different tables must not share a name (else a run reads the wrong tables' attrs)."""
+
+    def build():
+        tables = [
+            tf_ext.get_dynamic_embedding(
+                "d%d" % i, 2 + i, initializer=tf.compat.v1.truncated_normal_initializer(seed=10 + i)
+            )
+            for i in range(3)
+        ]
+        ids = tf.constant([4, 5, 4, 6], tf.int64)
+        return [
+            tf_ext.embedding_lookup_sparse(t, _sparse(ids + i), None, is_training=True) for i, t in enumerate(tables)
+        ]
+
+    results = {}
+    for passes in (True, False):
+        with tf.Graph().as_default():
+            tf.compat.v1.set_random_seed(1)
+            a, b, c = build()
+            with tf.compat.v1.Session(config=_config(passes)) as sess:
+                # Fresh keys in each run: what a run inserts comes from its own kernel's initializer attrs.
+                results[passes] = [sess.run([a, b]), sess.run([c, a]), sess.run([b, c]), sess.run([a, b, c])]
+    for x, y in zip(results[True], results[False]):
+        for u, v in zip(x, y):
+            np.testing.assert_array_equal(u, v)

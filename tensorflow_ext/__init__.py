@@ -31,6 +31,7 @@ _LAZY = {
     "table": (("tensorflow_ext.table",), None),
     "embedding": (("tensorflow_ext.embedding",), None),
     "serving": (("tensorflow_ext.serving",), None),
+    "graph": (("tensorflow_ext.graph",), None),
     "utils": (("tensorflow_ext.utils",), None),
     "tfra": (("tensorflow_ext.tfra",), None),
     "horovod": (("tensorflow_ext.horovod",), None),

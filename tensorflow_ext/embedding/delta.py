@@ -447,7 +447,7 @@ class DeltaCheckpointSaverListener(tf.compat.v1.train.CheckpointSaverListener):
         self._kept_for_deltas = {p for p in needed if p not in listed}
         self._needs = {p: links_of for p, links_of in self._needs.items() if p in listed or p in needed}
 
-    def save(self, sess, saver, save_path, global_step):
+    def save(self, sess, saver, save_path, global_step, write_meta_graph=True):
         """`saver.save(sess, save_path, global_step=...)` as a delta or full save, for plain Sessions.
 
         Args:
@@ -455,6 +455,7 @@ class DeltaCheckpointSaverListener(tf.compat.v1.train.CheckpointSaverListener):
           saver: the `tf.compat.v1.train.Saver` (built after this listener).
           save_path: the checkpoint prefix; the step is appended (`<save_path>-<step>`), as the hooks do.
           global_step: int, or a tensor/variable to read.
+          write_meta_graph: passed to `saver.save` (the hooks write the graph with the first save only).
 
         Returns:
           The path of the checkpoint written.
@@ -466,7 +467,7 @@ class DeltaCheckpointSaverListener(tf.compat.v1.train.CheckpointSaverListener):
         step = global_step if isinstance(global_step, int) else int(sess.run(global_step))
         self.begin()
         self.before_save(sess, step)
-        path = saver.save(sess, save_path, global_step=step)
+        path = saver.save(sess, save_path, global_step=step, write_meta_graph=write_meta_graph)
         self.after_save(sess, step)
         return path
 

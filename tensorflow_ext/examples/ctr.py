@@ -279,6 +279,12 @@ def parse_args(argv=None):
         "instead of dynamic embeddings.",
     )
     p.add_argument(
+        "--graph_passes",
+        action="store_true",
+        help="run the sessions with tf_ext's graph passes (tf_ext.graph.enable_optimizations: the 26 per-table "
+        "lookups and sparse updates fused into multi-table ops; same results).",
+    )
+    p.add_argument(
         "--threads", type=int, default=0, help="intra-op and inter-op threads (default 0: TensorFlow's choice)."
     )
     p.add_argument(
@@ -860,6 +866,10 @@ def run(args):
         num_ranks=num_ranks,
     )
     session_config = tf.compat.v1.ConfigProto(allow_soft_placement=True)
+    if args.graph_passes:
+        from tensorflow_ext import graph as graph_passes  # pylint: disable=g-import-not-at-top
+
+        graph_passes.enable_optimizations(session_config)
     if args.threads:
         session_config.intra_op_parallelism_threads = args.threads
         session_config.inter_op_parallelism_threads = args.threads

@@ -13,6 +13,7 @@
 #include "tensorflow/core/framework/tensor.h"
 #include "tensorflow/core/framework/tensor_shape.h"
 #include "tensorflow/core/lib/core/errors.h"
+#include "tensorflow_ext/embedding/kernels/multi_table.h"
 #include "tensorflow_ext/table/core/hash_table.h"
 #include "tensorflow_ext/table/core/mix.h"
 #include "tensorflow_ext/table/kernels/table_resource.h"
@@ -166,6 +167,17 @@ class RowInitializer {
   tensorflow::Status Init(OpKernelConstruction* ctx) {
     std::string kind;
     TF_RETURN_IF_ERROR(ctx->GetAttr("init_kind", &kind));
+    float a = 0, b = 1;
+    TF_RETURN_IF_ERROR(ctx->GetAttr("init_a", &a));
+    TF_RETURN_IF_ERROR(ctx->GetAttr("init_b", &b));
+    int64_t seed = 0, seed2 = 0;
+    TF_RETURN_IF_ERROR(ctx->GetAttr("seed", &seed));
+    TF_RETURN_IF_ERROR(ctx->GetAttr("seed2", &seed2));
+    return Init(kind, a, b, seed, seed2);
+  }
+
+  // The same from attr values (the multi-table lookup reads one entry of each list attr per table).
+  tensorflow::Status Init(const std::string& kind, float a, float b, int64_t seed, int64_t seed2) {
     if (kind == "constant") {
       kind_ = kConstant;
     } else if (kind == "random_normal") {
@@ -177,11 +189,8 @@ class RowInitializer {
     } else {
       return InvalidArgument("unknown init_kind '", kind, "'");
     }
-    TF_RETURN_IF_ERROR(ctx->GetAttr("init_a", &a_));
-    TF_RETURN_IF_ERROR(ctx->GetAttr("init_b", &b_));
-    int64_t seed = 0, seed2 = 0;
-    TF_RETURN_IF_ERROR(ctx->GetAttr("seed", &seed));
-    TF_RETURN_IF_ERROR(ctx->GetAttr("seed2", &seed2));
+    a_ = a;
+    b_ = b;
     if (seed == 0 && seed2 == 0) {  // like TF's random ops: nondeterministic
       seed = static_cast<int64_t>(tsl::random::New64());
       seed2 = static_cast<int64_t>(tsl::random::New64());
@@ -254,6 +263,34 @@ class RowInitializer {
 // ---------------------------------------------------------------------------
 // Shared by the lookup kernels: attrs and the table probe of unique keys.
 
+// Rows [n, dim] of n keys (unique, or each occurrence counts) of `table` into
+// out: with insert_missing, missing keys are inserted with init's draw (count
+// bumps the frequency, step >= 0 sets the version); without, they read
+// init's constant and nothing changes. Through CallTable: a table that runs
+// out of memory is a ResourceExhausted error of the op, never an exception
+// out of the kernel.
+tensorflow::Status ProbeRows(TableResource* table, int64_t dim, bool insert_missing, bool count,
+                             const RowInitializer& init, const int64_t* k, int64_t n, int64_t step, float* out,
+                             const table::ParallelFor& pf) {
+  if (n == 0) return tensorflow::OkStatus();
+  table::HashTable* t = table->table();
+  if (!insert_missing) {
+    // Read-only: missing keys read the initializer's constant (0 for the
+    // random kinds); no insertion, no metadata change.
+    return CallTable(*table, "lookup", [&] {
+      const std::vector<float> missing(dim, init.MissingValue());
+      t->Find(k, n, 0, dim, out, nullptr, missing.data(), pf);
+    });
+  }
+  // Inserts (and counts) without setting versions: invisible to a delta save.
+  if (step < 0) table->NoteUntrackedWrite();
+  return CallTable(*table, "lookup", [&] {
+    t->FindOrInsertWith(
+        k, n, 0, dim, [&init, k, dim](int64_t i, float* dst) { init.Fill(k[i], dst, dim); },
+        table->column_defaults().data(), out, nullptr, count, step, pf);
+  });
+}
+
 class LookupBase : public OpKernel {
  public:
   explicit LookupBase(OpKernelConstruction* ctx) : OpKernel(ctx) {
@@ -275,30 +312,9 @@ class LookupBase : public OpKernel {
   }
 
   // Rows [n, dim] of n keys (unique, or each occurrence counts) into out.
-  // Through CallTable: a table that runs out of memory is a
-  // ResourceExhausted error of the op, never an exception out of the kernel.
   tensorflow::Status Probe(OpKernelContext* ctx, TableResource* table, const int64_t* k, int64_t n, int64_t step,
                            float* out) const {
-    if (n == 0) return tensorflow::OkStatus();
-    table::HashTable* t = table->table();
-    const table::ParallelFor pf = MakeParallelFor(ctx);
-    if (!insert_missing_) {
-      // Read-only: missing keys read the initializer's constant (0 for the
-      // random kinds); no insertion, no metadata change.
-      return CallTable(*table, "lookup", [&] {
-        const std::vector<float> missing(dim_, init_.MissingValue());
-        t->Find(k, n, 0, dim_, out, nullptr, missing.data(), pf);
-      });
-    }
-    const int64_t dim = dim_;
-    const RowInitializer& init = init_;
-    // Inserts (and counts) without setting versions: invisible to a delta save.
-    if (step < 0) table->NoteUntrackedWrite();
-    return CallTable(*table, "lookup", [&] {
-      t->FindOrInsertWith(
-          k, n, 0, dim, [&init, k, dim](int64_t i, float* dst) { init.Fill(k[i], dst, dim); },
-          table->column_defaults().data(), out, nullptr, count_, step, pf);
-    });
+    return ProbeRows(table, dim_, insert_missing_, count_, init_, k, n, step, out, MakeParallelFor(ctx));
   }
 
   int64_t dim_ = 0;
@@ -502,6 +518,86 @@ class EmbeddingLookupIdsGradOp : public OpKernel {
 REGISTER_KERNEL_BUILDER(Name("TfExtEmbeddingLookupIdsGrad").Device(DEVICE_CPU), EmbeddingLookupIdsGradOp);
 
 REGISTER_KERNEL_BUILDER(Name("TfExtEmbeddingLookup").Device(DEVICE_CPU), EmbeddingLookupOp);
+
+// ---------------------------------------------------------------------------
+// TfExtEmbeddingLookupMulti(table_handles [N], keys [N], steps [N]) -> values [N]
+//
+// N TfExtEmbeddingLookup in one kernel: table i reads keys[i] with the i-th
+// entry of every list attr. What the graph passes put in place of N
+// independent lookups; the results are those of the N single lookups.
+
+template <typename T>
+tensorflow::Status ListAttr(OpKernelConstruction* ctx, const char* name, int n, std::vector<T>* out) {
+  TF_RETURN_IF_ERROR(ctx->GetAttr(name, out));
+  if (static_cast<int>(out->size()) != n) {
+    return InvalidArgument("TfExtEmbeddingLookupMulti: attr ", name, " must have N=", n, " entries, got ", out->size());
+  }
+  return tensorflow::OkStatus();
+}
+
+class EmbeddingLookupMultiOp : public OpKernel {
+ public:
+  explicit EmbeddingLookupMultiOp(OpKernelConstruction* ctx) : OpKernel(ctx) {
+    OP_REQUIRES_OK(ctx, ctx->GetAttr("N", &n_));
+    std::vector<std::string> kinds;
+    std::vector<float> a, b;
+    std::vector<int64_t> seed, seed2;
+    OP_REQUIRES_OK(ctx, ListAttr(ctx, "dims", n_, &dims_));
+    OP_REQUIRES_OK(ctx, ListAttr(ctx, "insert_missing", n_, &insert_missing_));
+    OP_REQUIRES_OK(ctx, ListAttr(ctx, "count", n_, &count_));
+    OP_REQUIRES_OK(ctx, ListAttr(ctx, "init_kind", n_, &kinds));
+    OP_REQUIRES_OK(ctx, ListAttr(ctx, "init_a", n_, &a));
+    OP_REQUIRES_OK(ctx, ListAttr(ctx, "init_b", n_, &b));
+    OP_REQUIRES_OK(ctx, ListAttr(ctx, "seed", n_, &seed));
+    OP_REQUIRES_OK(ctx, ListAttr(ctx, "seed2", n_, &seed2));
+    init_.resize(n_);
+    for (int i = 0; i < n_; ++i) {
+      OP_REQUIRES(ctx, dims_[i] >= 1,
+                  InvalidArgument("TfExtEmbeddingLookupMulti: dims[", i, "] must be >= 1, got ", dims_[i]));
+      const tensorflow::Status s = init_[i].Init(kinds[i], a[i], b[i], seed[i], seed2[i]);
+      OP_REQUIRES(ctx, s.ok(), InvalidArgument("TfExtEmbeddingLookupMulti: table ", i, ": ", s.message()));
+    }
+  }
+
+  void Compute(OpKernelContext* ctx) override {
+    const char* op = "TfExtEmbeddingLookupMulti";
+    std::vector<RefCountPtr<TableResource>> tables(n_);
+    std::vector<const int64_t*> keys(n_);
+    std::vector<int64_t> sizes(n_), steps(n_), work(n_);
+    std::vector<float*> out(n_);
+    for (int i = 0; i < n_; ++i) {
+      OP_REQUIRES_OK(ctx, GetTableResource(ctx, i, &tables[i]));
+      OP_REQUIRES(ctx, tables[i]->dim() == dims_[i],
+                  InvalidArgument(op, ": table ", i, ": attr dims[", i, "]=", dims_[i],
+                                  " does not match the table's dim=", tables[i]->dim(),
+                                  " (table layout: ", tables[i]->layout().DebugString(), ")"));
+      const Tensor& k = ctx->input(n_ + i);
+      OP_REQUIRES(ctx, TensorShapeUtils::IsVector(k.shape()),
+                  InvalidArgument(op, ": keys[", i, "] must be a vector of unique int64 keys, got shape ",
+                                  k.shape().DebugString()));
+      OP_REQUIRES_OK(ctx, ScalarStep(ctx->input(2 * n_ + i), op, &steps[i]));
+      sizes[i] = k.dim_size(0);
+      keys[i] = k.flat<int64_t>().data();
+      work[i] = sizes[i] * dims_[i];
+      Tensor* values = nullptr;
+      OP_REQUIRES_OK(ctx, ctx->allocate_output(i, TensorShape({sizes[i], dims_[i]}), &values));
+      out[i] = values->flat<float>().data();
+    }
+    OP_REQUIRES_OK(ctx, RunPerTable(ctx, work, [&](int i, const table::ParallelFor& pf) {
+                     return ProbeRows(tables[i].get(), dims_[i], insert_missing_[i], count_[i], init_[i], keys[i],
+                                      sizes[i], steps[i], out[i], pf);
+                   }));
+  }
+
+ private:
+  int n_ = 0;
+  std::vector<int64_t> dims_;
+  std::vector<bool> insert_missing_;
+  std::vector<bool> count_;
+  std::vector<RowInitializer> init_;
+};
+
+REGISTER_KERNEL_BUILDER(Name("TfExtEmbeddingLookupMulti").Device(DEVICE_CPU), EmbeddingLookupMultiOp);
 
 // ---------------------------------------------------------------------------
 // TfExtShardIndex(keys, num_shards) -> HashKey(keys) % num_shards

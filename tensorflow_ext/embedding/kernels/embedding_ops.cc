@@ -126,6 +126,48 @@ TfExtEmbeddingLookupIds. idx values outside [0, size(unique_keys)) are an
 InvalidArgument.
 )doc");
 
+// The multi-table lookup: one list entry per table, as TfExtEmbeddingLookup's attrs.
+REGISTER_OP("TfExtEmbeddingLookupMulti")
+    .Input("table_handles: N * resource")
+    .Input("keys: N * int64")
+    .Input("steps: N * int64")
+    .Output("values: N * float")
+    .Attr("N: int >= 1")
+    .Attr("dims: list(int)")
+    .Attr("insert_missing: list(bool)")
+    .Attr("count: list(bool)")
+    .Attr("init_kind: list(string)")
+    .Attr("init_a: list(float)")
+    .Attr("init_b: list(float)")
+    .Attr("seed: list(int)")
+    .Attr("seed2: list(int)")
+    .SetIsStateful()
+    .SetShapeFn([](InferenceContext* c) {
+      int64_t n;
+      TF_RETURN_IF_ERROR(c->GetAttr("N", &n));
+      std::vector<int64_t> dims;
+      TF_RETURN_IF_ERROR(c->GetAttr("dims", &dims));
+      if (static_cast<int64_t>(dims.size()) != n) {
+        return tensorflow::errors::InvalidArgument("TfExtEmbeddingLookupMulti: attr dims must have N=", n,
+                                                   " entries, got ", dims.size());
+      }
+      for (int64_t i = 0; i < n; ++i) {
+        ShapeHandle keys;
+        TF_RETURN_IF_ERROR(ScalarInput(c, i));
+        TF_RETURN_IF_ERROR(c->WithRank(c->input(n + i), 1, &keys));
+        TF_RETURN_IF_ERROR(ScalarInput(c, 2 * n + i));
+        c->set_output(i, c->Matrix(c->Dim(keys, 0), dims[i]));
+      }
+      return tensorflow::OkStatus();
+    })
+    .Doc(R"doc(
+N TfExtEmbeddingLookup in one kernel: values[i] are the rows of keys[i] (a
+vector of unique int64 keys) in table_handles[i], looked up with steps[i] and
+the i-th entry of each list attr (the attrs of TfExtEmbeddingLookup). The
+tables run in parallel on the intra-op threads. The graph passes
+(tf_ext.graph.enable_optimizations) put it in place of N independent lookups.
+)doc");
+
 REGISTER_OP("TfExtShardIndex")
     .Input("keys: int64")
     .Input("num_shards: int32")
@@ -180,13 +222,65 @@ InitOnStartupMarker RegisterApplyOp() {
   return w();
 }
 
+// Shape function of the multi-table apply ops: N of everything ApplyShapeFn checks.
+template <class Opt>
+Status ApplyMultiShapeFn(InferenceContext* c) {
+  int64_t n;
+  TF_RETURN_IF_ERROR(c->GetAttr("N", &n));
+  std::vector<int64_t> dims, offsets;
+  TF_RETURN_IF_ERROR(c->GetAttr("dims", &dims));
+  TF_RETURN_IF_ERROR(c->GetAttr("slot_offsets", &offsets));
+  if (static_cast<int64_t>(dims.size()) != n || static_cast<int64_t>(offsets.size()) != n) {
+    return tensorflow::errors::InvalidArgument(MultiApplyOpName<Opt>(), ": attrs dims and slot_offsets must have N=", n,
+                                               " entries, got ", dims.size(), " and ", offsets.size());
+  }
+  for (int64_t i = 0; i < n; ++i) {
+    ShapeHandle keys, grad;
+    TF_RETURN_IF_ERROR(ScalarInput(c, i));
+    TF_RETURN_IF_ERROR(c->WithRank(c->input(n + i), 1, &keys));
+    TF_RETURN_IF_ERROR(c->WithRank(c->input(2 * n + i), 2, &grad));
+    DimensionHandle rows, d;
+    TF_RETURN_IF_ERROR(c->Merge(c->Dim(keys, 0), c->Dim(grad, 0), &rows));
+    TF_RETURN_IF_ERROR(c->WithValue(c->Dim(grad, 1), dims[i], &d));
+    for (int k = 0; k <= Opt::kNumHypers; ++k) {  // hypers, then steps
+      TF_RETURN_IF_ERROR(ScalarInput(c, (3 + k) * n + i));
+    }
+  }
+  return tensorflow::OkStatus();
+}
+
+template <class Opt>
+InitOnStartupMarker RegisterApplyMultiOp() {
+  tensorflow::register_op::OpDefBuilderWrapper w(MultiApplyOpName<Opt>());
+  w.Input("table_handles: N * resource").Input("keys: N * int64").Input("grads: N * float");
+  for (const char* h : Opt::kHypers) w.Input(std::string(h) + ": N * float");
+  w.Input("steps: N * int64");
+  w.Attr("N: int >= 1").Attr("dims: list(int)").Attr("slot_offsets: list(int)");
+  for (int k = 0; k < Opt::kNumFlags; ++k) w.Attr(Opt::kFlagAttrs[k]);
+  w.SetIsStateful();
+  w.SetShapeFn(ApplyMultiShapeFn<Opt>);
+  w.Doc(
+      "N fused sparse optimizer updates in one kernel: table_handles[i] is "
+      "updated with keys[i], grads[i], the i-th entry of each hyper-parameter "
+      "list, steps[i], dims[i] and slot_offsets[i], as the single-table op "
+      "does (the optimizer flags are shared). The tables run in parallel on "
+      "the intra-op threads. The graph passes (tf_ext.graph.enable_optimizations) "
+      "put it in place of N independent updates.");
+  return w();
+}
+
 #define TFEXT_CONCAT_INNER_(a, b) a##b
 #define TFEXT_CONCAT_(a, b) TFEXT_CONCAT_INNER_(a, b)
 #define TFEXT_REGISTER_APPLY_OP(Opt)                                                                     \
   static const InitOnStartupMarker TFEXT_CONCAT_(tfext_apply_op_reg_, __COUNTER__) TF_ATTRIBUTE_UNUSED = \
       InitOnStartupMarker{} << RegisterApplyOp<Opt>;
 
+#define TFEXT_REGISTER_APPLY_MULTI_OP(Opt)                                                                     \
+  static const InitOnStartupMarker TFEXT_CONCAT_(tfext_apply_multi_op_reg_, __COUNTER__) TF_ATTRIBUTE_UNUSED = \
+      InitOnStartupMarker{} << RegisterApplyMultiOp<Opt>;
+
 TFEXT_FOR_EACH_EMBEDDING_OPTIMIZER(TFEXT_REGISTER_APPLY_OP)
+TFEXT_FOR_EACH_EMBEDDING_OPTIMIZER(TFEXT_REGISTER_APPLY_MULTI_OP)
 
 }  // namespace
 }  // namespace tfext

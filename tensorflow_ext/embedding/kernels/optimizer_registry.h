@@ -8,6 +8,8 @@
 #ifndef TENSORFLOW_EXT_EMBEDDING_KERNELS_OPTIMIZER_REGISTRY_H_
 #define TENSORFLOW_EXT_EMBEDDING_KERNELS_OPTIMIZER_REGISTRY_H_
 
+#include <string>
+
 #include "tensorflow_ext/embedding/kernels/optimizer_functors.h"
 
 #define TFEXT_FOR_EACH_EMBEDDING_OPTIMIZER(X) \
@@ -17,5 +19,17 @@
   X(::tfext::embedding::AdamOpt)              \
   X(::tfext::embedding::FtrlOpt)              \
   X(::tfext::embedding::RMSPropOpt)
+
+namespace tfext {
+
+// The multi-table variant of an optimizer's apply op: "<kOpName>Multi" (e.g.
+// TfExtEmbeddingSparseApplyAdagradMulti), N tables updated in one kernel.
+template <class Opt>
+const char* MultiApplyOpName() {
+  static const std::string* name = new std::string(std::string(Opt::kOpName) + "Multi");
+  return name->c_str();
+}
+
+}  // namespace tfext
 
 #endif  // TENSORFLOW_EXT_EMBEDDING_KERNELS_OPTIMIZER_REGISTRY_H_

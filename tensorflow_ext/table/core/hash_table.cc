@@ -1309,34 +1309,27 @@ void HashTable::ExportSince(int64_t min_version, int64_t col_begin, int64_t cols
   ScopeExit unlock([&m] {
     for (int64_t si = m.num_shards - 1; si >= 0; --si) m.shards[si].mu.unlock_shared();
   });
-  // Two passes under the same locks: count, then copy exactly that many.
-  int64_t total = 0;
+  // One pass over the metadata, remembering the rows to copy (the locks are held throughout, so they stay put):
+  // a delta reads each untouched row's version only once.
+  std::vector<const char*> picked;
   for (int64_t si = 0; si < m.num_shards; ++si) {
     const Shard& s = m.shards[si];
     for (uint64_t p = 0; p < s.capacity; ++p) {
       const uint64_t slot = s.slots[p];
       if (slot == 0) continue;
-      if (LoadI64(m.Row(s, SlotRow(slot)) + m.version_offset) >= min_version) ++total;
-    }
-  }
-  const ExportBuffers out = alloc(total);
-  int64_t k = 0;
-  for (int64_t si = 0; si < m.num_shards && k < total; ++si) {
-    const Shard& s = m.shards[si];
-    for (uint64_t p = 0; p < s.capacity; ++p) {
-      const uint64_t slot = s.slots[p];
-      if (slot == 0) continue;
       const char* row = m.Row(s, SlotRow(slot));
-      const int64_t version = LoadI64(row + m.version_offset);
-      if (version < min_version) continue;
-      if (out.keys != nullptr) out.keys[k] = LoadI64(row);
-      if (out.rows != nullptr) CopyFloats(out.rows + k * cols, m.Values(row) + col_begin, cols);
-      if (out.versions != nullptr) out.versions[k] = version;
-      if (out.frequencies != nullptr) out.frequencies[k] = LoadU32(row + m.frequency_offset);
-      ++k;
+      if (LoadI64(row + m.version_offset) >= min_version) picked.push_back(row);
     }
   }
-  TFEXT_DCHECK(k == total, "the rows counted are the rows written (the locks are held throughout)");
+  const int64_t total = static_cast<int64_t>(picked.size());
+  const ExportBuffers out = alloc(total);
+  for (int64_t k = 0; k < total; ++k) {
+    const char* row = picked[k];
+    if (out.keys != nullptr) out.keys[k] = LoadI64(row);
+    if (out.rows != nullptr) CopyFloats(out.rows + k * cols, m.Values(row) + col_begin, cols);
+    if (out.versions != nullptr) out.versions[k] = LoadI64(row + m.version_offset);
+    if (out.frequencies != nullptr) out.frequencies[k] = LoadU32(row + m.frequency_offset);
+  }
 }
 
 void HashTable::Import(const int64_t* keys, int64_t n, int64_t col_begin, int64_t cols, const float* rows,

@@ -387,39 +387,46 @@ class TableClearOp : public OpKernel {
   }
 };
 
+// Runs `export_fn(size_outputs)` (HashTable::Export or ExportSince) into the op's four outputs: keys, rows of
+// tc.cols columns, versions and frequencies (widened from the table's uint32 counters to int64).
+template <class ExportFn>
+void ExportToOutputs(OpKernelContext* ctx, const TableColumns& tc, ExportFn export_fn) {
+  Status st;
+  Tensor freqs32;
+  Tensor* freqs = nullptr;
+  OP_REQUIRES_OK(ctx, CallTable(*tc.table, "export", [&] {
+                   export_fn([&](int64_t n) {
+                     table::HashTable::ExportBuffers b;
+                     Tensor* keys = nullptr;
+                     Tensor* values = nullptr;
+                     Tensor* versions = nullptr;
+                     st = ctx->allocate_output(0, TensorShape({n}), &keys);
+                     if (st.ok()) st = ctx->allocate_output(1, TensorShape({n, tc.cols}), &values);
+                     if (st.ok()) st = ctx->allocate_output(2, TensorShape({n}), &versions);
+                     if (st.ok()) st = ctx->allocate_output(3, TensorShape({n}), &freqs);
+                     if (st.ok()) st = ctx->allocate_temp(tensorflow::DT_UINT32, TensorShape({n}), &freqs32);
+                     if (!st.ok()) return b;
+                     b.keys = keys->flat<int64_t>().data();
+                     b.rows = values->flat<float>().data();
+                     b.versions = versions->flat<int64_t>().data();
+                     b.frequencies = freqs32.flat<uint32_t>().data();
+                     return b;
+                   });
+                 }));
+  OP_REQUIRES_OK(ctx, st);
+  OP_REQUIRES(ctx, freqs != nullptr, tensorflow::errors::Internal("table export did not size its outputs"));
+  auto f64 = freqs->flat<int64_t>();
+  auto f32 = freqs32.flat<uint32_t>();
+  for (int64_t i = 0; i < f64.size(); ++i) f64(i) = f32(i);
+}
+
 class TableExportOp : public TableOpBase {
  public:
   using TableOpBase::TableOpBase;
   void Compute(OpKernelContext* ctx) override {
     TableColumns tc;
     OP_REQUIRES_OK(ctx, Prepare(ctx, &tc));
-    Status st;
-    Tensor freqs32;
-    Tensor* freqs = nullptr;
-    OP_REQUIRES_OK(ctx, CallTable(*tc.table, "export", [&] {
-                     tc.table->table()->Export(col_begin_, tc.cols, [&](int64_t n) {
-                       table::HashTable::ExportBuffers b;
-                       Tensor* keys = nullptr;
-                       Tensor* values = nullptr;
-                       Tensor* versions = nullptr;
-                       st = ctx->allocate_output(0, TensorShape({n}), &keys);
-                       if (st.ok()) st = ctx->allocate_output(1, TensorShape({n, tc.cols}), &values);
-                       if (st.ok()) st = ctx->allocate_output(2, TensorShape({n}), &versions);
-                       if (st.ok()) st = ctx->allocate_output(3, TensorShape({n}), &freqs);
-                       if (st.ok()) st = ctx->allocate_temp(tensorflow::DT_UINT32, TensorShape({n}), &freqs32);
-                       if (!st.ok()) return b;
-                       b.keys = keys->flat<int64_t>().data();
-                       b.rows = values->flat<float>().data();
-                       b.versions = versions->flat<int64_t>().data();
-                       b.frequencies = freqs32.flat<uint32_t>().data();
-                       return b;
-                     });
-                   }));
-    OP_REQUIRES_OK(ctx, st);
-    OP_REQUIRES(ctx, freqs != nullptr, tensorflow::errors::Internal("table export did not size its outputs"));
-    auto f64 = freqs->flat<int64_t>();
-    auto f32 = freqs32.flat<uint32_t>();
-    for (int64_t i = 0; i < f64.size(); ++i) f64(i) = f32(i);
+    ExportToOutputs(ctx, tc, [&](auto size_outputs) { tc.table->table()->Export(col_begin_, tc.cols, size_outputs); });
   }
 };
 
@@ -433,33 +440,9 @@ class TableExportSinceOp : public TableOpBase {
     int64_t min_version = -1;
     OP_REQUIRES_OK(ctx, GetScalarInt64(ctx, 1, "min_version", &min_version));
     if (min_version < 0) min_version = std::numeric_limits<int64_t>::min();
-    Status st;
-    Tensor freqs32;
-    Tensor* freqs = nullptr;
-    OP_REQUIRES_OK(ctx, CallTable(*tc.table, "export", [&] {
-                     tc.table->table()->ExportSince(min_version, col_begin_, tc.cols, [&](int64_t n) {
-                       table::HashTable::ExportBuffers b;
-                       Tensor* keys = nullptr;
-                       Tensor* values = nullptr;
-                       Tensor* versions = nullptr;
-                       st = ctx->allocate_output(0, TensorShape({n}), &keys);
-                       if (st.ok()) st = ctx->allocate_output(1, TensorShape({n, tc.cols}), &values);
-                       if (st.ok()) st = ctx->allocate_output(2, TensorShape({n}), &versions);
-                       if (st.ok()) st = ctx->allocate_output(3, TensorShape({n}), &freqs);
-                       if (st.ok()) st = ctx->allocate_temp(tensorflow::DT_UINT32, TensorShape({n}), &freqs32);
-                       if (!st.ok()) return b;
-                       b.keys = keys->flat<int64_t>().data();
-                       b.rows = values->flat<float>().data();
-                       b.versions = versions->flat<int64_t>().data();
-                       b.frequencies = freqs32.flat<uint32_t>().data();
-                       return b;
-                     });
-                   }));
-    OP_REQUIRES_OK(ctx, st);
-    OP_REQUIRES(ctx, freqs != nullptr, tensorflow::errors::Internal("table export did not size its outputs"));
-    auto f64 = freqs->flat<int64_t>();
-    auto f32 = freqs32.flat<uint32_t>();
-    for (int64_t i = 0; i < f64.size(); ++i) f64(i) = f32(i);
+    ExportToOutputs(ctx, tc, [&](auto size_outputs) {
+      tc.table->table()->ExportSince(min_version, col_begin_, tc.cols, size_outputs);
+    });
   }
 };
 

@@ -24,10 +24,10 @@ import time
 REPO_ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
 
-def _rss_bytes():
+def _rss_bytes(field="VmRSS"):
     with open("/proc/self/status") as f:
         for line in f:
-            if line.startswith("VmRSS:"):
+            if line.startswith(field + ":"):
                 return int(line.split()[1]) * 1024
     return 0
 
@@ -98,7 +98,9 @@ def _serve_child(args):
     with graph.as_default():
         meta = tf.compat.v1.saved_model.loader.load(sess, ["serve"], args.child)
     rss_loaded = _rss_bytes()
-    out = dict(rss_before=rss_before, rss_loaded=rss_loaded)
+    out = dict(
+        rss_before=rss_before, rss_loaded=rss_loaded, rss_anon=_rss_bytes("RssAnon"), rss_file=_rss_bytes("RssFile")
+    )
     if args.measure_speed:
         sig = meta.signature_def["serving_default"]
         feed, fetch = sig.inputs["ids"].name, sig.outputs["prob"].name
@@ -134,7 +136,7 @@ def _serve_child(args):
     print(json.dumps(out), flush=True)
 
 
-def _run_child(args, export_dir, measure_speed):
+def _run_child(args, export_dir, measure_speed, onednn="1"):
     cmd = [
         sys.executable,
         os.path.abspath(__file__),
@@ -151,7 +153,9 @@ def _run_child(args, export_dir, measure_speed):
     ]
     if measure_speed:
         cmd.append("--measure_speed")
-    env = dict(os.environ, PYTHONPATH=REPO_ROOT, TF_CPP_MIN_LOG_LEVEL="2")
+    # TF_ENABLE_ONEDNN_OPTS picks TensorFlow's CPU allocator: oneDNN's pool (the default) keeps the memory of the
+    # restore's temporary tensors; the plain allocator gives it back.
+    env = dict(os.environ, PYTHONPATH=REPO_ROOT, TF_CPP_MIN_LOG_LEVEL="2", TF_ENABLE_ONEDNN_OPTS=onednn)
     proc = subprocess.run(cmd, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, universal_newlines=True)
     if proc.returncode != 0:
         raise RuntimeError("serving process failed:\n" + proc.stderr[-4000:])
@@ -178,25 +182,31 @@ def main():
         exports, keys = _build_exports(args, workdir)
         raw = keys * (8 + 4 * args.dim)
         result = dict(keys=keys, dim=args.dim, fields=args.fields, batch=args.batch, raw_bytes=raw, cpus=os.cpu_count())
-        for form in ("mutable", "frozen"):
-            base = _run_child(args, exports[(form, "empty")], measure_speed=False)
-            full = _run_child(args, exports[(form, "full")], measure_speed=True)
+        for form, onednn in (("mutable", "1"), ("frozen", "1"), ("mutable", "0"), ("frozen", "0")):
+            if onednn == "0":
+                form_name = form + "_onednn_off"
+            else:
+                form_name = form
+            base = _run_child(args, exports[(form, "empty")], measure_speed=False, onednn=onednn)
+            full = _run_child(args, exports[(form, "full")], measure_speed=True, onednn=onednn)
             table_bytes = full["rss_loaded"] - base["rss_loaded"]
-            result[form] = dict(
+            result[form_name] = dict(
                 table_rss_bytes=table_bytes,
                 rss_vs_raw=round(table_bytes / raw, 3),
+                anon_bytes=full["rss_anon"] - base["rss_anon"],
+                file_bytes=full["rss_file"] - base["rss_file"],
                 predictions_per_s_1_thread=round(full["predictions_per_s_1_threads"]),
                 predictions_per_s_16_threads=round(full["predictions_per_s_16_threads"]),
             )
             print(
-                "%-8s tables: %.1f MB RSS for %.1f MB raw (%.2fx); predictions/s: %d (1 thread), %d (16 threads)"
+                "%-19s tables: %.1f MB RSS for %.1f MB raw (%.2fx); predictions/s: %d (1 thread), %d (16 threads)"
                 % (
-                    form,
+                    form_name,
                     table_bytes / 1e6,
                     raw / 1e6,
                     table_bytes / raw,
-                    result[form]["predictions_per_s_1_thread"],
-                    result[form]["predictions_per_s_16_threads"],
+                    result[form_name]["predictions_per_s_1_thread"],
+                    result[form_name]["predictions_per_s_16_threads"],
                 ),
                 flush=True,
             )

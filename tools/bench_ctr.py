@@ -15,6 +15,8 @@ variants alike):
           de.DynamicEmbeddingOptimizer(optimizer)
   ours    tf_ext.get_dynamic_embedding + tf_ext.embedding_lookup(emb, ids[batch, 26]),
           stock optimizer .minimize(loss, global_step)
+  ours_noprefault  (only when --variants names it) ours with TF_EXT_TABLE_PREFAULT=0:
+          arena slabs faulted in by the inserting thread instead of ahead of need
 All variants read the same pre-generated batches through the same input
 pipeline (tf.data from in-memory tensors, fed once at iterator init), so no
 per-step feed_dict.
@@ -305,8 +307,35 @@ class OursEvictVariant(OursVariant):
         return int(size), int(mem), int(gs)
 
 
-VARIANTS = [StaticVariant, TFRAVariant, OursVariant]
+class OursNoPrefaultVariant(OursVariant):
+    """Ours with arena prefaulting off (TF_EXT_TABLE_PREFAULT=0), for an A/B run in one process.
+
+    The variable is read when a table is created, so it is set while this variant's
+    session creates its tables and restored afterwards; the other variants keep the default.
+    """
+
+    name = "ours_noprefault"
+    label = "tensorflow_ext, arena prefaulting off (TF_EXT_TABLE_PREFAULT=0)"
+
+    def __init__(self, *args, **kwargs):
+        import os
+
+        saved = os.environ.get("TF_EXT_TABLE_PREFAULT")
+        os.environ["TF_EXT_TABLE_PREFAULT"] = "0"
+        try:
+            super(OursNoPrefaultVariant, self).__init__(*args, **kwargs)
+            self.size()  # creates the tables now, under the variable
+        finally:
+            if saved is None:
+                del os.environ["TF_EXT_TABLE_PREFAULT"]
+            else:
+                os.environ["TF_EXT_TABLE_PREFAULT"] = saved
+
+
+VARIANTS = [StaticVariant, TFRAVariant, OursVariant, OursNoPrefaultVariant]
 BY_NAME = {v.name: v for v in VARIANTS}
+# Run unless --variants names them: A/B variants of ours.
+OPT_IN_VARIANTS = ("ours_noprefault",)
 
 
 # --------------------------------------------------------------------------- speed
@@ -403,6 +432,9 @@ def speed_markdown(out):
                 "%s: ours / static-Adagrad = %.2f (target <= %.2f): %s"
                 % (opt, o / base, lim, "MET" if o / base <= lim else "not met")
             )
+        n = r.get("ours_noprefault", {}).get("median_ms")
+        if o and n:
+            targets.append("%s: ours / ours_noprefault (prefaulting on / off) = %.2f" % (opt, o / n))
         if o and t:
             targets.append(
                 "%s: TFRA / ours = %.2f%s"
@@ -729,7 +761,12 @@ def main(argv=None):
     p.add_argument("--steps", type=int, default=40, help="timed steps")
     p.add_argument("--warmup", type=int, default=10)
     p.add_argument("--optimizer", nargs="+", default=["adagrad"], choices=["adagrad", "adam"])
-    p.add_argument("--variants", nargs="+", default=[v.name for v in VARIANTS], choices=[v.name for v in VARIANTS])
+    p.add_argument(
+        "--variants",
+        nargs="+",
+        default=[v.name for v in VARIANTS if v.name not in OPT_IN_VARIANTS],
+        choices=[v.name for v in VARIANTS],
+    )
     bc.add_session_args(p)
     p.add_argument("--seed", type=int, default=2024)
     p.add_argument(

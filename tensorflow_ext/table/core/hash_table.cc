@@ -3,16 +3,19 @@
 
 #include "tensorflow_ext/table/core/hash_table.h"
 
+#include <pthread.h>
 #include <sys/mman.h>
 
 #include <algorithm>
 #include <atomic>
 #include <cmath>
+#include <condition_variable>
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
 #include <exception>
 #include <limits>
+#include <memory>
 #include <mutex>
 #include <shared_mutex>
 #include <stdexcept>
@@ -327,6 +330,164 @@ void FreeIndexMemory(void* p, size_t bytes, bool mapped) {
 
 uint64_t g_empty_index[1] = {0};  // shared by shards with no index yet; never written
 
+// Whether tables prefault arena slabs in the background (see ChunkSource):
+// on unless the environment variable TF_EXT_TABLE_PREFAULT is "0". Read when a
+// table is created, so that one process can hold tables with and without it
+// (A/B benchmarks).
+bool UsePrefault() {
+  const char* env = std::getenv("TF_EXT_TABLE_PREFAULT");
+  return env == nullptr || std::strcmp(env, "0") != 0;
+}
+
+// Makes [p, p + bytes) resident and writable now: MADV_POPULATE_WRITE (Linux
+// 5.14+) faults every page in one call; older kernels get one write per page.
+void PopulatePages(void* p, size_t bytes) {
+#ifndef MADV_POPULATE_WRITE
+#define MADV_POPULATE_WRITE 23
+#endif
+  if (madvise(p, bytes, MADV_POPULATE_WRITE) == 0) return;
+  volatile char* c = static_cast<volatile char*>(p);
+  for (size_t off = 0; off < bytes; off += kPageBytes) c[off] = 0;
+}
+
+// An arena slab: a mapping carved into chunks.
+struct Slab {
+  void* base;
+  size_t bytes;
+};
+
+// Maps a fresh slab of `bytes`, 2 MiB aligned (its first 2 MiB asked for a
+// transparent huge page when `huge_pages`).
+Slab MapSlab(size_t bytes, bool huge_pages) {
+  void* begin = MapAligned(bytes, kHugePageBytes);
+#ifdef MADV_HUGEPAGE
+  if (huge_pages) madvise(begin, kHugePageBytes, MADV_HUGEPAGE);
+#else
+  (void)huge_pages;
+#endif
+  return {begin, bytes};
+}
+
+// Slabs made resident ahead of need for one ChunkSource, shared with the
+// prefault worker (below).
+//
+// Concurrency contract. `mu` guards every field. The worker maps a slab and
+// faults its pages in without any lock, while the slab belongs to the worker
+// alone; it then publishes the slab by appending it to `ready` under `mu`, and
+// never touches it again. The ChunkSource takes a slab out of `ready` under
+// `mu` (holding its own mutex too), after which only the ChunkSource's
+// Allocate (under the ChunkSource mutex, called under a shard's write lock)
+// carves chunks from it, exactly as from a slab it mapped itself. So no slab
+// is ever written by the worker and a table writer alike. Once `abandoned`
+// (the ChunkSource released its memory or was destroyed), the worker unmaps
+// what it makes instead of publishing it, and nobody else looks at `ready`.
+struct SpareSlabs {
+  std::mutex mu;
+  std::vector<Slab> ready;  // resident, not yet used
+  int pending = 0;          // requests queued to or running on the worker
+  bool abandoned = false;
+  size_t slab_bytes = 0;
+  bool huge_pages = false;
+};
+
+// One process-wide thread that prepares spare slabs, for all tables, one at a
+// time. It is created on first use and never joined: it only ever waits on its
+// queue or maps memory, so it may outlive every table (and `main`). The
+// queue's entries are shared_ptrs, so a table may be destroyed while its
+// request waits or runs (see SpareSlabs::abandoned).
+class PrefaultWorker {
+ public:
+  static PrefaultWorker& Get() {
+    // Leaked on purpose: no destructor may run while the detached thread
+    // still waits on mu_ at exit.
+    static PrefaultWorker* worker = new PrefaultWorker();
+    return *worker;
+  }
+
+  // Queues a request for one slab; the caller has counted it in
+  // spare->pending. Returns false (and queues nothing) if the worker thread
+  // cannot be started or the queue cannot grow.
+  bool Request(std::shared_ptr<SpareSlabs> spare) {
+    std::lock_guard<std::mutex> lock(mu_);
+    try {
+      if (!started_) {
+        std::thread(&PrefaultWorker::Run, this).detach();
+        started_ = true;
+      }
+      queue_.push_back(std::move(spare));
+    } catch (...) {
+      return false;
+    }
+    cv_.notify_one();
+    return true;
+  }
+
+ private:
+  PrefaultWorker() {
+    // A child of fork() has no worker thread: it starts its own on first use.
+    // Its copies of the mutex and the condition variable may record the
+    // parent's threads (a waiter the child will never see), so it gets fresh
+    // ones. The queued requests stay with the parent's worker (the child's
+    // tables then map their slabs on demand, as without prefaulting).
+    pthread_atfork([] { Get().mu_.lock(); }, [] { Get().mu_.unlock(); },
+                   [] {
+                     PrefaultWorker& w = Get();
+                     new (&w.mu_) std::mutex();
+                     new (&w.cv_) std::condition_variable();
+                     new (&w.queue_) std::vector<std::shared_ptr<SpareSlabs>>();  // the old one leaks
+                     w.started_ = false;
+                   });
+  }
+
+  void Run() {
+    pthread_setname_np(pthread_self(), "tfext_prefault");  // visible in top and perf
+    for (;;) {
+      std::shared_ptr<SpareSlabs> spare;
+      {
+        std::unique_lock<std::mutex> lock(mu_);
+        cv_.wait(lock, [this] { return !queue_.empty(); });
+        spare = std::move(queue_.front());
+        queue_.erase(queue_.begin());
+      }
+      size_t bytes;
+      bool huge;
+      {
+        std::lock_guard<std::mutex> lock(spare->mu);
+        if (spare->abandoned) {
+          --spare->pending;
+          continue;
+        }
+        bytes = spare->slab_bytes;
+        huge = spare->huge_pages;
+      }
+      Slab slab{nullptr, 0};
+      try {
+        slab = MapSlab(bytes, huge);
+        PopulatePages(slab.base, slab.bytes);
+      } catch (...) {
+        slab.base = nullptr;  // out of memory now: the table maps on demand
+      }
+      std::lock_guard<std::mutex> lock(spare->mu);
+      --spare->pending;
+      if (slab.base == nullptr) continue;
+      bool published = false;
+      if (!spare->abandoned) {
+        try {
+          spare->ready.push_back(slab);
+          published = true;
+        } catch (...) {
+        }
+      }
+      if (!published) munmap(slab.base, slab.bytes);
+    }
+  }
+
+  std::mutex mu_;
+  std::condition_variable cv_;
+  std::vector<std::shared_ptr<SpareSlabs>> queue_;
+  bool started_ = false;
+};
+
 // The table-wide source of arena chunks. Rows are read at random over the
 // whole arena (hundreds of MiB for wide rows), so with 4 KiB pages nearly
 // every row access is also a TLB miss; measured here, huge pages make a
@@ -337,13 +498,32 @@ uint64_t g_empty_index[1] = {0};  // shared by shards with no index yet; never w
 // nothing; the only slack is the unused end of the current slab (< 2 MiB).
 // Small tables allocate chunks one by one, so they never pay for a slab.
 // Chunks are only released all together (Clear, destruction).
+//
+// Prefaulting. A growing table's first write to each fresh page is a page
+// fault (the kernel zeroes the page), on the inserting thread, under a shard
+// lock: for a training table that inserts tens of thousands of keys per step
+// this was ~40% of the lookup's CPU. With `prefault`, each time the arena
+// takes a new slab it asks the process-wide PrefaultWorker for the next ones,
+// which it maps and faults in off the critical path; the next NewSlab takes a
+// ready one if there is one, and maps its own otherwise (it never waits for
+// the worker). Spare memory is capped at one slab per 16 slabs in use, at
+// most kMaxSpareSlabs (<= 1/16 of the arena's slabs, at most 16 MiB per
+// table: enough for the ~6 MiB a ctr26 training step adds), counting slabs
+// queued and ready; so an arena starts prefaulting at 16 slabs (32 MiB past
+// the slab threshold), and the memory budgets of narrow rows (1.5x the raw
+// bytes, hash_table_test) still hold. Ready spare slabs are resident
+// memory and are counted by bytes() (hence memory_bytes()); a slab the worker
+// is still mapping is not.
 class ChunkSource {
  public:
-  ChunkSource(size_t chunk_bytes, size_t slab_threshold_bytes, bool huge_pages)
+  static constexpr size_t kMaxSpareSlabs = 8;
+
+  ChunkSource(size_t chunk_bytes, size_t slab_threshold_bytes, bool huge_pages, bool prefault)
       : chunk_bytes_(chunk_bytes),
         chunks_per_slab_((kHugePageBytes + chunk_bytes - 1) / chunk_bytes),
         slab_threshold_bytes_(slab_threshold_bytes),
-        huge_pages_(huge_pages) {}
+        huge_pages_(huge_pages),
+        prefault_(prefault) {}
   ~ChunkSource() { ReleaseAll(); }
   ChunkSource(const ChunkSource&) = delete;
   ChunkSource& operator=(const ChunkSource&) = delete;
@@ -367,7 +547,8 @@ class ChunkSource {
     return chunk;
   }
 
-  // Frees every chunk. The caller guarantees no shard references one.
+  // Frees every chunk and every spare slab. The caller guarantees no shard
+  // references a chunk.
   void ReleaseAll() {
     std::lock_guard<std::mutex> lock(mu_);
     for (char* chunk : single_chunks_) std::free(chunk);
@@ -377,43 +558,106 @@ class ChunkSource {
     slab_next_ = nullptr;
     slab_left_ = 0;
     bytes_ = 0;
+    if (spare_ != nullptr) {
+      std::lock_guard<std::mutex> spare_lock(spare_->mu);
+      for (const Slab& slab : spare_->ready) munmap(slab.base, slab.bytes);
+      std::vector<Slab>().swap(spare_->ready);
+      spare_->abandoned = true;  // requests in flight unmap their slab
+      spare_.reset();            // a cleared table starts a new one as it grows
+    }
   }
 
-  // Bytes held, bookkeeping included.
+  // Bytes held, bookkeeping and ready spare slabs included.
   int64_t bytes() const {
     std::lock_guard<std::mutex> lock(mu_);
-    return static_cast<int64_t>(bytes_ + single_chunks_.capacity() * sizeof(char*) + slabs_.capacity() * sizeof(Slab));
+    size_t spare_bytes = 0;
+    if (spare_ != nullptr) {
+      std::lock_guard<std::mutex> spare_lock(spare_->mu);
+      for (const Slab& slab : spare_->ready) spare_bytes += slab.bytes;
+      spare_bytes += spare_->ready.capacity() * sizeof(Slab);
+    }
+    return static_cast<int64_t>(bytes_ + spare_bytes + single_chunks_.capacity() * sizeof(char*) +
+                                slabs_.capacity() * sizeof(Slab));
+  }
+
+  // For tests: spare slabs ready now, and slabs taken from the spares so far.
+  void SpareStats(int64_t* ready, int64_t* taken) const {
+    std::lock_guard<std::mutex> lock(mu_);
+    *ready = 0;
+    if (spare_ != nullptr) {
+      std::lock_guard<std::mutex> spare_lock(spare_->mu);
+      *ready = static_cast<int64_t>(spare_->ready.size());
+    }
+    *taken = spare_slabs_taken_;
   }
 
  private:
-  struct Slab {
-    void* base;
-    size_t bytes;
-  };
+  size_t SlabBytes() const { return RoundUp(chunks_per_slab_ * chunk_bytes_, kPageBytes); }
+
+  void NewSpare() {
+    try {
+      spare_ = std::make_shared<SpareSlabs>();
+      spare_->slab_bytes = SlabBytes();
+      spare_->huge_pages = huge_pages_;
+    } catch (const std::bad_alloc&) {
+      spare_.reset();
+    }
+  }
 
   void NewSlab() {
-    const size_t bytes = RoundUp(chunks_per_slab_ * chunk_bytes_, kPageBytes);
     MakeRoomForOne(slabs_);  // may throw; then nothing to undo
-    void* begin = MapAligned(bytes, kHugePageBytes);
-#ifdef MADV_HUGEPAGE
-    if (huge_pages_) madvise(begin, kHugePageBytes, MADV_HUGEPAGE);
-#endif
-    slabs_.push_back({begin, bytes});
-    slab_next_ = static_cast<char*>(begin);
+    Slab slab{nullptr, 0};
+    if (spare_ != nullptr) {
+      std::lock_guard<std::mutex> spare_lock(spare_->mu);
+      if (!spare_->ready.empty()) {
+        slab = spare_->ready.back();
+        spare_->ready.pop_back();
+        ++spare_slabs_taken_;
+      }
+    }
+    if (slab.base == nullptr) slab = MapSlab(SlabBytes(), huge_pages_);
+    slabs_.push_back(slab);
+    slab_next_ = static_cast<char*>(slab.base);
     slab_left_ = chunks_per_slab_;
-    bytes_ += bytes;
+    bytes_ += slab.bytes;
+    RequestSpares();
+  }
+
+  // Tops the spares up to the cap (see the class comment). Never throws: a
+  // request that cannot be queued is simply not made.
+  void RequestSpares() {
+    if (!prefault_) return;
+    if (spare_ == nullptr) NewSpare();
+    if (spare_ == nullptr) return;
+    const size_t cap = std::min(kMaxSpareSlabs, slabs_.size() / 16);
+    for (;;) {
+      {
+        std::lock_guard<std::mutex> spare_lock(spare_->mu);
+        if (spare_->ready.size() + static_cast<size_t>(spare_->pending) >= cap) return;
+        ++spare_->pending;
+      }
+      if (!PrefaultWorker::Get().Request(spare_)) {
+        std::lock_guard<std::mutex> spare_lock(spare_->mu);
+        --spare_->pending;
+        return;
+      }
+    }
   }
 
   const size_t chunk_bytes_;
   const size_t chunks_per_slab_;
   const size_t slab_threshold_bytes_;
   const bool huge_pages_;
+  const bool prefault_;
   mutable std::mutex mu_;
   std::vector<char*> single_chunks_;
   std::vector<Slab> slabs_;
   char* slab_next_ = nullptr;
   size_t slab_left_ = 0;
   size_t bytes_ = 0;
+  // Null without prefaulting. Shared with the worker's queue (SpareSlabs).
+  std::shared_ptr<SpareSlabs> spare_;
+  int64_t spare_slabs_taken_ = 0;
 };
 
 uint64_t NextPow2(uint64_t v) {
@@ -901,7 +1145,7 @@ HashTable::Impl::Impl(const TableOptions& opts) : options(opts) {
   // rows of 128 bytes and more, from 16 MiB on.
   const size_t slab_threshold = stride >= 128 ? (size_t{16} << 20) : (size_t{64} << 20);
   huge_pages = UseHugePages(opts.huge_pages);
-  chunk_source.reset(new ChunkSource(chunk_bytes, slab_threshold, huge_pages));
+  chunk_source.reset(new ChunkSource(chunk_bytes, slab_threshold, huge_pages, UsePrefault()));
 
   if (opts.shard_bits >= 0) {
     shard_bits = opts.shard_bits;
@@ -1529,6 +1773,11 @@ std::string HashTable::CheckInvariants() const {
 }
 
 int64_t HashTableTestPeer::NumShards(const HashTable& table) { return table.impl_->num_shards; }
+
+void HashTableTestPeer::SpareSlabs(const HashTable& table, int64_t* ready, int64_t* taken) {
+  std::shared_lock<std::shared_mutex> lock(table.impl_->shards[0].mu);  // Replace swaps chunk_source under it
+  table.impl_->chunk_source->SpareStats(ready, taken);
+}
 
 uint64_t* HashTableTestPeer::Slots(HashTable& table, int64_t shard, uint64_t* capacity) {
   Shard& s = table.impl_->shards[shard];

@@ -13,12 +13,15 @@
 
 #include <algorithm>
 #include <atomic>
+#include <chrono>
 #include <cmath>
 #include <csignal>
 #include <cstdint>
 #include <cstdio>
+#include <cstdlib>
 #include <limits>
 #include <map>
+#include <memory>
 #include <new>
 #include <random>
 #include <set>
@@ -1465,6 +1468,161 @@ TFEXT_TEST(CheckInvariantsHoldsAndCatchesDamage) {
       }
       CHECK(gap && tag && row && count);
     }
+  }
+}
+
+// ---------------------------------------------------------------------------
+// Arena prefaulting (TF_EXT_TABLE_PREFAULT). Width 32 rows are 148 bytes, so
+// the arena moves from single chunks to 2 MiB slabs at 16 MiB (~113K keys),
+// and prefaults from 16 slabs on (~340K keys); the tests below insert past
+// that, across dozens of slab and thousands of chunk boundaries.
+
+constexpr int64_t kPrefaultWidth = 32;
+
+// A table created with TF_EXT_TABLE_PREFAULT set to `value` (read when the
+// table is created), the variable restored afterwards.
+std::unique_ptr<HashTable> TableWithPrefault(const char* value, const TableOptions& options) {
+  const char* old = std::getenv("TF_EXT_TABLE_PREFAULT");
+  const std::string saved = old != nullptr ? old : "";
+  setenv("TF_EXT_TABLE_PREFAULT", value, 1);
+  std::unique_ptr<HashTable> t(new HashTable(options));
+  if (old != nullptr) {
+    setenv("TF_EXT_TABLE_PREFAULT", saved.c_str(), 1);
+  } else {
+    unsetenv("TF_EXT_TABLE_PREFAULT");
+  }
+  return t;
+}
+
+// Inserts keys [first, first + n) in batches with FindOrInsert (rows derived
+// from the key), counting and versioning them; returns nothing, checks the
+// inserted flags.
+void InsertRange(HashTable& t, int64_t first, int64_t n, int64_t batch, const ParallelFor& pf,
+                 bool pause_between_batches) {
+  std::vector<int64_t> keys;
+  std::vector<float> init;
+  std::vector<float> out;
+  std::unique_ptr<bool[]> inserted(new bool[batch]);
+  for (int64_t b = first; b < first + n; b += batch) {
+    const int64_t m = std::min(batch, first + n - b);
+    keys.resize(m);
+    init.resize(m * kPrefaultWidth);
+    out.resize(m * kPrefaultWidth);
+    for (int64_t i = 0; i < m; ++i) {
+      keys[i] = static_cast<int64_t>(HashKey(b + i));  // spread over the shards
+      for (int64_t c = 0; c < kPrefaultWidth; ++c) init[i * kPrefaultWidth + c] = static_cast<float>((b + i) % 977 + c);
+    }
+    t.FindOrInsert(keys.data(), m, 0, kPrefaultWidth, init.data(), nullptr, out.data(), inserted.get(), true, b, pf);
+    for (int64_t i = 0; i < m; ++i) CHECK(inserted[i]);
+    CHECK(out == init);
+    // Gives the background worker a moment, as the rest of a training step does.
+    if (pause_between_batches) std::this_thread::sleep_for(std::chrono::microseconds(500));
+  }
+}
+
+// Growth through prefaulted slabs gives exactly the contents of growth
+// through slabs mapped on demand, and the spare slabs are really used (and
+// counted in memory_bytes, within their cap).
+TFEXT_TEST(PrefaultedGrowthMatchesOnDemandGrowth) {
+  const TableOptions options = Options(kPrefaultWidth, 2);
+  std::unique_ptr<HashTable> on = TableWithPrefault("1", options);
+  std::unique_ptr<HashTable> off = TableWithPrefault("0", options);
+  const int64_t n = 450000;  // ~64 MiB of rows: ~24 slabs
+  InsertRange(*on, 0, n, 4096, PoolParallelFor(), true);
+  InsertRange(*off, 0, n, 4096, PoolParallelFor(), true);
+  CHECK_EQ(on->size(), n);
+  CHECK_EQ(on->CheckInvariants(), std::string());
+  CHECK_EQ(off->CheckInvariants(), std::string());
+  CHECK(Snapshot(*on) == Snapshot(*off));
+  int64_t ready = 0, taken = 0;
+  HashTableTestPeer::SpareSlabs(*off, &ready, &taken);
+  CHECK_EQ(ready, 0);
+  CHECK_EQ(taken, 0);
+  HashTableTestPeer::SpareSlabs(*on, &ready, &taken);
+  std::printf("  prefaulted slabs taken: %lld, ready: %lld\n", static_cast<long long>(taken),
+              static_cast<long long>(ready));
+  CHECK_GT(taken, 0);
+  // The same slabs in use either way; the difference is the ready spares
+  // (one per 16 slabs in use: here at most 1, of 2 MiB plus one chunk, and
+  // their bookkeeping).
+  const int64_t slab_bytes = (int64_t{2} << 20) + (int64_t{16} << 10);
+  CHECK_GE(on->memory_bytes(), off->memory_bytes());
+  CHECK_LE(on->memory_bytes(), off->memory_bytes() + slab_bytes + 4096);
+  // Reads and overwrites of rows in prefaulted slabs.
+  std::vector<int64_t> keys(n);
+  for (int64_t i = 0; i < n; ++i) keys[i] = static_cast<int64_t>(HashKey(i));
+  std::vector<float> a(n * kPrefaultWidth), b(n * kPrefaultWidth);
+  on->Find(keys.data(), n, 0, kPrefaultWidth, a.data(), nullptr, nullptr, PoolParallelFor());
+  off->Find(keys.data(), n, 0, kPrefaultWidth, b.data(), nullptr, nullptr, PoolParallelFor());
+  CHECK(a == b);
+}
+
+// Writers on several threads grow one prefaulting table at once (each batch
+// spans every shard, so the shards take slabs concurrently while the worker
+// prepares more) with a reader running beside them: every key lands once
+// with its row.
+TFEXT_TEST(PrefaultedGrowthUnderConcurrentWriters) {
+  std::unique_ptr<HashTable> t = TableWithPrefault("1", Options(kPrefaultWidth, 3));
+  const int threads = 4;
+  const int64_t per_thread = 110000;
+  std::atomic<bool> done{false};
+  std::atomic<int64_t> reads{0};
+  std::thread reader([&] {
+    std::vector<int64_t> keys(512);
+    std::vector<float> out(512 * kPrefaultWidth);
+    std::unique_ptr<bool[]> found(new bool[512]);
+    while (!done.load()) {
+      for (int64_t i = 0; i < 512; ++i) keys[i] = static_cast<int64_t>(HashKey(i * 997));
+      t->Find(keys.data(), 512, 0, kPrefaultWidth, out.data(), found.get(), nullptr, InlineParallelFor());
+      for (int64_t i = 0; i < 512; ++i) {
+        if (found[i]) CHECK_EQ(out[i * kPrefaultWidth + 1], static_cast<float>((i * 997) % 977 + 1));
+      }
+      reads.fetch_add(1);
+    }
+  });
+  std::vector<std::thread> writers;
+  for (int w = 0; w < threads; ++w) {
+    writers.emplace_back([&, w] { InsertRange(*t, w * per_thread, per_thread, 2048, InlineParallelFor(), false); });
+  }
+  for (std::thread& w : writers) w.join();
+  done.store(true);
+  reader.join();
+  CHECK_GT(reads.load(), 0);
+  CHECK_EQ(t->size(), threads * per_thread);
+  CHECK_EQ(t->CheckInvariants(), std::string());
+  const std::map<int64_t, Entry> snap = Snapshot(*t);
+  CHECK_EQ(static_cast<int64_t>(snap.size()), threads * per_thread);
+  for (int64_t k = 0; k < threads * per_thread; ++k) {
+    auto it = snap.find(static_cast<int64_t>(HashKey(k)));
+    CHECK(it != snap.end());
+    CHECK_EQ(it->second.row[0], static_cast<float>(k % 977));
+    CHECK_EQ(it->second.row[kPrefaultWidth - 1], static_cast<float>(k % 977 + kPrefaultWidth - 1));
+    CHECK_EQ(it->second.frequency, 1u);
+  }
+}
+
+// Clear releases the spare slabs with the arena (memory back to a new
+// table's), also while the worker is still preparing some, and a table may be
+// destroyed with requests in flight; a cleared table grows (and prefaults)
+// again.
+TFEXT_TEST(PrefaultedSlabsAreReleasedByClearAndDestruction) {
+  const TableOptions options = Options(kPrefaultWidth, 2);
+  const int64_t fresh_bytes = HashTable(options).memory_bytes();
+  for (int round = 0; round < 3; ++round) {
+    std::unique_ptr<HashTable> t = TableWithPrefault("1", options);
+    InsertRange(*t, 0, 400000, 8192, PoolParallelFor(), false);
+    t->Clear();  // the worker may be mapping a slab for this table right now
+    CHECK_EQ(t->size(), 0);
+    CHECK_EQ(t->memory_bytes(), fresh_bytes);
+    InsertRange(*t, 1000000, 400000, 8192, PoolParallelFor(), round == 0);
+    CHECK_EQ(t->size(), 400000);
+    CHECK_EQ(t->CheckInvariants(), std::string());
+    if (round == 0) {
+      int64_t ready = 0, taken = 0;
+      HashTableTestPeer::SpareSlabs(*t, &ready, &taken);
+      CHECK_GT(taken, 0);  // prefaulting restarted after Clear
+    }
+    // Destroyed right after growing: requests may still be queued or running.
   }
 }
 

@@ -6,6 +6,7 @@
 //   g++ -O3 -std=c++17 -pthread -I. tensorflow_ext/table/core/hash_table.cc
 //       tensorflow_ext/table/core/hash_table_bench.cc -o /tmp/hash_table_bench
 //   /tmp/hash_table_bench [--keys=1048576] [--batch=131072] [--repeats=5]
+//   /tmp/hash_table_bench --growth=1 [--repeats=5]   (a growing training table, prefault off vs on)
 
 #include <algorithm>
 #include <chrono>
@@ -16,6 +17,7 @@
 #include <memory>
 #include <random>
 #include <string>
+#include <thread>
 #include <vector>
 
 #include "tensorflow_ext/table/core/hash_table.h"
@@ -91,9 +93,55 @@ Rate BestRate(const Workload& w, int repeats, const Op& op) {
   return best;
 }
 
+// --growth=1: a training table that grows every step, as in the ctr26
+// benchmark (docs/benchmarks.md, section 3): width 32 (dim 16 + one optimizer
+// slot), 50 steps of 50K keys of which ~85% are new (2.1M keys at the end),
+// one FindOrInsert per step on the calling thread, then a pause standing for
+// the rest of the step. Arena prefaulting off and on alternate, each table
+// created fresh; prints the median ns per key of each over the repeats.
+int GrowthMain(int repeats) {
+  const int64_t width = 32, batch = 50000, steps = 50;
+  std::vector<int64_t> keys(batch);
+  std::vector<float> init(batch * width, 0.5f), out(batch * width);
+  std::vector<double> ns_per_key[2];
+  for (int r = 0; r < repeats; ++r) {
+    for (int prefault = 0; prefault < 2; ++prefault) {
+      setenv("TF_EXT_TABLE_PREFAULT", prefault ? "1" : "0", 1);  // read when the table is created
+      TableOptions options;
+      options.width = width;
+      options.huge_pages = false;  // as the dynamic-embedding tables
+      HashTable table(options);
+      std::mt19937_64 rng(99);
+      int64_t next_new = 0;
+      double seconds = 0;
+      for (int64_t step = 0; step < steps; ++step) {
+        for (int64_t& k : keys) {
+          const bool old = next_new > 0 && rng() % 100 < 15;
+          k = static_cast<int64_t>(tfext::table::HashKey(old ? rng() % next_new : next_new++));
+        }
+        const auto start = std::chrono::steady_clock::now();
+        table.FindOrInsert(keys.data(), batch, 0, width, init.data(), nullptr, out.data(), nullptr, true, step,
+                           tfext::table::InlineParallelFor());
+        seconds += Seconds(start);
+        std::this_thread::sleep_for(std::chrono::milliseconds(20));
+      }
+      ns_per_key[prefault].push_back(1e9 * seconds / (batch * steps));
+    }
+  }
+  unsetenv("TF_EXT_TABLE_PREFAULT");
+  for (int prefault = 0; prefault < 2; ++prefault) {
+    std::vector<double>& v = ns_per_key[prefault];
+    std::sort(v.begin(), v.end());
+    std::printf("growth, prefault %s: median %.1f ns/key over %d repeats (min %.1f, max %.1f)\n",
+                prefault ? "on " : "off", v[v.size() / 2], repeats, v.front(), v.back());
+  }
+  return 0;
+}
+
 }  // namespace
 
 int main(int argc, char** argv) {
+  if (FlagValue(argc, argv, "growth", 0) != 0) return GrowthMain(static_cast<int>(FlagValue(argc, argv, "repeats", 5)));
   const int64_t num_keys = FlagValue(argc, argv, "keys", 1 << 20);
   const int64_t batch = FlagValue(argc, argv, "batch", 131072);
   const int repeats = static_cast<int>(FlagValue(argc, argv, "repeats", 5));

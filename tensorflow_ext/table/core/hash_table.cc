@@ -580,13 +580,16 @@ class ChunkSource {
                                 slabs_.capacity() * sizeof(Slab));
   }
 
-  // For tests: spare slabs ready now, and slabs taken from the spares so far.
-  void SpareStats(int64_t* ready, int64_t* taken) const {
+  // For tests: spare slabs ready now and requested (queued or being made),
+  // and slabs taken from the spares so far.
+  void SpareStats(int64_t* ready, int64_t* pending, int64_t* taken) const {
     std::lock_guard<std::mutex> lock(mu_);
     *ready = 0;
+    *pending = 0;
     if (spare_ != nullptr) {
       std::lock_guard<std::mutex> spare_lock(spare_->mu);
       *ready = static_cast<int64_t>(spare_->ready.size());
+      *pending = spare_->pending;
     }
     *taken = spare_slabs_taken_;
   }
@@ -1774,9 +1777,9 @@ std::string HashTable::CheckInvariants() const {
 
 int64_t HashTableTestPeer::NumShards(const HashTable& table) { return table.impl_->num_shards; }
 
-void HashTableTestPeer::SpareSlabs(const HashTable& table, int64_t* ready, int64_t* taken) {
+void HashTableTestPeer::SpareSlabs(const HashTable& table, int64_t* ready, int64_t* pending, int64_t* taken) {
   std::shared_lock<std::shared_mutex> lock(table.impl_->shards[0].mu);  // Replace swaps chunk_source under it
-  table.impl_->chunk_source->SpareStats(ready, taken);
+  table.impl_->chunk_source->SpareStats(ready, pending, taken);
 }
 
 uint64_t* HashTableTestPeer::Slots(HashTable& table, int64_t shard, uint64_t* capacity) {

@@ -1515,8 +1515,15 @@ void InsertRange(HashTable& t, int64_t first, int64_t n, int64_t batch, const Pa
     t.FindOrInsert(keys.data(), m, 0, kPrefaultWidth, init.data(), nullptr, out.data(), inserted.get(), true, b, pf);
     for (int64_t i = 0; i < m; ++i) CHECK(inserted[i]);
     CHECK(out == init);
-    // Gives the background worker a moment, as the rest of a training step does.
-    if (pause_between_batches) std::this_thread::sleep_for(std::chrono::microseconds(500));
+    // Gives the background worker time to finish the slabs it was asked for,
+    // as the rest of a training step does (bounded: a starved or failed
+    // worker is no error, the table then maps its own slabs).
+    for (int wait = 0; pause_between_batches && wait < 2000; ++wait) {
+      int64_t ready = 0, pending = 0, taken = 0;
+      HashTableTestPeer::SpareSlabs(t, &ready, &pending, &taken);
+      if (pending == 0) break;
+      std::this_thread::sleep_for(std::chrono::microseconds(500));
+    }
   }
 }
 
@@ -1534,11 +1541,11 @@ TFEXT_TEST(PrefaultedGrowthMatchesOnDemandGrowth) {
   CHECK_EQ(on->CheckInvariants(), std::string());
   CHECK_EQ(off->CheckInvariants(), std::string());
   CHECK(Snapshot(*on) == Snapshot(*off));
-  int64_t ready = 0, taken = 0;
-  HashTableTestPeer::SpareSlabs(*off, &ready, &taken);
+  int64_t ready = 0, pending = 0, taken = 0;
+  HashTableTestPeer::SpareSlabs(*off, &ready, &pending, &taken);
   CHECK_EQ(ready, 0);
   CHECK_EQ(taken, 0);
-  HashTableTestPeer::SpareSlabs(*on, &ready, &taken);
+  HashTableTestPeer::SpareSlabs(*on, &ready, &pending, &taken);
   std::printf("  prefaulted slabs taken: %lld, ready: %lld\n", static_cast<long long>(taken),
               static_cast<long long>(ready));
   CHECK_GT(taken, 0);
@@ -1618,8 +1625,8 @@ TFEXT_TEST(PrefaultedSlabsAreReleasedByClearAndDestruction) {
     CHECK_EQ(t->size(), 400000);
     CHECK_EQ(t->CheckInvariants(), std::string());
     if (round == 0) {
-      int64_t ready = 0, taken = 0;
-      HashTableTestPeer::SpareSlabs(*t, &ready, &taken);
+      int64_t ready = 0, pending = 0, taken = 0;
+      HashTableTestPeer::SpareSlabs(*t, &ready, &pending, &taken);
       CHECK_GT(taken, 0);  // prefaulting restarted after Clear
     }
     // Destroyed right after growing: requests may still be queued or running.

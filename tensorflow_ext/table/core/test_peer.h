@@ -19,9 +19,10 @@ struct HashTableTestPeer {
   // no index. Slot = {tag: high 32 bits, row id + 1: low 32 bits}, 0 = empty.
   // The caller must not run other operations on the table meanwhile.
   static uint64_t* Slots(HashTable& table, int64_t shard, uint64_t* capacity);
-  // Arena slabs prefaulted in the background: how many are ready now, and how
-  // many the table has taken into use so far.
-  static void SpareSlabs(const HashTable& table, int64_t* ready, int64_t* taken);
+  // Arena slabs prefaulted in the background: how many are ready now, how
+  // many are requested (queued or being made), and how many the table has
+  // taken into use so far.
+  static void SpareSlabs(const HashTable& table, int64_t* ready, int64_t* pending, int64_t* taken);
 };
 
 }  // namespace table

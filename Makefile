@@ -123,8 +123,11 @@ format-check-cc: clang-format
 test-cc: build
 	$(BAZEL) test $(BAZEL_FLAGS) $$($(BAZEL) query --noshow_progress $(BAZEL_FLAGS) 'tests(//tensorflow_ext/...)')
 
+# Two pytest workers (pytest-xdist; a test file stays on one worker): most tests are single-threaded graph
+# building, so the machine's second core halves the suite's time.
+PYTEST_WORKERS ?= 2
 test-py: build horovod
-	$(VPY) -m pytest -q $(PYTEST_ARGS) tensorflow_ext tests
+	$(VPY) -m pytest -q -n $(PYTEST_WORKERS) --dist loadfile $(PYTEST_ARGS) tensorflow_ext tests
 
 # CI: compile the CUDA sources where nvcc exists (nothing runs on a GPU there).
 .PHONY: cuda-ci

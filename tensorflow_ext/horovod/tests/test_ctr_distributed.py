@@ -17,18 +17,7 @@ from tensorflow_ext.horovod.tests.test_horovod import TIMEOUT_S
 from tensorflow_ext.horovod.tests.test_horovod import _env
 from tensorflow_ext.horovod.tests.test_horovod import horovodrun
 
-FLAGS = [
-    "--quick",
-    "--fresh",
-    "--steps",
-    "30",
-    "--batch_size",
-    "256",
-    "--eval_steps",
-    "3",
-    "--log_every",
-    "10",
-]
+FLAGS = ["--quick", "--fresh", "--steps", "16", "--batch_size", "256", "--eval_steps", "2", "--log_every", "8"]
 
 
 def _summary(text, prefix=""):
@@ -46,8 +35,10 @@ def runs(tmp_path_factory):
     out = {}
     for mode in ("model_parallel", "data_parallel"):
         model_dir = str(tmp_path_factory.mktemp(mode))
+        # The data-parallel run skips the export (the model-parallel one checks it).
+        extra = ["--no_export"] if mode == "data_parallel" else []
         code, text = horovodrun(
-            2, "-m", "tensorflow_ext.examples.ctr", "--distributed", mode, "--model_dir", model_dir, *FLAGS
+            2, "-m", "tensorflow_ext.examples.ctr", "--distributed", mode, "--model_dir", model_dir, *FLAGS, *extra
         )
         assert code == 0, text[-6000:]
         # Only rank 0 reports; every other rank trains silently.
@@ -59,9 +50,9 @@ def runs(tmp_path_factory):
 def test_both_parallelisms_train_the_same_model(runs):
     mp, dp = runs["model_parallel"], runs["data_parallel"]
     for s in (mp, dp):
-        assert s["ranks"] == 2 and s["global_step"] == 30 and s["steps"] == 30
-        assert s["auc"] > 0.6, s  # the hidden model is learnable (single process --quick: ~0.72)
-        assert s["export_dir"] and os.path.isdir(s["export_dir"])
+        assert s["ranks"] == 2 and s["global_step"] == 16 and s["steps"] == 16
+        assert s["auc"] > 0.58, s  # the hidden model is learnable (single process --quick: ~0.72 after 100 steps)
+    assert mp["export_dir"] and os.path.isdir(mp["export_dir"]) and dp["export_dir"] is None
     # The same global batches: the same keys in every table (eval reads the full checkpoint on rank 0)...
     assert mp["table_sizes"] == dp["table_sizes"]
     assert mp["total_keys"] == dp["total_keys"] > 0
@@ -85,7 +76,7 @@ SERVE = textwrap.dedent(
     with tf.compat.v1.Session(graph=tf.Graph()) as sess:
         meta = tf.compat.v1.saved_model.loader.load(sess, ["serve"], export_dir)
         sig = meta.signature_def["serving_default"]
-        for i in range(3):
+        for i in range(2):
             feats, y, _ = stream.batch(i, 256, "eval")
             feed = {}
             for k in synthetic.CATEGORICAL_KEYS:
@@ -104,9 +95,8 @@ SERVE = textwrap.dedent(
 )
 
 
-@pytest.mark.parametrize("mode", ["model_parallel", "data_parallel"])
-def test_export_serves_every_key_in_a_plain_process(runs, mode):
-    s = runs[mode]
+def test_export_serves_every_key_in_a_plain_process(runs):
+    s = runs["model_parallel"]
     r = subprocess.run(
         [sys.executable, "-c", SERVE, s["export_dir"]],
         env=_env(),
@@ -123,17 +113,7 @@ def test_export_serves_every_key_in_a_plain_process(runs, mode):
 
 def test_one_process_continues_a_model_parallel_checkpoint(runs):
     model_dir = runs["model_parallel"]["model_dir"]
-    flags = [
-        "--quick",
-        "--steps",
-        "10",
-        "--batch_size",
-        "256",
-        "--eval_steps",
-        "3",
-        "--no_export",
-        "--quiet",
-    ]
+    flags = ["--quick", "--steps", "4", "--batch_size", "256", "--eval_steps", "1", "--no_export", "--quiet"]
     r = subprocess.run(
         [sys.executable, "-m", "tensorflow_ext.examples.ctr", "--model_dir", model_dir] + flags,
         env=_env(),
@@ -143,7 +123,7 @@ def test_one_process_continues_a_model_parallel_checkpoint(runs):
     )
     assert r.returncode == 0, r.stderr[-4000:]
     s = _summary(r.stdout)
-    assert s["start_step"] == 30 and s["global_step"] == 40 and s["ranks"] == 1
+    assert s["start_step"] == 16 and s["global_step"] == 20 and s["ranks"] == 1
     # Every key of the 2-rank table came back, and training only adds keys.
     assert s["total_keys"] >= runs["model_parallel"]["total_keys"]
     for table, size in runs["model_parallel"]["table_sizes"].items():

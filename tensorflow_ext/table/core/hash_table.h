@@ -98,14 +98,14 @@
 //  * The probe hash (Murmur3Fmix64, mix.h) is independent of HashKey()
 //    (SplitMix64), so tables fed by a HashKey(key) % num_tables partition keep
 //    a uniform index.
-//  * Growth off the critical path: once the arena takes slabs, each new slab
+//  * Growth off the critical path (opt-in, TF_EXT_TABLE_PREFAULT=1): once the arena takes slabs, each new slab
 //    asks a process-wide background thread to map and fault in the next ones
 //    (MADV_POPULATE_WRITE), so that inserts write to resident memory instead
 //    of taking a page fault per fresh page under a shard lock. Spare slabs
 //    are capped at one per 16 slabs in use, at most 8 (16 MiB) per table; a
-//    writer never waits for one (it maps its own when none is ready). The
-//    environment variable TF_EXT_TABLE_PREFAULT=0 turns this off for the
-//    tables created after it is set.
+//    writer never waits for one (it maps its own when none is ready). Off by
+//    default; TF_EXT_TABLE_PREFAULT=1 turns it on for the tables created after
+//    it is set.
 //  * Memory is only used as keys arrive: initial_capacity pre-sizes the index
 //    (up to kMaxPresizedKeys) with fresh anonymous memory, which the OS backs
 //    with pages only when they are first written.

@@ -30,6 +30,7 @@ with data-parallel ones each rank counts its own lookups, and a key admitted on 
 the gathered gradient.
 """
 
+import abc
 import math
 
 import numpy as np
@@ -53,8 +54,11 @@ def _check_int(what, value, lo, hi=None):
     return int(value)
 
 
-class Admission(object):
-    """What both policies share: the threshold, the default row, the admitted-keys counter, the lookup."""
+class Admission(abc.ABC):
+    """What both policies share: the threshold, the default row, the admitted-keys counter, the lookup.
+
+    A policy supplies `_build` (its state), `_count` (count and read) and `memory_bytes`.
+    """
 
     def __init__(self, min_count, default_value):
         self.min_count = _check_int("min_count", min_count, 1)
@@ -86,16 +90,13 @@ class Admission(object):
                 )
         return state
 
+    @abc.abstractmethod
     def _build(self, emb):
-        raise NotImplementedError
+        """The policy's own state for `emb` (a dict of its tables and variables)."""
 
+    @abc.abstractmethod
     def _count(self, state, keys):
         """Counts `keys` (unique, without rows) once more; returns their counts after it (int64 [n])."""
-        raise NotImplementedError
-
-    def _peek(self, state, keys):
-        """Their counts, unchanged (int64 [n])."""
-        raise NotImplementedError
 
     def _forget(self, state, keys):
         """Admitted keys need no count any more (an op, or None)."""
@@ -105,9 +106,9 @@ class Admission(object):
         """int64 variable: keys of `emb` admitted so far (saved with the model)."""
         return emb.admission_state["admitted"]
 
+    @abc.abstractmethod
     def memory_bytes(self, emb):
         """int64 scalar: bytes the policy's state for `emb` holds."""
-        raise NotImplementedError
 
 
 class CountAdmission(Admission):
@@ -141,9 +142,6 @@ class CountAdmission(Admission):
         with tf.control_dependencies([add]):
             counts = table.find(keys, default_value=0.0)
         return tf.cast(tf.reshape(counts, [-1]), tf.int64)
-
-    def _peek(self, state, keys):
-        return tf.cast(tf.reshape(state["table"].find(keys, default_value=0.0), [-1]), tf.int64)
 
     def _forget(self, state, keys):
         return state["table"].remove(keys)
@@ -204,13 +202,8 @@ class BloomAdmission(Admission):
         flat = tf.reshape(slots, [-1])
         add = tf.compat.v1.scatter_add(state["counters"], flat, tf.ones_like(flat), use_locking=True)
         with tf.control_dependencies([add]):
-            return self._peek(state, keys, slots)
-
-    def _peek(self, state, keys, slots=None):
-        if slots is None:
-            slots = self._slots(keys)
-        values = tf.gather(state["counters"], slots)
-        return tf.cast(tf.reduce_min(values, axis=1), tf.int64)
+            # A key's count: the least of its counters (never below its true count).
+            return tf.cast(tf.reduce_min(tf.gather(state["counters"], slots), axis=1), tf.int64)
 
     def memory_bytes(self, emb):
         del emb  # the same for every embedding

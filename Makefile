@@ -27,10 +27,11 @@ BENCH_ARGS ?=
 PYTEST_ARGS ?=
 OPS_SO     := tensorflow_ext/_tf_ext_ops.so
 BUILD_INFO := tensorflow_ext/_build_info.py
-GPU_SRCS   := tensorflow_ext/table/gpu/gpu_hash_table.cu.cc tensorflow_ext/table/gpu/gpu_harness.cu.cc
-# Headers the CUDA sources include: their own and the core's header-only base (mixers, limits).
-GPU_HDRS   := tensorflow_ext/table/gpu/gpu_hash_table.h tensorflow_ext/table/core/mix.h \
-              tensorflow_ext/table/core/table_limits.h
+# The CUDA table's harness (nvcc) and the CPU core it compares with (host C++).
+GPU_SRCS   := tensorflow_ext/table/gpu/gpu_table_harness.cu.cc tensorflow_ext/table/core/hash_table.cc
+# Headers the CUDA sources include: the table's, the core's header-only base, the shared row and optimizer math.
+GPU_HDRS   := $(wildcard tensorflow_ext/table/gpu/*.h tensorflow_ext/table/core/*.h) \
+              tensorflow_ext/embedding/kernels/optimizer_functors.h tensorflow_ext/embedding/kernels/row_initializer.h
 # Every C++ and CUDA source (*.h, *.cc, *.cu.cc): one format, .clang-format at the root.
 CC_FORMAT_SRCS = $(shell find tensorflow_ext -name '*.h' -o -name '*.cc' | sort)
 CLANG_FORMAT ?= clang-format
@@ -150,8 +151,13 @@ cuda: $(GPU_LIB)
 $(GPU_LIB): $(GPU_SRCS) $(GPU_HDRS)
 	@[ -n "$(NVCC)" ] || { echo "nvcc not found (install the CUDA toolkit or set NVCC=...)"; exit 1; }
 	@mkdir -p $(dir $@)
-	$(NVCC) -std=c++17 -O3 -x cu -Xcompiler -fPIC -shared -I$(ROOT) \
-	  $(foreach a,$(CUDA_ARCHS),-gencode arch=compute_$(a),code=sm_$(a)) -o $@ $(GPU_SRCS)
+	@# --fmad=false: no fused multiply-add, so the device computes initial rows and optimizer updates with the
+	@# same roundings as the CPU kernels.
+	$(CXX) -std=c++17 -O3 -fPIC -pthread -I$(ROOT) -c -o $(dir $@)hash_table.o $(word 2,$(GPU_SRCS))
+	$(NVCC) -std=c++17 -O3 --fmad=false -Werror all-warnings -Xcompiler -fPIC -Xcompiler -pthread -I$(ROOT) \
+	  $(foreach a,$(CUDA_ARCHS),-gencode arch=compute_$(a),code=sm_$(a)) -c -o $(dir $@)harness.o \
+	  -x cu $(word 1,$(GPU_SRCS))
+	$(NVCC) -shared -Xcompiler -pthread -o $@ $(dir $@)harness.o $(dir $@)hash_table.o
 	@echo "== built $@ (test on a GPU machine: python tools/gpu/test_gpu_table.py --lib $@)"
 
 # The same through Bazel's --config=cuda (nvcc genrules, static cudart). The op library does not link the CUDA

@@ -15,6 +15,7 @@
 #include "tensorflow/core/framework/tensor_shape.h"
 #include "tensorflow/core/lib/core/errors.h"
 #include "tensorflow_ext/embedding/kernels/multi_table.h"
+#include "tensorflow_ext/embedding/kernels/row_initializer.h"
 #include "tensorflow_ext/table/core/hash_table.h"
 #include "tensorflow_ext/table/core/mix.h"
 #include "tensorflow_ext/table/kernels/table_resource.h"
@@ -37,134 +38,30 @@ using tensorflow::errors::InvalidArgument;
 // HashKey and the Python layer use.
 using table::SplitMix64;
 
+using embedding::BoxMullerBlockInline;
+using embedding::FillInitialRow;
+using embedding::RowInitParams;
+
 // ---------------------------------------------------------------------------
-// Box-Muller in blocks that the compiler vectorizes.
-//
-// TF's NormalDistribution turns each pair (x0, x1) of uint32s into two
-// normals with scalar logf / sincosf calls (~35 ns a pair), which made the
-// random draws of new keys the largest cost of a training lookup. Here a block
-// of kBoxMullerPairs pairs goes through branch-free float code (Cephes-style
-// polynomials for log and sin/cos, within 5e-7 of libm over the ranges used:
-// log on [1e-7, 1), sin/cos on [0, 2*pi)) that -O3 turns into SIMD. The
-// formula is TF's BoxMullerFloat, so the values equal TF's Box-Muller of the
-// same uint32s up to float rounding.
-
-constexpr int kBoxMullerPairs = 8;
-constexpr int kBoxMullerValues = 2 * kBoxMullerPairs;
-
-inline float BitsToFloat(uint32_t b) {
-  float f;
-  std::memcpy(&f, &b, sizeof(f));
-  return f;
-}
-
-inline uint32_t FloatToBits(float f) {
-  uint32_t b;
-  std::memcpy(&b, &f, sizeof(b));
-  return b;
-}
-
-// [0, 1) from the low 23 bits (TF's Uint32ToFloat).
-inline float UnitFloat(uint32_t x) { return BitsToFloat(0x3f800000u | (x & 0x7fffffu)) - 1.0f; }
-
-// Natural log of a positive normal float (Cephes logf), written without
-// branches (bit masks instead of selects) so that loops over it vectorize.
-inline float PolyLog(float x) {
-  const uint32_t b = FloatToBits(x);
-  const float m0 = BitsToFloat((b & 0x007fffffu) | 0x3f000000u);  // x = m0 * 2^e, m0 in [0.5, 1)
-  // low (m0 < sqrt(1/2), then use 2*m0 and e - 1) from the mantissa bits:
-  // 0x3f3504f3 is sqrt(1/2) with m0's exponent.
-  const uint32_t low_mask =
-      static_cast<uint32_t>((static_cast<int32_t>(FloatToBits(m0)) - static_cast<int32_t>(0x3f3504f3u)) >> 31);
-  const int32_t e = static_cast<int32_t>(b >> 23) - 126 + static_cast<int32_t>(low_mask);
-  const float m = BitsToFloat((FloatToBits(m0 + m0) & low_mask) | (FloatToBits(m0) & ~low_mask)) - 1.0f;
-  const float z = m * m;
-  float y = 7.0376836292e-2f;
-  y = y * m - 1.1514610310e-1f;
-  y = y * m + 1.1676998740e-1f;
-  y = y * m - 1.2420140846e-1f;
-  y = y * m + 1.4249322787e-1f;
-  y = y * m - 1.6668057665e-1f;
-  y = y * m + 2.0000714765e-1f;
-  y = y * m - 2.4999993993e-1f;
-  y = y * m + 3.3333331174e-1f;
-  y = y * m * z;
-  const float fe = static_cast<float>(e);
-  y += -2.12194440e-4f * fe;
-  y += -0.5f * z;
-  return (m + y) + 0.693359375f * fe;
-}
-
-// sin and cos of x in [0, 2*pi] (Cephes sinf/cosf: octant reduction).
-inline void PolySinCos(float x, float* s_out, float* c_out) {
-  int32_t j = static_cast<int32_t>(x * 1.27323954473516f);  // 4 / pi
-  j = (j + 1) & ~1;
-  const float y = static_cast<float>(j);
-  const float r = ((x - y * 0.78515625f) - y * 2.4187564849853515625e-4f) - y * 3.77489497744594108e-8f;
-  const float z = r * r;
-  const float ps = ((-1.9515295891e-4f * z + 8.3321608736e-3f) * z - 1.6666654611e-1f) * z * r + r;
-  const float pc =
-      ((2.443315711809948e-5f * z - 1.388731625493765e-3f) * z + 4.166664568298827e-2f) * z * z - 0.5f * z + 1.0f;
-  // Quadrant q = j / 2: (sin, cos) = (ps, pc), (pc, -ps), (-ps, -pc), (-pc, ps).
-  const uint32_t q = static_cast<uint32_t>(j >> 1);
-  const uint32_t swap = 0u - (q & 1u);
-  const uint32_t ps_bits = FloatToBits(ps), pc_bits = FloatToBits(pc);
-  const uint32_t s_bits = (ps_bits & ~swap) | (pc_bits & swap);
-  const uint32_t c_bits = (pc_bits & ~swap) | (ps_bits & swap);
-  *s_out = BitsToFloat(s_bits ^ ((q & 2u) << 30));
-  *c_out = BitsToFloat(c_bits ^ (((q + 1u) & 2u) << 30));
-}
-
-// The 2 * kBoxMullerPairs N(0, 1) values of the pairs (x[j], x[kBoxMullerPairs + j]):
-// out[j] = sin, out[kBoxMullerPairs + j] = cos branch of TF's BoxMullerFloat
-// (u1 = UnitFloat(x0) clamped to >= 1e-7, v1 = 2 pi UnitFloat(x1)). Compiled
-// for AVX2 too where the CPU has it (same IEEE operations, no FMA: the same
-// values either way).
+// Initial rows (row_initializer.h, shared with the CUDA table). The block
+// transform is compiled for AVX2 too where the CPU has it (same IEEE
+// operations, no FMA: the same values either way).
 #if defined(__x86_64__) && defined(__GNUC__) && !defined(__clang__)
 __attribute__((target_clones("avx2", "default")))
 #endif
 void BoxMullerBlock(const uint32_t* x, float* out) {
-  for (int j = 0; j < kBoxMullerPairs; ++j) {
-    // u1 = max(UnitFloat(x0), 1e-7), on the bits (both are positive floats) so
-    // that no branch stops the vectorizer.
-    const int32_t u_bits = static_cast<int32_t>(FloatToBits(UnitFloat(x[j])));
-    const int32_t eps_bits = static_cast<int32_t>(FloatToBits(1.0e-7f));
-    const int32_t below = (u_bits - eps_bits) >> 31;  // all ones if u < 1e-7
-    const float u1 = BitsToFloat(static_cast<uint32_t>((u_bits & ~below) | (eps_bits & below)));
-    const float v1 = 6.28318530717958647692f * UnitFloat(x[kBoxMullerPairs + j]);
-    const float radius = std::sqrt(-2.0f * PolyLog(u1));
-    float s, c;
-    PolySinCos(v1, &s, &c);
-    out[j] = s * radius;
-    out[kBoxMullerPairs + j] = c * radius;
-  }
+  BoxMullerBlockInline(x, out);
 }
 
-// A key's random stream: SplitMix64 (Steele, Lea & Flood 2014) from the
-// key's own state, 16 uint32 per block: block b holds the 64-bit outputs
-// 8b+1 .. 8b+8, SplitMix64(state + k * golden gamma), split into low and high halves.
-constexpr uint64_t kGoldenGamma = 0x9E3779B97F4A7C15ULL;
+struct MultiVersionBoxMuller {
+  void operator()(const uint32_t* bits, float* z) const { BoxMullerBlock(bits, z); }
+};
 
-inline void StreamBlock(uint64_t state, uint64_t block, uint32_t* out) {
-  for (int t = 0; t < kBoxMullerValues / 2; ++t) {
-    const uint64_t r = SplitMix64(state + (block * (kBoxMullerValues / 2) + t + 1) * kGoldenGamma);
-    out[2 * t] = static_cast<uint32_t>(r);
-    out[2 * t + 1] = static_cast<uint32_t>(r >> 32);
-  }
-}
-
-// Initial values of new keys. Each key gets its own random stream
-// (StreamBlock) whose state is SplitMix64(SplitMix64(key + SplitMix64(seed2)) + SplitMix64(seed))
-// (distinct for distinct keys, as every step is a bijection of the key). So
-// every key gets its own draw, and the draw depends only on (seed, seed2,
-// key): runs are reproducible for fixed seeds whatever the batch order,
-// sharding or thread scheduling. Normals come from the vectorized Box-Muller
-// above (16 per block, in block order; truncated_normal skips |z| >= 2),
-// uniforms from TF's 23-bit float conversion of each uint32.
+// Initial values of new keys (row_initializer.h): the draw depends only on
+// (initializer, seed, seed2, key), whatever the batch order, sharding or
+// thread scheduling; the TF attrs below fill its RowInitParams.
 class RowInitializer {
  public:
-  enum Kind { kConstant, kNormal, kTruncatedNormal, kUniform };
-
   tensorflow::Status Init(OpKernelConstruction* ctx) {
     std::string kind;
     TF_RETURN_IF_ERROR(ctx->GetAttr("init_kind", &kind));
@@ -180,85 +77,37 @@ class RowInitializer {
   // The same from attr values (the multi-table lookup reads one entry of each list attr per table).
   tensorflow::Status Init(const std::string& kind, float a, float b, int64_t seed, int64_t seed2) {
     if (kind == "constant") {
-      kind_ = kConstant;
+      p_.kind = RowInitParams::kConstant;
     } else if (kind == "random_normal") {
-      kind_ = kNormal;
+      p_.kind = RowInitParams::kNormal;
     } else if (kind == "truncated_normal") {
-      kind_ = kTruncatedNormal;
+      p_.kind = RowInitParams::kTruncatedNormal;
     } else if (kind == "random_uniform") {
-      kind_ = kUniform;
+      p_.kind = RowInitParams::kUniform;
     } else {
       return InvalidArgument("unknown init_kind '", kind, "'");
     }
-    a_ = a;
-    b_ = b;
+    p_.a = a;
+    p_.b = b;
     if (seed == 0 && seed2 == 0) {  // like TF's random ops: nondeterministic
       seed = static_cast<int64_t>(tsl::random::New64());
       seed2 = static_cast<int64_t>(tsl::random::New64());
     }
-    seed_mix_ = SplitMix64(static_cast<uint64_t>(seed));
-    seed2_mix_ = SplitMix64(static_cast<uint64_t>(seed2));
-    if ((kind_ == kNormal || kind_ == kTruncatedNormal) && !(b_ >= 0)) {
-      return InvalidArgument("init_b (stddev) must be >= 0 for ", kind, ", got ", b_);
+    p_.seed_mix = SplitMix64(static_cast<uint64_t>(seed));
+    p_.seed2_mix = SplitMix64(static_cast<uint64_t>(seed2));
+    if ((p_.kind == RowInitParams::kNormal || p_.kind == RowInitParams::kTruncatedNormal) && !(b >= 0)) {
+      return InvalidArgument("init_b (stddev) must be >= 0 for ", kind, ", got ", b);
     }
     return tensorflow::OkStatus();
   }
 
   // The value of missing keys when nothing is inserted.
-  float MissingValue() const { return kind_ == kConstant ? a_ : 0.0f; }
+  float MissingValue() const { return p_.MissingValue(); }
 
-  void Fill(int64_t key, float* out, int64_t dim) const {
-    if (kind_ == kConstant) {
-      for (int64_t j = 0; j < dim; ++j) out[j] = a_;
-      return;
-    }
-    const uint64_t state = SplitMix64(SplitMix64(static_cast<uint64_t>(key) + seed2_mix_) + seed_mix_);
-    uint32_t bits[kBoxMullerValues];
-    float z[kBoxMullerValues];
-    uint64_t block = 0;
-    switch (kind_) {
-      case kUniform: {
-        // TF: random_uniform(...) * (maxval - minval) + minval
-        const float range = b_ - a_;
-        for (int64_t j = 0; j < dim; ++block) {
-          StreamBlock(state, block, bits);
-          for (int t = 0; t < kBoxMullerValues && j < dim; ++t, ++j) {
-            out[j] = UnitFloat(bits[t]) * range + a_;
-          }
-        }
-        break;
-      }
-      case kNormal: {
-        // TF: random_normal(...) * stddev + mean
-        for (int64_t j = 0; j < dim; ++block) {
-          StreamBlock(state, block, bits);
-          BoxMullerBlock(bits, z);
-          for (int t = 0; t < kBoxMullerValues && j < dim; ++t, ++j) out[j] = z[t] * b_ + a_;
-        }
-        break;
-      }
-      case kTruncatedNormal: {
-        // TF: truncated_normal(...) * stddev + mean: normals with |z| < 2, in
-        // stream order (the rejected ~4.6% are skipped).
-        for (int64_t j = 0; j < dim; ++block) {
-          StreamBlock(state, block, bits);
-          BoxMullerBlock(bits, z);
-          for (int t = 0; t < kBoxMullerValues && j < dim; ++t) {
-            if (std::fabs(z[t]) < 2.0f) out[j++] = z[t] * b_ + a_;
-          }
-        }
-        break;
-      }
-      default:
-        break;
-    }
-  }
+  void Fill(int64_t key, float* out, int64_t dim) const { FillInitialRow(p_, key, out, dim, MultiVersionBoxMuller()); }
 
  private:
-  Kind kind_ = kConstant;
-  float a_ = 0, b_ = 1;
-  uint64_t seed_mix_ = 0;
-  uint64_t seed2_mix_ = 0;
+  RowInitParams p_;
 };
 
 // ---------------------------------------------------------------------------

@@ -39,6 +39,8 @@
 #include <cstdint>
 #include <string>
 
+#include "tensorflow_ext/table/core/host_device.h"
+
 namespace tfext {
 namespace embedding {
 
@@ -54,6 +56,11 @@ struct OptimizerFlags {
 // naming the problem (the kernel turns it into InvalidArgument).
 using HyperCheck = std::string;
 
+// std::min / std::max for host and device code, with their results for every input (NaN included):
+// ClampMin(a, b) = std::min(a, b), ClampMax(a, b) = std::max(a, b).
+TFEXT_HOST_DEVICE inline float ClampMin(float a, float b) { return (b < a) ? b : a; }
+TFEXT_HOST_DEVICE inline float ClampMax(float a, float b) { return (a < b) ? b : a; }
+
 // ---------------------------------------------------------------------------
 struct GradientDescentOpt {
   static constexpr const char* kOpName = "TfExtEmbeddingSparseApplyGradientDescent";
@@ -68,7 +75,8 @@ struct GradientDescentOpt {
     lr = h[0];
     return "";
   }
-  void Apply(float* var, float* /*slots*/, int64_t /*slot_stride*/, const float* g, int64_t dim) const {
+  TFEXT_HOST_DEVICE void Apply(float* var, float* /*slots*/, int64_t /*slot_stride*/, const float* g,
+                               int64_t dim) const {
     // var += (-g) * lr
     for (int64_t j = 0; j < dim; ++j) var[j] += (-g[j]) * lr;
   }
@@ -91,7 +99,7 @@ struct MomentumOpt {
     nesterov = f.use_nesterov;
     return "";
   }
-  void Apply(float* var, float* slots, int64_t /*slot_stride*/, const float* g, int64_t dim) const {
+  TFEXT_HOST_DEVICE void Apply(float* var, float* slots, int64_t /*slot_stride*/, const float* g, int64_t dim) const {
     float* a = slots;
     if (nesterov) {
       const float lr_m = lr * momentum;
@@ -122,7 +130,7 @@ struct AdagradOpt {
     lr = h[0];
     return "";
   }
-  void Apply(float* var, float* slots, int64_t /*slot_stride*/, const float* g, int64_t dim) const {
+  TFEXT_HOST_DEVICE void Apply(float* var, float* slots, int64_t /*slot_stride*/, const float* g, int64_t dim) const {
     float* a = slots;
     if (dim == 1) {
       a[0] += g[0] * g[0];
@@ -160,7 +168,7 @@ struct AdamOpt {
     one_minus_beta2 = 1.0f - beta2;
     return "";
   }
-  void Apply(float* var, float* slots, int64_t slot_stride, const float* g, int64_t dim) const {
+  TFEXT_HOST_DEVICE void Apply(float* var, float* slots, int64_t slot_stride, const float* g, int64_t dim) const {
     float* m = slots;
     float* v = slots + slot_stride;
     for (int64_t j = 0; j < dim; ++j) {
@@ -206,7 +214,7 @@ struct FtrlOpt {
     return "";
   }
 
-  void Apply(float* var, float* slots, int64_t slot_stride, const float* g, int64_t dim) const {
+  TFEXT_HOST_DEVICE void Apply(float* var, float* slots, int64_t slot_stride, const float* g, int64_t dim) const {
     float* accum = slots;
     float* linear = slots + slot_stride;
     const bool shrink = l2_shrinkage > 0;
@@ -229,13 +237,13 @@ struct FtrlOpt {
       if (mult) {
         const float sigma = fast ? (std::sqrt(na) - std::sqrt(a)) : (std::pow(na, -lr_power) - std::pow(a, -lr_power));
         lin = lin + (gs * lr - sigma * var[j]);
-        const float adj = std::max(std::min(lin, l1_lr), -l1_lr);
+        const float adj = ClampMax(ClampMin(lin, l1_lr), -l1_lr);
         y = (fast ? std::sqrt(na) : std::pow(na, -lr_power)) + two_l2_lr;
         var[j] = (adj - lin) / y;
       } else {
         const float sigma = fast ? (std::sqrt(na) - std::sqrt(a)) : (std::pow(na, -lr_power) - std::pow(a, -lr_power));
         lin = lin + (gs - sigma / lr * var[j]);
-        const float adj = std::max(std::min(lin, l1), -l1);
+        const float adj = ClampMax(ClampMin(lin, l1), -l1);
         y = (fast ? std::sqrt(na) : std::pow(na, -lr_power)) / lr + two_l2;
         var[j] = (adj - lin) / y;
       }
@@ -245,7 +253,7 @@ struct FtrlOpt {
   }
 
   // TF's scalar path (inner dimension 1): FtrlCompute.
-  void ApplyScalar(float* var, float* accum, float* linear, float g0, bool shrink) const {
+  TFEXT_HOST_DEVICE void ApplyScalar(float* var, float* accum, float* linear, float g0, bool shrink) const {
     float& a = *accum;
     float& l = *linear;
     float& v = *var;
@@ -258,10 +266,10 @@ struct FtrlOpt {
     float adj;
     if (mult) {
       quadratic = (lr_power == -0.5f ? std::sqrt(updated_a) : std::pow(updated_a, -lr_power)) + 2.0f * l2 * lr;
-      adj = std::max(std::min(updated_l, l1 * lr), -l1 * lr);
+      adj = ClampMax(ClampMin(updated_l, l1 * lr), -l1 * lr);
     } else {
       quadratic = (lr_power == -0.5f ? std::sqrt(updated_a) : std::pow(updated_a, -lr_power)) / lr + 2.0f * l2;
-      adj = std::max(std::min(updated_l, l1), -l1);
+      adj = ClampMax(ClampMin(updated_l, l1), -l1);
     }
     v = (adj - updated_l) / quadratic;
     a = updated_a;
@@ -291,7 +299,7 @@ struct RMSPropOpt {
     centered = f.centered;
     return "";
   }
-  void Apply(float* var, float* slots, int64_t slot_stride, const float* g, int64_t dim) const {
+  TFEXT_HOST_DEVICE void Apply(float* var, float* slots, int64_t slot_stride, const float* g, int64_t dim) const {
     float* ms = slots;
     float* mom = slots + slot_stride;
     if (centered) {

@@ -15,11 +15,7 @@
 
 #include <cstdint>
 
-#if defined(__CUDACC__)
-#define TFEXT_HOST_DEVICE __host__ __device__
-#else
-#define TFEXT_HOST_DEVICE
-#endif
+#include "tensorflow_ext/table/core/host_device.h"
 
 namespace tfext {
 namespace table {

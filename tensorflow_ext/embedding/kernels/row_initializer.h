@@ -1,0 +1,194 @@
+// tensorflow_ext: the per-key initial rows of dynamic embeddings, defined once for the CPU kernels and the CUDA
+// table (host and device code).
+//
+// Contract: a key's initial row depends only on (initializer kind and parameters, seed, seed2, key), never on the
+// batch, the thread, the shard or the device. The CPU lookup kernels and the GPU table call FillInitialRow with the
+// same RowInitParams and get the same floats: every step below is an IEEE operation with one rounding (no fused
+// multiply-add: the CUDA build compiles with --fmad=false, the CPU build targets no FMA instruction set), in the
+// same order.
+//
+// How: each key gets its own random stream, SplitMix64 (Steele, Lea & Flood 2014) from the state
+// SplitMix64(SplitMix64(key + SplitMix64(seed2)) + SplitMix64(seed)) (distinct for distinct keys: every step is a
+// bijection of the key), read in blocks of 16 uint32. Normals come from TF's Box-Muller formula (BoxMullerFloat)
+// with Cephes-style polynomials for log and sin/cos (within 5e-7 of libm over the ranges used: log on [1e-7, 1),
+// sin/cos on [0, 2*pi)), written branch-free so that the CPU compiler vectorizes a block; truncated normals skip
+// |z| >= 2 in stream order; uniforms are TF's 23-bit float conversion of each uint32.
+
+#ifndef TENSORFLOW_EXT_EMBEDDING_KERNELS_ROW_INITIALIZER_H_
+#define TENSORFLOW_EXT_EMBEDDING_KERNELS_ROW_INITIALIZER_H_
+
+#include <cmath>
+#include <cstdint>
+#include <cstring>
+
+#include "tensorflow_ext/table/core/mix.h"
+
+namespace tfext {
+namespace embedding {
+
+constexpr int kBoxMullerPairs = 8;
+constexpr int kBoxMullerValues = 2 * kBoxMullerPairs;  // one stream block: 16 uint32 -> 16 normals
+constexpr uint64_t kGoldenGamma = 0x9E3779B97F4A7C15ULL;
+
+TFEXT_HOST_DEVICE inline float BitsToFloat(uint32_t b) {
+  float f;
+  std::memcpy(&f, &b, sizeof(f));
+  return f;
+}
+
+TFEXT_HOST_DEVICE inline uint32_t FloatToBits(float f) {
+  uint32_t b;
+  std::memcpy(&b, &f, sizeof(b));
+  return b;
+}
+
+// [0, 1) from the low 23 bits (TF's Uint32ToFloat).
+TFEXT_HOST_DEVICE inline float UnitFloat(uint32_t x) { return BitsToFloat(0x3f800000u | (x & 0x7fffffu)) - 1.0f; }
+
+// Natural log of a positive normal float (Cephes logf), without branches (bit masks instead of selects).
+TFEXT_HOST_DEVICE inline float PolyLog(float x) {
+  const uint32_t b = FloatToBits(x);
+  const float m0 = BitsToFloat((b & 0x007fffffu) | 0x3f000000u);  // x = m0 * 2^e, m0 in [0.5, 1)
+  // low (m0 < sqrt(1/2), then use 2*m0 and e - 1) from the mantissa bits: 0x3f3504f3 is sqrt(1/2) with m0's
+  // exponent.
+  const uint32_t low_mask =
+      static_cast<uint32_t>((static_cast<int32_t>(FloatToBits(m0)) - static_cast<int32_t>(0x3f3504f3u)) >> 31);
+  const int32_t e = static_cast<int32_t>(b >> 23) - 126 + static_cast<int32_t>(low_mask);
+  const float m = BitsToFloat((FloatToBits(m0 + m0) & low_mask) | (FloatToBits(m0) & ~low_mask)) - 1.0f;
+  const float z = m * m;
+  float y = 7.0376836292e-2f;
+  y = y * m - 1.1514610310e-1f;
+  y = y * m + 1.1676998740e-1f;
+  y = y * m - 1.2420140846e-1f;
+  y = y * m + 1.4249322787e-1f;
+  y = y * m - 1.6668057665e-1f;
+  y = y * m + 2.0000714765e-1f;
+  y = y * m - 2.4999993993e-1f;
+  y = y * m + 3.3333331174e-1f;
+  y = y * m * z;
+  const float fe = static_cast<float>(e);
+  y += -2.12194440e-4f * fe;
+  y += -0.5f * z;
+  return (m + y) + 0.693359375f * fe;
+}
+
+// sin and cos of x in [0, 2*pi] (Cephes sinf/cosf: octant reduction).
+TFEXT_HOST_DEVICE inline void PolySinCos(float x, float* s_out, float* c_out) {
+  int32_t j = static_cast<int32_t>(x * 1.27323954473516f);  // 4 / pi
+  j = (j + 1) & ~1;
+  const float y = static_cast<float>(j);
+  const float r = ((x - y * 0.78515625f) - y * 2.4187564849853515625e-4f) - y * 3.77489497744594108e-8f;
+  const float z = r * r;
+  const float ps = ((-1.9515295891e-4f * z + 8.3321608736e-3f) * z - 1.6666654611e-1f) * z * r + r;
+  const float pc =
+      ((2.443315711809948e-5f * z - 1.388731625493765e-3f) * z + 4.166664568298827e-2f) * z * z - 0.5f * z + 1.0f;
+  // Quadrant q = j / 2: (sin, cos) = (ps, pc), (pc, -ps), (-ps, -pc), (-pc, ps).
+  const uint32_t q = static_cast<uint32_t>(j >> 1);
+  const uint32_t swap = 0u - (q & 1u);
+  const uint32_t ps_bits = FloatToBits(ps), pc_bits = FloatToBits(pc);
+  const uint32_t s_bits = (ps_bits & ~swap) | (pc_bits & swap);
+  const uint32_t c_bits = (pc_bits & ~swap) | (ps_bits & swap);
+  *s_out = BitsToFloat(s_bits ^ ((q & 2u) << 30));
+  *c_out = BitsToFloat(c_bits ^ (((q + 1u) & 2u) << 30));
+}
+
+// The 2 * kBoxMullerPairs N(0, 1) values of the pairs (x[j], x[kBoxMullerPairs + j]): out[j] = sin,
+// out[kBoxMullerPairs + j] = cos branch of TF's BoxMullerFloat (u1 = UnitFloat(x0) clamped to >= 1e-7,
+// v1 = 2 pi UnitFloat(x1)).
+TFEXT_HOST_DEVICE inline void BoxMullerBlockInline(const uint32_t* x, float* out) {
+  for (int j = 0; j < kBoxMullerPairs; ++j) {
+    // u1 = max(UnitFloat(x0), 1e-7), on the bits (both are positive floats): no branch stops the vectorizer.
+    const int32_t u_bits = static_cast<int32_t>(FloatToBits(UnitFloat(x[j])));
+    const int32_t eps_bits = static_cast<int32_t>(FloatToBits(1.0e-7f));
+    const int32_t below = (u_bits - eps_bits) >> 31;  // all ones if u < 1e-7
+    const float u1 = BitsToFloat(static_cast<uint32_t>((u_bits & ~below) | (eps_bits & below)));
+    const float v1 = 6.28318530717958647692f * UnitFloat(x[kBoxMullerPairs + j]);
+    const float radius = std::sqrt(-2.0f * PolyLog(u1));
+    float s, c;
+    PolySinCos(v1, &s, &c);
+    out[j] = s * radius;
+    out[kBoxMullerPairs + j] = c * radius;
+  }
+}
+
+// Block b of a key's stream: the 64-bit outputs 8b+1 .. 8b+8, SplitMix64(state + k * golden gamma), split into
+// low and high halves.
+TFEXT_HOST_DEVICE inline void StreamBlock(uint64_t state, uint64_t block, uint32_t* out) {
+  for (int t = 0; t < kBoxMullerValues / 2; ++t) {
+    const uint64_t r = table::SplitMix64(state + (block * (kBoxMullerValues / 2) + t + 1) * kGoldenGamma);
+    out[2 * t] = static_cast<uint32_t>(r);
+    out[2 * t + 1] = static_cast<uint32_t>(r >> 32);
+  }
+}
+
+// What an initializer is, as plain data (copied to the device by value).
+struct RowInitParams {
+  enum Kind : int32_t { kConstant = 0, kNormal = 1, kTruncatedNormal = 2, kUniform = 3 };
+  Kind kind = kConstant;
+  float a = 0;             // constant value, mean, or minval
+  float b = 1;             // stddev, or maxval
+  uint64_t seed_mix = 0;   // SplitMix64(seed)
+  uint64_t seed2_mix = 0;  // SplitMix64(seed2)
+
+  // The value of missing keys when nothing is inserted.
+  TFEXT_HOST_DEVICE float MissingValue() const { return kind == kConstant ? a : 0.0f; }
+};
+
+// The key's initial row (dim floats) into out. BoxMuller(const uint32_t* bits, float* z) turns a block of the
+// stream into 16 normals: BoxMullerBlockInline, or a CPU build's multi-versioned copy of it.
+template <class BoxMuller>
+TFEXT_HOST_DEVICE inline void FillInitialRow(const RowInitParams& p, int64_t key, float* out, int64_t dim,
+                                             BoxMuller box_muller) {
+  if (p.kind == RowInitParams::kConstant) {
+    for (int64_t j = 0; j < dim; ++j) out[j] = p.a;
+    return;
+  }
+  const uint64_t state = table::SplitMix64(table::SplitMix64(static_cast<uint64_t>(key) + p.seed2_mix) + p.seed_mix);
+  uint32_t bits[kBoxMullerValues];
+  float z[kBoxMullerValues];
+  uint64_t block = 0;
+  switch (p.kind) {
+    case RowInitParams::kUniform: {
+      // TF: random_uniform(...) * (maxval - minval) + minval
+      const float range = p.b - p.a;
+      for (int64_t j = 0; j < dim; ++block) {
+        StreamBlock(state, block, bits);
+        for (int t = 0; t < kBoxMullerValues && j < dim; ++t, ++j) out[j] = UnitFloat(bits[t]) * range + p.a;
+      }
+      break;
+    }
+    case RowInitParams::kNormal: {
+      // TF: random_normal(...) * stddev + mean
+      for (int64_t j = 0; j < dim; ++block) {
+        StreamBlock(state, block, bits);
+        box_muller(bits, z);
+        for (int t = 0; t < kBoxMullerValues && j < dim; ++t, ++j) out[j] = z[t] * p.b + p.a;
+      }
+      break;
+    }
+    case RowInitParams::kTruncatedNormal: {
+      // TF: truncated_normal(...) * stddev + mean: normals with |z| < 2, in stream order (the rejected ~4.6% are
+      // skipped).
+      for (int64_t j = 0; j < dim; ++block) {
+        StreamBlock(state, block, bits);
+        box_muller(bits, z);
+        for (int t = 0; t < kBoxMullerValues && j < dim; ++t) {
+          if (std::fabs(z[t]) < 2.0f) out[j++] = z[t] * p.b + p.a;
+        }
+      }
+      break;
+    }
+    default:
+      break;
+  }
+}
+
+// The device (and plain host) form of the block transform, as a functor for FillInitialRow.
+struct InlineBoxMuller {
+  TFEXT_HOST_DEVICE void operator()(const uint32_t* bits, float* z) const { BoxMullerBlockInline(bits, z); }
+};
+
+}  // namespace embedding
+}  // namespace tfext
+
+#endif  // TENSORFLOW_EXT_EMBEDDING_KERNELS_ROW_INITIALIZER_H_

@@ -1,0 +1,1242 @@
+// tensorflow_ext CUDA table: a bucketed hash table from int64 keys to rows of float32, with per-key metadata,
+// written once for the device and for a host emulation that runs the same per-key code on threads.
+//
+// Contract
+//  * Keys: every int64 value is a key (no reserved empty, deleted or locked key). Rows: width() floats per key
+//    (embedding + optimizer slots side by side, as in the CPU core), 1 <= width <= kMaxGpuWidth; every read and
+//    write names a column range [col_begin, col_begin + cols).
+//  * Metadata: version (int64, set by writers given version >= 0) and frequency (uint32, saturating, +1 per
+//    occurrence when count is set), as the CPU core's KeyMeta.
+//  * Two modes, chosen at creation:
+//     - growing (capacity_limit = 0, the CPU core's semantics): the table doubles (rehash on device) before a
+//       write batch would take it past max_load_factor; a write fails only when device memory runs out.
+//     - capped (capacity_limit > 0): a fixed number of slots; a key lives in its bucket of 128 slots, and an
+//       insert into a full bucket evicts the bucket's entry with the lowest score (LRU: version, LFU: frequency),
+//       never one that the same batch touched. When every slot of a bucket was touched by the batch, the key is
+//       not stored (counted in stats().failed; FindOrInsert still returns its initial row).
+//  * Batches: duplicates within a batch are handled as in the CPU core: Insert keeps the last occurrence's row,
+//    FindOrInsert inserts once (the first occurrence reports inserted) and every occurrence reads the row,
+//    frequency counts every occurrence. Accumulate adds every occurrence, in an unspecified order (float sums of
+//    duplicates may differ from the CPU core's batch order in the last bits). Apply takes unique keys only.
+//  * Concurrency: every operation of a table runs on the table's stream, in call order; a reader never overlaps a
+//    writer. Device code sees the table through two types: ReadView (const pointers: probe and read only) and
+//    MutableView (claims, removes, writes). Kernels of read-only operations are given a ReadView, so a read path
+//    cannot write the table by mistake: the compiler refuses it.
+//  * Errors: operations return an empty string on success, else a message naming the problem (bad argument,
+//    device allocation failure with its size, a CUDA error). After a failed write the table is consistent but may
+//    hold part of the batch.
+//
+// Limitations
+//  * Removed entries leave tombstones that growing tables reclaim only at the next rehash (Clear or growth); capped
+//    tables reuse them. Memory does not shrink until destruction.
+//  * Export writes entries in an unspecified order.
+//  * Capped mode serializes the keys of one batch that fall into the same bucket (a per-bucket spin lock).
+//  * The epoch that protects a batch's own keys from eviction is 32 bits: it wraps after 2^32 write batches.
+//
+// Design
+//  * Slots are grouped in buckets of 128. Per slot: a 1-byte digest (0 empty, 1 removed, 2 being claimed, 3..255
+//    occupied: a digest of the key's hash), the key, the row, version, frequency and (capped mode) a batch epoch,
+//    each in its own array (structure of arrays: a probe reads digests, then one key, then the row).
+//  * A key's probe starts at its home word of 8 digests (from Murmur3Fmix64, the CPU core's probe hash) and
+//    compares all 8 digests at once (SWAR), then only the keys whose digest matches. Growing tables probe linearly
+//    across words (and buckets); capped tables wrap within the home bucket. An empty digest ends a probe.
+//  * Lock-free claims (growing mode): a thread claims an empty slot by a 32-bit compare-and-swap of its digest
+//    word (empty -> being claimed), writes the key, then publishes the final digest (release). Batches are
+//    deduplicated first (a scratch set of batch indices, which needs no reserved key), so no two threads of a
+//    kernel ever claim the same key, and a thread never mistakes a slot being claimed for its own key.
+//  * Capped mode takes the bucket's spin lock around find-claim-evict; the slot is stamped with the batch's epoch
+//    under the lock, so the row write after it races with no eviction.
+//  * Rows are written by the claiming thread; outputs are gathered afterwards by one thread per output element
+//    (coalesced writes), from the slot each batch entry resolved to.
+//
+// Backend: BucketTable<Backend> is host code parameterized by where the arrays live and how a kernel runs:
+// DeviceBackend (device_backend.h, nvcc only: cudaMalloc and a grid-stride kernel on a stream) or HostBackend
+// (host_backend.h: malloc and std::threads), which the CPU test suite uses to test the very same per-key code
+// against the CPU core (bucket_table_host_test.cc).
+
+#ifndef TENSORFLOW_EXT_TABLE_GPU_BUCKET_TABLE_H_
+#define TENSORFLOW_EXT_TABLE_GPU_BUCKET_TABLE_H_
+
+#include <algorithm>
+#include <cstdint>
+#include <cstring>
+#include <string>
+#include <type_traits>
+
+#include "tensorflow_ext/embedding/kernels/optimizer_functors.h"
+#include "tensorflow_ext/embedding/kernels/row_initializer.h"
+#include "tensorflow_ext/table/core/host_device.h"
+#include "tensorflow_ext/table/core/mix.h"
+#include "tensorflow_ext/table/core/table_limits.h"
+
+namespace tfext {
+namespace table {
+namespace gpu {
+
+constexpr int kBucketSlots = 128;
+constexpr int kDigestsPerWord = 8;  // one uint64 of digests, compared at once
+constexpr int kWordsPerBucket = kBucketSlots / kDigestsPerWord;
+constexpr int64_t kMaxGpuWidth = int64_t{1} << 24;  // the CPU core's limit too
+constexpr uint32_t kEmptyDigest = 0, kRemovedDigest = 1, kClaimingDigest = 2, kFirstDigest = 3;
+static_assert(kBucketSlots % kDigestsPerWord == 0, "a bucket is a whole number of digest words");
+static_assert((kBucketSlots & (kBucketSlots - 1)) == 0, "bucket and word indices come from the hash's low bits");
+static_assert(kFirstDigest + 253 == 256, "occupied digests are 3..255: 0, 1 and 2 mark empty, removed, claiming");
+
+enum class EvictPolicy : int32_t { kLru = 0, kLfu = 1 };
+
+struct GpuTableOptions {
+  int64_t width = 1;
+  // Growing tables: expected keys (pre-sizes the arrays for them at max_load_factor). Capped tables: ignored.
+  int64_t initial_capacity = 0;
+  // Growing tables: the load factor (occupied + removed slots) that triggers a rehash to twice the slots.
+  double max_load_factor = 0.75;
+  // 0: grow on demand. > 0: a fixed table of capacity_limit slots (rounded up to a power of two >= 128) that
+  // evicts by `policy` when a bucket is full.
+  int64_t capacity_limit = 0;
+  EvictPolicy policy = EvictPolicy::kLru;
+};
+
+// Empty when valid, else a message naming the first problem.
+inline std::string ValidateGpuTableOptions(const GpuTableOptions& o) {
+  if (o.width < 1 || o.width > kMaxGpuWidth) {
+    return "width must be in [1, 2^24], got " + std::to_string(o.width);
+  }
+  if (o.initial_capacity < 0 || o.initial_capacity > kMaxCapacity) {
+    return "initial_capacity must be in [0, 2^" + std::to_string(kMaxCapacityLog2) + "], got " +
+           std::to_string(o.initial_capacity);
+  }
+  if (!(o.max_load_factor > 0.0 && o.max_load_factor <= 0.95)) {
+    return "max_load_factor must be in (0, 0.95], got " + std::to_string(o.max_load_factor);
+  }
+  if (o.capacity_limit < 0 || o.capacity_limit > kMaxCapacity) {
+    return "capacity_limit must be 0 (grow) or in [1, 2^" + std::to_string(kMaxCapacityLog2) + "], got " +
+           std::to_string(o.capacity_limit);
+  }
+  if (o.policy != EvictPolicy::kLru && o.policy != EvictPolicy::kLfu) return "policy must be LRU or LFU";
+  return "";
+}
+
+// Device-side counters of a table (one struct in device memory).
+struct TableCounters {
+  unsigned long long size;     // occupied slots
+  unsigned long long used;     // occupied + removed slots (growing tables rehash on it)
+  unsigned long long failed;   // keys a write could not store (capped: bucket all touched; growing: full)
+  unsigned long long evicted;  // entries evicted (capped)
+  unsigned long long unique;   // distinct keys of the last deduplicated batch
+  unsigned long long cursor;   // export / compaction cursor
+};
+
+// ------------------------------------------------------------------------------------------------------------
+// Atomics and bit tricks, one definition for both compilers.
+namespace hd {
+
+TFEXT_HOST_DEVICE inline uint32_t Cas32(uint32_t* p, uint32_t expected, uint32_t desired) {
+#if defined(__CUDA_ARCH__)
+  return atomicCAS(reinterpret_cast<unsigned int*>(p), expected, desired);
+#else
+  __atomic_compare_exchange_n(p, &expected, desired, false, __ATOMIC_ACQ_REL, __ATOMIC_ACQUIRE);
+  return expected;
+#endif
+}
+
+TFEXT_HOST_DEVICE inline long long Cas64(long long* p, long long expected, long long desired) {
+#if defined(__CUDA_ARCH__)
+  return static_cast<long long>(atomicCAS(reinterpret_cast<unsigned long long*>(p),
+                                          static_cast<unsigned long long>(expected),
+                                          static_cast<unsigned long long>(desired)));
+#else
+  __atomic_compare_exchange_n(p, &expected, desired, false, __ATOMIC_ACQ_REL, __ATOMIC_ACQUIRE);
+  return expected;
+#endif
+}
+
+TFEXT_HOST_DEVICE inline void Xor32(uint32_t* p, uint32_t v) {  // release: publishes the writes before it
+#if defined(__CUDA_ARCH__)
+  __threadfence();
+  atomicXor(reinterpret_cast<unsigned int*>(p), v);
+#else
+  __atomic_fetch_xor(p, v, __ATOMIC_RELEASE);
+#endif
+}
+
+TFEXT_HOST_DEVICE inline unsigned long long Add64(unsigned long long* p, unsigned long long v) {
+#if defined(__CUDA_ARCH__)
+  return atomicAdd(p, v);
+#else
+  return __atomic_fetch_add(p, v, __ATOMIC_RELAXED);
+#endif
+}
+
+TFEXT_HOST_DEVICE inline uint32_t Add32(uint32_t* p, uint32_t v) {
+#if defined(__CUDA_ARCH__)
+  return atomicAdd(reinterpret_cast<unsigned int*>(p), v);
+#else
+  return __atomic_fetch_add(p, v, __ATOMIC_RELAXED);
+#endif
+}
+
+TFEXT_HOST_DEVICE inline void MinI64(long long* p, long long v) {
+#if defined(__CUDA_ARCH__)
+  atomicMin(p, v);
+#else
+  long long cur = __atomic_load_n(p, __ATOMIC_RELAXED);
+  while (v < cur && !__atomic_compare_exchange_n(p, &cur, v, true, __ATOMIC_RELAXED, __ATOMIC_RELAXED)) {
+  }
+#endif
+}
+
+TFEXT_HOST_DEVICE inline void MaxI64(long long* p, long long v) {
+#if defined(__CUDA_ARCH__)
+  atomicMax(p, v);
+#else
+  long long cur = __atomic_load_n(p, __ATOMIC_RELAXED);
+  while (v > cur && !__atomic_compare_exchange_n(p, &cur, v, true, __ATOMIC_RELAXED, __ATOMIC_RELAXED)) {
+  }
+#endif
+}
+
+TFEXT_HOST_DEVICE inline void AddF32(float* p, float v) {
+#if defined(__CUDA_ARCH__)
+  atomicAdd(p, v);
+#else
+  uint32_t* bits = reinterpret_cast<uint32_t*>(p);
+  uint32_t cur = __atomic_load_n(bits, __ATOMIC_RELAXED);
+  for (;;) {
+    float f;
+    std::memcpy(&f, &cur, sizeof(f));
+    f += v;
+    uint32_t next;
+    std::memcpy(&next, &f, sizeof(next));
+    if (__atomic_compare_exchange_n(bits, &cur, next, true, __ATOMIC_RELAXED, __ATOMIC_RELAXED)) return;
+  }
+#endif
+}
+
+// Acquire loads: what a publisher wrote before its release is visible after them.
+TFEXT_HOST_DEVICE inline uint64_t LoadAcquire64(const uint64_t* p) {
+#if defined(__CUDA_ARCH__)
+  const uint64_t v = *reinterpret_cast<const volatile uint64_t*>(p);
+  __threadfence();
+  return v;
+#else
+  return __atomic_load_n(p, __ATOMIC_ACQUIRE);
+#endif
+}
+
+TFEXT_HOST_DEVICE inline long long LoadAcquireI64(const long long* p) {
+#if defined(__CUDA_ARCH__)
+  const long long v = *reinterpret_cast<const volatile long long*>(p);
+  __threadfence();
+  return v;
+#else
+  return __atomic_load_n(p, __ATOMIC_ACQUIRE);
+#endif
+}
+
+// A load that sees what another thread of the same kernel wrote (on the device, L1 caches are not coherent between
+// multiprocessors: a plain load may return a line cached before the other thread's write).
+template <class T>
+TFEXT_HOST_DEVICE inline T LoadShared(const T* p) {
+#if defined(__CUDA_ARCH__)
+  return *reinterpret_cast<const volatile T*>(p);
+#else
+  return __atomic_load_n(p, __ATOMIC_RELAXED);
+#endif
+}
+
+TFEXT_HOST_DEVICE inline void Lock(uint32_t* lock) {
+  while (Cas32(lock, 0u, 1u) != 0u) {
+#if defined(__CUDA_ARCH__)
+    __nanosleep(32);
+#endif
+  }
+#if defined(__CUDA_ARCH__)
+  __threadfence();
+#endif
+}
+
+TFEXT_HOST_DEVICE inline void Unlock(uint32_t* lock) {
+#if defined(__CUDA_ARCH__)
+  __threadfence();
+  atomicExch(reinterpret_cast<unsigned int*>(lock), 0u);
+#else
+  __atomic_store_n(lock, 0u, __ATOMIC_RELEASE);
+#endif
+}
+
+TFEXT_HOST_DEVICE inline int LowestSetByte(uint64_t m) {  // m != 0, high bits of bytes set
+#if defined(__CUDA_ARCH__)
+  return (__ffsll(static_cast<long long>(m)) - 1) >> 3;
+#else
+  return __builtin_ctzll(m) >> 3;
+#endif
+}
+
+constexpr uint64_t kLow7 = 0x7F7F7F7F7F7F7F7FULL;
+constexpr uint64_t kOnes = 0x0101010101010101ULL;
+
+// The high bit of every zero byte of x (exact: no false positives).
+TFEXT_HOST_DEVICE inline uint64_t ZeroBytes(uint64_t x) { return ~(((x & kLow7) + kLow7) | x | kLow7); }
+// The high bit of every byte of word equal to b.
+TFEXT_HOST_DEVICE inline uint64_t MatchBytes(uint64_t word, uint32_t b) { return ZeroBytes(word ^ (kOnes * b)); }
+
+}  // namespace hd
+
+// ------------------------------------------------------------------------------------------------------------
+// The table's arrays (device memory for DeviceBackend), as the views and the host class share them.
+struct TableArrays {
+  uint64_t* digests = nullptr;  // [capacity / 8]: 8 one-byte digests per word
+  int64_t* keys = nullptr;      // [capacity]
+  float* rows = nullptr;        // [capacity * width]
+  int64_t* versions = nullptr;  // [capacity]
+  uint32_t* freqs = nullptr;    // [capacity]
+  uint32_t* epochs = nullptr;   // [capacity], capped tables: the last write batch that touched the slot
+  uint32_t* locks = nullptr;    // [capacity / 128], capped tables: one spin lock per bucket
+  TableCounters* counters = nullptr;
+  int64_t capacity = 0;  // slots: a power of two >= kBucketSlots
+  int64_t width = 0;
+  bool capped = false;
+  EvictPolicy policy = EvictPolicy::kLru;
+};
+
+// e = i * cols + c, in 32-bit arithmetic where it fits (a 64-bit division costs the device dozens of instructions).
+TFEXT_HOST_DEVICE inline void SplitIndex(int64_t e, int64_t cols, int64_t* i, int64_t* c) {
+  if (e <= 0xffffffffLL && cols <= 0xffffffffLL) {
+    const uint32_t q = static_cast<uint32_t>(e) / static_cast<uint32_t>(cols);
+    *i = q;
+    *c = e - static_cast<int64_t>(q) * cols;
+  } else {
+    *i = e / cols;
+    *c = e % cols;
+  }
+}
+
+// The digest of an occupied slot, from hash bits the home position does not use (capacity <= 2^40).
+TFEXT_HOST_DEVICE inline uint32_t DigestOf(uint64_t h) {
+  return kFirstDigest + static_cast<uint32_t>((h >> kMaxCapacityLog2) % (256u - kFirstDigest));
+}
+
+// The i-th digest word a probe that starts at home_word visits.
+TFEXT_HOST_DEVICE inline int64_t ProbeWord(int64_t home_word, int64_t i, int64_t num_words, bool capped) {
+  if (capped) {
+    const int64_t base = home_word & ~static_cast<int64_t>(kWordsPerBucket - 1);
+    return base + ((home_word + i) & (kWordsPerBucket - 1));
+  }
+  return (home_word + i) & (num_words - 1);
+}
+
+TFEXT_HOST_DEVICE inline uint32_t DigestByte(uint64_t word, int j) {
+  return static_cast<uint32_t>(word >> (8 * j)) & 0xffu;
+}
+
+// Read-only view: probes and reads. Every pointer is const, so a kernel given a ReadView cannot write the table.
+class ReadView {
+ public:
+  TFEXT_HOST_DEVICE explicit ReadView(const TableArrays& a)
+      : digests_(a.digests),
+        keys_(a.keys),
+        rows_(a.rows),
+        versions_(a.versions),
+        freqs_(a.freqs),
+        capacity_(a.capacity),
+        width_(a.width),
+        capped_(a.capped) {}
+
+  // The slot holding key, or -1.
+  TFEXT_HOST_DEVICE int64_t FindSlot(int64_t key) const {
+    const uint64_t h = Murmur3Fmix64(static_cast<uint64_t>(key));
+    const uint32_t d = DigestOf(h);
+    const int64_t num_words = capacity_ / kDigestsPerWord;
+    const int64_t home = static_cast<int64_t>(h & static_cast<uint64_t>(capacity_ - 1)) / kDigestsPerWord;
+    const int64_t probe_len = capped_ ? kWordsPerBucket : num_words;
+    for (int64_t i = 0; i < probe_len; ++i) {
+      const int64_t w = ProbeWord(home, i, num_words, capped_);
+      const uint64_t word = digests_[w];
+      for (uint64_t m = hd::MatchBytes(word, d); m != 0; m &= m - 1) {
+        const int64_t s = w * kDigestsPerWord + hd::LowestSetByte(m);
+        if (keys_[s] == key) return s;
+      }
+      if (hd::ZeroBytes(word) != 0) return -1;  // an empty slot ends every probe
+    }
+    return -1;
+  }
+
+  TFEXT_HOST_DEVICE bool Occupied(int64_t slot) const {
+    return DigestByte(digests_[slot / kDigestsPerWord], static_cast<int>(slot % kDigestsPerWord)) >= kFirstDigest;
+  }
+  TFEXT_HOST_DEVICE const float* Row(int64_t slot) const { return rows_ + slot * width_; }
+  TFEXT_HOST_DEVICE int64_t Key(int64_t slot) const { return keys_[slot]; }
+  TFEXT_HOST_DEVICE int64_t Version(int64_t slot) const { return versions_[slot]; }
+  TFEXT_HOST_DEVICE uint32_t Frequency(int64_t slot) const { return freqs_[slot]; }
+  TFEXT_HOST_DEVICE int64_t capacity() const { return capacity_; }
+  TFEXT_HOST_DEVICE int64_t width() const { return width_; }
+
+ private:
+  const uint64_t* digests_;
+  const int64_t* keys_;
+  const float* rows_;
+  const int64_t* versions_;
+  const uint32_t* freqs_;
+  int64_t capacity_;
+  int64_t width_;
+  bool capped_;
+};
+
+// Mutable view: claims, evicts, removes and writes. Within one kernel, the keys given to FindOrClaim must be
+// distinct (the host class deduplicates every batch first).
+class MutableView {
+ public:
+  TFEXT_HOST_DEVICE explicit MutableView(const TableArrays& a) : a_(a) {}
+
+  TFEXT_HOST_DEVICE ReadView read() const { return ReadView(a_); }
+
+  // The slot of key, claiming one if it is absent (*inserted = true; the caller writes its row and metadata). In a
+  // capped table the slot is stamped with epoch, so no other key of the same batch evicts it. Returns -1 when the
+  // key cannot be stored (counted in counters->failed).
+  TFEXT_HOST_DEVICE int64_t FindOrClaim(int64_t key, uint32_t epoch, bool* inserted) const {
+    *inserted = false;
+    const uint64_t h = Murmur3Fmix64(static_cast<uint64_t>(key));
+    const uint32_t d = DigestOf(h);
+    const int64_t num_words = a_.capacity / kDigestsPerWord;
+    const int64_t home = static_cast<int64_t>(h & static_cast<uint64_t>(a_.capacity - 1)) / kDigestsPerWord;
+    if (a_.capped) return FindOrClaimCapped(key, d, home, num_words, epoch, inserted);
+    for (int64_t i = 0; i < num_words; ++i) {
+      const int64_t w = ProbeWord(home, i, num_words, false);
+      for (;;) {
+        const uint64_t word = hd::LoadAcquire64(&a_.digests[w]);
+        for (uint64_t m = hd::MatchBytes(word, d); m != 0; m &= m - 1) {
+          const int64_t s = w * kDigestsPerWord + hd::LowestSetByte(m);
+          if (hd::LoadShared(&a_.keys[s]) == key) return s;
+        }
+        const uint64_t empty = hd::ZeroBytes(word);
+        if (empty == 0) break;  // no free slot here: next word
+        const int j = hd::LowestSetByte(empty);
+        uint32_t* half = reinterpret_cast<uint32_t*>(&a_.digests[w]) + (j >> 2);
+        const int shift = 8 * (j & 3);
+        const uint32_t expected = static_cast<uint32_t>(word >> (32 * (j >> 2)));
+        if (hd::Cas32(half, expected, expected | (kClaimingDigest << shift)) == expected) {
+          const int64_t s = w * kDigestsPerWord + j;
+          a_.keys[s] = key;
+          hd::Xor32(half, (kClaimingDigest ^ d) << shift);  // release: the key is visible before the digest
+          hd::Add64(&a_.counters->size, 1);
+          hd::Add64(&a_.counters->used, 1);
+          *inserted = true;
+          return s;
+        }
+        // Another thread changed the word: look at it again.
+      }
+    }
+    hd::Add64(&a_.counters->failed, 1);
+    return -1;
+  }
+
+  // Removes key; true if it was present.
+  TFEXT_HOST_DEVICE bool Remove(int64_t key) const {
+    const uint64_t h = Murmur3Fmix64(static_cast<uint64_t>(key));
+    const uint32_t d = DigestOf(h);
+    const int64_t home = static_cast<int64_t>(h & static_cast<uint64_t>(a_.capacity - 1)) / kDigestsPerWord;
+    uint32_t* lock = a_.capped ? &a_.locks[home / kWordsPerBucket] : nullptr;
+    if (lock) hd::Lock(lock);
+    const int64_t s = read().FindSlot(key);
+    bool removed = false;
+    if (s >= 0) {
+      uint32_t* half = reinterpret_cast<uint32_t*>(a_.digests) + s / 4;
+      const int shift = 8 * static_cast<int>(s & 3);
+      // Only one of two threads removing the same key wins (a batch may name a key twice).
+      uint32_t cur = *reinterpret_cast<volatile uint32_t*>(half);
+      while (((cur >> shift) & 0xffu) == d) {
+        const uint32_t seen = hd::Cas32(half, cur, cur ^ ((d ^ kRemovedDigest) << shift));
+        if (seen == cur) {
+          removed = true;
+          break;
+        }
+        cur = seen;
+      }
+    }
+    if (removed) hd::Add64(&a_.counters->size, ~0ULL);  // - 1
+    if (lock) hd::Unlock(lock);
+    return removed;
+  }
+
+  TFEXT_HOST_DEVICE float* Row(int64_t slot) const { return a_.rows + slot * a_.width; }
+  TFEXT_HOST_DEVICE int64_t width() const { return a_.width; }
+  // Metadata of a slot this thread claimed or found (no other thread of the kernel touches it).
+  TFEXT_HOST_DEVICE void ResetMeta(int64_t slot) const {
+    a_.versions[slot] = 0;
+    a_.freqs[slot] = 0;
+  }
+  TFEXT_HOST_DEVICE void Touch(int64_t slot, uint32_t occurrences, int64_t version) const {
+    if (occurrences > 0) {
+      const uint32_t f = a_.freqs[slot];
+      a_.freqs[slot] = f > 0xffffffffu - occurrences ? 0xffffffffu : f + occurrences;  // saturating, as the CPU core
+    }
+    if (version >= 0) a_.versions[slot] = version;
+  }
+  // Copies an entry of another table into the slot this thread claimed (rehash).
+  TFEXT_HOST_DEVICE void CopyEntry(int64_t slot, const ReadView& from, int64_t from_slot) const {
+    const float* src = from.Row(from_slot);
+    float* dst = Row(slot);
+    for (int64_t c = 0; c < a_.width; ++c) dst[c] = src[c];
+    a_.versions[slot] = from.Version(from_slot);
+    a_.freqs[slot] = from.Frequency(from_slot);
+  }
+  TFEXT_HOST_DEVICE TableCounters* counters() const { return a_.counters; }
+
+ private:
+  // Capped tables: find, else claim a free (empty or removed) slot of the bucket, else evict the entry of lowest
+  // score that this batch has not touched; all under the bucket's lock.
+  TFEXT_HOST_DEVICE int64_t FindOrClaimCapped(int64_t key, uint32_t d, int64_t home, int64_t num_words, uint32_t epoch,
+                                              bool* inserted) const {
+    uint32_t* lock = &a_.locks[home / kWordsPerBucket];
+    hd::Lock(lock);
+    volatile uint64_t* digests = a_.digests;
+    int64_t found = -1, free_slot = -1;
+    bool free_was_empty = false;
+    for (int64_t i = 0; i < kWordsPerBucket && found < 0; ++i) {
+      const int64_t w = ProbeWord(home, i, num_words, true);
+      const uint64_t word = digests[w];
+      for (uint64_t m = hd::MatchBytes(word, d); m != 0; m &= m - 1) {
+        const int64_t s = w * kDigestsPerWord + hd::LowestSetByte(m);
+        if (hd::LoadShared(&a_.keys[s]) == key) {
+          found = s;
+          break;
+        }
+      }
+      if (found >= 0) break;
+      const uint64_t empty = hd::ZeroBytes(word);
+      if (free_slot < 0) {
+        const uint64_t f = empty | hd::MatchBytes(word, kRemovedDigest);
+        if (f != 0) {
+          const int j = hd::LowestSetByte(f);
+          free_slot = w * kDigestsPerWord + j;
+          free_was_empty = DigestByte(word, j) == kEmptyDigest;
+        }
+      }
+      if (empty != 0) break;
+    }
+    int64_t slot = found;
+    if (slot < 0) {
+      slot = free_slot;
+      if (slot >= 0) {
+        hd::Add64(&a_.counters->size, 1);
+        if (free_was_empty) hd::Add64(&a_.counters->used, 1);
+      } else {
+        slot = Victim(home, epoch);
+        if (slot >= 0) hd::Add64(&a_.counters->evicted, 1);
+      }
+      if (slot >= 0) {
+        a_.keys[slot] = key;
+        reinterpret_cast<volatile uint8_t*>(a_.digests)[slot] = static_cast<uint8_t>(d);
+        *inserted = true;
+      } else {
+        hd::Add64(&a_.counters->failed, 1);
+      }
+    }
+    if (slot >= 0) a_.epochs[slot] = epoch;
+    hd::Unlock(lock);
+    return slot;
+  }
+
+  // The bucket's occupied slot of lowest score not stamped with epoch, or -1 (the batch touched all of them).
+  TFEXT_HOST_DEVICE int64_t Victim(int64_t home, uint32_t epoch) const {
+    const int64_t first = (home / kWordsPerBucket) * kBucketSlots;
+    int64_t best = -1;
+    int64_t best_score = 0;
+    for (int64_t s = first; s < first + kBucketSlots; ++s) {
+      if (hd::LoadShared(&a_.epochs[s]) == epoch) continue;
+      const int64_t score = a_.policy == EvictPolicy::kLru ? hd::LoadShared(&a_.versions[s])
+                                                           : static_cast<int64_t>(hd::LoadShared(&a_.freqs[s]));
+      if (best < 0 || score < best_score) {
+        best = s;
+        best_score = score;
+      }
+    }
+    return best;
+  }
+
+  TableArrays a_;
+};
+
+// ------------------------------------------------------------------------------------------------------------
+// Kernels: one functor per pass, f(i) for i in [0, n). The backend runs them on the device (one thread per i) or
+// on host threads.
+namespace kernels {
+
+// A batch entry whose key could not be stored: FindOrInsert wrote its initial row straight into the output.
+constexpr int64_t kRowInOutput = -2;
+
+// Deduplicates a batch: rep[i] is the batch index that represents keys[i] (the first to claim it in the scratch
+// set); first/last/mult of a representative: lowest and highest batch index of its key, and how many times it
+// occurs. The set stores batch indices (-1 = free), so every int64 stays a valid key.
+struct Dedup {
+  const int64_t* keys;
+  long long* set;
+  int64_t set_mask;
+  long long* rep;
+  long long* first;
+  long long* last;
+  uint32_t* mult;
+  TableCounters* counters;
+  TFEXT_HOST_DEVICE void operator()(int64_t i) const {
+    const int64_t key = keys[i];
+    int64_t p = static_cast<int64_t>(SplitMix64(static_cast<uint64_t>(key)) & static_cast<uint64_t>(set_mask));
+    long long r;
+    for (;;) {
+      long long cur = hd::LoadAcquireI64(&set[p]);
+      if (cur < 0) {
+        cur = hd::Cas64(&set[p], -1, i);
+        if (cur < 0) {
+          r = i;
+          hd::Add64(&counters->unique, 1);
+          break;
+        }
+      }
+      if (keys[cur] == key) {
+        r = cur;
+        break;
+      }
+      p = (p + 1) & set_mask;
+    }
+    rep[i] = r;
+    hd::MinI64(&first[r], i);
+    hd::MaxI64(&last[r], i);
+    hd::Add32(&mult[r], 1);
+  }
+};
+
+// Counts the representatives whose key the table does not hold (at counters->cursor).
+struct CountMissing {
+  ReadView t;
+  const int64_t* keys;
+  const long long* rep;  // null: every entry is its own representative
+  TableCounters* counters;
+  TFEXT_HOST_DEVICE void operator()(int64_t i) const {
+    if (rep && rep[i] != i) return;
+    if (t.FindSlot(keys[i]) < 0) hd::Add64(&counters->cursor, 1);
+  }
+};
+
+struct Find {
+  ReadView t;
+  const int64_t* keys;
+  long long* slot_of;
+  TFEXT_HOST_DEVICE void operator()(int64_t i) const { slot_of[i] = t.FindSlot(keys[i]); }
+};
+
+// Writes a new row: column_defaults (or zeros) everywhere, then the columns [col_begin, col_begin + cols) from
+// src (if non-null) or from the key's initializer; metadata reset.
+TFEXT_HOST_DEVICE inline void WriteNewRow(const MutableView& t, int64_t slot, int64_t key, const float* defaults,
+                                          int64_t col_begin, int64_t cols, const float* src,
+                                          const embedding::RowInitParams* init) {
+  float* row = t.Row(slot);
+  for (int64_t c = 0; c < t.width(); ++c) row[c] = defaults ? defaults[c] : 0.0f;
+  if (src) {
+    for (int64_t c = 0; c < cols; ++c) row[col_begin + c] = src[c];
+  } else if (init) {
+    embedding::FillInitialRow(*init, key, row + col_begin, cols, embedding::InlineBoxMuller());
+  }
+  t.ResetMeta(slot);
+}
+
+// FindOrInsert, pass 1 (representatives): find or claim; a new key gets its initial row.
+struct FindOrInsert {
+  MutableView t;
+  const int64_t* keys;
+  const long long* rep;
+  const long long* first;
+  const uint32_t* mult;
+  embedding::RowInitParams init;
+  bool use_init;           // else init_rows
+  const float* init_rows;  // [n, cols] or null
+  const float* defaults;   // [width] or null
+  int64_t col_begin, cols;
+  bool count;
+  int64_t version;
+  uint32_t epoch;
+  long long* slot_of;
+  uint8_t* rep_inserted;
+  float* out;  // [n, cols]: the initial row of a key that could not be stored
+  TFEXT_HOST_DEVICE void operator()(int64_t i) const {
+    if (rep[i] != i) return;
+    const int64_t key = keys[i];
+    const float* src = use_init ? nullptr : init_rows + first[i] * cols;
+    bool inserted = false;
+    const int64_t s = t.FindOrClaim(key, epoch, &inserted);
+    if (s >= 0) {
+      if (inserted) WriteNewRow(t, s, key, defaults, col_begin, cols, src, use_init ? &init : nullptr);
+      t.Touch(s, count ? mult[i] : 0, version);
+      slot_of[i] = s;
+    } else {
+      float* dst = out + i * cols;
+      if (src) {
+        for (int64_t c = 0; c < cols; ++c) dst[c] = src[c];
+      } else {
+        embedding::FillInitialRow(init, key, dst, cols, embedding::InlineBoxMuller());
+      }
+      slot_of[i] = kRowInOutput;
+    }
+    rep_inserted[i] = inserted ? 1 : 0;
+  }
+};
+
+// Output rows, one element per call (e = i * cols + c): from the slot batch entry i resolved to (through its
+// representative when rep is non-null); default_row (or untouched, if null) for missing keys. found / inserted
+// flags are written with the first column.
+struct Gather {
+  ReadView t;
+  const long long* rep;  // null: entry i is its own representative
+  const long long* slot_of;
+  int64_t col_begin, cols;
+  const float* default_row;
+  float* out;
+  uint8_t* found;               // Find
+  const uint8_t* rep_inserted;  // FindOrInsert
+  const long long* first;
+  uint8_t* inserted;
+  TFEXT_HOST_DEVICE void operator()(int64_t e) const {
+    int64_t i, c;
+    SplitIndex(e, cols, &i, &c);
+    const int64_t r = rep ? rep[i] : i;
+    const int64_t s = slot_of[r];
+    if (s >= 0) {
+      out[e] = t.Row(s)[col_begin + c];
+    } else if (s == kRowInOutput) {
+      if (r != i) out[e] = out[r * cols + c];
+    } else if (default_row) {
+      out[e] = default_row[c];
+    }
+    if (c == 0) {
+      if (found) found[i] = s >= 0 ? 1 : 0;
+      if (inserted) inserted[i] = (rep_inserted[r] && first[r] == i) ? 1 : 0;
+    }
+  }
+};
+
+// Insert: the last occurrence of each key writes its columns.
+struct Insert {
+  MutableView t;
+  const int64_t* keys;
+  const long long* rep;
+  const long long* last;
+  const uint32_t* mult;
+  const float* values;
+  const float* defaults;
+  int64_t col_begin, cols;
+  bool count;
+  int64_t version;
+  uint32_t epoch;
+  TFEXT_HOST_DEVICE void operator()(int64_t i) const {
+    if (rep[i] != i) return;
+    bool inserted = false;
+    const int64_t s = t.FindOrClaim(keys[i], epoch, &inserted);
+    if (s < 0) return;
+    const float* src = values + last[i] * cols;
+    if (inserted) {
+      WriteNewRow(t, s, keys[i], defaults, col_begin, cols, src, nullptr);
+    } else {
+      float* row = t.Row(s) + col_begin;
+      for (int64_t c = 0; c < cols; ++c) row[c] = src[c];
+    }
+    t.Touch(s, count ? mult[i] : 0, version);
+  }
+};
+
+// Accumulate, pass 1 (representatives): the slot of each key (inserted with column_defaults if insert_missing).
+struct AccumulateSlots {
+  MutableView t;
+  const int64_t* keys;
+  const long long* rep;
+  const uint32_t* mult;
+  const float* defaults;
+  int64_t col_begin, cols;
+  bool insert_missing, count;
+  int64_t version;
+  uint32_t epoch;
+  long long* slot_of;
+  TFEXT_HOST_DEVICE void operator()(int64_t i) const {
+    if (rep[i] != i) return;
+    int64_t s;
+    if (insert_missing) {
+      bool inserted = false;
+      s = t.FindOrClaim(keys[i], epoch, &inserted);
+      if (inserted) WriteNewRow(t, s, keys[i], defaults, col_begin, cols, nullptr, nullptr);
+    } else {
+      s = t.read().FindSlot(keys[i]);
+    }
+    if (s >= 0) t.Touch(s, count ? mult[i] : 0, version);
+    slot_of[i] = s;
+  }
+};
+
+// Accumulate, pass 2 (one element per call): row += delta, atomically (duplicates add in any order).
+struct AccumulateAdd {
+  MutableView t;
+  const long long* rep;
+  const long long* slot_of;
+  const float* deltas;
+  int64_t col_begin, cols;
+  TFEXT_HOST_DEVICE void operator()(int64_t e) const {
+    int64_t i, c;
+    SplitIndex(e, cols, &i, &c);
+    const int64_t s = slot_of[rep[i]];
+    if (s >= 0) hd::AddF32(t.Row(s) + col_begin + c, deltas[e]);
+  }
+};
+
+struct Remove {
+  MutableView t;
+  const int64_t* keys;
+  unsigned long long* removed;
+  TFEXT_HOST_DEVICE void operator()(int64_t i) const {
+    if (t.Remove(keys[i])) hd::Add64(removed, 1);
+  }
+};
+
+// A fused sparse optimizer step per (unique) key: var = row[0, dim), slot k = row[slot_offset + k * slot_stride,
+// ... + dim); absent keys are inserted with column_defaults first, as in the CPU kernels.
+template <class Opt>
+struct Apply {
+  MutableView t;
+  const int64_t* keys;
+  const float* grads;  // [n, dim]
+  Opt opt;
+  int64_t dim, slot_offset, slot_stride;
+  const float* defaults;
+  int64_t version;
+  uint32_t epoch;
+  TFEXT_HOST_DEVICE void operator()(int64_t i) const {
+    bool inserted = false;
+    const int64_t s = t.FindOrClaim(keys[i], epoch, &inserted);
+    if (s < 0) return;
+    if (inserted) WriteNewRow(t, s, keys[i], defaults, 0, 0, nullptr, nullptr);
+    float* row = t.Row(s);
+    opt.Apply(row, row + slot_offset, slot_stride, grads + i * dim, dim);
+    t.Touch(s, 0, version);
+  }
+};
+
+// Export (one slot per call): occupied slots are appended at counters->cursor.
+struct Export {
+  ReadView t;
+  TableCounters* counters;
+  int64_t col_begin, cols, max_n;
+  int64_t* keys;
+  float* rows;
+  int64_t* versions;
+  uint32_t* freqs;
+  TFEXT_HOST_DEVICE void operator()(int64_t s) const {
+    if (!t.Occupied(s)) return;
+    const int64_t o = static_cast<int64_t>(hd::Add64(&counters->cursor, 1));
+    if (o >= max_n) return;
+    if (keys) keys[o] = t.Key(s);
+    if (rows) {
+      const float* src = t.Row(s) + col_begin;
+      for (int64_t c = 0; c < cols; ++c) rows[o * cols + c] = src[c];
+    }
+    if (versions) versions[o] = t.Version(s);
+    if (freqs) freqs[o] = t.Frequency(s);
+  }
+};
+
+// Rehash (one old slot per call): every entry moves to the new arrays (keys are distinct: no dedup needed).
+struct Rehash {
+  ReadView from;
+  MutableView to;
+  TFEXT_HOST_DEVICE void operator()(int64_t s) const {
+    if (!from.Occupied(s)) return;
+    bool inserted = false;
+    const int64_t d = to.FindOrClaim(from.Key(s), 0, &inserted);
+    if (d >= 0) to.CopyEntry(d, from, s);
+  }
+};
+
+}  // namespace kernels
+
+// ------------------------------------------------------------------------------------------------------------
+struct GpuTableStats {
+  int64_t size = 0;      // keys
+  int64_t used = 0;      // occupied + removed slots
+  int64_t failed = 0;    // keys writes could not store, since creation or Clear
+  int64_t evicted = 0;   // entries evicted (capped tables), since creation or Clear
+  int64_t capacity = 0;  // slots
+};
+
+// The host side of a table: owns the arrays through Backend and runs each operation as a few passes. Pointers
+// given to operations (keys, rows, outputs) are Backend memory (device memory for DeviceBackend). Not thread-safe:
+// one host thread drives a table (the device work of its operations is ordered on the backend's stream).
+template <class Backend>
+class BucketTable {
+ public:
+  explicit BucketTable(Backend backend = Backend()) : b_(backend) {}
+  ~BucketTable() {
+    FreeArrays(&a_);
+    FreeScratch();
+    if (counters_) b_.Free(counters_);
+  }
+  BucketTable(const BucketTable&) = delete;
+  BucketTable& operator=(const BucketTable&) = delete;
+
+  std::string Init(const GpuTableOptions& options) {
+    std::string err = ValidateGpuTableOptions(options);
+    if (!err.empty()) return err;
+    o_ = options;
+    int64_t slots;
+    if (o_.capacity_limit > 0) {
+      slots = RoundUpSlots(o_.capacity_limit);
+    } else {
+      slots = RoundUpSlots(static_cast<int64_t>(static_cast<double>(o_.initial_capacity) / o_.max_load_factor) + 1);
+    }
+    void* c = nullptr;
+    err = b_.Alloc(&c, sizeof(TableCounters));
+    if (!err.empty()) return "table counters: " + err;
+    counters_ = static_cast<TableCounters*>(c);
+    err = b_.Memset(counters_, 0, sizeof(TableCounters));
+    if (!err.empty()) return err;
+    return AllocArrays(slots, &a_);
+  }
+
+  ReadView read_view() const { return ReadView(a_); }
+  MutableView mutable_view() { return MutableView(a_); }
+  int64_t width() const { return a_.width; }
+  int64_t capacity() const { return a_.capacity; }
+  bool capped() const { return a_.capped; }
+  Backend& backend() { return b_; }
+
+  std::string Stats(GpuTableStats* s) {
+    TableCounters c;
+    std::string err = b_.CopyToHost(&c, counters_, sizeof(c));
+    if (!err.empty()) return err;
+    s->size = static_cast<int64_t>(c.size);
+    s->used = static_cast<int64_t>(c.used);
+    s->failed = static_cast<int64_t>(c.failed);
+    s->evicted = static_cast<int64_t>(c.evicted);
+    s->capacity = a_.capacity;
+    return "";
+  }
+
+  // out[i] = columns of keys[i], found[i] = 1; missing keys: default_row (or out untouched if null), found[i] = 0.
+  std::string Find(const int64_t* keys, int64_t n, int64_t col_begin, int64_t cols, float* out, uint8_t* found,
+                   const float* default_row) {
+    std::string err = CheckBatch("Find", n, col_begin, cols);
+    if (!err.empty() || n == 0) return err;
+    if ((err = PrepareScratch(n)) != "") return err;
+    if ((err = b_.ForEach(n, kernels::Find{read_view(), keys, s_.slot_of})) != "") return err;
+    kernels::Gather g{read_view(), nullptr, s_.slot_of, col_begin, cols,   default_row,
+                      out,         found,   nullptr,    nullptr,   nullptr};
+    return b_.ForEach(n * cols, g);
+  }
+
+  // Missing keys are inserted: columns [col_begin, col_begin + cols) from init (the per-key initializer) or
+  // init_rows[first occurrence], the other columns from column_defaults (null: zeros). out[i] gets the key's
+  // columns; inserted[i] (may be null) is 1 for the first occurrence of a key this call inserted.
+  std::string FindOrInsert(const int64_t* keys, int64_t n, int64_t col_begin, int64_t cols,
+                           const embedding::RowInitParams* init, const float* init_rows, const float* column_defaults,
+                           float* out, uint8_t* inserted, bool count, int64_t version) {
+    std::string err = CheckBatch("FindOrInsert", n, col_begin, cols);
+    if (err.empty() && (init == nullptr) == (init_rows == nullptr)) {
+      err = "FindOrInsert: give exactly one of init and init_rows";
+    }
+    if (err.empty() && out == nullptr) err = "FindOrInsert: out must not be null";
+    if (err.empty() && init &&
+        (init->kind < embedding::RowInitParams::kConstant || init->kind > embedding::RowInitParams::kUniform)) {
+      err = "FindOrInsert: unknown initializer kind " + std::to_string(static_cast<int>(init->kind));
+    }
+    if (!err.empty() || n == 0) return err;
+    int64_t unique = 0;
+    if ((err = Dedup(keys, n, &unique)) != "" || (err = EnsureRoom(keys, unique)) != "") return err;
+    kernels::FindOrInsert f{mutable_view(),  keys,        s_.rep,
+                            s_.first,        s_.mult,     init ? *init : embedding::RowInitParams(),
+                            init != nullptr, init_rows,   column_defaults,
+                            col_begin,       cols,        count,
+                            version,         NextEpoch(), s_.slot_of,
+                            s_.rep_inserted, out};
+    if ((err = b_.ForEach(n, f)) != "") return err;
+    kernels::Gather g{read_view(), s_.rep,  s_.slot_of,      col_begin, cols,    nullptr,
+                      out,         nullptr, s_.rep_inserted, s_.first,  inserted};
+    return b_.ForEach(n * cols, g);
+  }
+
+  // Inserts or overwrites the columns (the last occurrence of a key wins).
+  std::string Insert(const int64_t* keys, int64_t n, int64_t col_begin, int64_t cols, const float* values,
+                     const float* column_defaults, bool count, int64_t version) {
+    std::string err = CheckBatch("Insert", n, col_begin, cols);
+    if (!err.empty() || n == 0) return err;
+    int64_t unique = 0;
+    if ((err = Dedup(keys, n, &unique)) != "" || (err = EnsureRoom(keys, unique)) != "") return err;
+    kernels::Insert f{mutable_view(),  keys,      s_.rep, s_.last, s_.mult, values,
+                      column_defaults, col_begin, cols,   count,   version, NextEpoch()};
+    return b_.ForEach(n, f);
+  }
+
+  // row[cols] += deltas[i] for every occurrence; absent keys are inserted with column_defaults first if
+  // insert_missing, else skipped.
+  std::string Accumulate(const int64_t* keys, int64_t n, int64_t col_begin, int64_t cols, const float* deltas,
+                         const float* column_defaults, bool insert_missing, bool count, int64_t version) {
+    std::string err = CheckBatch("Accumulate", n, col_begin, cols);
+    if (!err.empty() || n == 0) return err;
+    int64_t unique = 0;
+    if ((err = Dedup(keys, n, &unique)) != "") return err;
+    if (insert_missing && (err = EnsureRoom(keys, unique)) != "") return err;
+    kernels::AccumulateSlots f{mutable_view(), keys,           s_.rep, s_.mult, column_defaults, col_begin,
+                               cols,           insert_missing, count,  version, NextEpoch(),     s_.slot_of};
+    if ((err = b_.ForEach(n, f)) != "") return err;
+    return b_.ForEach(n * cols, kernels::AccumulateAdd{mutable_view(), s_.rep, s_.slot_of, deltas, col_begin, cols});
+  }
+
+  std::string Remove(const int64_t* keys, int64_t n, int64_t* removed) {
+    if (n < 0) return "Remove: n must be >= 0, got " + std::to_string(n);
+    *removed = 0;
+    if (n == 0) return "";
+    std::string err = b_.Memset(&counters_->cursor, 0, sizeof(counters_->cursor));
+    if (err.empty()) err = b_.ForEach(n, kernels::Remove{mutable_view(), keys, &counters_->cursor});
+    if (!err.empty()) return err;
+    unsigned long long r = 0;
+    err = b_.CopyToHost(&r, &counters_->cursor, sizeof(r));
+    *removed = static_cast<int64_t>(r);
+    return err;
+  }
+
+  // One fused optimizer step for distinct keys: Opt is one of optimizer_functors.h (prepared on the host).
+  template <class Opt>
+  std::string Apply(const int64_t* keys, int64_t n, const float* grads, int64_t dim, int64_t num_slots, const Opt& opt,
+                    const float* column_defaults, int64_t version) {
+    if (n < 0) return "Apply: n must be >= 0, got " + std::to_string(n);
+    if (dim < 1 || dim * (1 + num_slots) > a_.width) {
+      return "Apply: dim " + std::to_string(dim) + " with " + std::to_string(num_slots) +
+             " slots does not fit rows of width " + std::to_string(a_.width);
+    }
+    if (n == 0) return "";
+    int64_t unique = 0;
+    std::string err = Dedup(keys, n, &unique);
+    if (!err.empty()) return err;
+    if (unique != n) {
+      return "Apply: keys must be distinct (sum the gradients of a key first): " + std::to_string(n) + " keys, " +
+             std::to_string(unique) + " distinct";
+    }
+    if ((err = EnsureRoom(keys, n)) != "") return err;
+    kernels::Apply<Opt> f{mutable_view(), keys, grads, opt, dim, dim, dim, column_defaults, version, NextEpoch()};
+    return b_.ForEach(n, f);
+  }
+
+  // Writes up to max_n entries (keys, rows of the column range, versions, frequencies; any may be null) and their
+  // number into *n; an error if the table holds more than max_n.
+  std::string Export(int64_t col_begin, int64_t cols, int64_t max_n, int64_t* keys, float* rows, int64_t* versions,
+                     uint32_t* freqs, int64_t* n) {
+    std::string err = CheckBatch("Export", 0, col_begin, cols);
+    if (!err.empty()) return err;
+    err = b_.Memset(&counters_->cursor, 0, sizeof(counters_->cursor));
+    kernels::Export f{read_view(), counters_, col_begin, cols, max_n, keys, rows, versions, freqs};
+    if (err.empty()) err = b_.ForEach(a_.capacity, f);
+    if (!err.empty()) return err;
+    unsigned long long written = 0;
+    if ((err = b_.CopyToHost(&written, &counters_->cursor, sizeof(written))) != "") return err;
+    *n = static_cast<int64_t>(written);
+    if (*n > max_n) {
+      return "Export: the table holds " + std::to_string(*n) + " entries, room was given for " + std::to_string(max_n);
+    }
+    return "";
+  }
+
+  // Removes every key (keeps the slots).
+  std::string Clear() {
+    std::string err = b_.Memset(a_.digests, 0, static_cast<size_t>(a_.capacity));
+    if (err.empty() && a_.epochs) err = b_.Memset(a_.epochs, 0, static_cast<size_t>(a_.capacity) * sizeof(uint32_t));
+    if (err.empty()) err = b_.Memset(counters_, 0, sizeof(TableCounters));
+    return err;
+  }
+
+  // Growing tables: sizes the slots for at least `keys` keys at max_load_factor (a rehash when needed).
+  std::string Reserve(int64_t keys) {
+    if (keys < 0 || keys > kMaxCapacity) return "Reserve: keys must be in [0, 2^40], got " + std::to_string(keys);
+    if (a_.capped) return "";
+    const int64_t want = RoundUpSlots(static_cast<int64_t>(static_cast<double>(keys) / o_.max_load_factor) + 1);
+    return want > a_.capacity ? RehashTo(want) : "";
+  }
+
+ private:
+  struct Scratch {
+    int64_t n = 0;        // entries the batch arrays hold
+    int64_t n_batch = 0;  // entries of the batch last deduplicated
+    int64_t set_slots = 0;
+    long long* set = nullptr;
+    long long* rep = nullptr;
+    long long* first = nullptr;
+    long long* last = nullptr;
+    long long* slot_of = nullptr;
+    uint32_t* mult = nullptr;
+    uint8_t* rep_inserted = nullptr;
+  };
+
+  static int64_t RoundUpSlots(int64_t want) {
+    int64_t slots = kBucketSlots;
+    while (slots < want && slots < kMaxCapacity) slots <<= 1;
+    return slots;
+  }
+
+  uint32_t NextEpoch() {
+    if (++epoch_ == 0) epoch_ = 1;  // 0 is the epoch of never-touched slots
+    return epoch_;
+  }
+
+  std::string CheckBatch(const char* op, int64_t n, int64_t col_begin, int64_t cols) const {
+    if (n < 0) return std::string(op) + ": n must be >= 0, got " + std::to_string(n);
+    if (col_begin < 0 || cols < 1 || col_begin + cols > a_.width) {
+      return std::string(op) + ": columns [" + std::to_string(col_begin) + ", " + std::to_string(col_begin + cols) +
+             ") are not a non-empty range of a row of width " + std::to_string(a_.width);
+    }
+    return "";
+  }
+
+  std::string AllocArrays(int64_t slots, TableArrays* a) {
+    TableArrays t;
+    t.capacity = slots;
+    t.width = o_.width;
+    t.capped = o_.capacity_limit > 0;
+    t.policy = o_.policy;
+    t.counters = counters_;
+    const size_t n = static_cast<size_t>(slots);
+    std::string err;
+    auto alloc = [&](auto** p, size_t bytes) {
+      void* v = nullptr;
+      if (err.empty()) err = b_.Alloc(&v, bytes);
+      *p = static_cast<std::remove_reference_t<decltype(*p)>>(v);
+    };
+    alloc(&t.digests, n);
+    alloc(&t.keys, n * sizeof(int64_t));
+    alloc(&t.rows, n * static_cast<size_t>(o_.width) * sizeof(float));
+    alloc(&t.versions, n * sizeof(int64_t));
+    alloc(&t.freqs, n * sizeof(uint32_t));
+    if (t.capped) {
+      alloc(&t.epochs, n * sizeof(uint32_t));
+      alloc(&t.locks, n / kBucketSlots * sizeof(uint32_t));
+    }
+    if (err.empty()) err = b_.Memset(t.digests, 0, n);
+    if (err.empty() && t.capped) err = b_.Memset(t.epochs, 0, n * sizeof(uint32_t));
+    if (err.empty() && t.capped) err = b_.Memset(t.locks, 0, n / kBucketSlots * sizeof(uint32_t));
+    if (!err.empty()) {
+      FreeArrays(&t);
+      return "cannot allocate a table of " + std::to_string(slots) + " slots of width " + std::to_string(o_.width) +
+             ": " + err;
+    }
+    *a = t;
+    return "";
+  }
+
+  void FreeArrays(TableArrays* a) {
+    void* ptrs[] = {a->digests, a->keys, a->rows, a->versions, a->freqs, a->epochs, a->locks};
+    for (void* p : ptrs) {
+      if (p) b_.Free(p);
+    }
+    *a = TableArrays();
+  }
+
+  void FreeScratch() {
+    void* ptrs[] = {s_.set, s_.rep, s_.first, s_.last, s_.slot_of, s_.mult, s_.rep_inserted};
+    for (void* p : ptrs) {
+      if (p) b_.Free(p);
+    }
+    s_ = Scratch();
+  }
+
+  // Batch arrays for n entries (kept and reused: they only grow).
+  std::string PrepareScratch(int64_t n) {
+    if (n <= s_.n) return "";
+    FreeScratch();
+    int64_t set_slots = 64;
+    while (set_slots < 2 * n) set_slots <<= 1;
+    std::string err;
+    auto alloc = [&](auto** p, size_t bytes) {
+      void* v = nullptr;
+      if (err.empty()) err = b_.Alloc(&v, bytes);
+      *p = static_cast<std::remove_reference_t<decltype(*p)>>(v);
+    };
+    const size_t m = static_cast<size_t>(n);
+    alloc(&s_.set, static_cast<size_t>(set_slots) * sizeof(long long));
+    alloc(&s_.rep, m * sizeof(long long));
+    alloc(&s_.first, m * sizeof(long long));
+    alloc(&s_.last, m * sizeof(long long));
+    alloc(&s_.slot_of, m * sizeof(long long));
+    alloc(&s_.mult, m * sizeof(uint32_t));
+    alloc(&s_.rep_inserted, m);
+    if (!err.empty()) {
+      FreeScratch();
+      return "cannot allocate the scratch arrays of a batch of " + std::to_string(n) + " keys: " + err;
+    }
+    s_.n = n;
+    s_.set_slots = set_slots;
+    return "";
+  }
+
+  // Deduplicates keys[0, n) into the scratch arrays; *unique = distinct keys.
+  std::string Dedup(const int64_t* keys, int64_t n, int64_t* unique) {
+    std::string err = PrepareScratch(n);
+    if (!err.empty()) return err;
+    int64_t set_slots = 64;
+    while (set_slots < 2 * n) set_slots <<= 1;  // this batch's set: a prefix of the scratch set
+    const size_t m = static_cast<size_t>(n);
+    if (err.empty()) err = b_.Memset(s_.set, 0xff, static_cast<size_t>(set_slots) * sizeof(long long));  // -1
+    if (err.empty()) err = b_.Memset(s_.first, 0x7f, m * sizeof(long long));  // a large positive index
+    if (err.empty()) err = b_.Memset(s_.last, 0xff, m * sizeof(long long));   // -1
+    if (err.empty()) err = b_.Memset(s_.mult, 0, m * sizeof(uint32_t));
+    if (err.empty()) err = b_.Memset(&counters_->unique, 0, sizeof(counters_->unique));
+    kernels::Dedup d{keys, s_.set, set_slots - 1, s_.rep, s_.first, s_.last, s_.mult, counters_};
+    s_.n_batch = n;
+    if (err.empty()) err = b_.ForEach(n, d);
+    unsigned long long u = 0;
+    if (err.empty()) err = b_.CopyToHost(&u, &counters_->unique, sizeof(u));
+    *unique = static_cast<int64_t>(u);
+    return err;
+  }
+
+  // Growing tables: rehashes before the batch just deduplicated (keys, `unique` distinct) would take the table past
+  // max_load_factor. Only when its distinct keys could: then a probe pass counts the ones that are new.
+  std::string EnsureRoom(const int64_t* keys, int64_t unique) {
+    if (a_.capped) return "";
+    GpuTableStats s;
+    std::string err = Stats(&s);
+    if (!err.empty()) return err;
+    const double limit = o_.max_load_factor * static_cast<double>(a_.capacity);
+    if (static_cast<double>(s.used + unique) <= limit) return "";
+    err = b_.Memset(&counters_->cursor, 0, sizeof(counters_->cursor));
+    if (err.empty()) err = b_.ForEach(s_.n_batch, kernels::CountMissing{read_view(), keys, s_.rep, counters_});
+    unsigned long long fresh = 0;
+    if (err.empty()) err = b_.CopyToHost(&fresh, &counters_->cursor, sizeof(fresh));
+    if (!err.empty()) return err;
+    const int64_t new_keys = static_cast<int64_t>(fresh);
+    if (static_cast<double>(s.used + new_keys) <= limit) return "";
+    // Room for the live keys and the new ones (removed slots are dropped): twice the slots or more when the live
+    // keys call for it, the same slots when removed ones filled the table.
+    const double needed = static_cast<double>(s.size + new_keys) / o_.max_load_factor;
+    return RehashTo(std::max(RoundUpSlots(static_cast<int64_t>(needed) + 1), a_.capacity));
+  }
+
+  std::string RehashTo(int64_t slots) {
+    if (slots > kMaxCapacity) return "the table cannot grow past 2^40 slots";
+    TableArrays fresh;
+    std::string err = AllocArrays(slots, &fresh);
+    if (!err.empty()) return "growing the table: " + err;
+    // The moved entries count themselves again in the new arrays (removed slots are dropped).
+    err = b_.Memset(&counters_->size, 0, 2 * sizeof(unsigned long long));  // size, used
+    if (err.empty()) err = b_.ForEach(a_.capacity, kernels::Rehash{read_view(), MutableView(fresh)});
+    if (!err.empty()) {
+      FreeArrays(&fresh);
+      return "growing the table: " + err;
+    }
+    FreeArrays(&a_);
+    a_ = fresh;
+    return "";
+  }
+
+  Backend b_;
+  GpuTableOptions o_;
+  TableArrays a_;
+  TableCounters* counters_ = nullptr;
+  Scratch s_;
+  uint32_t epoch_ = 0;
+};
+
+}  // namespace gpu
+}  // namespace table
+}  // namespace tfext
+
+#endif  // TENSORFLOW_EXT_TABLE_GPU_BUCKET_TABLE_H_

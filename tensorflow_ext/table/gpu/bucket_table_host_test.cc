@@ -1,0 +1,423 @@
+// The CUDA table's per-key code (bucket_table.h) run on host threads (HostBackend) and checked against the CPU
+// core (hash_table.h) and plain references: the same claims, probes, dedup, eviction, growth and optimizer
+// applies that the device runs, with real concurrency, in the CPU test suite.
+#include <algorithm>
+#include <cmath>
+#include <cstdint>
+#include <limits>
+#include <map>
+#include <random>
+#include <set>
+#include <string>
+#include <vector>
+
+#include "tensorflow_ext/embedding/kernels/optimizer_functors.h"
+#include "tensorflow_ext/embedding/kernels/row_initializer.h"
+#include "tensorflow_ext/table/core/hash_table.h"
+#include "tensorflow_ext/table/core/test_util.h"
+#include "tensorflow_ext/table/gpu/bucket_table.h"
+#include "tensorflow_ext/table/gpu/host_backend.h"
+
+namespace {
+
+using tfext::embedding::AdagradOpt;
+using tfext::embedding::AdamOpt;
+using tfext::embedding::FillInitialRow;
+using tfext::embedding::FtrlOpt;
+using tfext::embedding::InlineBoxMuller;
+using tfext::embedding::OptimizerFlags;
+using tfext::embedding::RowInitParams;
+using tfext::table::HashTable;
+using tfext::table::InlineParallelFor;
+using tfext::table::KeyMeta;
+using tfext::table::SplitMix64;
+using tfext::table::TableOptions;
+using tfext::table::gpu::BucketTable;
+using tfext::table::gpu::EvictPolicy;
+using tfext::table::gpu::GpuTableOptions;
+using tfext::table::gpu::GpuTableStats;
+using tfext::table::gpu::HostBackend;
+
+using Table = BucketTable<HostBackend>;
+
+constexpr int64_t kMinKey = std::numeric_limits<int64_t>::min();
+constexpr int64_t kMaxKey = std::numeric_limits<int64_t>::max();
+
+struct Entry {
+  std::vector<float> row;
+  int64_t version = 0;
+  uint32_t frequency = 0;
+  bool operator==(const Entry& o) const { return row == o.row && version == o.version && frequency == o.frequency; }
+};
+
+std::map<int64_t, Entry> Snapshot(Table& t) {
+  GpuTableStats s;
+  CHECK_EQ(t.Stats(&s), "");
+  const int64_t w = t.width();
+  std::vector<int64_t> keys(s.size), versions(s.size);
+  std::vector<float> rows(s.size * w);
+  std::vector<uint32_t> freqs(s.size);
+  int64_t n = -1;
+  CHECK_EQ(t.Export(0, w, s.size, keys.data(), rows.data(), versions.data(), freqs.data(), &n), "");
+  CHECK_EQ(n, s.size);
+  std::map<int64_t, Entry> out;
+  for (int64_t i = 0; i < n; ++i) {
+    Entry e{std::vector<float>(rows.begin() + i * w, rows.begin() + (i + 1) * w), versions[i], freqs[i]};
+    CHECK(out.emplace(keys[i], e).second);  // no key twice
+  }
+  return out;
+}
+
+std::map<int64_t, Entry> Snapshot(const HashTable& t) {
+  std::vector<int64_t> keys, versions;
+  std::vector<float> rows;
+  std::vector<uint32_t> freqs;
+  const int64_t w = t.width();
+  t.Export(0, w, [&](int64_t n) {
+    keys.resize(n);
+    rows.resize(n * w);
+    versions.resize(n);
+    freqs.resize(n);
+    return HashTable::ExportBuffers{keys.data(), rows.data(), versions.data(), freqs.data()};
+  });
+  std::map<int64_t, Entry> out;
+  for (size_t i = 0; i < keys.size(); ++i) {
+    out[keys[i]] = Entry{std::vector<float>(rows.begin() + i * w, rows.begin() + (i + 1) * w), versions[i], freqs[i]};
+  }
+  return out;
+}
+
+GpuTableOptions Options(int64_t width, int64_t initial = 0, int64_t cap_limit = 0,
+                        EvictPolicy policy = EvictPolicy::kLru) {
+  GpuTableOptions o;
+  o.width = width;
+  o.initial_capacity = initial;
+  o.capacity_limit = cap_limit;
+  o.policy = policy;
+  return o;
+}
+
+RowInitParams Normal(uint64_t seed) {
+  RowInitParams p;
+  p.kind = RowInitParams::kTruncatedNormal;
+  p.a = 0.5f;
+  p.b = 0.1f;
+  p.seed_mix = SplitMix64(seed);
+  p.seed2_mix = SplitMix64(seed + 1);
+  return p;
+}
+
+// Keys from a small pool (so batches repeat keys and hit earlier ones), with the values a table might reserve.
+std::vector<int64_t> RandomKeys(std::mt19937_64& rng, int64_t n, int64_t pool) {
+  const int64_t special[] = {kMinKey, kMaxKey, -1, 0, kMinKey + 1, 1};
+  std::vector<int64_t> keys(n);
+  for (auto& k : keys) {
+    const uint64_t r = rng();
+    k = (r % 17 == 0) ? special[r % 6] : static_cast<int64_t>(SplitMix64(r % pool));
+  }
+  return keys;
+}
+
+// Every operation of a growing table against the CPU core, on random batches with duplicates and the
+// reserved-looking keys, from a tiny table (many rehashes under load) to a few thousand keys.
+TFEXT_TEST(RandomOperationsMatchTheCpuCore) {
+  const int64_t w = 6;
+  Table g(HostBackend{4});
+  CHECK_EQ(g.Init(Options(w)), "");
+  TableOptions co;
+  co.width = w;
+  HashTable c(co);
+  const auto pf = InlineParallelFor();
+  std::mt19937_64 rng(7);
+  const RowInitParams init = Normal(11);
+  const std::vector<float> defaults = {-1, -2, -3, -4, -5, -6};
+  int64_t version = 0;
+  for (int round = 0; round < 60; ++round) {
+    const int64_t n = 1 + static_cast<int64_t>(rng() % 400);
+    const std::vector<int64_t> keys = RandomKeys(rng, n, 3000);
+    const int64_t col_begin = static_cast<int64_t>(rng() % 3), cols = 1 + static_cast<int64_t>(rng() % (w - col_begin));
+    ++version;
+    const int op = static_cast<int>(rng() % 5);
+    if (op == 0) {  // FindOrInsert with the initializer
+      std::vector<float> go(n * cols), co_out(n * cols);
+      std::vector<uint8_t> gi(n);
+      std::vector<char> ci(n);
+      CHECK_EQ(g.FindOrInsert(keys.data(), n, col_begin, cols, &init, nullptr, defaults.data(), go.data(), gi.data(),
+                              true, version),
+               "");
+      c.FindOrInsertWith(
+          keys.data(), n, col_begin, cols,
+          [&](int64_t i, float* dst) { FillInitialRow(init, keys[i], dst, cols, InlineBoxMuller()); }, defaults.data(),
+          co_out.data(), reinterpret_cast<bool*>(ci.data()), true, version, pf);
+      CHECK(go == co_out);
+      for (int64_t i = 0; i < n; ++i) CHECK_EQ(static_cast<int>(gi[i]), static_cast<int>(ci[i]));
+    } else if (op == 1) {  // Insert: the last occurrence wins
+      std::vector<float> vals(n * cols);
+      for (auto& v : vals) v = static_cast<float>(rng() % 1000) / 8.0f;
+      CHECK_EQ(g.Insert(keys.data(), n, col_begin, cols, vals.data(), defaults.data(), round % 2 == 0, version), "");
+      c.Insert(keys.data(), n, col_begin, cols, vals.data(), defaults.data(), round % 2 == 0, version, pf);
+    } else if (op == 2) {  // Accumulate (small integers: exact in any order of addition)
+      std::vector<float> deltas(n * cols);
+      for (auto& v : deltas) v = static_cast<float>(static_cast<int>(rng() % 9) - 4);
+      const bool insert_missing = round % 3 != 0;
+      CHECK_EQ(g.Accumulate(keys.data(), n, col_begin, cols, deltas.data(), defaults.data(), insert_missing, true, -1),
+               "");
+      c.Accumulate(keys.data(), n, col_begin, cols, deltas.data(), defaults.data(), insert_missing, true, -1, pf);
+    } else if (op == 3) {  // Remove
+      int64_t removed = -1;
+      CHECK_EQ(g.Remove(keys.data(), n / 4 + 1, &removed), "");
+      CHECK_EQ(removed, c.Remove(keys.data(), n / 4 + 1, pf));
+    } else {  // Find with and without a default row
+      std::vector<float> go(n * cols, 42.0f), co_out(n * cols, 42.0f);
+      std::vector<uint8_t> gf(n);
+      std::vector<char> cf(n);
+      const float* def = round % 2 ? defaults.data() : nullptr;
+      CHECK_EQ(g.Find(keys.data(), n, col_begin, cols, go.data(), gf.data(), def), "");
+      c.Find(keys.data(), n, col_begin, cols, co_out.data(), reinterpret_cast<bool*>(cf.data()), def, pf);
+      CHECK(go == co_out);
+      for (int64_t i = 0; i < n; ++i) CHECK_EQ(static_cast<int>(gf[i]), static_cast<int>(cf[i]));
+    }
+    GpuTableStats s;
+    CHECK_EQ(g.Stats(&s), "");
+    CHECK_EQ(s.size, c.size());
+    CHECK_EQ(s.failed, 0);
+  }
+  CHECK(Snapshot(g) == Snapshot(c));
+  GpuTableStats s;
+  CHECK_EQ(g.Stats(&s), "");
+  CHECK_GT(s.capacity, 128);  // it grew
+  CHECK_EQ(g.Clear(), "");
+  CHECK_EQ(g.Stats(&s), "");
+  CHECK_EQ(s.size, 0);
+  CHECK(Snapshot(g).empty());
+}
+
+// A batch of keys the table holds does not grow it, however close to the load limit; new keys past it do.
+TFEXT_TEST(OnlyNewKeysGrowTheTable) {
+  Table g(HostBackend{4});
+  CHECK_EQ(g.Init(Options(1)), "");  // 128 slots, rehash past 96 used
+  std::vector<int64_t> keys(90);
+  std::vector<float> vals(90, 1.0f);
+  for (int64_t i = 0; i < 90; ++i) keys[i] = i * 1000003;
+  CHECK_EQ(g.Insert(keys.data(), 90, 0, 1, vals.data(), nullptr, false, -1), "");
+  CHECK_EQ(g.capacity(), 128);
+  for (int r = 0; r < 3; ++r) CHECK_EQ(g.Insert(keys.data(), 90, 0, 1, vals.data(), nullptr, false, -1), "");
+  CHECK_EQ(g.Accumulate(keys.data(), 90, 0, 1, vals.data(), nullptr, true, false, -1), "");
+  CHECK_EQ(g.capacity(), 128);
+  keys.push_back(-5);
+  keys.push_back(-6);
+  keys.push_back(-7);
+  keys.push_back(-8);
+  keys.push_back(-9);
+  keys.push_back(-10);
+  keys.push_back(-11);
+  vals.resize(keys.size(), 2.0f);
+  CHECK_EQ(g.Insert(keys.data(), keys.size(), 0, 1, vals.data(), nullptr, false, -1), "");
+  CHECK_EQ(g.capacity(), 256);
+  CHECK_EQ(static_cast<int64_t>(Snapshot(g).size()), 97);
+}
+
+// Many threads claiming at once: every distinct key lands once, duplicates read the row of their key.
+TFEXT_TEST(ConcurrentClaimsStoreEachKeyOnce) {
+  Table g(HostBackend{8});
+  CHECK_EQ(g.Init(Options(2, 1000)), "");
+  std::mt19937_64 rng(3);
+  const int64_t n = 200000;
+  std::vector<int64_t> keys(n);
+  for (auto& k : keys) k = static_cast<int64_t>(rng() % 50000) - 25000;
+  const std::set<int64_t> distinct(keys.begin(), keys.end());
+  RowInitParams init;
+  init.kind = RowInitParams::kUniform;
+  init.a = -1;
+  init.b = 1;
+  init.seed_mix = SplitMix64(5);
+  std::vector<float> out(n * 2);
+  std::vector<uint8_t> inserted(n);
+  CHECK_EQ(g.FindOrInsert(keys.data(), n, 0, 2, &init, nullptr, nullptr, out.data(), inserted.data(), true, 1), "");
+  GpuTableStats s;
+  CHECK_EQ(g.Stats(&s), "");
+  CHECK_EQ(s.size, static_cast<int64_t>(distinct.size()));
+  int64_t flagged = 0;
+  std::map<int64_t, int64_t> first;
+  for (int64_t i = 0; i < n; ++i) {
+    flagged += inserted[i];
+    if (first.emplace(keys[i], i).second) CHECK_EQ(static_cast<int>(inserted[i]), 1);
+    float want[2];
+    FillInitialRow(init, keys[i], want, 2, InlineBoxMuller());
+    CHECK_EQ(out[2 * i], want[0]);
+    CHECK_EQ(out[2 * i + 1], want[1]);
+  }
+  CHECK_EQ(flagged, static_cast<int64_t>(distinct.size()));
+  std::map<int64_t, int64_t> counts;
+  for (int64_t k : keys) ++counts[k];
+  for (const auto& [k, e] : Snapshot(g)) CHECK_EQ(static_cast<int64_t>(e.frequency), counts[k]);
+}
+
+// A capped table keeps its slots and evicts the lowest score of a full bucket, never a key of the same batch.
+TFEXT_TEST(CappedTableEvictsByPolicy) {
+  for (EvictPolicy policy : {EvictPolicy::kLru, EvictPolicy::kLfu}) {
+    Table g(HostBackend{4});
+    CHECK_EQ(g.Init(Options(1, 0, 128, policy)), "");  // one bucket
+    CHECK_EQ(g.capacity(), 128);
+    std::vector<int64_t> keys(128);
+    std::vector<float> vals(128);
+    for (int64_t i = 0; i < 128; ++i) {
+      keys[i] = 1000 + i;
+      vals[i] = static_cast<float>(i);
+      // version i + 1; frequency 128 - i (the key inserted last is the least frequent): one batch that names the
+      // key 128 - i times
+      const std::vector<int64_t> copies(128 - i, keys[i]);
+      const std::vector<float> copy_vals(128 - i, vals[i]);
+      CHECK_EQ(g.Insert(copies.data(), copies.size(), 0, 1, copy_vals.data(), nullptr, true, i + 1), "");
+    }
+    GpuTableStats s;
+    CHECK_EQ(g.Stats(&s), "");
+    CHECK_EQ(s.size, 128);
+    CHECK_EQ(s.evicted, 0);
+    const int64_t fresh = 5;
+    const float v = 99;
+    CHECK_EQ(g.Insert(&fresh, 1, 0, 1, &v, nullptr, true, 500), "");
+    CHECK_EQ(g.Stats(&s), "");
+    CHECK_EQ(s.size, 128);
+    CHECK_EQ(s.evicted, 1);
+    const int64_t victim = policy == EvictPolicy::kLru ? 1000 : 1127;
+    const auto snap = Snapshot(g);
+    CHECK(snap.count(victim) == 0);
+    CHECK(snap.count(fresh) == 1);
+    CHECK_EQ(snap.at(fresh).row[0], 99.0f);
+    // A batch that touches all 128 stored keys and a new one: the new key cannot be stored (no victim outside the
+    // batch), the stored keys stay, the output still holds the new key's initial row.
+    std::vector<int64_t> batch;
+    for (const auto& [k, e] : snap) batch.push_back(k);
+    batch.push_back(777);
+    RowInitParams init = Normal(2);
+    std::vector<float> out(batch.size());
+    std::vector<uint8_t> ins(batch.size());
+    CHECK_EQ(
+        g.FindOrInsert(batch.data(), batch.size(), 0, 1, &init, nullptr, nullptr, out.data(), ins.data(), false, 600),
+        "");
+    CHECK_EQ(g.Stats(&s), "");
+    CHECK_EQ(s.failed, 1);
+    CHECK_EQ(s.size, 128);
+    float want = 0;
+    FillInitialRow(init, 777, &want, 1, InlineBoxMuller());
+    CHECK_EQ(out.back(), want);
+    CHECK_EQ(static_cast<int>(ins.back()), 0);
+    const auto after = Snapshot(g);
+    CHECK(after.count(777) == 0);
+    for (const auto& [k, e] : snap) CHECK_EQ(after.at(k).row[0], e.row[0]);
+  }
+}
+
+// Many buckets under churn: a capped table never holds more keys than slots, never a key twice, and every key it
+// holds has the row last written for it; removed slots are reused.
+TFEXT_TEST(CappedTableUnderChurnKeepsRowsRight) {
+  Table g(HostBackend{4});
+  CHECK_EQ(g.Init(Options(3, 0, 1024)), "");
+  std::mt19937_64 rng(9);
+  std::map<int64_t, float> last;
+  for (int round = 0; round < 40; ++round) {
+    const std::vector<int64_t> keys = RandomKeys(rng, 300, 5000);
+    std::vector<float> vals(keys.size() * 3);
+    for (size_t i = 0; i < keys.size(); ++i) {
+      const float v = static_cast<float>(round * 1000 + static_cast<int>(i));
+      vals[3 * i] = vals[3 * i + 1] = vals[3 * i + 2] = v;
+      last[keys[i]] = v;
+    }
+    CHECK_EQ(g.Insert(keys.data(), keys.size(), 0, 3, vals.data(), nullptr, true, round), "");
+    int64_t removed = 0;
+    CHECK_EQ(g.Remove(keys.data(), 20, &removed), "");
+    for (int i = 0; i < 20; ++i) last.erase(keys[i]);
+    const auto snap = Snapshot(g);
+    CHECK_LE(static_cast<int64_t>(snap.size()), 1024);
+    for (const auto& [k, e] : snap) {
+      CHECK(last.count(k) == 1);
+      CHECK_EQ(e.row[0], last.at(k));
+      CHECK_EQ(e.row[2], last.at(k));
+    }
+  }
+  GpuTableStats s;
+  CHECK_EQ(g.Stats(&s), "");
+  CHECK_GT(s.evicted, 0);
+  CHECK_LE(s.used, 1024);
+}
+
+// The fused optimizer apply of the table equals the CPU core's Update with the same functor, new keys included.
+template <class Opt>
+void CheckApply(const float* hypers, int num_slots, const OptimizerFlags& flags) {
+  const int64_t dim = 5, w = dim * (1 + num_slots);
+  Opt opt;
+  CHECK_EQ(opt.Prepare(hypers, flags), "");
+  Table g(HostBackend{4});
+  CHECK_EQ(g.Init(Options(w)), "");
+  TableOptions co;
+  co.width = w;
+  HashTable c(co);
+  std::vector<float> defaults(w, 0.0f);
+  for (int64_t j = dim; j < w; ++j) defaults[j] = 0.1f;  // accumulators start positive
+  std::mt19937_64 rng(1);
+  for (int step = 0; step < 5; ++step) {
+    std::vector<int64_t> keys;
+    std::set<int64_t> seen;
+    while (keys.size() < 200) {
+      const int64_t k = static_cast<int64_t>(rng() % 400) - 200;
+      if (seen.insert(k).second) keys.push_back(k);
+    }
+    std::vector<float> grads(keys.size() * dim);
+    std::normal_distribution<float> nd;
+    for (auto& x : grads) x = nd(rng);
+    CHECK_EQ(g.Apply(keys.data(), keys.size(), grads.data(), dim, num_slots, opt, defaults.data(), step), "");
+    c.Update(
+        keys.data(), keys.size(), defaults.data(),
+        [&](int64_t i, float* row, KeyMeta* meta) {
+          opt.Apply(row, row + dim, dim, grads.data() + i * dim, dim);
+          meta->version = step;
+        },
+        InlineParallelFor());
+  }
+  CHECK(Snapshot(g) == Snapshot(c));
+  // Keys given twice are refused, not applied twice.
+  const int64_t dup[] = {3, 3};
+  std::vector<float> g2(2 * dim, 1.0f);
+  CHECK(g.Apply(dup, 2, g2.data(), dim, num_slots, opt, defaults.data(), 9).find("distinct") != std::string::npos);
+}
+
+TFEXT_TEST(FusedAppliesMatchTheCpuCore) {
+  const float adagrad[] = {0.05f};
+  CheckApply<AdagradOpt>(adagrad, 1, OptimizerFlags());
+  const float adam[] = {0.9f, 0.999f, 0.001f, 0.9f, 0.999f, 1e-7f};
+  CheckApply<AdamOpt>(adam, 2, OptimizerFlags());
+  const float ftrl[] = {0.1f, 0.01f, 0.02f, 0.0f, -0.5f};
+  CheckApply<FtrlOpt>(ftrl, 2, OptimizerFlags());
+}
+
+TFEXT_TEST(BadArgumentsAreNamed) {
+  Table g;
+  CHECK(g.Init(Options(0)).find("width") != std::string::npos);
+  GpuTableOptions o = Options(4);
+  o.max_load_factor = 1.5;
+  Table g2;
+  CHECK(g2.Init(o).find("max_load_factor") != std::string::npos);
+  Table t;
+  CHECK_EQ(t.Init(Options(4)), "");
+  const int64_t k = 1;
+  float out[4];
+  CHECK(t.Find(&k, 1, 2, 3, out, nullptr, nullptr).find("columns [2, 5)") != std::string::npos);
+  CHECK(t.Find(&k, -1, 0, 4, out, nullptr, nullptr).find("n must be >= 0") != std::string::npos);
+  CHECK(t.FindOrInsert(&k, 1, 0, 4, nullptr, nullptr, nullptr, out, nullptr, false, -1).find("exactly one") !=
+        std::string::npos);
+  int64_t n = 0;
+  const float v[4] = {1, 2, 3, 4};
+  CHECK_EQ(t.Insert(&k, 1, 0, 4, v, nullptr, false, -1), "");
+  int64_t key_out = 0;
+  CHECK_EQ(t.Export(0, 4, 1, &key_out, out, nullptr, nullptr, &n), "");
+  CHECK_EQ(n, 1);
+  CHECK_EQ(key_out, 1);
+  const int64_t k2 = 2;
+  CHECK_EQ(t.Insert(&k2, 1, 0, 4, v, nullptr, false, -1), "");
+  CHECK(t.Export(0, 4, 1, &key_out, out, nullptr, nullptr, &n).find("room was given for 1") != std::string::npos);
+}
+
+}  // namespace
+
+int main(int argc, char** argv) { return tfext_test::RunAllTests(argc, argv); }

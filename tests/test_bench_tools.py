@@ -188,3 +188,9 @@ def test_bench_graph_passes_quick_losses_identical(tmp_path):
     assert res["chain"]["lookups_fused"] == 0 and res["off"]["lookups_fused"] == 0
     assert res["all"]["lookups_fused"] == 26 and res["all"]["applies_fused"] == 26
     assert all(res[v]["median_ms"] > 0 for v in res)
+
+
+def test_bench_saver_build_tiny():
+    out = _run("bench_saver_build.py", "--tables", "2", "--repeats", "1")
+    result = json.loads(out.strip().splitlines()[-1])
+    assert result["tables"] == 2 and 0 < result["saver_build_s_median"] < 60

@@ -45,8 +45,6 @@ __all__ = ["DeltaCheckpointSaverListener", "delta_checkpoints"]
 REMOVED_SUFFIX = "-removed"
 DELTA_SUFFIX = "-delta"
 _HEADER = "tf_ext delta checkpoint 1"
-_ROW_SUFFIXES = ("-keys", "-values", "-slots", "-versions", "-freqs")
-_ROW_DTYPES = (tf.int64, tf.float32, tf.float32, tf.int64, tf.int64)
 
 # Graph -> _DeltaState, for the graphs whose Savers write delta checkpoints.
 _STATES = weakref.WeakKeyDictionary()
@@ -117,143 +115,36 @@ def save_tensors(shard, state):
     return keys, rows, versions, freqs, removed, record
 
 
-def _record_field(record, field):
-    return tf.strings.regex_replace(record, "(?s)^.*\n%s=([^\n]*)(\n.*)?$" % field, r"\1")
-
-
-def _has_field(record, field, value):
-    return tf.strings.regex_full_match(record, "(?s).*\n%s=%s(\n.*)?" % (field, value))
-
-
-def _merge(state, delta, removed):
-    """state rows without the keys removed or rewritten by the delta, then the delta's rows."""
-    keys = state[0]
-    ns = tf.size(keys)
-    drop = tf.concat([removed, delta[0]], 0)
-    unique, idx = tf.unique(tf.concat([keys, drop], 0))
-    marks = tf.math.unsorted_segment_max(
-        tf.concat([tf.zeros([ns], tf.int32), tf.ones(tf.shape(drop), tf.int32)], 0), idx, tf.size(unique)
-    )
-    keep = tf.equal(tf.gather(marks, idx[:ns]), 0)
-    return tuple(tf.concat([tf.boolean_mask(s, keep), d], 0) for s, d in zip(state, delta))
-
-
 def restore_rows(name, prefix, restore_op, rows):
     """The rows a restore of shard `name` from `prefix` imports: `rows` themselves unless `prefix` is a delta.
 
     For a delta, the rows of its chain applied in order (see the module docstring); a missing, foreign or truncated
-    link fails with an error naming it.
+    link fails with an error naming it. One op (`TfExtCheckpointRestoreRows`), placed with the Saver's Restore op
+    (the process that reads the checkpoint files).
 
     Args:
       name: the shard's checkpoint name (e.g. "user/part_0").
       prefix: the string tensor the Saver restores from.
-      restore_op: the Saver's Restore op (the reads are placed with it).
+      restore_op: the Saver's Restore op.
       rows: (keys, values, slots, versions, freqs) read from `prefix`.
 
     Returns:
       (keys, values, slots, versions, freqs).
     """
-    with tf.control_dependencies(None), tf_ops.colocate_with(restore_op, ignore_existing=True):
-        with tf.name_scope(name.replace("/", "_") + "_delta_chain"):
-            record, found = _ops.op("tf_ext_checkpoint_read_optional_string")(
-                prefix, tensor_name=name + DELTA_SUFFIX, check_tensors=[name + DELTA_SUFFIX, name + REMOVED_SUFFIX]
+    keys, values, slots, versions, freqs = rows
+    with tf_ops.colocate_with(restore_op, ignore_existing=True):
+        return tuple(
+            _ops.op("tf_ext_checkpoint_restore_rows")(
+                prefix,
+                keys,
+                tf.cast(values, tf.float32),
+                tf.cast(slots, tf.float32),
+                versions,
+                freqs,
+                shard_name=name,
+                name=name.replace("/", "_") + "_delta_chain",
             )
-    is_delta = tf.logical_and(found, _has_field(record, "kind", "delta"))
-
-    def chain():
-        lines = tf.strings.split(tf.reshape(record, [1]), sep="\n").flat_values
-        links = tf.boolean_mask(lines, tf.strings.regex_full_match(lines, r"link=\S+ .+"))
-        link_ids = tf.strings.regex_replace(links, r"^link=(\S+) .*$", r"\1")
-        link_paths = tf.strings.join(
-            [tf.strings.regex_replace(prefix, "[^/]*$", ""), tf.strings.regex_replace(links, r"^link=\S+ ", "")]
         )
-        n_links = tf.size(links)
-        has_base = tf.debugging.Assert(
-            tf.greater(n_links, 0),
-            ["Delta checkpoint", prefix, "names no full checkpoint to apply to (a damaged record):", record],
-        )
-
-        def read(i, kind, with_removed):
-            path = link_paths[i]
-            exists = tf.debugging.Assert(
-                tf.greater(tf.size(tf.io.matching_files(tf.strings.join([path, ".index"]))), 0),
-                [
-                    "Delta checkpoint",
-                    prefix,
-                    "needs checkpoint",
-                    path,
-                    "(link",
-                    i,
-                    "of its chain: the full save and the deltas after it, oldest first), which is missing: it was "
-                    "deleted or not copied with the others. Restore an older full checkpoint, or copy the chain back.",
-                ],
-            )
-            with tf.control_dependencies([exists]):
-                link_record, link_found = _ops.op("tf_ext_checkpoint_read_optional_string")(
-                    path,
-                    tensor_name=name + DELTA_SUFFIX,
-                    check_tensors=[name + s for s in _ROW_SUFFIXES + (REMOVED_SUFFIX, DELTA_SUFFIX)],
-                )
-            same = tf.logical_and(
-                tf.logical_and(link_found, _has_field(link_record, "kind", kind)),
-                tf.equal(_record_field(link_record, "id"), link_ids[i]),
-            )
-            match = tf.debugging.Assert(
-                same,
-                [
-                    "Delta checkpoint",
-                    prefix,
-                    "was written on checkpoint",
-                    path,
-                    "with id",
-                    link_ids[i],
-                    "and kind %s, but that checkpoint is another one (a checkpoint of another run under the same "
-                    "name?). Its record:" % kind,
-                    link_record,
-                ],
-            )
-            names = [name + s for s in _ROW_SUFFIXES] + ([name + REMOVED_SUFFIX] if with_removed else [])
-            dtypes = list(_ROW_DTYPES) + ([tf.int64] if with_removed else [])
-            with tf.control_dependencies([match]):
-                read = tf.raw_ops.RestoreV2(
-                    prefix=path, tensor_names=names, shape_and_slices=[""] * len(names), dtypes=dtypes
-                )
-            return _shaped(read)
-
-        with tf.control_dependencies([has_base]):
-            base = read(0, "full", False)
-
-        def body(i, *state):
-            delta = read(i, "delta", True)
-            return (i + 1,) + _merge(state, delta[:5], delta[5])
-
-        shapes = [tf.TensorShape([])] + [tf.TensorShape([None])] + [tf.TensorShape([None, None])] * 2
-        shapes += [tf.TensorShape([None])] * 2
-        merged = tf.compat.v1.while_loop(
-            lambda i, *_: tf.less(i, n_links),
-            body,
-            (tf.constant(1),) + base,
-            shape_invariants=tuple(shapes),
-            parallel_iterations=1,
-        )[1:]
-        own_removed = tf.raw_ops.RestoreV2(
-            prefix=prefix, tensor_names=[name + REMOVED_SUFFIX], shape_and_slices=[""], dtypes=[tf.int64]
-        )[0]
-        return _merge(tuple(merged), _shaped(rows), own_removed)
-
-    def plain():
-        return tuple(tf.identity(t) for t in rows)
-
-    return tf.cond(is_delta, chain, plain)
-
-
-def _shaped(tensors):
-    """Rows tuple with the static ranks the merge relies on."""
-    out = [tf.reshape(tensors[0], [-1])]
-    for t in tensors[1:3]:
-        out.append(tf.reshape(t, tf.stack([tf.shape(t)[0], tf.reduce_prod(tf.shape(t)[1:])])))
-    out += [tf.reshape(t, [-1]) for t in tensors[3:]]
-    return tuple(out)
 
 
 def _format_record(kind, save_id, step, since, links):

@@ -40,12 +40,13 @@
 //  * A key's probe starts at its home word of 8 digests (from Murmur3Fmix64, the CPU core's probe hash) and
 //    compares all 8 digests at once (SWAR), then only the keys whose digest matches. Growing tables probe linearly
 //    across words (and buckets); capped tables wrap within the home bucket. An empty digest ends a probe.
-//  * Lock-free claims (growing mode): a thread claims an empty slot by a 32-bit compare-and-swap of its digest
+//  * Lock-free claims (growing mode): a thread claims an empty slot by a 64-bit compare-and-swap of its digest
 //    word (empty -> being claimed), writes the key, then publishes the final digest (release). Batches are
 //    deduplicated first (a scratch set of batch indices, which needs no reserved key), so no two threads of a
 //    kernel ever claim the same key, and a thread never mistakes a slot being claimed for its own key.
-//  * Capped mode takes the bucket's spin lock around find-claim-evict; the slot is stamped with the batch's epoch
-//    under the lock, so the row write after it races with no eviction.
+//  * Capped mode: a first pass stamps the slots of the batch's stored keys with the batch's epoch, so no key of the
+//    batch evicts another whatever order the threads run in; then each key takes its bucket's spin lock around
+//    find-claim-evict (a new slot is stamped under the lock, so the row write after it races with no eviction).
 //  * Rows are written by the claiming thread; outputs are gathered afterwards by one thread per output element
 //    (coalesced writes), from the slot each batch entry resolved to.
 //
@@ -150,10 +151,21 @@ TFEXT_HOST_DEVICE inline long long Cas64(long long* p, long long expected, long 
 #endif
 }
 
-TFEXT_HOST_DEVICE inline void Xor32(uint32_t* p, uint32_t v) {  // release: publishes the writes before it
+// Digest words are only ever changed by 64-bit atomics on the whole word (readers load whole words: atomics and
+// loads of one size pair up in the PTX memory model).
+TFEXT_HOST_DEVICE inline uint64_t CasWord(uint64_t* p, uint64_t expected, uint64_t desired) {
+#if defined(__CUDA_ARCH__)
+  return atomicCAS(reinterpret_cast<unsigned long long*>(p), expected, desired);
+#else
+  __atomic_compare_exchange_n(p, &expected, desired, false, __ATOMIC_ACQ_REL, __ATOMIC_ACQUIRE);
+  return expected;
+#endif
+}
+
+TFEXT_HOST_DEVICE inline void XorWordRelease(uint64_t* p, uint64_t v) {  // publishes the writes before it
 #if defined(__CUDA_ARCH__)
   __threadfence();
-  atomicXor(reinterpret_cast<unsigned int*>(p), v);
+  atomicXor(reinterpret_cast<unsigned long long*>(p), v);
 #else
   __atomic_fetch_xor(p, v, __ATOMIC_RELEASE);
 #endif
@@ -212,24 +224,13 @@ TFEXT_HOST_DEVICE inline void AddF32(float* p, float v) {
 #endif
 }
 
-// Acquire loads: what a publisher wrote before its release is visible after them.
-TFEXT_HOST_DEVICE inline uint64_t LoadAcquire64(const uint64_t* p) {
+// Orders the loads after it after the (volatile) load before it: with a publisher's release (XorWordRelease), what
+// it wrote before publishing is visible. Only taken where a digest matched, not on every probed word.
+TFEXT_HOST_DEVICE inline void AcquireFence() {
 #if defined(__CUDA_ARCH__)
-  const uint64_t v = *reinterpret_cast<const volatile uint64_t*>(p);
   __threadfence();
-  return v;
 #else
-  return __atomic_load_n(p, __ATOMIC_ACQUIRE);
-#endif
-}
-
-TFEXT_HOST_DEVICE inline long long LoadAcquireI64(const long long* p) {
-#if defined(__CUDA_ARCH__)
-  const long long v = *reinterpret_cast<const volatile long long*>(p);
-  __threadfence();
-  return v;
-#else
-  return __atomic_load_n(p, __ATOMIC_ACQUIRE);
+  __atomic_thread_fence(__ATOMIC_ACQUIRE);
 #endif
 }
 
@@ -403,21 +404,22 @@ class MutableView {
     for (int64_t i = 0; i < num_words; ++i) {
       const int64_t w = ProbeWord(home, i, num_words, false);
       for (;;) {
-        const uint64_t word = hd::LoadAcquire64(&a_.digests[w]);
-        for (uint64_t m = hd::MatchBytes(word, d); m != 0; m &= m - 1) {
+        const uint64_t word = hd::LoadShared(&a_.digests[w]);
+        uint64_t m = hd::MatchBytes(word, d);
+        if (m != 0) hd::AcquireFence();  // the keys of published digests are visible
+        for (; m != 0; m &= m - 1) {
           const int64_t s = w * kDigestsPerWord + hd::LowestSetByte(m);
           if (hd::LoadShared(&a_.keys[s]) == key) return s;
         }
         const uint64_t empty = hd::ZeroBytes(word);
         if (empty == 0) break;  // no free slot here: next word
         const int j = hd::LowestSetByte(empty);
-        uint32_t* half = reinterpret_cast<uint32_t*>(&a_.digests[w]) + (j >> 2);
-        const int shift = 8 * (j & 3);
-        const uint32_t expected = static_cast<uint32_t>(word >> (32 * (j >> 2)));
-        if (hd::Cas32(half, expected, expected | (kClaimingDigest << shift)) == expected) {
+        const int shift = 8 * j;
+        if (hd::CasWord(&a_.digests[w], word, word | (uint64_t{kClaimingDigest} << shift)) == word) {
           const int64_t s = w * kDigestsPerWord + j;
           a_.keys[s] = key;
-          hd::Xor32(half, (kClaimingDigest ^ d) << shift);  // release: the key is visible before the digest
+          // release: the key is visible before the final digest
+          hd::XorWordRelease(&a_.digests[w], uint64_t{kClaimingDigest ^ d} << shift);
           hd::Add64(&a_.counters->size, 1);
           hd::Add64(&a_.counters->used, 1);
           *inserted = true;
@@ -440,12 +442,12 @@ class MutableView {
     const int64_t s = read().FindSlot(key);
     bool removed = false;
     if (s >= 0) {
-      uint32_t* half = reinterpret_cast<uint32_t*>(a_.digests) + s / 4;
-      const int shift = 8 * static_cast<int>(s & 3);
+      uint64_t* word = &a_.digests[s / kDigestsPerWord];
+      const int shift = 8 * static_cast<int>(s % kDigestsPerWord);
       // Only one of two threads removing the same key wins (a batch may name a key twice).
-      uint32_t cur = *reinterpret_cast<volatile uint32_t*>(half);
+      uint64_t cur = hd::LoadShared(word);
       while (((cur >> shift) & 0xffu) == d) {
-        const uint32_t seen = hd::Cas32(half, cur, cur ^ ((d ^ kRemovedDigest) << shift));
+        const uint64_t seen = hd::CasWord(word, cur, cur ^ (uint64_t{d ^ kRemovedDigest} << shift));
         if (seen == cur) {
           removed = true;
           break;
@@ -456,6 +458,13 @@ class MutableView {
     if (removed) hd::Add64(&a_.counters->size, ~0ULL);  // - 1
     if (lock) hd::Unlock(lock);
     return removed;
+  }
+
+  // Capped tables: marks the slot of a stored key as touched by the batch of `epoch` (no lock: the kernel that calls
+  // it changes no digest or key, and its keys are distinct).
+  TFEXT_HOST_DEVICE void Stamp(int64_t key, uint32_t epoch) const {
+    const int64_t s = read().FindSlot(key);
+    if (s >= 0) a_.epochs[s] = epoch;
   }
 
   TFEXT_HOST_DEVICE float* Row(int64_t slot) const { return a_.rows + slot * a_.width; }
@@ -582,7 +591,7 @@ struct Dedup {
     int64_t p = static_cast<int64_t>(SplitMix64(static_cast<uint64_t>(key)) & static_cast<uint64_t>(set_mask));
     long long r;
     for (;;) {
-      long long cur = hd::LoadAcquireI64(&set[p]);
+      long long cur = hd::LoadShared(&set[p]);  // a batch index; keys[] is the immutable input
       if (cur < 0) {
         cur = hd::Cas64(&set[p], -1, i);
         if (cur < 0) {
@@ -613,6 +622,18 @@ struct CountMissing {
   TFEXT_HOST_DEVICE void operator()(int64_t i) const {
     if (rep && rep[i] != i) return;
     if (t.FindSlot(keys[i]) < 0) hd::Add64(&counters->cursor, 1);
+  }
+};
+
+// Capped tables, before a write batch: stamps the stored keys of the batch, so that no key of the batch evicts
+// another one whatever order the threads take the bucket locks in.
+struct StampBatch {
+  MutableView t;
+  const int64_t* keys;
+  const long long* rep;
+  uint32_t epoch;
+  TFEXT_HOST_DEVICE void operator()(int64_t i) const {
+    if (rep[i] == i) t.Stamp(keys[i], epoch);
   }
 };
 
@@ -943,12 +964,16 @@ class BucketTable {
     }
     if (!err.empty() || n == 0) return err;
     int64_t unique = 0;
-    if ((err = Dedup(keys, n, &unique)) != "" || (err = EnsureRoom(keys, unique)) != "") return err;
-    kernels::FindOrInsert f{mutable_view(),  keys,        s_.rep,
-                            s_.first,        s_.mult,     init ? *init : embedding::RowInitParams(),
-                            init != nullptr, init_rows,   column_defaults,
-                            col_begin,       cols,        count,
-                            version,         NextEpoch(), s_.slot_of,
+    uint32_t epoch = 0;
+    if ((err = Dedup(keys, n, &unique)) != "" || (err = EnsureRoom(keys, unique)) != "" ||
+        (err = BeginWrite(keys, n, &epoch)) != "") {
+      return err;
+    }
+    kernels::FindOrInsert f{mutable_view(),  keys,      s_.rep,
+                            s_.first,        s_.mult,   init ? *init : embedding::RowInitParams(),
+                            init != nullptr, init_rows, column_defaults,
+                            col_begin,       cols,      count,
+                            version,         epoch,     s_.slot_of,
                             s_.rep_inserted, out};
     if ((err = b_.ForEach(n, f)) != "") return err;
     kernels::Gather g{read_view(), s_.rep,  s_.slot_of,      col_begin, cols,    nullptr,
@@ -962,9 +987,13 @@ class BucketTable {
     std::string err = CheckBatch("Insert", n, col_begin, cols);
     if (!err.empty() || n == 0) return err;
     int64_t unique = 0;
-    if ((err = Dedup(keys, n, &unique)) != "" || (err = EnsureRoom(keys, unique)) != "") return err;
+    uint32_t epoch = 0;
+    if ((err = Dedup(keys, n, &unique)) != "" || (err = EnsureRoom(keys, unique)) != "" ||
+        (err = BeginWrite(keys, n, &epoch)) != "") {
+      return err;
+    }
     kernels::Insert f{mutable_view(),  keys,      s_.rep, s_.last, s_.mult, values,
-                      column_defaults, col_begin, cols,   count,   version, NextEpoch()};
+                      column_defaults, col_begin, cols,   count,   version, epoch};
     return b_.ForEach(n, f);
   }
 
@@ -976,9 +1005,11 @@ class BucketTable {
     if (!err.empty() || n == 0) return err;
     int64_t unique = 0;
     if ((err = Dedup(keys, n, &unique)) != "") return err;
+    uint32_t epoch = 0;
     if (insert_missing && (err = EnsureRoom(keys, unique)) != "") return err;
+    if ((err = BeginWrite(keys, insert_missing ? n : 0, &epoch)) != "") return err;
     kernels::AccumulateSlots f{mutable_view(), keys,           s_.rep, s_.mult, column_defaults, col_begin,
-                               cols,           insert_missing, count,  version, NextEpoch(),     s_.slot_of};
+                               cols,           insert_missing, count,  version, epoch,           s_.slot_of};
     if ((err = b_.ForEach(n, f)) != "") return err;
     return b_.ForEach(n * cols, kernels::AccumulateAdd{mutable_view(), s_.rep, s_.slot_of, deltas, col_begin, cols});
   }
@@ -1013,8 +1044,9 @@ class BucketTable {
       return "Apply: keys must be distinct (sum the gradients of a key first): " + std::to_string(n) + " keys, " +
              std::to_string(unique) + " distinct";
     }
-    if ((err = EnsureRoom(keys, n)) != "") return err;
-    kernels::Apply<Opt> f{mutable_view(), keys, grads, opt, dim, dim, dim, column_defaults, version, NextEpoch()};
+    uint32_t epoch = 0;
+    if ((err = EnsureRoom(keys, n)) != "" || (err = BeginWrite(keys, n, &epoch)) != "") return err;
+    kernels::Apply<Opt> f{mutable_view(), keys, grads, opt, dim, dim, dim, column_defaults, version, epoch};
     return b_.ForEach(n, f);
   }
 
@@ -1073,6 +1105,14 @@ class BucketTable {
     return slots;
   }
 
+  // A write batch's epoch; capped tables stamp the batch's stored keys with it first (StampBatch). n = 0: nothing
+  // to stamp (a batch that claims no slot).
+  std::string BeginWrite(const int64_t* keys, int64_t n, uint32_t* epoch) {
+    *epoch = NextEpoch();
+    if (!a_.capped || n == 0) return "";
+    return b_.ForEach(n, kernels::StampBatch{mutable_view(), keys, s_.rep, *epoch});
+  }
+
   uint32_t NextEpoch() {
     if (++epoch_ == 0) epoch_ = 1;  // 0 is the epoch of never-touched slots
     return epoch_;
@@ -1095,6 +1135,11 @@ class BucketTable {
     t.policy = o_.policy;
     t.counters = counters_;
     const size_t n = static_cast<size_t>(slots);
+    // The row array's bytes must not wrap (2^40 slots x 2^24 columns would).
+    if (slots > (int64_t{1} << 61) / (o_.width * static_cast<int64_t>(sizeof(float)))) {
+      return "a table of " + std::to_string(slots) + " slots of width " + std::to_string(o_.width) +
+             " needs more memory than a device has";
+    }
     std::string err;
     auto alloc = [&](auto** p, size_t bytes) {
       void* v = nullptr;
@@ -1216,10 +1261,13 @@ class BucketTable {
     std::string err = AllocArrays(slots, &fresh);
     if (!err.empty()) return "growing the table: " + err;
     // The moved entries count themselves again in the new arrays (removed slots are dropped).
-    err = b_.Memset(&counters_->size, 0, 2 * sizeof(unsigned long long));  // size, used
+    TableCounters before;
+    err = b_.CopyToHost(&before, counters_, sizeof(before));
+    if (err.empty()) err = b_.Memset(&counters_->size, 0, 2 * sizeof(unsigned long long));  // size, used
     if (err.empty()) err = b_.ForEach(a_.capacity, kernels::Rehash{read_view(), MutableView(fresh)});
     if (!err.empty()) {
       FreeArrays(&fresh);
+      b_.CopyToDevice(counters_, &before, sizeof(before));  // the old arrays stay: so do their counts
       return "growing the table: " + err;
     }
     FreeArrays(&a_);

@@ -309,6 +309,35 @@ TFEXT_TEST(CappedTableEvictsByPolicy) {
   }
 }
 
+// A stored key of a batch is never the victim of a new key of the same batch, even when the new key's thread runs
+// first and the stored key has the lowest score.
+TFEXT_TEST(CappedTableNeverEvictsAKeyOfTheSameBatch) {
+  Table g(HostBackend{1});  // one thread: the batch's keys are claimed in batch order, the new key first
+  CHECK_EQ(g.Init(Options(1, 0, 128)), "");
+  for (int64_t i = 0; i < 128; ++i) {
+    const int64_t k = 1000 + i;
+    const float v = static_cast<float>(i);
+    CHECK_EQ(g.Insert(&k, 1, 0, 1, &v, nullptr, false, i + 1), "");  // key 1000 is the oldest
+  }
+  const int64_t batch[] = {5, 1000};
+  RowInitParams init;
+  init.kind = RowInitParams::kConstant;
+  init.a = 42.0f;
+  float out[2];
+  uint8_t ins[2];
+  CHECK_EQ(g.FindOrInsert(batch, 2, 0, 1, &init, nullptr, nullptr, out, ins, false, 500), "");
+  CHECK_EQ(out[0], 42.0f);
+  CHECK_EQ(static_cast<int>(ins[0]), 1);
+  CHECK_EQ(out[1], 0.0f);  // key 1000's own row, not a fresh one
+  CHECK_EQ(static_cast<int>(ins[1]), 0);
+  GpuTableStats s;
+  CHECK_EQ(g.Stats(&s), "");
+  CHECK_EQ(s.evicted, 1);
+  const auto snap = Snapshot(g);
+  CHECK(snap.count(1000) == 1 && snap.count(5) == 1);
+  CHECK(snap.count(1001) == 0);  // the oldest key outside the batch went
+}
+
 // Many buckets under churn: a capped table never holds more keys than slots, never a key twice, and every key it
 // holds has the row last written for it; removed slots are reused.
 TFEXT_TEST(CappedTableUnderChurnKeepsRowsRight) {

@@ -374,7 +374,12 @@ double tfext_gpu_time(void* t, const char* op, const int64_t* d_keys, int64_t n,
                       float* d_out) {
   GpuTable* table = AsTable(t);
   cudaEvent_t start, stop;
-  if (cudaEventCreate(&start) != cudaSuccess || cudaEventCreate(&stop) != cudaSuccess) {
+  if (cudaEventCreate(&start) != cudaSuccess) {
+    Fail("cudaEventCreate failed");
+    return -1;
+  }
+  if (cudaEventCreate(&stop) != cudaSuccess) {
+    cudaEventDestroy(start);
     Fail("cudaEventCreate failed");
     return -1;
   }

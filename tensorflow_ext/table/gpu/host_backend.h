@@ -43,7 +43,11 @@ struct HostBackend {
     if (n <= 0) return "";
     constexpr int64_t kChunk = 16;
     std::atomic<int64_t> next{0};
+    std::atomic<int> ready{0};
     auto work = [&] {
+      // Start together, so that small batches race too (a thread started late would find no work left).
+      ready.fetch_add(1);
+      while (ready.load() < threads) std::this_thread::yield();
       for (;;) {
         const int64_t begin = next.fetch_add(kChunk);
         if (begin >= n) return;

@@ -3,6 +3,7 @@
 #   make test    format checks (black, clang-format), venv + bazel + Horovod + build, C++ core tests, pytest
 #   make bench   table benchmark (tools/bench_table.py; BENCH_ARGS=--quick for a short run)
 #   make cuda    compile the CUDA table + ctypes harness with nvcc (build/cuda/libtfext_gpu_table.so)
+#   make cuda-tf compile the table ops' DEVICE_GPU kernels (build/cuda/_tf_ext_gpu_ops.so) and check they register
 # Everything is idempotent: a second run only redoes what changed.
 
 SHELL := /bin/bash
@@ -36,6 +37,9 @@ GPU_HDRS   := $(wildcard tensorflow_ext/table/gpu/*.h tensorflow_ext/table/core/
 CC_FORMAT_SRCS = $(shell find tensorflow_ext -name '*.h' -o -name '*.cc' | sort)
 CLANG_FORMAT ?= clang-format
 GPU_LIB    := build/cuda/libtfext_gpu_table.so
+# The table ops' DEVICE_GPU kernels, for a CUDA build of TensorFlow (compiled against the venv's TF headers).
+TF_GPU_SRC := tensorflow_ext/table/gpu/gpu_table_kernels.cu.cc
+TF_GPU_LIB := build/cuda/_tf_ext_gpu_ops.so
 # Horovod (distributed training, tensorflow_ext.horovod): built once from source with Gloo against the venv's
 # TensorFlow and cached as a wheel outside the tree, so later runs on the machine only install it.
 HVD_VERSION := 0.28.1
@@ -44,11 +48,11 @@ HVD_STAMP  := $(VENV)/.tf_ext_horovod_$(HVD_VERSION).stamp
 HVD_ENV    := HOROVOD_WITH_TENSORFLOW=1 HOROVOD_WITH_GLOO=1 HOROVOD_WITHOUT_MPI=1 HOROVOD_WITHOUT_PYTORCH=1 \
               HOROVOD_WITHOUT_MXNET=1 HOROVOD_CPU_OPERATIONS=GLOO
 
-.PHONY: help venv horovod bazel clang-format build wheel test test-cc test-py format-check-cc demo bench cuda cuda-bazel \
+.PHONY: help venv horovod bazel clang-format build wheel test test-cc test-py format-check-cc demo bench cuda cuda-tf cuda-bazel \
         clean
 
 help:
-	@sed -n '2,6p' Makefile | sed 's/^# *//'
+	@sed -n '2,7p' Makefile | sed 's/^# *//'
 
 # ---------------------------------------------------------------- environment
 venv: $(VENV_STAMP)
@@ -133,7 +137,7 @@ test-py: build horovod
 # CI: compile the CUDA sources where nvcc exists (nothing runs on a GPU there).
 .PHONY: cuda-ci
 cuda-ci:
-	@if [ -n "$(NVCC)" ]; then $(MAKE) --no-print-directory cuda cuda-bazel; else echo "== nvcc not found: CUDA compile skipped"; fi
+	@if [ -n "$(NVCC)" ]; then $(MAKE) --no-print-directory cuda cuda-tf cuda-bazel; else echo "== nvcc not found: CUDA compile skipped"; fi
 
 # ---------------------------------------------------------------- main job, benchmarks
 demo: build horovod
@@ -159,6 +163,23 @@ $(GPU_LIB): $(GPU_SRCS) $(GPU_HDRS)
 	  -x cu $(word 1,$(GPU_SRCS))
 	$(NVCC) -shared -Xcompiler -pthread -o $@ $(dir $@)harness.o $(dir $@)hash_table.o
 	@echo "== built $@ (test on a GPU machine: python tools/gpu/test_gpu_table.py --lib $@)"
+
+# The DEVICE_GPU kernels of the table ops (needs the venv's TensorFlow for headers and the built op library for the
+# check): compiled against the CPU wheel's headers, loaded into it and checked to register (they run only with a
+# CUDA build of TensorFlow on a GPU).
+.PHONY: cuda-tf
+cuda-tf: $(TF_GPU_LIB)
+
+$(TF_GPU_LIB): $(TF_GPU_SRC) $(GPU_HDRS) | build
+	@[ -n "$(NVCC)" ] || { echo "nvcc not found (install the CUDA toolkit or set NVCC=...)"; exit 1; }
+	@mkdir -p $(dir $@)
+	$(NVCC) -std=c++17 -O3 --fmad=false -Werror all-warnings -Xcompiler -fPIC -Xcompiler -pthread \
+	  -DGOOGLE_CUDA=1 --expt-relaxed-constexpr -I$(ROOT) \
+	  $$($(VPY) -c "import tensorflow as tf; print(' '.join(f.replace('-I', '-isystem ', 1) if f.startswith('-I') else f for f in tf.sysconfig.get_compile_flags() if not f.startswith('--std')))") \
+	  $(foreach a,$(CUDA_ARCHS),-gencode arch=compute_$(a),code=sm_$(a)) -c -o $(dir $@)gpu_table_kernels.o -x cu $(TF_GPU_SRC)
+	$(NVCC) -shared -Xcompiler -pthread -o $@ $(dir $@)gpu_table_kernels.o \
+	  $$($(VPY) -c "import tensorflow as tf; print(' '.join(tf.sysconfig.get_link_flags()))")
+	$(VPY) tools/gpu/check_tf_gpu_kernels.py --lib $@
 
 # The same through Bazel's --config=cuda (nvcc genrules, static cudart). The op library does not link the CUDA
 # table (no kernel calls it), so there is no CUDA build of the op library to make.

@@ -170,7 +170,7 @@ $(GPU_LIB): $(GPU_SRCS) $(GPU_HDRS)
 .PHONY: cuda-tf
 cuda-tf: $(TF_GPU_LIB)
 
-$(TF_GPU_LIB): $(TF_GPU_SRC) $(GPU_HDRS) | build
+$(TF_GPU_LIB): $(TF_GPU_SRC) $(GPU_HDRS) tensorflow_ext/table/kernels/column_range.h | build
 	@[ -n "$(NVCC)" ] || { echo "nvcc not found (install the CUDA toolkit or set NVCC=...)"; exit 1; }
 	@mkdir -p $(dir $@)
 	$(NVCC) -std=c++17 -O3 --fmad=false -Werror all-warnings -Xcompiler -fPIC -Xcompiler -pthread \

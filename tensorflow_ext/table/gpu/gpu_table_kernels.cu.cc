@@ -20,6 +20,7 @@
 #include "tensorflow/core/platform/mutex.h"
 #include "tensorflow_ext/table/gpu/bucket_table.h"
 #include "tensorflow_ext/table/gpu/device_backend.h"
+#include "tensorflow_ext/table/kernels/column_range.h"
 
 namespace tfext {
 namespace table {
@@ -151,23 +152,15 @@ class GpuTableOpBase : public OpKernel {
  public:
   explicit GpuTableOpBase(OpKernelConstruction* ctx, bool has_columns = true) : OpKernel(ctx) {
     if (!has_columns) return;
-    OP_REQUIRES_OK(ctx, ctx->GetAttr("col_begin", &col_begin_));
-    OP_REQUIRES_OK(ctx, ctx->GetAttr("cols", &cols_attr_));
-    OP_REQUIRES(ctx, col_begin_ >= 0, InvalidArgument("col_begin must be >= 0, got ", col_begin_));
-    OP_REQUIRES(ctx, cols_attr_ >= 1 || cols_attr_ == -1,
-                InvalidArgument("cols must be >= 1 or -1 (= dim), got ", cols_attr_));
+    OP_REQUIRES_OK(ctx, columns_.Read(ctx));
+    col_begin_ = columns_.col_begin;
   }
 
  protected:
   Status Table(OpKernelContext* ctx, tensorflow::core::RefCountPtr<GpuTableResource>* table, int64_t* cols) {
     TF_RETURN_IF_ERROR(LookupResource(ctx, HandleFromInput(ctx, 0), table));
     if (cols == nullptr) return tensorflow::OkStatus();
-    *cols = cols_attr_ < 0 ? (*table)->dim() : cols_attr_;
-    if (col_begin_ + *cols > (*table)->width()) {
-      return InvalidArgument("column range [", col_begin_, ", ", col_begin_ + *cols, ") is out of the row [0, ",
-                             (*table)->width(), ")");
-    }
-    return tensorflow::OkStatus();
+    return columns_.Resolve((*table)->dim(), (*table)->width(), (*table)->DebugString(), cols);
   }
 
   // rows must be keys.shape + [cols] (or [n, cols]).
@@ -185,8 +178,8 @@ class GpuTableOpBase : public OpKernel {
     return shape;
   }
 
-  int64_t col_begin_ = 0;
-  int64_t cols_attr_ = -1;
+  ColumnRange columns_;
+  int64_t col_begin_ = 0;  // columns_.col_begin
 };
 
 class GpuTableFindOp : public GpuTableOpBase {

@@ -13,6 +13,7 @@
 #include "tensorflow/core/lib/core/errors.h"
 #include "tensorflow/core/platform/mutex.h"
 #include "tensorflow_ext/table/core/table_limits.h"
+#include "tensorflow_ext/table/kernels/column_range.h"
 #include "tensorflow_ext/table/kernels/table_resource.h"
 #include "tensorflow_ext/table/kernels/tensor_checks.h"
 
@@ -187,11 +188,8 @@ class TableOpBase : public OpKernel {
  public:
   explicit TableOpBase(OpKernelConstruction* ctx, bool has_columns = true) : OpKernel(ctx) {
     if (has_columns) {
-      OP_REQUIRES_OK(ctx, ctx->GetAttr("col_begin", &col_begin_));
-      OP_REQUIRES_OK(ctx, ctx->GetAttr("cols", &cols_attr_));
-      OP_REQUIRES(ctx, col_begin_ >= 0, InvalidArgument("col_begin must be >= 0, got ", col_begin_));
-      OP_REQUIRES(ctx, cols_attr_ >= 1 || cols_attr_ == -1,
-                  InvalidArgument("cols must be >= 1 or -1 (= dim), got ", cols_attr_));
+      OP_REQUIRES_OK(ctx, columns_.Read(ctx));
+      col_begin_ = columns_.col_begin;
     }
   }
 
@@ -200,13 +198,7 @@ class TableOpBase : public OpKernel {
   Status Prepare(OpKernelContext* ctx, TableColumns* out) {
     RefCountPtr<TableResource>& table = out->table;
     TF_RETURN_IF_ERROR(GetTableResource(ctx, 0, &table));
-    const int64_t c = cols_attr_ < 0 ? table->dim() : cols_attr_;
-    if (col_begin_ + c > table->width()) {
-      return InvalidArgument("column range [", col_begin_, ", ", col_begin_ + c, ") is out of the row [0, ",
-                             table->width(), ") of table (", table->layout().DebugString(), ")");
-    }
-    out->cols = c;
-    return tensorflow::OkStatus();
+    return columns_.Resolve(table->dim(), table->width(), table->layout().DebugString(), &out->cols);
   }
 
   // Prepare, then checks keys (input 1) and `cols`-wide rows (input 2, named
@@ -219,8 +211,8 @@ class TableOpBase : public OpKernel {
     return CheckRows(*in->keys, *in->rows, in->cols, rows_name);
   }
 
-  int64_t col_begin_ = 0;
-  int64_t cols_attr_ = -1;
+  ColumnRange columns_;
+  int64_t col_begin_ = 0;  // columns_.col_begin
 };
 
 // Base for the ops with inputs (handle, keys, rows, step) and a `count` attr;

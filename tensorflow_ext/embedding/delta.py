@@ -115,7 +115,7 @@ def save_tensors(shard, state):
     return keys, rows, versions, freqs, removed, record
 
 
-def restore_rows(name, prefix, restore_op, rows):
+def restore_rows(name, prefix, restore_op, rows, row_suffixes):
     """The rows a restore of shard `name` from `prefix` imports: `rows` themselves unless `prefix` is a delta.
 
     For a delta, the rows of its chain applied in order (see the module docstring); a missing, foreign or truncated
@@ -127,6 +127,7 @@ def restore_rows(name, prefix, restore_op, rows):
       prefix: the string tensor the Saver restores from.
       restore_op: the Saver's Restore op.
       rows: (keys, values, slots, versions, freqs) read from `prefix`.
+      row_suffixes: the checkpoint names of those five tensors, after `name` (the saveable's own).
 
     Returns:
       (keys, values, slots, versions, freqs).
@@ -141,7 +142,9 @@ def restore_rows(name, prefix, restore_op, rows):
                 tf.cast(slots, tf.float32),
                 versions,
                 freqs,
-                shard_name=name,
+                record_tensor=name + DELTA_SUFFIX,
+                removed_tensor=name + REMOVED_SUFFIX,
+                row_tensors=[name + suffix for suffix in row_suffixes],
                 name=name.replace("/", "_") + "_delta_chain",
             )
         )

@@ -71,7 +71,9 @@ from tensorflow_ext.embedding import delta as delta_lib
 
 __all__ = ["FrozenShardSaveable", "ShardSaveable", "layout_record", "restore_values_only"]
 
-_SUFFIXES = ("-keys", "-values", "-slots", "-versions", "-freqs", "-num_shards")
+# The rows of a shard (what a delta checkpoint's chain merges), then its shard count.
+_ROW_SUFFIXES = ("-keys", "-values", "-slots", "-versions", "-freqs")
+_SUFFIXES = _ROW_SUFFIXES + ("-num_shards",)
 # What a SavedModel export writes and reads per shard (see tensorflow_ext.serving): the embedding only.
 _LEAN_SUFFIXES = ("-keys", "-values", "-num_shards")
 _LAYOUT_SUFFIX = "-layout"
@@ -497,7 +499,7 @@ class ShardSaveable(saveable_object.SaveableObject):
             if prefix is not None:
                 # A delta checkpoint: its chain's rows, applied in order (else these rows as they are).
                 keys, values, slots, versions, freqs = delta_lib.restore_rows(
-                    self.name, prefix, restore_op, (keys, values, slots, versions, freqs)
+                    self.name, prefix, restore_op, (keys, values, slots, versions, freqs), _ROW_SUFFIXES
                 )
             values = tf.reshape(values, [-1, shard.dim])
             rows = self.select_rows((keys, values, slots, versions, freqs))

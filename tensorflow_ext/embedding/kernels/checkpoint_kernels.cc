@@ -164,6 +164,9 @@ REGISTER_KERNEL_BUILDER(Name("TfExtCheckpointReadOptionalString").Device(tensorf
 // delta's own removals and rows. Every link is checked before anything is
 // merged: a missing link, a link that is another checkpoint (its record's id
 // or kind differ), or a truncated data file is an error naming the files.
+// The attrs name the shard's tensors in a checkpoint (the Python layer defines
+// them): its delta record, its removed keys, and its five row tensors (keys,
+// values, slots, versions, freqs).
 // One op per shard: building the same logic from TF ops took ~0.6 s of graph
 // construction per shard and Saver.
 REGISTER_OP("TfExtCheckpointRestoreRows")
@@ -173,7 +176,9 @@ REGISTER_OP("TfExtCheckpointRestoreRows")
     .Input("slots: float")
     .Input("versions: int64")
     .Input("freqs: int64")
-    .Attr("shard_name: string")
+    .Attr("record_tensor: string")
+    .Attr("removed_tensor: string")
+    .Attr("row_tensors: list(string)")
     .Output("out_keys: int64")
     .Output("out_values: float")
     .Output("out_slots: float")
@@ -266,7 +271,12 @@ void Append(const Tensor& t, std::vector<T>* out) {
 class CheckpointRestoreRowsOp : public OpKernel {
  public:
   explicit CheckpointRestoreRowsOp(OpKernelConstruction* ctx) : OpKernel(ctx) {
-    OP_REQUIRES_OK(ctx, ctx->GetAttr("shard_name", &name_));
+    OP_REQUIRES_OK(ctx, ctx->GetAttr("record_tensor", &record_name_));
+    OP_REQUIRES_OK(ctx, ctx->GetAttr("removed_tensor", &removed_name_));
+    OP_REQUIRES_OK(ctx, ctx->GetAttr("row_tensors", &row_names_));
+    OP_REQUIRES(ctx, row_names_.size() == 5,
+                InvalidArgument("row_tensors must name 5 tensors (keys, values, slots, versions, freqs), got ",
+                                row_names_.size()));
   }
 
   void Compute(OpKernelContext* ctx) override {
@@ -275,16 +285,10 @@ class CheckpointRestoreRowsOp : public OpKernel {
                 InvalidArgument("prefix must be a scalar string (a checkpoint prefix), got shape ",
                                 prefix_t.shape().DebugString()));
     const std::string prefix = prefix_t.flat<tensorflow::tstring>()(0);
+    tensorflow::BundleReader reader(ctx->env(), prefix);
+    OP_REQUIRES_OK(ctx, reader.status());
     std::string record;
-    {
-      tensorflow::BundleReader reader(ctx->env(), prefix);
-      OP_REQUIRES_OK(ctx, reader.status());
-      if (reader.Contains(name_ + "-delta")) {
-        Tensor t;
-        OP_REQUIRES_OK(ctx, reader.Lookup(name_ + "-delta", &t));
-        if (t.dtype() == tensorflow::DT_STRING && t.NumElements() == 1) record = t.flat<tensorflow::tstring>()(0);
-      }
-    }
+    OP_REQUIRES_OK(ctx, ReadRecord(&reader, prefix, &record));
     if (RecordField(record, "kind") != "delta") {
       for (int i = 0; i < 5; ++i) ctx->set_output(i, ctx->input(i + 1));  // a full save: its rows as read
       return;
@@ -331,13 +335,9 @@ class CheckpointRestoreRowsOp : public OpKernel {
     Append<int64_t>(ctx->input(4), &own.versions);
     Append<int64_t>(ctx->input(5), &own.freqs);
     std::vector<int64_t> own_removed;
-    {
-      tensorflow::BundleReader reader(ctx->env(), prefix);
-      OP_REQUIRES_OK(ctx, reader.status());
-      Tensor t;
-      OP_REQUIRES_OK(ctx, ReadTensor(&reader, prefix, name_ + "-removed", tensorflow::DT_INT64, &t));
-      Append<int64_t>(t, &own_removed);
-    }
+    Tensor removed_t;
+    OP_REQUIRES_OK(ctx, ReadTensor(&reader, prefix, removed_name_, tensorflow::DT_INT64, &removed_t));
+    Append<int64_t>(removed_t, &own_removed);
     OP_REQUIRES_OK(ctx, CheckCols(&state.value_cols, own.value_cols, "values", prefix));
     OP_REQUIRES_OK(ctx, CheckCols(&state.slot_cols, own.slot_cols, "slots", prefix));
     Merge(&state, own, own_removed);
@@ -359,6 +359,17 @@ class CheckpointRestoreRowsOp : public OpKernel {
     return tensorflow::OkStatus();
   }
 
+  // The shard's delta record in the checkpoint of `reader`, or "" where it has none (a full save of a graph
+  // without delta checkpoints).
+  Status ReadRecord(tensorflow::BundleReader* reader, const std::string& path, std::string* record) const {
+    record->clear();
+    if (!reader->Contains(record_name_)) return tensorflow::OkStatus();
+    Tensor t;
+    TF_RETURN_IF_ERROR(ReadTensor(reader, path, record_name_, tensorflow::DT_STRING, &t));
+    if (t.NumElements() == 1) *record = t.flat<tensorflow::tstring>()(0);
+    return tensorflow::OkStatus();
+  }
+
   // Reads link i (path) of the chain of `prefix`: checks that it exists, is intact and is the checkpoint the
   // record names (id and kind), then its rows (and, for a delta, its removals).
   Status ReadLink(OpKernelContext* ctx, const std::string& prefix, const std::string& path, size_t i,
@@ -372,14 +383,11 @@ class CheckpointRestoreRowsOp : public OpKernel {
     }
     tensorflow::BundleReader reader(ctx->env(), path);
     TF_RETURN_IF_ERROR(reader.status());
-    const char* suffixes[] = {"-keys", "-values", "-slots", "-versions", "-freqs", "-removed", "-delta"};
-    for (const char* s : suffixes) TF_RETURN_IF_ERROR(CheckInDataFile(ctx, &reader, path, name_ + s));
+    for (const std::string& name : row_names_) TF_RETURN_IF_ERROR(CheckInDataFile(ctx, &reader, path, name));
+    TF_RETURN_IF_ERROR(CheckInDataFile(ctx, &reader, path, removed_name_));
+    TF_RETURN_IF_ERROR(CheckInDataFile(ctx, &reader, path, record_name_));
     std::string link_record;
-    if (reader.Contains(name_ + "-delta")) {
-      Tensor t;
-      TF_RETURN_IF_ERROR(ReadTensor(&reader, path, name_ + "-delta", tensorflow::DT_STRING, &t));
-      if (t.NumElements() == 1) link_record = t.flat<tensorflow::tstring>()(0);
-    }
+    TF_RETURN_IF_ERROR(ReadRecord(&reader, path, &link_record));
     if (RecordField(link_record, "kind") != kind || RecordField(link_record, "id") != id) {
       return InvalidArgument("Delta checkpoint ", prefix, " was written on checkpoint ", path, " with id ", id,
                              " and kind ", kind,
@@ -388,16 +396,16 @@ class CheckpointRestoreRowsOp : public OpKernel {
                              link_record);
     }
     Tensor keys, values, slots, versions, freqs;
-    TF_RETURN_IF_ERROR(ReadTensor(&reader, path, name_ + "-keys", tensorflow::DT_INT64, &keys));
-    TF_RETURN_IF_ERROR(ReadTensor(&reader, path, name_ + "-values", tensorflow::DT_FLOAT, &values));
-    TF_RETURN_IF_ERROR(ReadTensor(&reader, path, name_ + "-slots", tensorflow::DT_FLOAT, &slots));
-    TF_RETURN_IF_ERROR(ReadTensor(&reader, path, name_ + "-versions", tensorflow::DT_INT64, &versions));
-    TF_RETURN_IF_ERROR(ReadTensor(&reader, path, name_ + "-freqs", tensorflow::DT_INT64, &freqs));
+    TF_RETURN_IF_ERROR(ReadTensor(&reader, path, row_names_[0], tensorflow::DT_INT64, &keys));
+    TF_RETURN_IF_ERROR(ReadTensor(&reader, path, row_names_[1], tensorflow::DT_FLOAT, &values));
+    TF_RETURN_IF_ERROR(ReadTensor(&reader, path, row_names_[2], tensorflow::DT_FLOAT, &slots));
+    TF_RETURN_IF_ERROR(ReadTensor(&reader, path, row_names_[3], tensorflow::DT_INT64, &versions));
+    TF_RETURN_IF_ERROR(ReadTensor(&reader, path, row_names_[4], tensorflow::DT_INT64, &freqs));
     const int64_t n = keys.NumElements();
     if (versions.NumElements() != n || freqs.NumElements() != n || (values.dims() > 0 && values.dim_size(0) != n) ||
         (slots.dims() > 0 && slots.dim_size(0) != n)) {
-      return tensorflow::errors::DataLoss("checkpoint ", path, ": the row tensors of ", name_,
-                                          " disagree on the number of rows (a damaged checkpoint)");
+      return tensorflow::errors::DataLoss("checkpoint ", path, ": the row tensors ", row_names_[0],
+                                          " ... disagree on the number of rows (a damaged checkpoint)");
     }
     rows->value_cols = RowCols(values);
     rows->slot_cols = RowCols(slots);
@@ -408,7 +416,7 @@ class CheckpointRestoreRowsOp : public OpKernel {
     Append<int64_t>(freqs, &rows->freqs);
     if (!full) {
       Tensor t;
-      TF_RETURN_IF_ERROR(ReadTensor(&reader, path, name_ + "-removed", tensorflow::DT_INT64, &t));
+      TF_RETURN_IF_ERROR(ReadTensor(&reader, path, removed_name_, tensorflow::DT_INT64, &t));
       Append<int64_t>(t, removed);
     }
     return tensorflow::OkStatus();
@@ -430,7 +438,8 @@ class CheckpointRestoreRowsOp : public OpKernel {
     std::copy(s.freqs.begin(), s.freqs.end(), t->flat<int64_t>().data());
   }
 
-  std::string name_;
+  std::string record_name_, removed_name_;
+  std::vector<std::string> row_names_;
 };
 
 REGISTER_KERNEL_BUILDER(Name("TfExtCheckpointRestoreRows").Device(tensorflow::DEVICE_CPU), CheckpointRestoreRowsOp);

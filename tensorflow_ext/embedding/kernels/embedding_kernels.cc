@@ -419,52 +419,40 @@ struct MultiLookupAttrs {
 
 class EmbeddingLookupMultiOp : public OpKernel {
  public:
-  explicit EmbeddingLookupMultiOp(OpKernelConstruction* ctx) : OpKernel(ctx) {
-    MultiLookupAttrs attrs;
-    OP_REQUIRES_OK(ctx, attrs.Parse(ctx));
-    n_ = attrs.n;
-    dims_ = std::move(attrs.dims);
-    insert_missing_ = std::move(attrs.insert_missing);
-    count_ = std::move(attrs.count);
-    init_ = std::move(attrs.init);
-  }
+  explicit EmbeddingLookupMultiOp(OpKernelConstruction* ctx) : OpKernel(ctx) { OP_REQUIRES_OK(ctx, a_.Parse(ctx)); }
 
   void Compute(OpKernelContext* ctx) override {
     const char* op = "TfExtEmbeddingLookupMulti";
-    std::vector<RefCountPtr<TableResource>> tables(n_);
-    std::vector<const int64_t*> keys(n_);
-    std::vector<int64_t> sizes(n_), steps(n_), work(n_);
-    std::vector<float*> out(n_);
-    for (int i = 0; i < n_; ++i) {
+    std::vector<RefCountPtr<TableResource>> tables(a_.n);
+    std::vector<const int64_t*> keys(a_.n);
+    std::vector<int64_t> sizes(a_.n), steps(a_.n), work(a_.n);
+    std::vector<float*> out(a_.n);
+    for (int i = 0; i < a_.n; ++i) {
       OP_REQUIRES_OK(ctx, GetTableResource(ctx, i, &tables[i]));
-      OP_REQUIRES(ctx, tables[i]->dim() == dims_[i],
-                  InvalidArgument(op, ": table ", i, ": attr dims[", i, "]=", dims_[i],
+      OP_REQUIRES(ctx, tables[i]->dim() == a_.dims[i],
+                  InvalidArgument(op, ": table ", i, ": attr dims[", i, "]=", a_.dims[i],
                                   " does not match the table's dim=", tables[i]->dim(),
                                   " (table layout: ", tables[i]->layout().DebugString(), ")"));
-      const Tensor& k = ctx->input(n_ + i);
+      const Tensor& k = ctx->input(a_.n + i);
       OP_REQUIRES(ctx, TensorShapeUtils::IsVector(k.shape()),
                   InvalidArgument(op, ": keys[", i, "] must be a vector of unique int64 keys, got shape ",
                                   k.shape().DebugString()));
-      OP_REQUIRES_OK(ctx, ScalarStep(ctx->input(2 * n_ + i), op, &steps[i]));
+      OP_REQUIRES_OK(ctx, ScalarStep(ctx->input(2 * a_.n + i), op, &steps[i]));
       sizes[i] = k.dim_size(0);
       keys[i] = k.flat<int64_t>().data();
-      work[i] = sizes[i] * dims_[i];
+      work[i] = sizes[i] * a_.dims[i];
       Tensor* values = nullptr;
-      OP_REQUIRES_OK(ctx, ctx->allocate_output(i, TensorShape({sizes[i], dims_[i]}), &values));
+      OP_REQUIRES_OK(ctx, ctx->allocate_output(i, TensorShape({sizes[i], a_.dims[i]}), &values));
       out[i] = values->flat<float>().data();
     }
     OP_REQUIRES_OK(ctx, RunPerTable(ctx, work, [&](int i, const table::ParallelFor& pf) {
-                     return ProbeRows(tables[i].get(), dims_[i], insert_missing_[i], count_[i], init_[i], keys[i],
-                                      sizes[i], steps[i], out[i], pf);
+                     return ProbeRows(tables[i].get(), a_.dims[i], a_.insert_missing[i], a_.count[i], a_.init[i],
+                                      keys[i], sizes[i], steps[i], out[i], pf);
                    }));
   }
 
  private:
-  int n_ = 0;
-  std::vector<int64_t> dims_;
-  std::vector<bool> insert_missing_;
-  std::vector<bool> count_;
-  std::vector<RowInitializer> init_;
+  MultiLookupAttrs a_;
 };
 
 REGISTER_KERNEL_BUILDER(Name("TfExtEmbeddingLookupMulti").Device(DEVICE_CPU), EmbeddingLookupMultiOp);
@@ -579,12 +567,10 @@ tensorflow::Status PlanSparseLookup(const char* op, const SparseLookupSpec& spec
   }
   plan->rows = rows;
   const bool has_default = in.default_key->NumElements() == 1;
-  std::vector<int64_t> counts(rows + 1, 0);
+  std::vector<int64_t> counts(rows, 0);
   for (int64_t e = 0; e < nnz; ++e) ++counts[row_of[e]];
-  int64_t filled = 0;
-  if (has_default) {
-    for (int64_t r = 0; r < rows; ++r) filled += counts[r] == 0;
-  }
+  // An empty row gets one entry, the default key, where there is one.
+  const auto filled = [&](int64_t r) { return has_default && counts[r] == 0; };
 
   std::vector<int64_t> keys(in.ids->flat<int64_t>().data(), in.ids->flat<int64_t>().data() + nnz);
   if (has_default) keys.push_back(in.default_key->flat<int64_t>()(0));
@@ -594,9 +580,9 @@ tensorflow::Status PlanSparseLookup(const char* op, const SparseLookupSpec& spec
   // Row offsets (a filled row holds one entry), then the entries by row.
   plan->row_begin.assign(rows + 1, 0);
   for (int64_t r = 0; r < rows; ++r) {
-    plan->row_begin[r + 1] = plan->row_begin[r] + (counts[r] == 0 && has_default ? 1 : counts[r]);
+    plan->row_begin[r + 1] = plan->row_begin[r] + (filled(r) ? 1 : counts[r]);
   }
-  const int64_t m = nnz + filled;
+  const int64_t m = plan->row_begin[rows];
   plan->idx.resize(m);
   plan->entry_row.resize(m);
   std::vector<int64_t> next(plan->row_begin.begin(), plan->row_begin.end() - 1);
@@ -605,12 +591,10 @@ tensorflow::Status PlanSparseLookup(const char* op, const SparseLookupSpec& spec
     plan->idx[at] = key_idx[e];
     plan->entry_row[at] = row_of[e];
   }
-  if (has_default) {
-    for (int64_t r = 0; r < rows; ++r) {
-      if (counts[r] != 0) continue;
-      plan->idx[next[r]] = key_idx[nnz];
-      plan->entry_row[next[r]] = static_cast<int32_t>(r);
-    }
+  for (int64_t r = 0; r < rows; ++r) {
+    if (!filled(r)) continue;
+    plan->idx[next[r]] = key_idx[nnz];
+    plan->entry_row[next[r]] = static_cast<int32_t>(r);
   }
   // The gradient's factor per row: TensorFlow's sparse segment gradient
   // computes 1/n and 1/sqrt(n) in double and rounds them to float.

@@ -300,25 +300,25 @@ Ancestry ComputeAncestry(const GraphDef& g, const Index& index, const std::vecto
 
 bool Bit(const std::vector<uint64_t>& b, int j) { return (b[j / 64] >> (j % 64)) & 1; }
 
-// Which nodes the caller names (fetches, feeds, targets): they keep their names.
-std::unordered_set<std::string> NodesToKeep(const tensorflow::grappler::GrapplerItem& item) {
-  std::unordered_set<std::string> keep;
-  for (const auto& f : item.fetch) keep.insert(NodeNameOf(f));
-  for (const auto& f : item.feed) keep.insert(NodeNameOf(f.first));
-  for (const auto& k : item.keep_ops) keep.insert(NodeNameOf(k));
-  for (const auto& k : item.init_ops) keep.insert(NodeNameOf(k));
-  for (const std::string* s : {&item.save_op, &item.restore_op, &item.save_restore_loc_tensor}) {
-    if (!s->empty()) keep.insert(NodeNameOf(*s));
-  }
-  return keep;
-}
-
 // Which nodes the caller feeds: never fused (a feed replaces the fed node's
 // output, and the fused op's consumers would not see it).
 std::unordered_set<std::string> FedNodes(const tensorflow::grappler::GrapplerItem& item) {
   std::unordered_set<std::string> fed;
   for (const auto& f : item.feed) fed.insert(NodeNameOf(f.first));
   return fed;
+}
+
+// Which nodes the caller names (fetches, feeds, targets): they keep their names.
+std::unordered_set<std::string> NodesToKeep(const tensorflow::grappler::GrapplerItem& item,
+                                            const std::unordered_set<std::string>& fed) {
+  std::unordered_set<std::string> keep = fed;
+  for (const auto& f : item.fetch) keep.insert(NodeNameOf(f));
+  for (const auto& k : item.keep_ops) keep.insert(NodeNameOf(k));
+  for (const auto& k : item.init_ops) keep.insert(NodeNameOf(k));
+  for (const std::string* s : {&item.save_op, &item.restore_op, &item.save_restore_loc_tensor}) {
+    if (!s->empty()) keep.insert(NodeNameOf(*s));
+  }
+  return keep;
 }
 
 // FNV-1a, 64 bits.
@@ -374,10 +374,11 @@ class GraphPasses : public tensorflow::grappler::CustomGraphOptimizer {
     *optimized_graph = item.graph;
     if (DisabledByEnvironment()) return tensorflow::OkStatus();
     g_stats[kGraphsSeen].fetch_add(1);
-    const std::unordered_set<std::string> keep = NodesToKeep(item);
+    const std::unordered_set<std::string> fed = FedNodes(item);
+    const std::unordered_set<std::string> keep = NodesToKeep(item, fed);
     bool changed = false;
     for (const FusionKind& kind : MakeKinds(fuse_lookups_, fuse_applies_)) {
-      TF_RETURN_IF_ERROR(FuseAll(kind, keep, FedNodes(item), optimized_graph, &changed));
+      TF_RETURN_IF_ERROR(FuseAll(kind, keep, fed, optimized_graph, &changed));
     }
     if (changed) g_stats[kGraphsRewritten].fetch_add(1);
     return tensorflow::OkStatus();

@@ -560,13 +560,7 @@ class ChunkSource {
     slab_left_ = 0;
     bytes_ = 0;
     spares_suspended_ = false;
-    if (spare_ != nullptr) {
-      std::lock_guard<std::mutex> spare_lock(spare_->mu);
-      for (const Slab& slab : spare_->ready) munmap(slab.base, slab.bytes);
-      std::vector<Slab>().swap(spare_->ready);
-      spare_->abandoned = true;  // requests in flight unmap their slab
-      spare_.reset();            // a cleared table starts a new one as it grows
-    }
+    DropSparesLocked();  // a cleared table starts a new spare pool as it grows
   }
 
   // Bytes held, bookkeeping and ready spare slabs included.
@@ -591,6 +585,12 @@ class ChunkSource {
   void GiveBackSpares() {
     std::lock_guard<std::mutex> lock(mu_);
     spares_suspended_ = true;
+    DropSparesLocked();
+  }
+
+  // Unmaps the ready spare slabs and detaches the pool: requests in flight
+  // unmap their slab when they finish. Needs mu_.
+  void DropSparesLocked() {
     if (spare_ == nullptr) return;
     std::lock_guard<std::mutex> spare_lock(spare_->mu);
     for (const Slab& slab : spare_->ready) munmap(slab.base, slab.bytes);

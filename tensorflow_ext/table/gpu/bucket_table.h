@@ -1089,7 +1089,6 @@ class BucketTable {
   struct Scratch {
     int64_t n = 0;        // entries the batch arrays hold
     int64_t n_batch = 0;  // entries of the batch last deduplicated
-    int64_t set_slots = 0;
     long long* set = nullptr;
     long long* rep = nullptr;
     long long* first = nullptr;
@@ -1098,6 +1097,13 @@ class BucketTable {
     uint32_t* mult = nullptr;
     uint8_t* rep_inserted = nullptr;
   };
+
+  // Slots of the dedup set of a batch of n keys: a power of two, at most half full.
+  static int64_t SetSlotsFor(int64_t n) {
+    int64_t slots = 64;
+    while (slots < 2 * n) slots <<= 1;
+    return slots;
+  }
 
   static int64_t RoundUpSlots(int64_t want) {
     int64_t slots = kBucketSlots;
@@ -1187,8 +1193,7 @@ class BucketTable {
   std::string PrepareScratch(int64_t n) {
     if (n <= s_.n) return "";
     FreeScratch();
-    int64_t set_slots = 64;
-    while (set_slots < 2 * n) set_slots <<= 1;
+    const int64_t set_slots = SetSlotsFor(n);
     std::string err;
     auto alloc = [&](auto** p, size_t bytes) {
       void* v = nullptr;
@@ -1208,7 +1213,6 @@ class BucketTable {
       return "cannot allocate the scratch arrays of a batch of " + std::to_string(n) + " keys: " + err;
     }
     s_.n = n;
-    s_.set_slots = set_slots;
     return "";
   }
 
@@ -1216,8 +1220,7 @@ class BucketTable {
   std::string Dedup(const int64_t* keys, int64_t n, int64_t* unique) {
     std::string err = PrepareScratch(n);
     if (!err.empty()) return err;
-    int64_t set_slots = 64;
-    while (set_slots < 2 * n) set_slots <<= 1;  // this batch's set: a prefix of the scratch set
+    const int64_t set_slots = SetSlotsFor(n);  // this batch's set: a prefix of the scratch set
     const size_t m = static_cast<size_t>(n);
     if (err.empty()) err = b_.Memset(s_.set, 0xff, static_cast<size_t>(set_slots) * sizeof(long long));  // -1
     if (err.empty()) err = b_.Memset(s_.first, 0x7f, m * sizeof(long long));  // a large positive index

@@ -265,9 +265,13 @@ class OursVariant(Variant):
         _, reason = bc.import_ours_embedding()
         return reason
 
+    table_options = {}  # extra get_dynamic_embedding arguments of a variant
+
     def embed(self, ids):
         tf_ext, _ = bc.import_ours_embedding()
-        self.emb = tf_ext.get_dynamic_embedding("emb", dim=self.dim, initializer=emb_initializer(11))
+        self.emb = tf_ext.get_dynamic_embedding(
+            "emb", dim=self.dim, initializer=emb_initializer(11), **self.table_options
+        )
         self.tf_ext = tf_ext
         return tf_ext.embedding_lookup(self.emb, ids)
 
@@ -332,7 +336,15 @@ class OursNoPrefaultVariant(OursVariant):
                 os.environ["TF_EXT_TABLE_PREFAULT"] = saved
 
 
-VARIANTS = [StaticVariant, TFRAVariant, OursVariant, OursNoPrefaultVariant]
+class OursPreallocVariant(OursVariant):
+    """Ours with the memory of `--capacity` keys allocated when the table is created, as the static variable's is."""
+
+    name = "ours_prealloc"
+    label = "tensorflow_ext, initial_capacity=2^21, preallocate=True"
+    table_options = {"initial_capacity": 1 << 21, "preallocate": True}
+
+
+VARIANTS = [StaticVariant, TFRAVariant, OursVariant, OursPreallocVariant, OursNoPrefaultVariant]
 BY_NAME = {v.name: v for v in VARIANTS}
 # Run unless --variants names them: A/B variants of ours.
 OPT_IN_VARIANTS = ("ours_noprefault",)

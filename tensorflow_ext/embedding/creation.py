@@ -12,6 +12,7 @@ from tensorflow_ext.embedding import admission as admission_lib
 from tensorflow_ext.embedding import eviction as eviction_lib
 from tensorflow_ext.embedding import initializers as init_lib
 from tensorflow_ext.embedding import variable as var_lib
+from tensorflow_ext.table import table_ops
 
 __all__ = ["creation_hook", "dense_variables", "get_dynamic_embedding", "get_dynamic_embeddings"]
 
@@ -108,6 +109,7 @@ def get_dynamic_embedding(
     partitioner=None,
     trainable=True,
     initial_capacity=0,
+    preallocate=False,
     reuse=None,
     admission=None,
     eviction=None,
@@ -146,6 +148,13 @@ def get_dynamic_embedding(
         train them through `minimize`).
       initial_capacity: expected number of keys (all shards); tables grow on
         demand.
+      preallocate: allocate the memory of `initial_capacity` keys (hash index
+        and rows, embedding and optimizer slots) when the tables are created, as
+        a static embedding variable's is, instead of as keys arrive: a training
+        step that inserts new keys then pays no page faults and no index growth
+        for them (docs/benchmarks.md, ctr26). The memory counts in
+        `memory_bytes()` from the start; past initial_capacity keys the tables
+        grow on demand as usual.
       reuse: overrides the variable scope's reuse (True, False or AUTO_REUSE).
       admission: None (every key trains from its first lookup) or an admission policy,
         `tf_ext.embedding.CountAdmission(min_count)` or `BloomAdmission(min_count, ...)`:
@@ -211,6 +220,7 @@ def get_dynamic_embedding(
     initial_capacity = _check_int(
         "initial_capacity of dynamic embedding %r" % name, initial_capacity, 0, var_lib.MAX_CAPACITY
     )
+    preallocate = table_ops.check_preallocate(preallocate, initial_capacity, "dynamic embedding %r" % name)
 
     scope = tf.compat.v1.get_variable_scope()
     full_name = scope.name + "/" + name if scope.name else name
@@ -283,7 +293,7 @@ def get_dynamic_embedding(
             "eviction of dynamic embedding %r must be a tf_ext.embedding.EvictionPolicy, got %r" % (name, eviction)
         )
     emb = var_lib.DynamicEmbedding(
-        full_name, dim, key_dtype, value_dtype, spec, num_shards, devices, trainable, initial_capacity
+        full_name, dim, key_dtype, value_dtype, spec, num_shards, devices, trainable, initial_capacity, preallocate
     )
     if admission is not None:
         emb.set_admission(admission)

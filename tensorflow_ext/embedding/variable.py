@@ -97,7 +97,7 @@ class DynamicEmbeddingShard(object):
         on demand).
     """
 
-    def __init__(self, embedding, index, name, device, initial_capacity):
+    def __init__(self, embedding, index, name, device, initial_capacity, preallocate=False):
         self._embedding = embedding
         self._index = index
         self._name = name
@@ -123,10 +123,10 @@ class DynamicEmbeddingShard(object):
                             name="part_%d" % index,
                         )
                     else:
-                        self._handle = self._mutable_handle(name, index, initial_capacity)
+                        self._handle = self._mutable_handle(name, index, initial_capacity, preallocate)
         self._saveable = None
 
-    def _mutable_handle(self, name, index, initial_capacity):
+    def _mutable_handle(self, name, index, initial_capacity, preallocate):
         return _ops.op("tf_ext_table_handle")(
             dim=self._dim,
             width=self._layout.width,
@@ -137,6 +137,7 @@ class DynamicEmbeddingShard(object):
             # on a huge-page fault, huge pages made growth-heavy steps ~20%
             # slower (docs/benchmarks.md). TF_EXT_TABLE_HUGE_PAGES=1 overrides.
             huge_pages=False,
+            preallocate=bool(preallocate),
             container="",
             shared_name=name,
             use_node_name_sharing=False,
@@ -431,10 +432,22 @@ class DynamicEmbedding(object):
         `devices[i % len(devices)]`.
       trainable: whether to add the shards to `TRAINABLE_VARIABLES`.
       initial_capacity: expected number of keys over all shards (split evenly).
+      preallocate: allocate the memory of initial_capacity keys when the tables
+        are created (see `get_dynamic_embedding`).
     """
 
     def __init__(
-        self, name, dim, key_dtype, value_dtype, initializer, num_shards, devices, trainable, initial_capacity
+        self,
+        name,
+        dim,
+        key_dtype,
+        value_dtype,
+        initializer,
+        num_shards,
+        devices,
+        trainable,
+        initial_capacity,
+        preallocate=False,
     ):
         self._name = name
         self._dim = dim
@@ -456,7 +469,9 @@ class DynamicEmbedding(object):
         self._shards = []
         for i in range(num_shards):
             device = self._devices[i % len(self._devices)] if self._devices else None
-            shard = DynamicEmbeddingShard(self, i, "%s/part_%d" % (name, i), device, per_shard_capacity)
+            shard = DynamicEmbeddingShard(
+                self, i, "%s/part_%d" % (name, i), device, per_shard_capacity, preallocate and per_shard_capacity > 0
+            )
             self._shards.append(shard)
         from tensorflow_ext.embedding import saveable as saveable_lib  # pylint: disable=import-outside-toplevel
 

@@ -27,6 +27,17 @@ def _invalid(msg):
     return tf.errors.InvalidArgumentError(None, None, msg)
 
 
+def check_preallocate(preallocate, initial_capacity, what):
+    """The `preallocate` option of a table-creating API (`what` names the table), checked: a bool."""
+    if not isinstance(preallocate, (bool, np.bool_)):
+        raise TypeError("%s: preallocate must be True or False, got %r" % (what, preallocate))
+    if preallocate and not initial_capacity:
+        raise ValueError(
+            "%s: preallocate=True needs initial_capacity > 0 (the number of keys to allocate memory for)" % what
+        )
+    return bool(preallocate)
+
+
 def _keys_tensor(keys):
     """int64 keys; int32/uint keys are cast, other dtypes go to the kernel (which rejects them)."""
     if not isinstance(keys, (tf.Tensor, tf.Variable)):
@@ -88,6 +99,7 @@ class HashTable(lookup_ops.LookupInterface):
         initial_capacity=0,
         shard_bits=-1,
         huge_pages=True,
+        preallocate=False,
         default_value=0.0,
         name="TfExtHashTable",
         shared_name=None,
@@ -115,6 +127,10 @@ class HashTable(lookup_ops.LookupInterface):
             huge-page fault (a cost for fast-growing training tables, which
             `get_dynamic_embedding` therefore creates without them). The
             environment variable TF_EXT_TABLE_HUGE_PAGES=0|1 overrides it.
+          preallocate: allocate the memory of `initial_capacity` keys (index and
+            rows) when the table is created, as a static variable's, instead of
+            as keys arrive: inserts up to that many keys then take no page
+            faults and no index growth. The memory counts from the start.
           default_value: the value `lookup()` returns for missing keys (scalar or
             `[dim]`).
           name: name of the handle op.
@@ -128,6 +144,8 @@ class HashTable(lookup_ops.LookupInterface):
 
         Raises:
           tf.errors.InvalidArgumentError: an invalid layout or capacity.
+          TypeError, ValueError: preallocate not a bool, or True without an
+            initial_capacity.
         """
         dim = int(dim)
         width = dim if width is None else int(width)
@@ -151,6 +169,7 @@ class HashTable(lookup_ops.LookupInterface):
         self._initial_capacity = initial_capacity
         self._shard_bits = int(shard_bits)
         self._huge_pages = bool(huge_pages)
+        self._preallocate = check_preallocate(preallocate, initial_capacity, "HashTable %r" % (name,))
         self._name = name
         self._shared_name = shared_name
         self._container = container or ""
@@ -172,6 +191,7 @@ class HashTable(lookup_ops.LookupInterface):
             initial_capacity=self._initial_capacity,
             shard_bits=self._shard_bits,
             huge_pages=self._huge_pages,
+            preallocate=self._preallocate,
             container=self._container,
             shared_name=self._shared_name or "",
             use_node_name_sharing=self._shared_name is None,

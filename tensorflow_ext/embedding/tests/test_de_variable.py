@@ -265,3 +265,73 @@ def test_shard_partition_is_hash_key_mod_num_shards(graph, sess):
     assert sess.run(tf_ext.embedding.keys.hash_key_shard_ids(t, 3)).tolist() == expected
     emb = tf_ext.get_dynamic_embedding("e", 2, num_shards=3)
     assert sess.run(emb.shard_ids(t)).tolist() == expected  # TfExtShardIndex when built, else the in-graph mixer
+
+
+def _exported_rows(sess, emb):
+    e = sess.run(emb.export(with_slots=True))
+    order = np.argsort(e.keys)
+    return e.keys[order], e.values[order], e.slots[order]
+
+
+def test_preallocate_holds_memory_up_front_trains_identically_and_survives_a_restore(tmp_path):
+    """preallocate=True: the tables hold initial_capacity keys' memory from creation, train exactly as
+    tables that grow on demand, and keep that memory across a checkpoint restore in a new graph."""
+    capacity, dim = 20000, 8
+    row_bytes = 20 + 4 * 2 * dim  # embedding + Adagrad accumulator columns, key and metadata
+
+    def build(preallocate):
+        gs = tf.compat.v1.train.get_or_create_global_step()
+        emb = tf_ext.get_dynamic_embedding(
+            "emb", dim, initializer=0.1, num_shards=2, initial_capacity=capacity, preallocate=preallocate
+        )
+        ids = tf.compat.v1.placeholder(tf.int64, [None])
+        loss = tf.reduce_sum(tf.square(tf_ext.embedding_lookup(emb, ids) - 1.0))
+        train = tf.compat.v1.train.AdagradOptimizer(0.1).minimize(loss, global_step=gs)
+        return emb, ids, train
+
+    rng = np.random.default_rng(5)
+    batches = [rng.integers(0, 50000, 3000) for _ in range(4)]
+    results, memory = {}, {}
+    for preallocate in (True, False):
+        with tf.Graph().as_default():
+            emb, ids, train = build(preallocate)
+            assert all(s.op.get_attr("preallocate") == preallocate for s in emb.shards)
+            mem = emb.memory_bytes()
+            saver = tf.compat.v1.train.Saver()
+            with tf.compat.v1.Session() as sess:
+                sess.run(tf.compat.v1.global_variables_initializer())
+                memory[preallocate] = [sess.run(mem)]
+                for b in batches:
+                    sess.run(train, {ids: b})
+                memory[preallocate].append(sess.run(mem))
+                results[preallocate] = _exported_rows(sess, emb)
+                if preallocate:
+                    path = saver.save(sess, str(tmp_path / "ckpt"))
+    assert memory[True][0] >= memory[False][0] + capacity * row_bytes
+    # ~11K keys trained: within the preallocated memory (the shards' chunk tables aside).
+    assert memory[True][1] <= memory[True][0] + 16384
+    assert memory[False][1] > memory[False][0] + 5000 * row_bytes
+    for a, b in zip(results[True], results[False]):
+        np.testing.assert_array_equal(a, b)
+
+    with tf.Graph().as_default():
+        emb, _, _ = build(True)
+        mem = emb.memory_bytes()
+        saver = tf.compat.v1.train.Saver()
+        with tf.compat.v1.Session() as sess:
+            created = sess.run(mem)
+            saver.restore(sess, path)
+            for a, b in zip(_exported_rows(sess, emb), results[True]):
+                np.testing.assert_array_equal(a, b)
+            assert sess.run(mem) >= created  # the restore kept the preallocated headroom
+
+
+def test_preallocate_errors(graph):
+    with pytest.raises(ValueError, match=r"dynamic embedding 'a': preallocate=True needs initial_capacity > 0"):
+        tf_ext.get_dynamic_embedding("a", 2, preallocate=True)
+    with pytest.raises(TypeError, match="preallocate must be True or False, got 'yes'"):
+        tf_ext.get_dynamic_embedding("b", 2, initial_capacity=10, preallocate="yes")
+    with pytest.raises(ValueError, match="preallocate=True needs initial_capacity"):
+        tf_ext.HashTable(dim=2, preallocate=True)
+    table = tf_ext.HashTable(dim=2, initial_capacity=1000, preallocate=True)
+    assert table.resource_handle.op.get_attr("preallocate")

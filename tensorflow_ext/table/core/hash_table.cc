@@ -8,6 +8,7 @@
 
 #include <algorithm>
 #include <atomic>
+#include <cerrno>
 #include <cmath>
 #include <condition_variable>
 #include <cstdio>
@@ -341,14 +342,19 @@ bool UsePrefault() {
 }
 
 // Makes [p, p + bytes) resident and writable now: MADV_POPULATE_WRITE (Linux
-// 5.14+) faults every page in one call; older kernels get one write per page.
-void PopulatePages(void* p, size_t bytes) {
+// 5.14+) faults every page in one call; kernels without it (EINVAL) get one
+// write per page. Returns false, with part of the range maybe resident, when
+// the kernel refuses the memory (ENOMEM and the like): the caller gives it
+// back instead of touching it page by page into the OOM killer.
+bool PopulatePages(void* p, size_t bytes) {
 #ifndef MADV_POPULATE_WRITE
 #define MADV_POPULATE_WRITE 23
 #endif
-  if (madvise(p, bytes, MADV_POPULATE_WRITE) == 0) return;
+  if (madvise(p, bytes, MADV_POPULATE_WRITE) == 0) return true;
+  if (errno != EINVAL) return false;
   volatile char* c = static_cast<volatile char*>(p);
   for (size_t off = 0; off < bytes; off += kPageBytes) c[off] = 0;
+  return true;
 }
 
 // An arena slab: a mapping carved into chunks.
@@ -464,7 +470,10 @@ class PrefaultWorker {
       Slab slab{nullptr, 0};
       try {
         slab = MapSlab(bytes, huge);
-        PopulatePages(slab.base, slab.bytes);
+        if (!PopulatePages(slab.base, slab.bytes)) {
+          munmap(slab.base, slab.bytes);
+          slab.base = nullptr;
+        }
       } catch (...) {
         slab.base = nullptr;  // out of memory now: the table maps on demand
       }
@@ -515,6 +524,13 @@ class PrefaultWorker {
 // bytes, hash_table_test) still hold. Ready spare slabs are resident
 // memory and are counted by bytes() (hence memory_bytes()); a slab the worker
 // is still mapping is not.
+//
+// Preallocation (TableOptions::preallocate). Preallocate(bytes) maps and
+// faults in enough slabs for `bytes` of chunks at once, on the caller's
+// thread, and keeps them for NewSlab, which takes them before any spare or
+// fresh mapping; chunks then come from slabs from the first one on (no
+// one-by-one chunks below the slab threshold). They are resident memory,
+// counted by bytes(), and released with the rest by ReleaseAll.
 class ChunkSource {
  public:
   static constexpr size_t kMaxSpareSlabs = 8;
@@ -533,7 +549,7 @@ class ChunkSource {
   // OutOfMemoryError (or std::bad_alloc) with nothing changed.
   char* Allocate() {
     std::lock_guard<std::mutex> lock(mu_);
-    if (slab_left_ == 0 && bytes_ >= slab_threshold_bytes_) NewSlab();
+    if (slab_left_ == 0 && (bytes_ >= slab_threshold_bytes_ || preallocate_)) NewSlab();
     if (slab_left_ > 0) {
       char* chunk = slab_next_;
       slab_next_ += chunk_bytes_;
@@ -548,6 +564,31 @@ class ChunkSource {
     return chunk;
   }
 
+  // Makes slabs for `bytes` of chunks resident now, best effort: stops at
+  // the first slab the OS refuses (the table then grows on demand past what
+  // was had). Called before the source hands out any chunk.
+  void Preallocate(size_t bytes) {
+    std::lock_guard<std::mutex> lock(mu_);
+    TFEXT_DCHECK(bytes_ == 0 && slabs_.empty() && single_chunks_.empty(), "preallocation comes before any chunk");
+    preallocate_ = true;
+    const size_t slabs = (bytes + chunks_per_slab_ * chunk_bytes_ - 1) / (chunks_per_slab_ * chunk_bytes_);
+    try {
+      preallocated_.reserve(slabs);
+      for (size_t i = 0; i < slabs; ++i) {
+        const Slab slab = MapSlab(SlabBytes(), huge_pages_);
+        if (!PopulatePages(slab.base, slab.bytes)) {
+          munmap(slab.base, slab.bytes);
+          break;
+        }
+        preallocated_.push_back(slab);
+      }
+    } catch (const std::bad_alloc&) {
+      // best effort: keep what was had
+    }
+    // Taken from the back: hand the slabs out in address order.
+    std::reverse(preallocated_.begin(), preallocated_.end());
+  }
+
   // Frees every chunk and every spare slab. The caller guarantees no shard
   // references a chunk.
   void ReleaseAll() {
@@ -556,6 +597,9 @@ class ChunkSource {
     std::vector<char*>().swap(single_chunks_);
     for (const Slab& slab : slabs_) munmap(slab.base, slab.bytes);
     std::vector<Slab>().swap(slabs_);
+    for (const Slab& slab : preallocated_) munmap(slab.base, slab.bytes);
+    std::vector<Slab>().swap(preallocated_);
+    preallocate_ = false;  // the caller preallocates again if it wants to
     slab_next_ = nullptr;
     slab_left_ = 0;
     bytes_ = 0;
@@ -566,7 +610,7 @@ class ChunkSource {
   // Bytes held, bookkeeping and ready spare slabs included.
   int64_t bytes() const {
     std::lock_guard<std::mutex> lock(mu_);
-    size_t spare_bytes = 0;
+    size_t spare_bytes = preallocated_.size() * SlabBytes() + preallocated_.capacity() * sizeof(Slab);
     if (spare_ != nullptr) {
       std::lock_guard<std::mutex> spare_lock(spare_->mu);
       for (const Slab& slab : spare_->ready) spare_bytes += slab.bytes;
@@ -629,7 +673,10 @@ class ChunkSource {
   void NewSlab() {
     MakeRoomForOne(slabs_);  // may throw; then nothing to undo
     Slab slab{nullptr, 0};
-    if (spare_ != nullptr) {
+    if (!preallocated_.empty()) {
+      slab = preallocated_.back();
+      preallocated_.pop_back();
+    } else if (spare_ != nullptr) {
       std::lock_guard<std::mutex> spare_lock(spare_->mu);
       if (!spare_->ready.empty()) {
         slab = spare_->ready.back();
@@ -674,6 +721,8 @@ class ChunkSource {
   mutable std::mutex mu_;
   std::vector<char*> single_chunks_;
   std::vector<Slab> slabs_;
+  std::vector<Slab> preallocated_;  // resident, not yet used (Preallocate)
+  bool preallocate_ = false;        // slabs from the first chunk on
   char* slab_next_ = nullptr;
   size_t slab_left_ = 0;
   size_t bytes_ = 0;
@@ -858,6 +907,10 @@ struct HashTable::Impl {
   void ReleaseShard(Shard& s) const;
   // Sizes the shard's index for initial_keys_per_shard keys, best effort.
   void PresizeShard(Shard& s) const;
+  // With options.preallocate: makes the index and the rows of
+  // initial_capacity keys resident now, best effort (see TableOptions).
+  // Needs every shard's write lock, or no other user of the table.
+  void Preallocate() const;
 
   // Finds key in the shard: returns its row (or nullptr) and sets *pos to its
   // slot (or to the empty slot that ends the probe).
@@ -1201,6 +1254,31 @@ HashTable::Impl::Impl(const TableOptions& opts) : options(opts) {
   shards.reset(new Shard[num_shards]);
   initial_keys_per_shard = KeysPerShardFor(std::min<int64_t>(opts.initial_capacity, kMaxPresizedKeys));
   for (int64_t si = 0; si < num_shards; ++si) PresizeShard(shards[si]);
+  Preallocate();
+}
+
+void HashTable::Impl::Preallocate() const {
+  if (!options.preallocate || options.initial_capacity <= 0) return;
+  const uint64_t keys_per_shard = KeysPerShardFor(options.initial_capacity);
+  try {
+    for (int64_t si = 0; si < num_shards; ++si) {
+      Shard& s = shards[si];
+      // Not capped at kMaxPresizedKeys: the caller asked for this memory.
+      EnsureIndexFor(s, keys_per_shard, /*lazy=*/true);
+      // A lazy index is a fresh mapping (or a written heap block): fault it in.
+      if (s.slots_mapped && !PopulatePages(s.slots, s.capacity * sizeof(uint64_t))) break;
+    }
+  } catch (const std::bad_alloc&) {
+    // best effort, as pre-sizing: the index grows on demand
+  }
+  // The rows of initial_capacity keys plus each shard's partly used last chunk.
+  const uint64_t rows_bytes = static_cast<uint64_t>(options.initial_capacity) * stride;
+  const uint64_t slack = static_cast<uint64_t>(num_shards) * chunk_bytes;
+  if (rows_bytes / stride != static_cast<uint64_t>(options.initial_capacity) || rows_bytes + slack < rows_bytes ||
+      rows_bytes + slack > std::numeric_limits<size_t>::max()) {
+    return;  // more than an address space: nothing to map
+  }
+  chunk_source->Preallocate(static_cast<size_t>(rows_bytes + slack));
 }
 
 void HashTable::Impl::PresizeShard(Shard& s) const {
@@ -1636,6 +1714,7 @@ void HashTable::Clear() {
   for (int64_t si = 0; si < m.num_shards; ++si) m.ReleaseShard(m.shards[si]);
   m.chunk_source->ReleaseAll();
   for (int64_t si = 0; si < m.num_shards; ++si) m.PresizeShard(m.shards[si]);
+  m.Preallocate();  // as a new table
   m.generation.fetch_add(1, std::memory_order_seq_cst);
 }
 
@@ -1646,6 +1725,9 @@ void HashTable::Replace(int64_t expected_keys, const std::function<void(HashTabl
   // swapped one for one.
   options.shard_bits = m.shard_bits;
   options.initial_capacity = std::min(std::max<int64_t>(expected_keys, 0), kMaxCapacity);
+  // A preallocated table keeps its headroom across a restore: the staging
+  // table preallocates for the larger of the two.
+  if (options.preallocate) options.initial_capacity = std::max(options.initial_capacity, m.options.initial_capacity);
   HashTable staging(options);
   fill(staging);
   Impl& o = *staging.impl_;

@@ -109,7 +109,10 @@
 //    on for the tables created after it is set.
 //  * Memory is only used as keys arrive: initial_capacity pre-sizes the index
 //    (up to kMaxPresizedKeys) with fresh anonymous memory, which the OS backs
-//    with pages only when they are first written.
+//    with pages only when they are first written. Unless the caller asks for
+//    the memory up front (TableOptions::preallocate): then the index and the
+//    rows of initial_capacity keys are made resident at construction, so a
+//    growing training table stops paying page faults and rehashes per step.
 
 #ifndef TENSORFLOW_EXT_TABLE_CORE_HASH_TABLE_H_
 #define TENSORFLOW_EXT_TABLE_CORE_HASH_TABLE_H_
@@ -161,6 +164,15 @@ struct TableOptions {
   // fast-growing training table more than it gains. The environment variable
   // TF_EXT_TABLE_HUGE_PAGES=0|1 overrides this for every table of a process.
   bool huge_pages = true;
+  // Allocate the memory of initial_capacity keys up front, as a static
+  // embedding variable is: the constructor (and Clear, and the staging table
+  // of Replace) sizes the index for them (not capped at kMaxPresizedKeys) and
+  // maps and faults in their rows, so inserting up to that many keys takes no
+  // page fault and no index growth. Best effort: what the OS refuses is left
+  // to grow on demand. The memory counts in memory_bytes() from the start.
+  // Costs ~stride bytes per key of construction time at the OS's page-zeroing
+  // speed (a few hundred ms per GB here). No effect with initial_capacity 0.
+  bool preallocate = false;
 };
 
 // The most keys initial_capacity pre-sizes the index for (see TableOptions).

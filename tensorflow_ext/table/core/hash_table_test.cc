@@ -1676,6 +1676,69 @@ TFEXT_TEST(PrefaultedSlabsAreReleasedByClearAndDestruction) {
   }
 }
 
+// Minor page faults taken by the calling thread so far.
+int64_t ThreadMinorFaults() {
+  rusage usage{};
+  getrusage(RUSAGE_THREAD, &usage);
+  return static_cast<int64_t>(usage.ru_minflt);
+}
+
+// A preallocated table holds the memory of initial_capacity keys from its
+// construction: inserting that many keys takes no index growth, no new arena
+// memory and (nearly) no page fault, and leaves the same contents as a table
+// that grew on demand. Past its capacity it grows as usual; Clear
+// preallocates again and Replace keeps the headroom.
+TFEXT_TEST(PreallocatedTableHoldsItsCapacityUpFront) {
+  const int64_t capacity = 200000;
+  TableOptions lazy_options = Options(kPrefaultWidth, 2, capacity);
+  lazy_options.huge_pages = false;
+  TableOptions options = lazy_options;
+  options.preallocate = true;
+  HashTable lazy(lazy_options);
+  HashTable pre(options);
+  const int64_t row_bytes = 20 + 4 * kPrefaultWidth;
+  const int64_t start = pre.memory_bytes();
+  std::printf("  preallocated %lld bytes for %lld keys (on demand: %lld)\n", static_cast<long long>(start),
+              static_cast<long long>(capacity), static_cast<long long>(lazy.memory_bytes()));
+  CHECK_GE(start, lazy.memory_bytes() + capacity * row_bytes);
+  // At most one chunk per shard and one slab of slack beyond the rows.
+  CHECK_LE(start, lazy.memory_bytes() + capacity * row_bytes + 4 * (int64_t{16} << 10) + (int64_t{2} << 20) + 4096);
+
+  const int64_t faults_before = ThreadMinorFaults();
+  InsertRange(pre, 0, capacity, 4096, InlineParallelFor(), false);
+  const int64_t faults = ThreadMinorFaults() - faults_before;
+  const int64_t row_pages = capacity * row_bytes / 4096;
+  std::printf("  page faults inserting %lld keys: %lld (rows span %lld pages)\n", static_cast<long long>(capacity),
+              static_cast<long long>(faults), static_cast<long long>(row_pages));
+  CHECK_LT(faults, row_pages / 20);
+  // What grows is the shards' tables of chunk pointers: a chunk holds 64 rows
+  // of this width, and a table at most doubles past what it holds.
+  const int64_t chunk_tables = 2 * (capacity / 64 + 4) * static_cast<int64_t>(sizeof(char*));
+  CHECK_LE(pre.memory_bytes(), start + chunk_tables);
+  InsertRange(lazy, 0, capacity, 4096, InlineParallelFor(), false);
+  CHECK_EQ(pre.CheckInvariants(), std::string());
+  CHECK(Snapshot(pre) == Snapshot(lazy));
+
+  // Past the capacity: grows on demand.
+  InsertRange(pre, capacity, capacity / 2, 4096, PoolParallelFor(), false);
+  CHECK_EQ(pre.size(), capacity + capacity / 2);
+  CHECK_GT(pre.memory_bytes(), start + (capacity / 2) * row_bytes / 2);
+  CHECK_EQ(pre.CheckInvariants(), std::string());
+
+  // A restore of fewer keys keeps the preallocated headroom.
+  pre.Replace(1000, [](HashTable& staging) { InsertRange(staging, 7, 1000, 512, InlineParallelFor(), false); });
+  CHECK_EQ(pre.size(), 1000);
+  CHECK_GE(pre.memory_bytes(), start);
+  CHECK_LE(pre.memory_bytes(), start + chunk_tables);
+  // Clear preallocates again, as a new table.
+  pre.Clear();
+  CHECK_EQ(pre.size(), 0);
+  CHECK_EQ(pre.memory_bytes(), start);
+  InsertRange(pre, 0, capacity, 4096, PoolParallelFor(), false);
+  CHECK_LE(pre.memory_bytes(), start + chunk_tables);
+  CHECK_EQ(pre.CheckInvariants(), std::string());
+}
+
 // In a debug-check build a damaged index stops the process at the first
 // operation that meets it, naming the broken invariant, instead of reading
 // memory out of bounds. The optimized build has no checks to run here.

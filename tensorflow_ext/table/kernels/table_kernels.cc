@@ -64,6 +64,7 @@ class TableHandleOp : public OpKernel {
     options_.initial_capacity = capacity;
     options_.shard_bits = static_cast<int>(shard_bits);
     OP_REQUIRES_OK(ctx, ctx->GetAttr("huge_pages", &options_.huge_pages));
+    OP_REQUIRES_OK(ctx, ctx->GetAttr("preallocate", &options_.preallocate));
     // Validate before any table exists: the op fails at construction.
     const std::string problem = table::ValidateOptions(options_);
     OP_REQUIRES(ctx, problem.empty(), InvalidArgument(problem));

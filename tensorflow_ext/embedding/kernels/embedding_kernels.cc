@@ -6,6 +6,7 @@
 #include <cstring>
 #include <functional>
 #include <limits>
+#include <memory>
 #include <mutex>
 #include <string>
 #include <vector>
@@ -134,11 +135,21 @@ tensorflow::Status ProbeRows(TableResource* table, int64_t dim, bool insert_miss
   }
   // Inserts (and counts) without setting versions: invisible to a delta save.
   if (step < 0) table->NoteUntrackedWrite();
-  return CallTable(*table, "lookup", [&] {
+  // The rows' references go to the table for the step's optimizer update of
+  // these keys (HashTable::UpdateRows): it then skips its own probe.
+  auto refs = std::make_shared<TableResource::RowRefs>();
+  refs->epoch = t->removal_epoch();  // before the probe: see UpdateRows
+  refs->refs.resize(static_cast<size_t>(n));
+  tensorflow::Status status = CallTable(*table, "lookup", [&] {
     t->FindOrInsertWith(
         k, n, 0, dim, [&init, k, dim](int64_t i, float* dst) { init.Fill(k[i], dst, dim); },
-        table->column_defaults().data(), out, nullptr, count, step, pf);
+        table->column_defaults().data(), out, nullptr, count, step, pf, refs->refs.data());
   });
+  if (status.ok()) {
+    refs->fingerprint = TableResource::KeysFingerprint(k, n);
+    table->SetLastLookupRefs(std::move(refs));
+  }
+  return status;
 }
 
 class LookupBase : public OpKernel {

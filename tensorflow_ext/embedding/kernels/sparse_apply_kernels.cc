@@ -9,6 +9,7 @@
 // are inserted with the table's column defaults first.
 
 #include <cstdint>
+#include <memory>
 #include <string>
 #include <vector>
 
@@ -124,9 +125,13 @@ tensorflow::Status ApplyRows(const Opt& opt, TableResource* table, const int64_t
   if (n == 0) return tensorflow::OkStatus();
   // Updates without a step set no version: invisible to a delta save.
   if (step < 0) table->NoteUntrackedWrite();
+  // The keys of a lookup gradient are the lookup's unique keys: its row
+  // references (if this table's last lookup was that one) spare the probe.
+  const std::shared_ptr<const TableResource::RowRefs> refs =
+      table->LastLookupRefs(TableResource::KeysFingerprint(k, n), n);
   return CallTable(*table, "apply", [&] {
-    table->table()->Update(
-        k, n, table->column_defaults().data(),
+    table->table()->UpdateRows(
+        k, refs ? refs->refs.data() : nullptr, refs ? refs->epoch : 0, n, table->column_defaults().data(),
         [&opt, g, dim, slot_offset, step](int64_t i, float* row, table::KeyMeta* meta) {
           opt.Apply(row, row + slot_offset, dim, g + i * dim, dim);
           if (step >= 0) meta->version = step;

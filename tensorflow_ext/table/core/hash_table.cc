@@ -131,6 +131,15 @@ static_assert(SlotTag(MakeSlot(0xFFFFFFFFu, kMaxRowsPerShard - 1)) == 0xFFFFFFFF
               "a slot round-trips its tag and row id");
 constexpr uint32_t TagOf(uint64_t hash) { return static_cast<uint32_t>(hash); }
 
+// A row reference (FindOrInsertWith's refs, UpdateRows): shard index and row
+// id. Opaque to callers; UpdateRows trusts none it cannot verify.
+constexpr uint64_t MakeRowRef(int64_t shard, uint32_t id) { return (static_cast<uint64_t>(shard) << 32) | id; }
+constexpr uint64_t RowRefShard(uint64_t ref) { return ref >> 32; }
+constexpr uint32_t RowRefId(uint64_t ref) { return static_cast<uint32_t>(ref); }
+static_assert(kMaxShardBits <= 31 && RowRefShard(MakeRowRef(7, 0xFFFFFFFFu)) == 7 &&
+                  RowRefId(MakeRowRef(7, 0xFFFFFFFFu)) == 0xFFFFFFFFu,
+              "a row reference round-trips every shard index and 32-bit row id");
+
 // Row layout (hash_table.h): [int64 key | width floats | int64 version |
 // uint32 frequency], packed, rows one stride (RowBytes) apart in chunks that
 // are 64-byte aligned.
@@ -836,6 +845,11 @@ struct HashTable::Impl {
   // Bumped under every shard's write lock by Replace and Clear: a reader of
   // several blocks that sees it change was overtaken and reads again.
   std::atomic<uint64_t> generation{0};
+  // Changes whenever a row may be freed or its memory released: every row a
+  // removal frees (under the row's shard lock), Clear and Replace (under
+  // every shard lock). Row references (UpdateRows) taken while it had one
+  // value are exact while it keeps it: rows never move otherwise.
+  mutable std::atomic<uint64_t> removal_epoch{0};
 
   // ---- addressing ----
   int64_t ShardIndex(uint64_t hash) const { return shard_bits == 0 ? 0 : static_cast<int64_t>(hash >> shard_shift); }
@@ -947,11 +961,13 @@ struct HashTable::Impl {
   }
   // Returns the key's row, adding a row (key set, everything else for the
   // caller to initialize) when absent. Needs the shard's write lock.
-  char* FindOrAddRow(Shard& s, int64_t key, uint32_t tag, bool* added) const {
+  // Sets *id (if given) to the row's id.
+  char* FindOrAddRow(Shard& s, int64_t key, uint32_t tag, bool* added, uint32_t* id_out = nullptr) const {
     uint64_t pos;
     char* row = Probe(s, key, tag, &pos);
     if (row != nullptr) {
       *added = false;
+      if (id_out != nullptr) *id_out = SlotRow(s.slots[pos]);
       return row;
     }
     const uint64_t new_size = static_cast<uint64_t>(s.size.load(std::memory_order_relaxed)) + 1;
@@ -970,6 +986,7 @@ struct HashTable::Impl {
     s.slots[pos] = MakeSlot(tag, id);
     s.size.store(static_cast<int64_t>(new_size), std::memory_order_relaxed);
     *added = true;
+    if (id_out != nullptr) *id_out = id;
     return row;
   }
   // Removes the entry in slot `pos` (backward-shift deletion).
@@ -1007,6 +1024,7 @@ struct HashTable::Impl {
     TFEXT_DCHECK(id < s.rows_handed_out, "only a row handed out can be freed (I5)");
     StoreU32(Row(s, id), s.free_head);
     s.free_head = id + 1;
+    removal_epoch.fetch_add(1, std::memory_order_relaxed);  // under s's lock: see UpdateRows
   }
 
   // ---- prefetching ----
@@ -1186,6 +1204,8 @@ struct HashTable::Impl {
   // which must have the same layout and shard count. The caller holds every
   // shard's write lock of both.
   void SwapContentsLocked(Impl& other) {
+    removal_epoch.fetch_add(1, std::memory_order_relaxed);
+    other.removal_epoch.fetch_add(1, std::memory_order_relaxed);
     for (int64_t si = 0; si < num_shards; ++si) {
       Shard& a = shards[si];
       Shard& b = other.shards[si];
@@ -1716,6 +1736,7 @@ void HashTable::Clear() {
   for (int64_t si = 0; si < m.num_shards; ++si) m.PresizeShard(m.shards[si]);
   m.Preallocate();  // as a new table
   m.generation.fetch_add(1, std::memory_order_seq_cst);
+  m.removal_epoch.fetch_add(1, std::memory_order_relaxed);
 }
 
 void HashTable::Replace(int64_t expected_keys, const std::function<void(HashTable& staging)>& fill) {
@@ -1764,7 +1785,8 @@ void HashTable::Reserve(int64_t n) {
 // Added for the embedding kernels (TfExtEmbeddingLookup): see hash_table.h.
 void HashTable::FindOrInsertWith(const int64_t* keys, int64_t n, int64_t col_begin, int64_t cols,
                                  const std::function<void(int64_t, float*)>& init, const float* column_defaults,
-                                 float* out, bool* inserted, bool count, int64_t version, const ParallelFor& pf) {
+                                 float* out, bool* inserted, bool count, int64_t version, const ParallelFor& pf,
+                                 uint64_t* refs) {
   const Impl& m = *impl_;
   const size_t row_bytes = sizeof(float) * cols;
   const auto prefetch_io = [&](int64_t i) {
@@ -1772,7 +1794,9 @@ void HashTable::FindOrInsertWith(const int64_t* keys, int64_t n, int64_t col_beg
   };
   m.ForEachKeyExclusive(keys, n, pf, prefetch_io, [&](Shard& s, int64_t i, uint64_t h) {
     bool added;
-    char* row = m.FindOrAddRow(s, keys[i], TagOf(h), &added);
+    uint32_t id;
+    char* row = m.FindOrAddRow(s, keys[i], TagOf(h), &added, &id);
+    if (refs != nullptr) refs[i] = MakeRowRef(&s - &m.shards[0], id);
     float* values = m.Values(row) + col_begin;
     if (added) {
       m.InitValues(row, column_defaults);
@@ -1784,6 +1808,95 @@ void HashTable::FindOrInsertWith(const int64_t* keys, int64_t n, int64_t col_beg
     if (out != nullptr) CopyFloats(out + i * cols, values, cols);
     if (inserted != nullptr) inserted[i] = added;
   });
+}
+
+uint64_t HashTable::removal_epoch() const { return impl_->removal_epoch.load(std::memory_order_acquire); }
+
+int64_t HashTable::UpdateRows(const int64_t* keys, const uint64_t* refs, uint64_t epoch, int64_t n,
+                              const float* column_defaults, const std::function<void(int64_t, float*, KeyMeta*)>& fn,
+                              const ParallelFor& pf, const float* in_rows, int64_t in_cols) {
+  const Impl& m = *impl_;
+  if (n <= 0) return 0;
+  if (refs == nullptr || epoch != removal_epoch()) {
+    Update(keys, n, column_defaults, fn, pf, in_rows, in_cols);
+    return 0;
+  }
+  // Positions bucketed by their reference's shard (stable counting sort, no
+  // hashing); a reference naming no shard goes straight to the probe.
+  std::vector<int64_t> begin(m.num_shards + 2, 0);
+  for (int64_t i = 0; i < n; ++i) {
+    const uint64_t si = RowRefShard(refs[i]);
+    ++begin[(si < static_cast<uint64_t>(m.num_shards) ? si : m.num_shards) + 1];
+  }
+  for (int64_t si = 0; si <= m.num_shards; ++si) begin[si + 1] += begin[si];
+  std::unique_ptr<int64_t[]> order(new int64_t[n]);
+  {
+    std::vector<int64_t> next(begin.begin(), begin.end() - 1);
+    for (int64_t i = 0; i < n; ++i) {
+      const uint64_t si = RowRefShard(refs[i]);
+      order[next[si < static_cast<uint64_t>(m.num_shards) ? si : m.num_shards]++] = i;
+    }
+  }
+  // A position whose reference does not hold its key (another batch's
+  // references, or a stale one) is marked here and probed afterwards.
+  std::unique_ptr<bool[]> missed(new bool[n]());
+  std::atomic<int64_t> misses{begin[m.num_shards + 1] - begin[m.num_shards]};
+  for (int64_t j = begin[m.num_shards]; j < n; ++j) missed[order[j]] = true;
+  const size_t in_bytes = sizeof(float) * static_cast<size_t>(in_cols > 0 ? in_cols : 0);
+  auto run_shards = [&](int64_t first_shard, int64_t end_shard) {
+    for (int64_t si = first_shard; si < end_shard; ++si) {
+      const int64_t b = begin[si], e = begin[si + 1];
+      if (b == e) continue;
+      Shard& s = m.shards[si];
+      std::unique_lock<std::shared_mutex> lock(s.mu);
+      // Under s's lock: a row of s freed since `epoch` was read has changed
+      // it (FreeRow bumps it under this lock), and so have Clear and Replace.
+      const bool valid = m.removal_epoch.load(std::memory_order_relaxed) == epoch;
+      auto row_of = [&](int64_t i) -> char* {
+        const uint32_t id = RowRefId(refs[i]);
+        return valid && id < s.rows_handed_out ? m.Row(s, id) : nullptr;
+      };
+      for (int64_t j = b; j < e; ++j) {
+        if (j + kRowAhead < e) {
+          const int64_t ahead = order[j + kRowAhead];
+          if (const char* r = row_of(ahead)) PrefetchBytes(r, m.stride);
+          if (in_rows != nullptr && in_bytes != 0) PrefetchBytes(in_rows + ahead * in_cols, in_bytes);
+        }
+        const int64_t i = order[j];
+        char* row = row_of(i);
+        if (row == nullptr || LoadI64(row) != keys[i]) {
+          missed[i] = true;
+          misses.fetch_add(1, std::memory_order_relaxed);
+          continue;
+        }
+        KeyMeta meta = m.LoadMeta(row);
+        fn(i, m.Values(row), &meta);
+        m.StoreMeta(row, meta);
+      }
+    }
+  };
+  if (n < kSerialBatch) {
+    run_shards(0, m.num_shards);
+  } else {
+    RunParallel(pf, m.num_shards, run_shards);
+  }
+  const int64_t left = misses.load();
+  if (left == 0) return n;
+  // The probe for the rest, with their own positions.
+  std::vector<int64_t> pos;
+  std::vector<int64_t> rest;
+  pos.reserve(left);
+  rest.reserve(left);
+  for (int64_t i = 0; i < n; ++i) {
+    if (missed[i]) {
+      pos.push_back(i);
+      rest.push_back(keys[i]);
+    }
+  }
+  Update(
+      rest.data(), static_cast<int64_t>(rest.size()), column_defaults,
+      [&](int64_t k, float* row, KeyMeta* meta) { fn(pos[k], row, meta); }, pf);
+  return n - left;
 }
 
 std::string HashTable::CheckInvariants() const {

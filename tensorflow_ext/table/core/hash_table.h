@@ -327,9 +327,31 @@ class HashTable {
   // column_defaults), so a lookup draws random initial values for the new keys
   // only, with one probe per key. count/version/out/inserted as in
   // FindOrInsert. init must not call back into the table.
+  // refs (optional, [n]): each key's row reference, for UpdateRows.
   void FindOrInsertWith(const int64_t* keys, int64_t n, int64_t col_begin, int64_t cols,
                         const std::function<void(int64_t, float*)>& init, const float* column_defaults, float* out,
-                        bool* inserted, bool count, int64_t version, const ParallelFor& pf);
+                        bool* inserted, bool count, int64_t version, const ParallelFor& pf, uint64_t* refs = nullptr);
+
+  // --- Row references: an optimizer update without a second probe. ---
+  // A lookup's FindOrInsertWith can hand out where each key's row is (refs);
+  // the fused optimizer update of the same keys later in the step then goes
+  // straight to the rows. Rows never move, so a reference stays exact until a
+  // row is freed (a removal, eviction) or the memory released (Clear,
+  // Replace), which change removal_epoch().
+  //
+  // The epoch to pair with references: read it before the FindOrInsertWith
+  // that makes them.
+  uint64_t removal_epoch() const;
+  // Update(keys, n, column_defaults, fn, pf, in_rows, in_cols), the same
+  // results, using refs[i] (from a FindOrInsertWith when removal_epoch() was
+  // `epoch`) as the row of keys[i] when it is still exact: the epoch is
+  // unchanged (checked under each shard's lock) and the row holds keys[i].
+  // Every other key (refs null, an epoch changed, a reference from another
+  // batch or none) is found by the usual probe, and inserted if absent.
+  // Returns how many keys went through their references.
+  int64_t UpdateRows(const int64_t* keys, const uint64_t* refs, uint64_t epoch, int64_t n, const float* column_defaults,
+                     const std::function<void(int64_t, float*, KeyMeta*)>& fn, const ParallelFor& pf,
+                     const float* in_rows = nullptr, int64_t in_cols = 0);
 
   // Verifies every internal invariant of the index and the arena (stated in
   // hash_table.cc) under all shard read locks. Returns an empty string, or a

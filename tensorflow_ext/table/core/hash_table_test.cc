@@ -1739,6 +1739,66 @@ TFEXT_TEST(PreallocatedTableHoldsItsCapacityUpFront) {
   CHECK_EQ(pre.CheckInvariants(), std::string());
 }
 
+// UpdateRows gives Update's results. With the references of the same keys'
+// FindOrInsertWith it goes straight to the rows; references of another batch
+// (positions rotated), references from before a removal or a Clear, and keys
+// absent from the table (inserted) go through the probe instead.
+TFEXT_TEST(UpdateRowsMatchesUpdate) {
+  const int64_t width = 8, n = 6000;
+  HashTable a(Options(width, 2)), b(Options(width, 2));
+  std::mt19937_64 rng(17);
+  std::vector<int64_t> keys(n);
+  for (int64_t& k : keys) k = static_cast<int64_t>(rng() % 40000) - 20000;
+  std::sort(keys.begin(), keys.end());
+  keys.erase(std::unique(keys.begin(), keys.end()), keys.end());
+  std::shuffle(keys.begin(), keys.end(), rng);
+  const int64_t m = static_cast<int64_t>(keys.size());
+  const auto fill = [&](int64_t i, float* dst) {
+    for (int64_t c = 0; c < 4; ++c) dst[c] = static_cast<float>(keys[i] % 97) + 0.25f * c;
+  };
+  const auto apply = [&](int64_t i, float* row, KeyMeta* meta) {
+    for (int64_t c = 0; c < width; ++c) row[c] += 0.5f * static_cast<float>(i % 13) + c;
+    meta->version = 7 + i % 3;
+  };
+  auto run = [&](const std::vector<uint64_t>& refs, uint64_t epoch) {
+    const int64_t direct = a.UpdateRows(keys.data(), refs.data(), epoch, m, nullptr, apply, PoolParallelFor());
+    b.Update(keys.data(), m, nullptr, apply, PoolParallelFor());
+    CHECK(Snapshot(a) == Snapshot(b));
+    CHECK_EQ(a.CheckInvariants(), std::string());
+    return direct;
+  };
+  std::vector<uint64_t> refs(m);
+  uint64_t epoch = a.removal_epoch();
+  a.FindOrInsertWith(keys.data(), m, 0, 4, fill, nullptr, nullptr, nullptr, true, 3, PoolParallelFor(), refs.data());
+  b.FindOrInsertWith(keys.data(), m, 0, 4, fill, nullptr, nullptr, nullptr, true, 3, PoolParallelFor());
+  CHECK_EQ(run(refs, epoch), m);  // every key straight to its row
+  CHECK_EQ(run(refs, epoch), m);  // inserts do not move rows: still exact
+
+  // References of other positions: no row holds the key its position asks for.
+  std::vector<uint64_t> rotated(refs.begin() + 1, refs.end());
+  rotated.push_back(refs[0]);
+  CHECK_EQ(run(rotated, epoch), 0);
+
+  // A removal (in either table alike) changes the epoch: references from
+  // before it are not used, and the removed keys come back through the probe.
+  a.Remove(keys.data(), 100, PoolParallelFor());
+  b.Remove(keys.data(), 100, PoolParallelFor());
+  CHECK(a.removal_epoch() != epoch);
+  CHECK_EQ(run(refs, epoch), 0);
+  CHECK_EQ(a.size(), m);
+
+  // Fresh references after the removal are exact again; Clear voids them.
+  epoch = a.removal_epoch();
+  a.FindOrInsertWith(keys.data(), m, 0, 4, fill, nullptr, nullptr, nullptr, true, 3, PoolParallelFor(), refs.data());
+  b.FindOrInsertWith(keys.data(), m, 0, 4, fill, nullptr, nullptr, nullptr, true, 3, PoolParallelFor());
+  CHECK_EQ(run(refs, epoch), m);
+  a.Clear();
+  b.Clear();
+  CHECK_EQ(run(refs, epoch), 0);  // every key absent: inserted through the probe
+  CHECK_EQ(a.size(), m);
+  CHECK_EQ(a.UpdateRows(keys.data(), nullptr, 0, m, nullptr, apply, InlineParallelFor()), 0);
+}
+
 // In a debug-check build a damaged index stops the process at the first
 // operation that meets it, naming the broken invariant, instead of reading
 // memory out of bounds. The optimized build has no checks to run here.

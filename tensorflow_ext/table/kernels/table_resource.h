@@ -129,7 +129,27 @@ class TableResource : public tensorflow::lookup::LookupInterface {
   ChangeLogState ReadChangeLog(std::vector<int64_t>* removed);
   void CommitChangeLog();
 
+  // The row references of the table's last training lookup (see
+  // HashTable::UpdateRows): its keys' fingerprint (KeysFingerprint), the
+  // removal epoch read before the lookup, and one reference per key. A fused
+  // optimizer update of the same keys (the lookup gradient's indices) takes
+  // them to skip its probe; any other update misses the fingerprint. Only a
+  // hint: UpdateRows verifies every reference it uses.
+  struct RowRefs {
+    uint64_t fingerprint = 0;
+    uint64_t epoch = 0;
+    std::vector<uint64_t> refs;
+  };
+  void SetLastLookupRefs(std::shared_ptr<const RowRefs> refs);
+  // The last lookup's references if their keys' fingerprint is `fingerprint`
+  // and their count n, else null.
+  std::shared_ptr<const RowRefs> LastLookupRefs(uint64_t fingerprint, int64_t n) const;
+  static uint64_t KeysFingerprint(const int64_t* keys, int64_t n);
+
  private:
+  mutable tensorflow::mutex refs_mu_;
+  std::shared_ptr<const RowRefs> last_refs_ TF_GUARDED_BY(refs_mu_);
+
   ~TableResource() override;
 
   mutable tensorflow::mutex log_mu_;

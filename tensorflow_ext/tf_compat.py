@@ -64,6 +64,7 @@ class Patch(object):
         self.make = make
         self.tf_versions = tf_versions or (_version.MIN_TF_VERSION, _version.MAX_TF_VERSION_EXCLUSIVE)
         self.original = None
+        self.replacement = None
         self.installed = False
 
     @property
@@ -101,9 +102,21 @@ class Patch(object):
             )
         return owner
 
+    def in_place(self):
+        """True if the patch is installed and still in place (another library may have replaced it since)."""
+        return self.installed and getattr(self._owner_object(), self.attr, None) is self.replacement
+
     def install(self):
         owner = self.check_guard()
-        self.original = getattr(owner, self.attr)
+        current = getattr(owner, self.attr)
+        if self.installed:
+            # Displaced by another library that patches the same TF attribute without chaining to ours (TFRA
+            # replaces optimizer._get_processor when it is imported): wrap what is there now, so that both work.
+            tf.compat.v1.logging.warning(
+                "tensorflow_ext: %s was replaced after tensorflow_ext patched it (by %s); patching it again on top "
+                "of that replacement" % (self.target, getattr(current, "__module__", "?"))
+            )
+        self.original = current
         replacement = self.make(self.original)
         if getattr(replacement, "__doc__", None) is None:
             try:
@@ -111,6 +124,7 @@ class Patch(object):
             except AttributeError:
                 pass
         setattr(owner, self.attr, replacement)
+        self.replacement = replacement
         self.installed = True
 
     def __repr__(self):
@@ -153,6 +167,9 @@ def register(name, module, owner, attr, why, test, tf_versions=None):
 def install(*names):
     """Installs the named patches (idempotent; each checks its guard first).
 
+    A patch that another library has replaced since it was installed is installed again, on top of that
+    library's replacement (which then handles everything ours passes on).
+
     Raises:
       KeyError: an unknown patch name.
       PatchError: a guard failed.
@@ -160,7 +177,7 @@ def install(*names):
     with _lock:
         for name in names:
             patch = _PATCHES[name]
-            if not patch.installed:
+            if not patch.in_place():
                 patch.install()
 
 

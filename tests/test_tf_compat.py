@@ -157,6 +157,41 @@ def test_optimizer_get_processor_targets_the_shard_handle():
     np.testing.assert_allclose(got, [[0.0, 0.0], [0.5, 0.5]])  # key 5 twice: 1 - 0.5 * 2; key 7: 1 - 0.5
 
 
+def test_a_library_replacing_the_processor_later_does_not_break_training(monkeypatch):
+    """Another library that replaces optimizer._get_processor without chaining to ours (as TFRA does when it is
+    imported) must not leave dynamic embeddings untrainable: the next embedding created patches again, on top of
+    that library's function, which keeps handling everything else."""
+    from tensorflow.python.training import optimizer as optimizer_lib  # pylint: disable=import-outside-toplevel
+
+    seen = []
+    tf_processor = tf_compat.original("optimizer_get_processor")
+
+    def other_library_get_processor(v):  # knows TF's variables only, like TF's own function
+        seen.append(v)
+        return tf_processor(v)
+
+    patch = {p.name: p for p in tf_compat.patches()}["optimizer_get_processor"]
+    assert patch.in_place()
+    # Restored after the test, with the attribute: the patch as it was.
+    monkeypatch.setattr(patch, "original", patch.original)
+    monkeypatch.setattr(patch, "replacement", patch.replacement)
+    monkeypatch.setattr(optimizer_lib, "_get_processor", other_library_get_processor)
+    assert not patch.in_place()
+    with tf.Graph().as_default() as g:
+        emb = tf_ext.get_dynamic_embedding("e", 2, initializer=1.0)
+        dense = tf.compat.v1.get_variable("d", initializer=tf.ones([2]))
+        loss = tf.reduce_sum(tf_ext.embedding_lookup(emb, tf.constant([5, 7, 5], tf.int64)) * dense)
+        train = tf.compat.v1.train.GradientDescentOptimizer(0.5).minimize(loss)
+        rows = tf_ext.embedding_lookup(emb, tf.constant([5, 7], tf.int64), is_training=False)
+        with tf.compat.v1.Session(graph=g) as sess:
+            sess.run(tf.compat.v1.global_variables_initializer())
+            sess.run(train)
+            got = sess.run(rows)
+    np.testing.assert_allclose(got, [[0.0, 0.0], [0.5, 0.5]])
+    assert seen and all(v is dense for v in seen)  # the other library's function still serves TF's variables
+    assert patch.in_place() and patch.original is other_library_get_processor
+
+
 def test_optimizer_compute_gradients_expands_dynamic_embeddings():
     with tf.Graph().as_default():
         emb = tf_ext.get_dynamic_embedding("e", 2, num_shards=3)

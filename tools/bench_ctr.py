@@ -347,7 +347,7 @@ class OursPreallocVariant(OursVariant):
 VARIANTS = [StaticVariant, TFRAVariant, OursVariant, OursPreallocVariant, OursNoPrefaultVariant]
 BY_NAME = {v.name: v for v in VARIANTS}
 # Run unless --variants names them: A/B variants of ours.
-OPT_IN_VARIANTS = ("ours_noprefault",)
+OPT_IN_VARIANTS = ("ours_noprefault", "ours_prealloc")
 
 
 # --------------------------------------------------------------------------- speed
@@ -443,6 +443,13 @@ def speed_markdown(out):
             targets.append(
                 "%s: ours / static-Adagrad = %.2f (target <= %.2f): %s"
                 % (opt, o / base, lim, "MET" if o / base <= lim else "not met")
+            )
+        p = r.get("ours_prealloc", {}).get("median_ms")
+        if p and base:
+            lim = 0.9 if opt == "adagrad" else 1.1
+            targets.append(
+                "%s: ours_prealloc / static-Adagrad = %.2f (target <= %.2f): %s"
+                % (opt, p / base, lim, "MET" if p / base <= lim else "not met")
             )
         n = r.get("ours_noprefault", {}).get("median_ms")
         if o and n:

@@ -42,6 +42,11 @@ def creation_hook(hook):
 
 
 def _after_creation(emb):
+    # The optimizer patches again, in case a library imported since replaced them (TFRA does at its import):
+    # a no-op while they are in place.
+    from tensorflow_ext.embedding import optimizers  # pylint: disable=import-outside-toplevel
+
+    optimizers.install()
     for hook in getattr(_hooks, "stack", ()):
         hook(emb)
     return emb

@@ -32,6 +32,9 @@ Quick run:   python tools/bench_ctr.py --quick
 
 import abc
 import argparse
+import json
+import os
+import sys
 import time
 
 import bench_common as bc
@@ -406,6 +409,60 @@ def speed_main(args):
     return {"results": results, "skipped": skipped, "labels": labels_out}
 
 
+def isolated_main(args):
+    """--isolate R: every (optimizer, variant) pair in a fresh process of its own, R rounds in rotating order.
+
+    As a user runs one model per process: variants in one process share its memory, and on a VM whose page faults
+    slow down as the process grows (docs/benchmarks.md, section 3) one variant's tables would slow another's growth.
+    The figure of a pair is the median of its rounds' medians; ratios are also taken per round.
+    """
+    import subprocess
+    import tempfile
+
+    classes, skipped, labels_out = bc.available(BY_NAME, args.variants)
+    pairs = [(opt, cls.name) for opt in args.optimizer for cls in classes]
+    passed = ["--batch", args.batch, "--dim", args.dim, "--vocab", args.vocab, "--buckets", args.buckets]
+    passed += ["--steps", args.steps, "--warmup", args.warmup, "--seed", args.seed]
+    passed += ["--intra_op", args.intra_op, "--inter_op", args.inter_op]
+    rounds = []
+    with tempfile.TemporaryDirectory() as tmp:
+        for r in range(args.isolate):
+            got = {}
+            for k in range(len(pairs)):
+                opt, name = pairs[(k + r) % len(pairs)]
+                path = os.path.join(tmp, "r%d_%s_%s.json" % (r, opt, name))
+                cmd = [
+                    sys.executable,
+                    os.path.abspath(__file__),
+                    "--variants",
+                    name,
+                    "--optimizer",
+                    opt,
+                    "--json",
+                    path,
+                ]
+                proc = subprocess.run(cmd + [str(a) for a in passed], capture_output=True, text=True)
+                if proc.returncode != 0:
+                    raise RuntimeError("%s/%s failed:\n%s" % (opt, name, proc.stderr[-3000:]))
+                with open(path) as f:
+                    res = json.load(f)["results"][opt].get(name)
+                if res is None:
+                    skipped["%s/%s" % (name, opt)] = "failed to build (see its own run)"
+                    continue
+                got.setdefault(opt, {})[name] = res
+                bc.log("  round %d %s/%s: median %.1f ms/step" % (r + 1, name, opt, res["median_ms"]))
+            rounds.append(got)
+    results = {}
+    for opt, name in pairs:
+        runs = [g[opt][name] for g in rounds if name in g.get(opt, {})]
+        if not runs:
+            continue
+        med = {k: float(np.median([x[k] for x in runs])) for k in ("median_ms", "p10_ms", "p90_ms")}
+        med.update({"table_size": runs[-1]["table_size"], "rounds_ms": [x["median_ms"] for x in runs]})
+        results.setdefault(opt, {})[name] = med
+    return {"results": results, "skipped": skipped, "labels": labels_out, "rounds": rounds}
+
+
 def speed_markdown(out):
     res = out["results"]
     c = out["config"]
@@ -465,6 +522,18 @@ def speed_markdown(out):
             )
     if targets:
         lines += [""] + targets
+    for k, g in enumerate(out.get("rounds", [])):
+        b = g.get("adagrad", {}).get("static", {}).get("median_ms")
+        if b:
+            lines.append(
+                "round %d (fresh process per variant), vs static Adagrad: " % (k + 1)
+                + ", ".join(
+                    "%s/%s %.2f" % (name, opt, x["median_ms"] / b)
+                    for opt, r in g.items()
+                    for name, x in r.items()
+                    if not (opt == "adagrad" and name == "static")
+                )
+            )
     if out["skipped"]:
         lines.append("")
         for k, v in sorted(out["skipped"].items()):
@@ -838,6 +907,14 @@ def main(argv=None):
         action="store_true",
         help="--quality: also the earlier comparison (dynamic keeps every key, static gets its bytes)",
     )
+    p.add_argument(
+        "--isolate",
+        type=int,
+        default=0,
+        metavar="ROUNDS",
+        help="speed: run every (optimizer, variant) in a fresh process of its own, ROUNDS rounds in rotating order "
+        "(default 0: all variants interleaved in this process)",
+    )
     p.add_argument("--json")
     args = p.parse_args(argv)
     if args.quick:
@@ -846,7 +923,12 @@ def main(argv=None):
 
     info = bc.machine_info()
     t0 = time.perf_counter()
-    body = quality_main(args) if args.quality else speed_main(args)
+    if args.quality:
+        body = quality_main(args)
+    elif args.isolate:
+        body = isolated_main(args)
+    else:
+        body = speed_main(args)
     out = dict(body)
     out.update(
         {
@@ -872,6 +954,7 @@ def main(argv=None):
                     "quality_evict_every",
                     "quality_policy",
                     "quality_all_keys",
+                    "isolate",
                 )
             },
             "machine": info,

@@ -102,22 +102,22 @@ class Patch(object):
             )
         return owner
 
-    def in_place(self):
-        """True if the patch is installed and still in place (another library may have replaced it since)."""
-        return self.installed and getattr(self._owner_object(), self.attr, None) is self.replacement
+    def displaced(self):
+        """True if the patch was installed but the attribute now holds none of its replacements (another library
+        replaced it since)."""
+        if not self.installed:
+            return False
+        current = getattr(self._owner_object(), self.attr, None)
+        return getattr(current, _TAG, None) != self.name
 
     def install(self):
         owner = self.check_guard()
-        current = getattr(owner, self.attr)
-        if self.installed:
-            # Displaced by another library that patches the same TF attribute without chaining to ours (TFRA
-            # replaces optimizer._get_processor when it is imported): wrap what is there now, so that both work.
-            tf.compat.v1.logging.warning(
-                "tensorflow_ext: %s was replaced after tensorflow_ext patched it (by %s); patching it again on top "
-                "of that replacement" % (self.target, getattr(current, "__module__", "?"))
-            )
-        self.original = current
+        self.original = getattr(owner, self.attr)
         replacement = self.make(self.original)
+        try:
+            setattr(replacement, _TAG, self.name)  # recognised by displaced(), whichever of ours is in place
+        except AttributeError:
+            pass
         if getattr(replacement, "__doc__", None) is None:
             try:
                 replacement.__doc__ = getattr(self.original, "__doc__", None)
@@ -138,6 +138,7 @@ class Patch(object):
 
 _lock = threading.RLock()
 _PATCHES = {}
+_TAG = "_tf_ext_patch"  # attribute naming the patch on each replacement function
 
 
 def register(name, module, owner, attr, why, test, tf_versions=None):
@@ -167,9 +168,6 @@ def register(name, module, owner, attr, why, test, tf_versions=None):
 def install(*names):
     """Installs the named patches (idempotent; each checks its guard first).
 
-    A patch that another library has replaced since it was installed is installed again, on top of that
-    library's replacement (which then handles everything ours passes on).
-
     Raises:
       KeyError: an unknown patch name.
       PatchError: a guard failed.
@@ -177,8 +175,32 @@ def install(*names):
     with _lock:
         for name in names:
             patch = _PATCHES[name]
-            if not patch.in_place():
+            if not patch.installed:
                 patch.install()
+
+
+def reinstall_if_displaced(name):
+    """Installs patch `name` again, on top of what is there now, if another library replaced it since.
+
+    For a patch whose replacement may safely wrap another replacement of the same attribute (handling its own
+    objects and passing everything else on): TFRA replaces optimizer._get_processor when it is imported, without
+    calling ours, which would leave dynamic embeddings untrainable. Logs a warning naming the other function's
+    module when it does.
+
+    Returns:
+      True if the patch was installed again.
+    """
+    with _lock:
+        patch = _PATCHES[name]
+        if not patch.displaced():
+            return False
+        current = getattr(patch._owner_object(), patch.attr)  # pylint: disable=protected-access
+        tf.compat.v1.logging.warning(
+            "tensorflow_ext: %s was replaced after tensorflow_ext patched it (by %s); patching it again on top of "
+            "that replacement" % (patch.target, getattr(current, "__module__", "?"))
+        )
+        patch.install()
+        return True
 
 
 def patches():
@@ -194,7 +216,8 @@ def is_installed(name):
 
 
 def original(name):
-    """TF's attribute that patch `name` replaced (None before install)."""
+    """The attribute patch `name` replaced (None before install): TF's, or after `reinstall_if_displaced` the
+    other library's replacement that it wraps."""
     with _lock:
         return _PATCHES[name].original
 

@@ -171,12 +171,12 @@ def test_a_library_replacing_the_processor_later_does_not_break_training(monkeyp
         return tf_processor(v)
 
     patch = {p.name: p for p in tf_compat.patches()}["optimizer_get_processor"]
-    assert patch.in_place()
+    assert patch.installed and not patch.displaced()
     # Restored after the test, with the attribute: the patch as it was.
     monkeypatch.setattr(patch, "original", patch.original)
     monkeypatch.setattr(patch, "replacement", patch.replacement)
     monkeypatch.setattr(optimizer_lib, "_get_processor", other_library_get_processor)
-    assert not patch.in_place()
+    assert patch.displaced()
     with tf.Graph().as_default() as g:
         emb = tf_ext.get_dynamic_embedding("e", 2, initializer=1.0)
         dense = tf.compat.v1.get_variable("d", initializer=tf.ones([2]))
@@ -189,7 +189,24 @@ def test_a_library_replacing_the_processor_later_does_not_break_training(monkeyp
             got = sess.run(rows)
     np.testing.assert_allclose(got, [[0.0, 0.0], [0.5, 0.5]])
     assert seen and all(v is dense for v in seen)  # the other library's function still serves TF's variables
-    assert patch.in_place() and patch.original is other_library_get_processor
+    assert not patch.displaced() and patch.original is other_library_get_processor
+
+
+def test_an_earlier_replacement_of_ours_is_not_displaced(monkeypatch):
+    """Restoring one of our own earlier replacements (as a test's monkeypatch undo does after a re-install) is not a
+    displacement: nothing gets wrapped twice."""
+    from tensorflow.python.training import optimizer as optimizer_lib  # pylint: disable=import-outside-toplevel
+
+    patch = {p.name: p for p in tf_compat.patches()}["optimizer_get_processor"]
+    ours_before = optimizer_lib._get_processor  # pylint: disable=protected-access
+    tf_processor = tf_compat.original("optimizer_get_processor")
+    monkeypatch.setattr(patch, "original", patch.original)
+    monkeypatch.setattr(optimizer_lib, "_get_processor", lambda v: tf_processor(v))
+    assert tf_compat.reinstall_if_displaced("optimizer_get_processor")  # on top of the other function
+    monkeypatch.setattr(optimizer_lib, "_get_processor", ours_before)  # an earlier replacement of ours comes back
+    assert not patch.displaced()
+    assert not tf_compat.reinstall_if_displaced("optimizer_get_processor")
+    assert optimizer_lib._get_processor is ours_before  # pylint: disable=protected-access
 
 
 def test_optimizer_compute_gradients_expands_dynamic_embeddings():

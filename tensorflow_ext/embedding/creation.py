@@ -12,6 +12,7 @@ from tensorflow_ext.embedding import admission as admission_lib
 from tensorflow_ext.embedding import eviction as eviction_lib
 from tensorflow_ext.embedding import initializers as init_lib
 from tensorflow_ext.embedding import variable as var_lib
+from tensorflow_ext import tf_compat
 from tensorflow_ext.table import table_ops
 
 __all__ = ["creation_hook", "dense_variables", "get_dynamic_embedding", "get_dynamic_embeddings"]
@@ -42,11 +43,9 @@ def creation_hook(hook):
 
 
 def _after_creation(emb):
-    # The optimizer patches again, in case a library imported since replaced them (TFRA does at its import):
-    # a no-op while they are in place.
-    from tensorflow_ext.embedding import optimizers  # pylint: disable=import-outside-toplevel
-
-    optimizers.install()
+    # The optimizer processor patched again if a library imported since replaced it (TFRA does at its import):
+    # a no-op while ours is in place.
+    tf_compat.reinstall_if_displaced("optimizer_get_processor")
     for hook in getattr(_hooks, "stack", ()):
         hook(emb)
     return emb

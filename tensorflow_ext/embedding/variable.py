@@ -465,13 +465,12 @@ class DynamicEmbedding(object):
         graph = tf.compat.v1.get_default_graph()
         self._graph = graph
         self._partition = HashPartition(num_shards)
-        per_shard_capacity = int(initial_capacity) // num_shards if initial_capacity else 0
+        # Rounded up: every shard of a preallocated embedding gets memory, even below one key per shard.
+        per_shard_capacity = -(-int(initial_capacity) // num_shards) if initial_capacity else 0
         self._shards = []
         for i in range(num_shards):
             device = self._devices[i % len(self._devices)] if self._devices else None
-            shard = DynamicEmbeddingShard(
-                self, i, "%s/part_%d" % (name, i), device, per_shard_capacity, preallocate and per_shard_capacity > 0
-            )
+            shard = DynamicEmbeddingShard(self, i, "%s/part_%d" % (name, i), device, per_shard_capacity, preallocate)
             self._shards.append(shard)
         from tensorflow_ext.embedding import saveable as saveable_lib  # pylint: disable=import-outside-toplevel
 

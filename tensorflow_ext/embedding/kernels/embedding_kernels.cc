@@ -137,10 +137,11 @@ tensorflow::Status ProbeRows(TableResource* table, int64_t dim, bool insert_miss
   if (step < 0) table->NoteUntrackedWrite();
   // The rows' references go to the table for the step's optimizer update of
   // these keys (HashTable::UpdateRows): it then skips its own probe.
-  auto refs = std::make_shared<TableResource::RowRefs>();
-  refs->epoch = t->removal_epoch();  // before the probe: see UpdateRows
-  refs->refs.resize(static_cast<size_t>(n));
-  tensorflow::Status status = CallTable(*table, "lookup", [&] {
+  std::shared_ptr<TableResource::RowRefs> refs;
+  tensorflow::Status status = CallTable(*table, "lookup", [&] {  // allocations too: bad_alloc becomes an error
+    refs = std::make_shared<TableResource::RowRefs>();
+    refs->epoch = t->removal_epoch();  // before the probe: see UpdateRows
+    refs->refs.resize(static_cast<size_t>(n));
     t->FindOrInsertWith(
         k, n, 0, dim, [&init, k, dim](int64_t i, float* dst) { init.Fill(k[i], dst, dim); },
         table->column_defaults().data(), out, nullptr, count, step, pf, refs->refs.data());

@@ -366,6 +366,35 @@ bool PopulatePages(void* p, size_t bytes) {
   return true;
 }
 
+// Bytes of memory this process could still take without pushing the machine
+// into swap or the OOM killer: the kernel's MemAvailable, lowered to the
+// headroom under a cgroup v2 memory limit if there is one. -1 if unknown.
+int64_t AvailableMemoryBytes() {
+  int64_t available = -1;
+  if (std::FILE* f = std::fopen("/proc/meminfo", "r")) {
+    char line[256];
+    while (std::fgets(line, sizeof(line), f) != nullptr) {
+      long long kb = 0;
+      if (std::sscanf(line, "MemAvailable: %lld kB", &kb) == 1) {
+        available = static_cast<int64_t>(kb) * 1024;
+        break;
+      }
+    }
+    std::fclose(f);
+  }
+  long long limit = 0, used = 0;
+  std::FILE* max_file = std::fopen("/sys/fs/cgroup/memory.max", "r");
+  std::FILE* cur_file = std::fopen("/sys/fs/cgroup/memory.current", "r");
+  if (max_file != nullptr && cur_file != nullptr && std::fscanf(max_file, "%lld", &limit) == 1 &&
+      std::fscanf(cur_file, "%lld", &used) == 1) {  // "max" (no limit) does not parse
+    const int64_t headroom = std::max<int64_t>(0, static_cast<int64_t>(limit) - static_cast<int64_t>(used));
+    available = available < 0 ? headroom : std::min(available, headroom);
+  }
+  if (max_file != nullptr) std::fclose(max_file);
+  if (cur_file != nullptr) std::fclose(cur_file);
+  return available;
+}
+
 // An arena slab: a mapping carved into chunks.
 struct Slab {
   void* base;
@@ -579,7 +608,6 @@ class ChunkSource {
   void Preallocate(size_t bytes) {
     std::lock_guard<std::mutex> lock(mu_);
     TFEXT_DCHECK(bytes_ == 0 && slabs_.empty() && single_chunks_.empty(), "preallocation comes before any chunk");
-    preallocate_ = true;
     const size_t slabs = (bytes + chunks_per_slab_ * chunk_bytes_ - 1) / (chunks_per_slab_ * chunk_bytes_);
     try {
       preallocated_.reserve(slabs);
@@ -594,6 +622,8 @@ class ChunkSource {
     } catch (const std::bad_alloc&) {
       // best effort: keep what was had
     }
+    preallocated_.shrink_to_fit();  // bytes() counts the vector: only what was had
+    preallocate_ = !preallocated_.empty();
     // Taken from the back: hand the slabs out in address order.
     std::reverse(preallocated_.begin(), preallocated_.end());
   }
@@ -629,7 +659,7 @@ class ChunkSource {
                                 slabs_.capacity() * sizeof(Slab));
   }
 
-  // After an allocation failed: unmaps the ready spare slabs, lets the
+  // After an allocation failed: unmaps the unused preallocated and the ready spare slabs, lets the
   // requests in flight unmap theirs, and makes no more requests until the
   // table is cleared. Spares are an optimization, and a process out of memory
   // needs every byte back: what a failed allocation leaves free must not be
@@ -639,6 +669,8 @@ class ChunkSource {
     std::lock_guard<std::mutex> lock(mu_);
     spares_suspended_ = true;
     DropSparesLocked();
+    for (const Slab& slab : preallocated_) munmap(slab.base, slab.bytes);
+    std::vector<Slab>().swap(preallocated_);
   }
 
   // Unmaps the ready spare slabs and detaches the pool: requests in flight
@@ -704,7 +736,8 @@ class ChunkSource {
   // Tops the spares up to the cap (see the class comment). Never throws: a
   // request that cannot be queued is simply not made.
   void RequestSpares() {
-    if (!prefault_ || spares_suspended_) return;
+    // Preallocated slabs are resident already: no spares while some are left.
+    if (!prefault_ || spares_suspended_ || !preallocated_.empty()) return;
     if (spare_ == nullptr) NewSpare();
     if (spare_ == nullptr) return;
     const size_t cap = std::min(kMaxSpareSlabs, slabs_.size() / 16);
@@ -1280,6 +1313,17 @@ HashTable::Impl::Impl(const TableOptions& opts) : options(opts) {
 void HashTable::Impl::Preallocate() const {
   if (!options.preallocate || options.initial_capacity <= 0) return;
   const uint64_t keys_per_shard = KeysPerShardFor(options.initial_capacity);
+  // What it takes: the index of each shard, the rows of initial_capacity keys
+  // and each shard's partly used last chunk. Faulting memory in is not
+  // refused by the OS the way a mapping is: past what the machine has, it
+  // ends in the OOM killer. So nothing is preallocated beyond half of the
+  // memory available now (a capacity typo must not take the machine).
+  const long double index_bytes = static_cast<long double>(IndexCapacityFor(keys_per_shard)) * sizeof(uint64_t) *
+                                  static_cast<long double>(num_shards);
+  const long double rows_bytes =
+      static_cast<long double>(options.initial_capacity) * stride + static_cast<long double>(num_shards) * chunk_bytes;
+  const int64_t available = AvailableMemoryBytes();
+  if (available < 0 || index_bytes + rows_bytes > static_cast<long double>(available) / 2) return;
   try {
     for (int64_t si = 0; si < num_shards; ++si) {
       Shard& s = shards[si];
@@ -1291,14 +1335,7 @@ void HashTable::Impl::Preallocate() const {
   } catch (const std::bad_alloc&) {
     // best effort, as pre-sizing: the index grows on demand
   }
-  // The rows of initial_capacity keys plus each shard's partly used last chunk.
-  const uint64_t rows_bytes = static_cast<uint64_t>(options.initial_capacity) * stride;
-  const uint64_t slack = static_cast<uint64_t>(num_shards) * chunk_bytes;
-  if (rows_bytes / stride != static_cast<uint64_t>(options.initial_capacity) || rows_bytes + slack < rows_bytes ||
-      rows_bytes + slack > std::numeric_limits<size_t>::max()) {
-    return;  // more than an address space: nothing to map
-  }
-  chunk_source->Preallocate(static_cast<size_t>(rows_bytes + slack));
+  chunk_source->Preallocate(static_cast<size_t>(rows_bytes));  // < available memory: fits a size_t
 }
 
 void HashTable::Impl::PresizeShard(Shard& s) const {

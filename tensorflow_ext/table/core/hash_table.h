@@ -168,8 +168,10 @@ struct TableOptions {
   // embedding variable is: the constructor (and Clear, and the staging table
   // of Replace) sizes the index for them (not capped at kMaxPresizedKeys) and
   // maps and faults in their rows, so inserting up to that many keys takes no
-  // page fault and no index growth. Best effort: what the OS refuses is left
-  // to grow on demand. The memory counts in memory_bytes() from the start.
+  // page fault and no index growth. Best effort: nothing is preallocated if
+  // it would take more than half of the memory available (MemAvailable, or
+  // a cgroup limit's headroom), and what the OS refuses is left to grow on
+  // demand. The memory counts in memory_bytes() from the start.
   // Costs ~stride bytes per key of construction time at the OS's page-zeroing
   // speed (a few hundred ms per GB here). No effect with initial_capacity 0.
   bool preallocate = false;

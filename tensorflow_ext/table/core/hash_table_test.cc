@@ -1739,6 +1739,21 @@ TFEXT_TEST(PreallocatedTableHoldsItsCapacityUpFront) {
   CHECK_EQ(pre.CheckInvariants(), std::string());
 }
 
+// A capacity beyond what the machine has is not preallocated (faulting it
+// in would end in the OOM killer, not in an error): the table is the one a
+// plain capacity hint makes, and works.
+TFEXT_TEST(PreallocationBeyondAvailableMemoryIsSkipped) {
+  TableOptions options = Options(kPrefaultWidth, -1, tfext::table::kMaxCapacity);
+  options.huge_pages = false;
+  HashTable hint(options);
+  options.preallocate = true;
+  HashTable pre(options);
+  CHECK_EQ(pre.memory_bytes(), hint.memory_bytes());
+  InsertRange(pre, 0, 5000, 1024, InlineParallelFor(), false);
+  CHECK_EQ(pre.size(), 5000);
+  CHECK_EQ(pre.CheckInvariants(), std::string());
+}
+
 // UpdateRows gives Update's results. With the references of the same keys'
 // FindOrInsertWith it goes straight to the rows; references of another batch
 // (positions rotated), references from before a removal or a Clear, and keys

@@ -64,7 +64,6 @@ class Patch(object):
         self.make = make
         self.tf_versions = tf_versions or (_version.MIN_TF_VERSION, _version.MAX_TF_VERSION_EXCLUSIVE)
         self.original = None
-        self.replacement = None
         self.installed = False
 
     @property
@@ -124,7 +123,6 @@ class Patch(object):
             except AttributeError:
                 pass
         setattr(owner, self.attr, replacement)
-        self.replacement = replacement
         self.installed = True
 
     def __repr__(self):

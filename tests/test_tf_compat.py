@@ -174,7 +174,6 @@ def test_a_library_replacing_the_processor_later_does_not_break_training(monkeyp
     assert patch.installed and not patch.displaced()
     # Restored after the test, with the attribute: the patch as it was.
     monkeypatch.setattr(patch, "original", patch.original)
-    monkeypatch.setattr(patch, "replacement", patch.replacement)
     monkeypatch.setattr(optimizer_lib, "_get_processor", other_library_get_processor)
     assert patch.displaced()
     with tf.Graph().as_default() as g:

@@ -146,10 +146,7 @@ tensorflow::Status ProbeRows(TableResource* table, int64_t dim, bool insert_miss
         k, n, 0, dim, [&init, k, dim](int64_t i, float* dst) { init.Fill(k[i], dst, dim); },
         table->column_defaults().data(), out, nullptr, count, step, pf, refs->refs.data());
   });
-  if (status.ok()) {
-    refs->fingerprint = TableResource::KeysFingerprint(k, n);
-    table->SetLastLookupRefs(std::move(refs));
-  }
+  if (status.ok()) table->SetLastLookupRefs(k, n, std::move(refs));
   return status;
 }
 

@@ -127,8 +127,7 @@ tensorflow::Status ApplyRows(const Opt& opt, TableResource* table, const int64_t
   if (step < 0) table->NoteUntrackedWrite();
   // The keys of a lookup gradient are the lookup's unique keys: its row
   // references (if this table's last lookup was that one) spare the probe.
-  const std::shared_ptr<const TableResource::RowRefs> refs =
-      table->LastLookupRefs(TableResource::KeysFingerprint(k, n), n);
+  const std::shared_ptr<const TableResource::RowRefs> refs = table->LastLookupRefs(k, n);
   return CallTable(*table, "apply", [&] {
     table->table()->UpdateRows(
         k, refs ? refs->refs.data() : nullptr, refs ? refs->epoch : 0, n, table->column_defaults().data(),

@@ -413,6 +413,17 @@ Slab MapSlab(size_t bytes, bool huge_pages) {
   return {begin, bytes};
 }
 
+// MapSlab, made resident now (PopulatePages); {nullptr, 0} when the OS
+// refuses the memory (nothing stays mapped). Throws as MapSlab.
+Slab MapResidentSlab(size_t bytes, bool huge_pages) {
+  Slab slab = MapSlab(bytes, huge_pages);
+  if (!PopulatePages(slab.base, slab.bytes)) {
+    munmap(slab.base, slab.bytes);
+    return {nullptr, 0};
+  }
+  return slab;
+}
+
 // Slabs made resident ahead of need for one ChunkSource, shared with the
 // prefault worker (below).
 //
@@ -507,11 +518,7 @@ class PrefaultWorker {
       }
       Slab slab{nullptr, 0};
       try {
-        slab = MapSlab(bytes, huge);
-        if (!PopulatePages(slab.base, slab.bytes)) {
-          munmap(slab.base, slab.bytes);
-          slab.base = nullptr;
-        }
+        slab = MapResidentSlab(bytes, huge);
       } catch (...) {
         slab.base = nullptr;  // out of memory now: the table maps on demand
       }
@@ -612,11 +619,8 @@ class ChunkSource {
     try {
       preallocated_.reserve(slabs);
       for (size_t i = 0; i < slabs; ++i) {
-        const Slab slab = MapSlab(SlabBytes(), huge_pages_);
-        if (!PopulatePages(slab.base, slab.bytes)) {
-          munmap(slab.base, slab.bytes);
-          break;
-        }
+        const Slab slab = MapResidentSlab(SlabBytes(), huge_pages_);
+        if (slab.base == nullptr) break;
         preallocated_.push_back(slab);
       }
     } catch (const std::bad_alloc&) {
@@ -636,8 +640,7 @@ class ChunkSource {
     std::vector<char*>().swap(single_chunks_);
     for (const Slab& slab : slabs_) munmap(slab.base, slab.bytes);
     std::vector<Slab>().swap(slabs_);
-    for (const Slab& slab : preallocated_) munmap(slab.base, slab.bytes);
-    std::vector<Slab>().swap(preallocated_);
+    DropPreallocatedLocked();
     preallocate_ = false;  // the caller preallocates again if it wants to
     slab_next_ = nullptr;
     slab_left_ = 0;
@@ -669,6 +672,11 @@ class ChunkSource {
     std::lock_guard<std::mutex> lock(mu_);
     spares_suspended_ = true;
     DropSparesLocked();
+    DropPreallocatedLocked();
+  }
+
+  // Unmaps the preallocated slabs not used yet. Needs mu_.
+  void DropPreallocatedLocked() {
     for (const Slab& slab : preallocated_) munmap(slab.base, slab.bytes);
     std::vector<Slab>().swap(preallocated_);
   }
@@ -1859,25 +1867,22 @@ int64_t HashTable::UpdateRows(const int64_t* keys, const uint64_t* refs, uint64_
     return 0;
   }
   // Positions bucketed by their reference's shard (stable counting sort, no
-  // hashing); a reference naming no shard goes straight to the probe.
+  // hashing); a reference naming no shard (bucket num_shards) goes straight
+  // to the probe.
+  const auto bucket_of = [&](int64_t i) {
+    return static_cast<int64_t>(std::min<uint64_t>(RowRefShard(refs[i]), static_cast<uint64_t>(m.num_shards)));
+  };
   std::vector<int64_t> begin(m.num_shards + 2, 0);
-  for (int64_t i = 0; i < n; ++i) {
-    const uint64_t si = RowRefShard(refs[i]);
-    ++begin[(si < static_cast<uint64_t>(m.num_shards) ? si : m.num_shards) + 1];
-  }
+  for (int64_t i = 0; i < n; ++i) ++begin[bucket_of(i) + 1];
   for (int64_t si = 0; si <= m.num_shards; ++si) begin[si + 1] += begin[si];
   std::unique_ptr<int64_t[]> order(new int64_t[n]);
   {
     std::vector<int64_t> next(begin.begin(), begin.end() - 1);
-    for (int64_t i = 0; i < n; ++i) {
-      const uint64_t si = RowRefShard(refs[i]);
-      order[next[si < static_cast<uint64_t>(m.num_shards) ? si : m.num_shards]++] = i;
-    }
+    for (int64_t i = 0; i < n; ++i) order[next[bucket_of(i)]++] = i;
   }
   // A position whose reference does not hold its key (another batch's
   // references, or a stale one) is marked here and probed afterwards.
   std::unique_ptr<bool[]> missed(new bool[n]());
-  std::atomic<int64_t> misses{begin[m.num_shards + 1] - begin[m.num_shards]};
   for (int64_t j = begin[m.num_shards]; j < n; ++j) missed[order[j]] = true;
   const size_t in_bytes = sizeof(float) * static_cast<size_t>(in_cols > 0 ? in_cols : 0);
   auto run_shards = [&](int64_t first_shard, int64_t end_shard) {
@@ -1903,7 +1908,6 @@ int64_t HashTable::UpdateRows(const int64_t* keys, const uint64_t* refs, uint64_
         char* row = row_of(i);
         if (row == nullptr || LoadI64(row) != keys[i]) {
           missed[i] = true;
-          misses.fetch_add(1, std::memory_order_relaxed);
           continue;
         }
         KeyMeta meta = m.LoadMeta(row);
@@ -1917,19 +1921,17 @@ int64_t HashTable::UpdateRows(const int64_t* keys, const uint64_t* refs, uint64_
   } else {
     RunParallel(pf, m.num_shards, run_shards);
   }
-  const int64_t left = misses.load();
-  if (left == 0) return n;
   // The probe for the rest, with their own positions.
   std::vector<int64_t> pos;
   std::vector<int64_t> rest;
-  pos.reserve(left);
-  rest.reserve(left);
   for (int64_t i = 0; i < n; ++i) {
     if (missed[i]) {
       pos.push_back(i);
       rest.push_back(keys[i]);
     }
   }
+  const int64_t left = static_cast<int64_t>(pos.size());
+  if (left == 0) return n;
   Update(
       rest.data(), static_cast<int64_t>(rest.size()), column_defaults,
       [&](int64_t k, float* row, KeyMeta* meta) { fn(pos[k], row, meta); }, pf);

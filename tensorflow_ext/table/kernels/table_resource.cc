@@ -159,28 +159,39 @@ Status TableResource::Insert(OpKernelContext* ctx, const Tensor& keys, const Ten
   });
 }
 
-void TableResource::SetLastLookupRefs(std::shared_ptr<const RowRefs> refs) {
-  tensorflow::mutex_lock lock(refs_mu_);
-  last_refs_ = std::move(refs);
-}
+namespace {
 
-std::shared_ptr<const TableResource::RowRefs> TableResource::LastLookupRefs(uint64_t fingerprint, int64_t n) const {
-  tensorflow::mutex_lock lock(refs_mu_);
-  if (last_refs_ == nullptr || last_refs_->fingerprint != fingerprint ||
-      static_cast<int64_t>(last_refs_->refs.size()) != n) {
-    return nullptr;
-  }
-  return last_refs_;
-}
-
-uint64_t TableResource::KeysFingerprint(const int64_t* keys, int64_t n) {
-  // Position-sensitive (the references are by position) and cheap: the
-  // terms are independent, so the loop pipelines (~1 ns a key).
+// Position-sensitive (the references are by position) and cheap: the terms
+// are independent, so the loop pipelines (~1 ns a key).
+uint64_t KeysFingerprint(const int64_t* keys, int64_t n) {
   uint64_t h = table::SplitMix64(static_cast<uint64_t>(n));
   for (int64_t i = 0; i < n; ++i) {
     h += table::SplitMix64(static_cast<uint64_t>(keys[i]) ^ (static_cast<uint64_t>(i) * 0x9E3779B97F4A7C15ull));
   }
   return h;
+}
+
+}  // namespace
+
+void TableResource::SetLastLookupRefs(const int64_t* keys, int64_t n, std::shared_ptr<RowRefs> refs) {
+  refs->fingerprint = KeysFingerprint(keys, n);
+  tensorflow::mutex_lock lock(refs_mu_);
+  last_refs_ = std::move(refs);
+}
+
+std::shared_ptr<const TableResource::RowRefs> TableResource::LastLookupRefs(const int64_t* keys, int64_t n) const {
+  std::shared_ptr<const RowRefs> refs;
+  {
+    tensorflow::mutex_lock lock(refs_mu_);
+    refs = last_refs_;
+  }
+  // The fingerprint only when the count matches: no pass over the keys for
+  // an update that cannot be the lookup's.
+  if (refs == nullptr || static_cast<int64_t>(refs->refs.size()) != n ||
+      refs->fingerprint != KeysFingerprint(keys, n)) {
+    return nullptr;
+  }
+  return refs;
 }
 
 Status TableResource::Remove(OpKernelContext* ctx, const Tensor& keys) {

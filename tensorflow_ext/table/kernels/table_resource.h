@@ -130,21 +130,20 @@ class TableResource : public tensorflow::lookup::LookupInterface {
   void CommitChangeLog();
 
   // The row references of the table's last training lookup (see
-  // HashTable::UpdateRows): its keys' fingerprint (KeysFingerprint), the
-  // removal epoch read before the lookup, and one reference per key. A fused
-  // optimizer update of the same keys (the lookup gradient's indices) takes
-  // them to skip its probe; any other update misses the fingerprint. Only a
-  // hint: UpdateRows verifies every reference it uses.
+  // HashTable::UpdateRows): the removal epoch read before the lookup, one
+  // reference per key, and the keys' fingerprint. A fused optimizer update of
+  // the same keys (the lookup gradient's indices) takes them to skip its
+  // probe; any other update misses the fingerprint. Only a hint: UpdateRows
+  // verifies every reference it uses.
   struct RowRefs {
-    uint64_t fingerprint = 0;
+    uint64_t fingerprint = 0;  // set by SetLastLookupRefs
     uint64_t epoch = 0;
     std::vector<uint64_t> refs;
   };
-  void SetLastLookupRefs(std::shared_ptr<const RowRefs> refs);
-  // The last lookup's references if their keys' fingerprint is `fingerprint`
-  // and their count n, else null.
-  std::shared_ptr<const RowRefs> LastLookupRefs(uint64_t fingerprint, int64_t n) const;
-  static uint64_t KeysFingerprint(const int64_t* keys, int64_t n);
+  // Keeps `refs` (refs->refs[i] is the row of keys[i], n keys) for the update.
+  void SetLastLookupRefs(const int64_t* keys, int64_t n, std::shared_ptr<RowRefs> refs);
+  // The last lookup's references if it had exactly these n keys, else null.
+  std::shared_ptr<const RowRefs> LastLookupRefs(const int64_t* keys, int64_t n) const;
 
  private:
   mutable tensorflow::mutex refs_mu_;

@@ -5,7 +5,11 @@
 // (op name, hyper-parameter input names, attrs, slot count), validates the
 // inputs, and calls Apply() once per key under the table's shard lock with
 // the key's whole row: var = row[0, dim), slot k = row[slot_offset + k*dim,
-// slot_offset + (k+1)*dim).
+// slot_offset + (k+1)*dim). Every update is element-wise: a struct defines
+// ApplyElement (column j of a row of dim columns; dim picks TF's path where
+// TF's scalar and vector paths differ) and Apply is the loop over j, once,
+// in ElementwiseOptimizer. The GPU table runs ApplyElement one thread per
+// element, so that a warp reads and writes whole rows.
 //
 // The formulas reproduce TensorFlow 2.15's SPARSE update paths element by
 // element, including the order of floating-point operations, so that a
@@ -61,8 +65,17 @@ using HyperCheck = std::string;
 TFEXT_HOST_DEVICE inline float ClampMin(float a, float b) { return (b < a) ? b : a; }
 TFEXT_HOST_DEVICE inline float ClampMax(float a, float b) { return (a < b) ? b : a; }
 
+// The row loop of every optimizer (CRTP): Derived::ApplyElement does column j.
+template <class Derived>
+struct ElementwiseOptimizer {
+  TFEXT_HOST_DEVICE void Apply(float* var, float* slots, int64_t slot_stride, const float* g, int64_t dim) const {
+    const Derived& self = static_cast<const Derived&>(*this);
+    for (int64_t j = 0; j < dim; ++j) self.ApplyElement(var, slots, slot_stride, g, j, dim);
+  }
+};
+
 // ---------------------------------------------------------------------------
-struct GradientDescentOpt {
+struct GradientDescentOpt : ElementwiseOptimizer<GradientDescentOpt> {
   static constexpr const char* kOpName = "TfExtEmbeddingSparseApplyGradientDescent";
   static constexpr int kNumHypers = 1;
   static constexpr const char* kHypers[kNumHypers] = {"lr"};
@@ -75,15 +88,14 @@ struct GradientDescentOpt {
     lr = h[0];
     return "";
   }
-  TFEXT_HOST_DEVICE void Apply(float* var, float* /*slots*/, int64_t /*slot_stride*/, const float* g,
-                               int64_t dim) const {
-    // var += (-g) * lr
-    for (int64_t j = 0; j < dim; ++j) var[j] += (-g[j]) * lr;
+  TFEXT_HOST_DEVICE void ApplyElement(float* var, float* /*slots*/, int64_t /*slot_stride*/, const float* g, int64_t j,
+                                      int64_t /*dim*/) const {
+    var[j] += (-g[j]) * lr;  // var += (-g) * lr
   }
 };
 
 // ---------------------------------------------------------------------------
-struct MomentumOpt {
+struct MomentumOpt : ElementwiseOptimizer<MomentumOpt> {
   static constexpr const char* kOpName = "TfExtEmbeddingSparseApplyMomentum";
   static constexpr int kNumHypers = 2;
   static constexpr const char* kHypers[kNumHypers] = {"lr", "momentum"};
@@ -99,25 +111,20 @@ struct MomentumOpt {
     nesterov = f.use_nesterov;
     return "";
   }
-  TFEXT_HOST_DEVICE void Apply(float* var, float* slots, int64_t /*slot_stride*/, const float* g, int64_t dim) const {
+  TFEXT_HOST_DEVICE void ApplyElement(float* var, float* slots, int64_t /*slot_stride*/, const float* g, int64_t j,
+                                      int64_t /*dim*/) const {
     float* a = slots;
+    a[j] = a[j] * momentum + g[j];
     if (nesterov) {
-      const float lr_m = lr * momentum;
-      for (int64_t j = 0; j < dim; ++j) {
-        a[j] = a[j] * momentum + g[j];
-        var[j] -= lr * g[j] + lr_m * a[j];
-      }
+      var[j] -= lr * g[j] + (lr * momentum) * a[j];
     } else {
-      for (int64_t j = 0; j < dim; ++j) {
-        a[j] = a[j] * momentum + g[j];
-        var[j] -= lr * a[j];
-      }
+      var[j] -= lr * a[j];
     }
   }
 };
 
 // ---------------------------------------------------------------------------
-struct AdagradOpt {
+struct AdagradOpt : ElementwiseOptimizer<AdagradOpt> {
   static constexpr const char* kOpName = "TfExtEmbeddingSparseApplyAdagrad";
   static constexpr int kNumHypers = 1;
   static constexpr const char* kHypers[kNumHypers] = {"lr"};
@@ -130,15 +137,13 @@ struct AdagradOpt {
     lr = h[0];
     return "";
   }
-  TFEXT_HOST_DEVICE void Apply(float* var, float* slots, int64_t /*slot_stride*/, const float* g, int64_t dim) const {
+  TFEXT_HOST_DEVICE void ApplyElement(float* var, float* slots, int64_t /*slot_stride*/, const float* g, int64_t j,
+                                      int64_t dim) const {
     float* a = slots;
-    if (dim == 1) {
-      a[0] += g[0] * g[0];
-      var[0] -= lr * g[0] / std::sqrt(a[0]);
-      return;
-    }
-    for (int64_t j = 0; j < dim; ++j) {
-      a[j] += g[j] * g[j];
+    a[j] += g[j] * g[j];
+    if (dim == 1) {  // TF's scalar path
+      var[j] -= lr * g[j] / std::sqrt(a[j]);
+    } else {
       var[j] -= lr * g[j] * (1.0f / std::sqrt(a[j]));
     }
   }
@@ -149,7 +154,7 @@ struct AdagradOpt {
 //   lr_t = lr * sqrt(1 - beta2_power) / (1 - beta1_power)
 //   m = m * beta1 + g * (1 - beta1);  v = v * beta2 + (g * g) * (1 - beta2)
 //   var -= lr_t * m / (sqrt(v) + epsilon)
-struct AdamOpt {
+struct AdamOpt : ElementwiseOptimizer<AdamOpt> {
   static constexpr const char* kOpName = "TfExtEmbeddingSparseApplyAdam";
   static constexpr int kNumHypers = 6;
   static constexpr const char* kHypers[kNumHypers] = {"beta1_power", "beta2_power", "lr", "beta1", "beta2", "epsilon"};
@@ -168,20 +173,20 @@ struct AdamOpt {
     one_minus_beta2 = 1.0f - beta2;
     return "";
   }
-  TFEXT_HOST_DEVICE void Apply(float* var, float* slots, int64_t slot_stride, const float* g, int64_t dim) const {
-    float* m = slots;
-    float* v = slots + slot_stride;
-    for (int64_t j = 0; j < dim; ++j) {
-      m[j] = m[j] * beta1 + g[j] * one_minus_beta1;
-      v[j] = v[j] * beta2 + (g[j] * g[j]) * one_minus_beta2;
-      var[j] -= (lr_t * m[j]) / (std::sqrt(v[j]) + epsilon);
-    }
+  TFEXT_HOST_DEVICE void ApplyElement(float* var, float* slots, int64_t slot_stride, const float* g, int64_t j,
+                                      int64_t /*dim*/) const {
+    const float gj = g[j];
+    const float m = slots[j] * beta1 + gj * one_minus_beta1;
+    const float v = slots[slot_stride + j] * beta2 + (gj * gj) * one_minus_beta2;
+    slots[j] = m;
+    slots[slot_stride + j] = v;
+    var[j] -= (lr_t * m) / (std::sqrt(v) + epsilon);
   }
 };
 
 // ---------------------------------------------------------------------------
 // SparseApplyFtrl (l2_shrinkage == 0) / SparseApplyFtrlV2 (l2_shrinkage > 0).
-struct FtrlOpt {
+struct FtrlOpt : ElementwiseOptimizer<FtrlOpt> {
   static constexpr const char* kOpName = "TfExtEmbeddingSparseApplyFtrl";
   static constexpr int kNumHypers = 5;
   static constexpr const char* kHypers[kNumHypers] = {"lr", "l1", "l2", "l2_shrinkage", "lr_power"};
@@ -214,12 +219,13 @@ struct FtrlOpt {
     return "";
   }
 
-  TFEXT_HOST_DEVICE void Apply(float* var, float* slots, int64_t slot_stride, const float* g, int64_t dim) const {
+  TFEXT_HOST_DEVICE void ApplyElement(float* var, float* slots, int64_t slot_stride, const float* g, int64_t j,
+                                      int64_t dim) const {
     float* accum = slots;
     float* linear = slots + slot_stride;
     const bool shrink = l2_shrinkage > 0;
     if (dim == 1) {
-      ApplyScalar(var, accum, linear, g[0], shrink);
+      ApplyScalar(var + j, accum + j, linear + j, g[j], shrink);
       return;
     }
     const bool fast = lr_power == -0.5f;
@@ -227,29 +233,27 @@ struct FtrlOpt {
     const float two_l2_lr = 2.0f * l2 * lr;
     const float two_shrink = 2.0f * l2_shrinkage;
     const float l1_lr = l1 * lr;
-    for (int64_t j = 0; j < dim; ++j) {
-      const float gj = g[j];
-      const float gs = shrink ? gj + two_shrink * var[j] : gj;
-      const float a = accum[j];
-      const float na = a + gj * gj;
-      float lin = linear[j];
-      float y;
-      if (mult) {
-        const float sigma = fast ? (std::sqrt(na) - std::sqrt(a)) : (std::pow(na, -lr_power) - std::pow(a, -lr_power));
-        lin = lin + (gs * lr - sigma * var[j]);
-        const float adj = ClampMax(ClampMin(lin, l1_lr), -l1_lr);
-        y = (fast ? std::sqrt(na) : std::pow(na, -lr_power)) + two_l2_lr;
-        var[j] = (adj - lin) / y;
-      } else {
-        const float sigma = fast ? (std::sqrt(na) - std::sqrt(a)) : (std::pow(na, -lr_power) - std::pow(a, -lr_power));
-        lin = lin + (gs - sigma / lr * var[j]);
-        const float adj = ClampMax(ClampMin(lin, l1), -l1);
-        y = (fast ? std::sqrt(na) : std::pow(na, -lr_power)) / lr + two_l2;
-        var[j] = (adj - lin) / y;
-      }
-      linear[j] = lin;
-      accum[j] = a + gj * gj;
+    const float gj = g[j];
+    const float gs = shrink ? gj + two_shrink * var[j] : gj;
+    const float a = accum[j];
+    const float na = a + gj * gj;
+    float lin = linear[j];
+    float y;
+    if (mult) {
+      const float sigma = fast ? (std::sqrt(na) - std::sqrt(a)) : (std::pow(na, -lr_power) - std::pow(a, -lr_power));
+      lin = lin + (gs * lr - sigma * var[j]);
+      const float adj = ClampMax(ClampMin(lin, l1_lr), -l1_lr);
+      y = (fast ? std::sqrt(na) : std::pow(na, -lr_power)) + two_l2_lr;
+      var[j] = (adj - lin) / y;
+    } else {
+      const float sigma = fast ? (std::sqrt(na) - std::sqrt(a)) : (std::pow(na, -lr_power) - std::pow(a, -lr_power));
+      lin = lin + (gs - sigma / lr * var[j]);
+      const float adj = ClampMax(ClampMin(lin, l1), -l1);
+      y = (fast ? std::sqrt(na) : std::pow(na, -lr_power)) / lr + two_l2;
+      var[j] = (adj - lin) / y;
     }
+    linear[j] = lin;
+    accum[j] = a + gj * gj;
   }
 
   // TF's scalar path (inner dimension 1): FtrlCompute.
@@ -280,7 +284,7 @@ struct FtrlOpt {
 // ---------------------------------------------------------------------------
 // SparseApplyRMSProp / SparseApplyCenteredRMSProp. Slots [rms, momentum] or,
 // centered, [rms, momentum, mg].
-struct RMSPropOpt {
+struct RMSPropOpt : ElementwiseOptimizer<RMSPropOpt> {
   static constexpr const char* kOpName = "TfExtEmbeddingSparseApplyRMSProp";
   static constexpr int kNumHypers = 4;
   static constexpr const char* kHypers[kNumHypers] = {"lr", "rho", "momentum", "epsilon"};
@@ -299,27 +303,21 @@ struct RMSPropOpt {
     centered = f.centered;
     return "";
   }
-  TFEXT_HOST_DEVICE void Apply(float* var, float* slots, int64_t slot_stride, const float* g, int64_t dim) const {
+  TFEXT_HOST_DEVICE void ApplyElement(float* var, float* slots, int64_t slot_stride, const float* g, int64_t j,
+                                      int64_t /*dim*/) const {
     float* ms = slots;
     float* mom = slots + slot_stride;
+    const float gj = g[j];
+    ms[j] = ms[j] * rho + (gj * gj) * one_minus_rho;
     if (centered) {
       float* mg = slots + 2 * slot_stride;
-      for (int64_t j = 0; j < dim; ++j) {
-        const float gj = g[j];
-        ms[j] = ms[j] * rho + (gj * gj) * one_minus_rho;
-        mg[j] = mg[j] * rho + gj * one_minus_rho;
-        const float denom = (ms[j] + epsilon) - mg[j] * mg[j];
-        mom[j] = mom[j] * momentum + ((1.0f / std::sqrt(denom)) * lr) * gj;
-        var[j] -= mom[j];
-      }
+      mg[j] = mg[j] * rho + gj * one_minus_rho;
+      const float denom = (ms[j] + epsilon) - mg[j] * mg[j];
+      mom[j] = mom[j] * momentum + ((1.0f / std::sqrt(denom)) * lr) * gj;
     } else {
-      for (int64_t j = 0; j < dim; ++j) {
-        const float gj = g[j];
-        ms[j] = ms[j] * rho + (gj * gj) * one_minus_rho;
-        mom[j] = mom[j] * momentum + ((1.0f / std::sqrt(ms[j] + epsilon)) * lr) * gj;
-        var[j] -= mom[j];
-      }
+      mom[j] = mom[j] * momentum + ((1.0f / std::sqrt(ms[j] + epsilon)) * lr) * gj;
     }
+    var[j] -= mom[j];
   }
 };
 

@@ -70,6 +70,10 @@
 #include "tensorflow_ext/table/core/mix.h"
 #include "tensorflow_ext/table/core/table_limits.h"
 
+#if defined(__CUDACC__)
+#include <cooperative_groups.h>
+#endif
+
 namespace tfext {
 namespace table {
 namespace gpu {
@@ -119,12 +123,12 @@ inline std::string ValidateGpuTableOptions(const GpuTableOptions& o) {
 
 // Device-side counters of a table (one struct in device memory).
 struct TableCounters {
-  unsigned long long size;     // occupied slots
-  unsigned long long used;     // occupied + removed slots (growing tables rehash on it)
-  unsigned long long failed;   // keys a write could not store (capped: bucket all touched; growing: full)
-  unsigned long long evicted;  // entries evicted (capped)
-  unsigned long long unique;   // distinct keys of the last deduplicated batch
-  unsigned long long cursor;   // export / compaction cursor
+  unsigned long long size;        // occupied slots
+  unsigned long long used;        // occupied + removed slots (growing tables rehash on it)
+  unsigned long long failed;      // keys a write could not store (capped: bucket all touched; growing: full)
+  unsigned long long evicted;     // entries evicted (capped)
+  unsigned long long duplicates;  // set (to 1) by a deduplication that was asked to flag duplicate keys
+  unsigned long long cursor;      // export / compaction cursor
 };
 
 // ------------------------------------------------------------------------------------------------------------
@@ -171,9 +175,18 @@ TFEXT_HOST_DEVICE inline void XorWordRelease(uint64_t* p, uint64_t v) {  // publ
 #endif
 }
 
-TFEXT_HOST_DEVICE inline unsigned long long Add64(unsigned long long* p, unsigned long long v) {
+// Adds v to a counter that many threads of a kernel may update (removals, failures, cursors) and returns the value
+// before this thread's share. On the device, same-address atomics serialize (one per key cost ~0.3 ms per million
+// keys on an H100), so the threads of a warp that arrive together add once: the group's first thread adds
+// v * size and each thread gets base + v * rank. v must be the same for the whole group (each call site passes a
+// constant). Even once per warp, same-address atomics cost ~0.1 ms per million threads on an H100: counts that
+// every key of a batch contributes to go through Backend::CountIf (one atomic per block) instead.
+TFEXT_HOST_DEVICE inline unsigned long long CounterAdd(unsigned long long* p, unsigned long long v) {
 #if defined(__CUDA_ARCH__)
-  return atomicAdd(p, v);
+  const cooperative_groups::coalesced_group g = cooperative_groups::coalesced_threads();
+  unsigned long long base = 0;
+  if (g.thread_rank() == 0) base = atomicAdd(p, v * g.size());
+  return g.shfl(base, 0) + v * g.thread_rank();
 #else
   return __atomic_fetch_add(p, v, __ATOMIC_RELAXED);
 #endif
@@ -392,8 +405,9 @@ class MutableView {
   TFEXT_HOST_DEVICE ReadView read() const { return ReadView(a_); }
 
   // The slot of key, claiming one if it is absent (*inserted = true; the caller writes its row and metadata). In a
-  // capped table the slot is stamped with epoch, so no other key of the same batch evicts it. Returns -1 when the
-  // key cannot be stored (counted in counters->failed).
+  // capped table the slot is stamped with epoch, so no other key of the same batch evicts it, and the claim is
+  // counted (size, used, evicted); in a growing table the caller counts its claims after the kernel
+  // (BucketTable::CountClaims). Returns -1 when the key cannot be stored (counted in counters->failed).
   TFEXT_HOST_DEVICE int64_t FindOrClaim(int64_t key, uint32_t epoch, bool* inserted) const {
     *inserted = false;
     const uint64_t h = Murmur3Fmix64(static_cast<uint64_t>(key));
@@ -401,35 +415,9 @@ class MutableView {
     const int64_t num_words = a_.capacity / kDigestsPerWord;
     const int64_t home = static_cast<int64_t>(h & static_cast<uint64_t>(a_.capacity - 1)) / kDigestsPerWord;
     if (a_.capped) return FindOrClaimCapped(key, d, home, num_words, epoch, inserted);
-    for (int64_t i = 0; i < num_words; ++i) {
-      const int64_t w = ProbeWord(home, i, num_words, false);
-      for (;;) {
-        const uint64_t word = hd::LoadShared(&a_.digests[w]);
-        uint64_t m = hd::MatchBytes(word, d);
-        if (m != 0) hd::AcquireFence();  // the keys of published digests are visible
-        for (; m != 0; m &= m - 1) {
-          const int64_t s = w * kDigestsPerWord + hd::LowestSetByte(m);
-          if (hd::LoadShared(&a_.keys[s]) == key) return s;
-        }
-        const uint64_t empty = hd::ZeroBytes(word);
-        if (empty == 0) break;  // no free slot here: next word
-        const int j = hd::LowestSetByte(empty);
-        const int shift = 8 * j;
-        if (hd::CasWord(&a_.digests[w], word, word | (uint64_t{kClaimingDigest} << shift)) == word) {
-          const int64_t s = w * kDigestsPerWord + j;
-          a_.keys[s] = key;
-          // release: the key is visible before the final digest
-          hd::XorWordRelease(&a_.digests[w], uint64_t{kClaimingDigest ^ d} << shift);
-          hd::Add64(&a_.counters->size, 1);
-          hd::Add64(&a_.counters->used, 1);
-          *inserted = true;
-          return s;
-        }
-        // Another thread changed the word: look at it again.
-      }
-    }
-    hd::Add64(&a_.counters->failed, 1);
-    return -1;
+    const int64_t s = ProbeOrClaim(key, d, home, num_words, inserted);
+    if (s < 0) hd::CounterAdd(&a_.counters->failed, 1);
+    return s;
   }
 
   // Removes key; true if it was present.
@@ -455,7 +443,7 @@ class MutableView {
         cur = seen;
       }
     }
-    if (removed) hd::Add64(&a_.counters->size, ~0ULL);  // - 1
+    if (removed) hd::CounterAdd(&a_.counters->size, ~0ULL);  // - 1
     if (lock) hd::Unlock(lock);
     return removed;
   }
@@ -492,6 +480,38 @@ class MutableView {
   TFEXT_HOST_DEVICE TableCounters* counters() const { return a_.counters; }
 
  private:
+  // Growing tables: linear probing over digest words from home; claims the first empty slot if key is absent.
+  // Counts nothing (FindOrClaim does).
+  TFEXT_HOST_DEVICE int64_t ProbeOrClaim(int64_t key, uint32_t d, int64_t home, int64_t num_words,
+                                         bool* inserted) const {
+    for (int64_t i = 0; i < num_words; ++i) {
+      const int64_t w = ProbeWord(home, i, num_words, false);
+      for (;;) {
+        const uint64_t word = hd::LoadShared(&a_.digests[w]);
+        uint64_t m = hd::MatchBytes(word, d);
+        if (m != 0) hd::AcquireFence();  // the keys of published digests are visible
+        for (; m != 0; m &= m - 1) {
+          const int64_t s = w * kDigestsPerWord + hd::LowestSetByte(m);
+          if (hd::LoadShared(&a_.keys[s]) == key) return s;
+        }
+        const uint64_t empty = hd::ZeroBytes(word);
+        if (empty == 0) break;  // no free slot here: next word
+        const int j = hd::LowestSetByte(empty);
+        const int shift = 8 * j;
+        if (hd::CasWord(&a_.digests[w], word, word | (uint64_t{kClaimingDigest} << shift)) == word) {
+          const int64_t s = w * kDigestsPerWord + j;
+          a_.keys[s] = key;
+          // release: the key is visible before the final digest
+          hd::XorWordRelease(&a_.digests[w], uint64_t{kClaimingDigest ^ d} << shift);
+          *inserted = true;
+          return s;
+        }
+        // Another thread changed the word: look at it again.
+      }
+    }
+    return -1;  // full
+  }
+
   // Capped tables: find, else claim a free (empty or removed) slot of the bucket, else evict the entry of lowest
   // score that this batch has not touched; all under the bucket's lock.
   TFEXT_HOST_DEVICE int64_t FindOrClaimCapped(int64_t key, uint32_t d, int64_t home, int64_t num_words, uint32_t epoch,
@@ -527,18 +547,18 @@ class MutableView {
     if (slot < 0) {
       slot = free_slot;
       if (slot >= 0) {
-        hd::Add64(&a_.counters->size, 1);
-        if (free_was_empty) hd::Add64(&a_.counters->used, 1);
+        hd::CounterAdd(&a_.counters->size, 1);
+        if (free_was_empty) hd::CounterAdd(&a_.counters->used, 1);
       } else {
         slot = Victim(home, epoch);
-        if (slot >= 0) hd::Add64(&a_.counters->evicted, 1);
+        if (slot >= 0) hd::CounterAdd(&a_.counters->evicted, 1);
       }
       if (slot >= 0) {
         a_.keys[slot] = key;
         reinterpret_cast<volatile uint8_t*>(a_.digests)[slot] = static_cast<uint8_t>(d);
         *inserted = true;
       } else {
-        hd::Add64(&a_.counters->failed, 1);
+        hd::CounterAdd(&a_.counters->failed, 1);
       }
     }
     if (slot >= 0) a_.epochs[slot] = epoch;
@@ -575,8 +595,9 @@ namespace kernels {
 constexpr int64_t kRowInOutput = -2;
 
 // Deduplicates a batch: rep[i] is the batch index that represents keys[i] (the first to claim it in the scratch
-// set); first/last/mult of a representative: lowest and highest batch index of its key, and how many times it
-// occurs. The set stores batch indices (-1 = free), so every int64 stays a valid key.
+// set); first/last/mult of a representative (each only if non-null: one atomic per entry each): lowest and highest
+// batch index of its key, and how many times it occurs. The set stores batch indices (-1 = free), so every int64
+// stays a valid key.
 struct Dedup {
   const int64_t* keys;
   long long* set;
@@ -585,7 +606,7 @@ struct Dedup {
   long long* first;
   long long* last;
   uint32_t* mult;
-  TableCounters* counters;
+  unsigned long long* duplicates;  // set to 1 if a key occurs twice (null: not asked)
   TFEXT_HOST_DEVICE void operator()(int64_t i) const {
     const int64_t key = keys[i];
     int64_t p = static_cast<int64_t>(SplitMix64(static_cast<uint64_t>(key)) & static_cast<uint64_t>(set_mask));
@@ -596,7 +617,6 @@ struct Dedup {
         cur = hd::Cas64(&set[p], -1, i);
         if (cur < 0) {
           r = i;
-          hd::Add64(&counters->unique, 1);
           break;
         }
       }
@@ -607,22 +627,28 @@ struct Dedup {
       p = (p + 1) & set_mask;
     }
     rep[i] = r;
-    hd::MinI64(&first[r], i);
-    hd::MaxI64(&last[r], i);
-    hd::Add32(&mult[r], 1);
+    if (duplicates && r != i) *duplicates = 1;
+    if (first) hd::MinI64(&first[r], i);
+    if (last) hd::MaxI64(&last[r], i);
+    if (mult) hd::Add32(&mult[r], 1);
   }
 };
 
-// Counts the representatives whose key the table does not hold (at counters->cursor).
-struct CountMissing {
+// Entry i is a representative whose key the table does not hold (EnsureRoom counts them).
+struct IsMissingRep {
   ReadView t;
   const int64_t* keys;
   const long long* rep;  // null: every entry is its own representative
-  TableCounters* counters;
-  TFEXT_HOST_DEVICE void operator()(int64_t i) const {
-    if (rep && rep[i] != i) return;
-    if (t.FindSlot(keys[i]) < 0) hd::Add64(&counters->cursor, 1);
+  TFEXT_HOST_DEVICE bool operator()(int64_t i) const {
+    return (rep == nullptr || rep[i] == i) && t.FindSlot(keys[i]) < 0;
   }
+};
+
+// Growing tables, after a claim pass: entry i is a representative whose key the pass inserted.
+struct IsNewRep {
+  const long long* rep;  // null: every entry is its own representative
+  const uint8_t* rep_inserted;
+  TFEXT_HOST_DEVICE bool operator()(int64_t i) const { return (rep == nullptr || rep[i] == i) && rep_inserted[i]; }
 };
 
 // Capped tables, before a write batch: stamps the stored keys of the batch, so that no key of the batch evicts
@@ -733,32 +759,65 @@ struct Gather {
   }
 };
 
-// Insert: the last occurrence of each key writes its columns.
-struct Insert {
+// Writes take two passes: one thread per key finds or claims the slot (ClaimSlots), then one thread per element
+// writes the row (InsertColumns, ApplyColumns), so that a warp's loads and stores cover consecutive columns of one
+// row. With one thread writing a whole row, each access of a warp touched 32 rows: on an H100, 86% of the sectors
+// a fused Adam apply moved were wasted and it ran 30x slower than a find of the same keys.
+
+// Pass 1 (one key per call; representatives only when rep is non-null): the slot of each key, claimed if absent,
+// its metadata reset (new keys) and touched. slot_of[i] = -1 for a key that could not be stored.
+struct ClaimSlots {
   MutableView t;
   const int64_t* keys;
-  const long long* rep;
-  const long long* last;
+  const long long* rep;  // null: the keys are distinct
   const uint32_t* mult;
-  const float* values;
-  const float* defaults;
-  int64_t col_begin, cols;
   bool count;
   int64_t version;
   uint32_t epoch;
+  long long* slot_of;
+  uint8_t* rep_inserted;
   TFEXT_HOST_DEVICE void operator()(int64_t i) const {
-    if (rep[i] != i) return;
+    if (rep && rep[i] != i) return;
     bool inserted = false;
     const int64_t s = t.FindOrClaim(keys[i], epoch, &inserted);
-    if (s < 0) return;
-    const float* src = values + last[i] * cols;
-    if (inserted) {
-      WriteNewRow(t, s, keys[i], defaults, col_begin, cols, src, nullptr);
-    } else {
-      float* row = t.Row(s) + col_begin;
-      for (int64_t c = 0; c < cols; ++c) row[c] = src[c];
+    if (s >= 0) {
+      if (inserted) t.ResetMeta(s);
+      t.Touch(s, count ? mult[i] : 0, version);
     }
-    t.Touch(s, count ? mult[i] : 0, version);
+    slot_of[i] = s;
+    rep_inserted[i] = inserted ? 1 : 0;
+  }
+};
+
+// The columns x = c, c + step, c + 2 * step, ... of a new row outside [skip_begin, skip_end) get column_defaults
+// (or zeros): the threads c in [0, step) of one row together write every column outside the range.
+TFEXT_HOST_DEVICE inline void WriteDefaultColumns(float* row, int64_t width, const float* defaults, int64_t c,
+                                                  int64_t step, int64_t skip_begin, int64_t skip_end) {
+  for (int64_t x = c; x < width; x += step) {
+    if (x < skip_begin || x >= skip_end) row[x] = defaults ? defaults[x] : 0.0f;
+  }
+}
+
+// Insert, pass 2 (one element per call: e = i * cols + c): the last occurrence of each key writes its columns; a
+// new row gets column_defaults elsewhere.
+struct InsertColumns {
+  MutableView t;
+  const long long* rep;
+  const long long* last;
+  const long long* slot_of;
+  const uint8_t* rep_inserted;
+  const float* values;
+  const float* defaults;
+  int64_t col_begin, cols;
+  TFEXT_HOST_DEVICE void operator()(int64_t e) const {
+    int64_t i, c;
+    SplitIndex(e, cols, &i, &c);
+    if (rep[i] != i) return;
+    const int64_t s = slot_of[i];
+    if (s < 0) return;
+    float* row = t.Row(s);
+    if (rep_inserted[i]) WriteDefaultColumns(row, t.width(), defaults, c, cols, col_begin, col_begin + cols);
+    row[col_begin + c] = values[last[i] * cols + c];
   }
 };
 
@@ -774,6 +833,7 @@ struct AccumulateSlots {
   int64_t version;
   uint32_t epoch;
   long long* slot_of;
+  uint8_t* rep_inserted;
   TFEXT_HOST_DEVICE void operator()(int64_t i) const {
     if (rep[i] != i) return;
     int64_t s;
@@ -781,6 +841,7 @@ struct AccumulateSlots {
       bool inserted = false;
       s = t.FindOrClaim(keys[i], epoch, &inserted);
       if (inserted) WriteNewRow(t, s, keys[i], defaults, col_begin, cols, nullptr, nullptr);
+      rep_inserted[i] = inserted ? 1 : 0;
     } else {
       s = t.read().FindSlot(keys[i]);
     }
@@ -809,30 +870,30 @@ struct Remove {
   const int64_t* keys;
   unsigned long long* removed;
   TFEXT_HOST_DEVICE void operator()(int64_t i) const {
-    if (t.Remove(keys[i])) hd::Add64(removed, 1);
+    if (t.Remove(keys[i])) hd::CounterAdd(removed, 1);
   }
 };
 
-// A fused sparse optimizer step per (unique) key: var = row[0, dim), slot k = row[slot_offset + k * slot_stride,
-// ... + dim); absent keys are inserted with column_defaults first, as in the CPU kernels.
+// A fused sparse optimizer step, pass 2 (one element per call: e = i * dim + j; the keys are distinct): var =
+// row[0, dim), slot k = row[dim + k * dim, ... + dim); a new row (ClaimSlots) gets column_defaults first, as in
+// the CPU kernels.
 template <class Opt>
-struct Apply {
+struct ApplyColumns {
   MutableView t;
-  const int64_t* keys;
+  const long long* slot_of;
+  const uint8_t* rep_inserted;
   const float* grads;  // [n, dim]
   Opt opt;
-  int64_t dim, slot_offset, slot_stride;
+  int64_t dim;
   const float* defaults;
-  int64_t version;
-  uint32_t epoch;
-  TFEXT_HOST_DEVICE void operator()(int64_t i) const {
-    bool inserted = false;
-    const int64_t s = t.FindOrClaim(keys[i], epoch, &inserted);
+  TFEXT_HOST_DEVICE void operator()(int64_t e) const {
+    int64_t i, j;
+    SplitIndex(e, dim, &i, &j);
+    const int64_t s = slot_of[i];
     if (s < 0) return;
-    if (inserted) WriteNewRow(t, s, keys[i], defaults, 0, 0, nullptr, nullptr);
     float* row = t.Row(s);
-    opt.Apply(row, row + slot_offset, slot_stride, grads + i * dim, dim);
-    t.Touch(s, 0, version);
+    if (rep_inserted[i]) WriteDefaultColumns(row, t.width(), defaults, j, dim, 0, 0);
+    opt.ApplyElement(row, row + dim, dim, grads + i * dim, j, dim);
   }
 };
 
@@ -847,7 +908,7 @@ struct Export {
   uint32_t* freqs;
   TFEXT_HOST_DEVICE void operator()(int64_t s) const {
     if (!t.Occupied(s)) return;
-    const int64_t o = static_cast<int64_t>(hd::Add64(&counters->cursor, 1));
+    const int64_t o = static_cast<int64_t>(hd::CounterAdd(&counters->cursor, 1));
     if (o >= max_n) return;
     if (keys) keys[o] = t.Key(s);
     if (rows) {
@@ -963,9 +1024,8 @@ class BucketTable {
       err = "FindOrInsert: unknown initializer kind " + std::to_string(static_cast<int>(init->kind));
     }
     if (!err.empty() || n == 0) return err;
-    int64_t unique = 0;
     uint32_t epoch = 0;
-    if ((err = Dedup(keys, n, &unique)) != "" || (err = EnsureRoom(keys, unique)) != "" ||
+    if ((err = Dedup(keys, n, kFirst | (count ? kMult : 0))) != "" || (err = EnsureRoom(keys, n)) != "" ||
         (err = BeginWrite(keys, n, &epoch)) != "") {
       return err;
     }
@@ -975,7 +1035,7 @@ class BucketTable {
                             col_begin,       cols,      count,
                             version,         epoch,     s_.slot_of,
                             s_.rep_inserted, out};
-    if ((err = b_.ForEach(n, f)) != "") return err;
+    if ((err = b_.ForEach(n, f)) != "" || (err = CountClaims(n, s_.rep)) != "") return err;
     kernels::Gather g{read_view(), s_.rep,  s_.slot_of,      col_begin, cols,    nullptr,
                       out,         nullptr, s_.rep_inserted, s_.first,  inserted};
     return b_.ForEach(n * cols, g);
@@ -986,15 +1046,17 @@ class BucketTable {
                      const float* column_defaults, bool count, int64_t version) {
     std::string err = CheckBatch("Insert", n, col_begin, cols);
     if (!err.empty() || n == 0) return err;
-    int64_t unique = 0;
     uint32_t epoch = 0;
-    if ((err = Dedup(keys, n, &unique)) != "" || (err = EnsureRoom(keys, unique)) != "" ||
+    if ((err = Dedup(keys, n, kLast | (count ? kMult : 0))) != "" || (err = EnsureRoom(keys, n)) != "" ||
         (err = BeginWrite(keys, n, &epoch)) != "") {
       return err;
     }
-    kernels::Insert f{mutable_view(),  keys,      s_.rep, s_.last, s_.mult, values,
-                      column_defaults, col_begin, cols,   count,   version, epoch};
-    return b_.ForEach(n, f);
+    kernels::ClaimSlots claim{mutable_view(), keys,  s_.rep,     s_.mult,        count,
+                              version,        epoch, s_.slot_of, s_.rep_inserted};
+    if ((err = b_.ForEach(n, claim)) != "" || (err = CountClaims(n, s_.rep)) != "") return err;
+    kernels::InsertColumns w{mutable_view(), s_.rep,          s_.last,   s_.slot_of, s_.rep_inserted,
+                             values,         column_defaults, col_begin, cols};
+    return b_.ForEach(n * cols, w);
   }
 
   // row[cols] += deltas[i] for every occurrence; absent keys are inserted with column_defaults first if
@@ -1003,14 +1065,14 @@ class BucketTable {
                          const float* column_defaults, bool insert_missing, bool count, int64_t version) {
     std::string err = CheckBatch("Accumulate", n, col_begin, cols);
     if (!err.empty() || n == 0) return err;
-    int64_t unique = 0;
-    if ((err = Dedup(keys, n, &unique)) != "") return err;
+    if ((err = Dedup(keys, n, count ? kMult : kRepOnly)) != "") return err;
     uint32_t epoch = 0;
-    if (insert_missing && (err = EnsureRoom(keys, unique)) != "") return err;
+    if (insert_missing && (err = EnsureRoom(keys, n)) != "") return err;
     if ((err = BeginWrite(keys, insert_missing ? n : 0, &epoch)) != "") return err;
-    kernels::AccumulateSlots f{mutable_view(), keys,           s_.rep, s_.mult, column_defaults, col_begin,
-                               cols,           insert_missing, count,  version, epoch,           s_.slot_of};
+    kernels::AccumulateSlots f{mutable_view(), keys,  s_.rep,  s_.mult, column_defaults, col_begin,      cols,
+                               insert_missing, count, version, epoch,   s_.slot_of,      s_.rep_inserted};
     if ((err = b_.ForEach(n, f)) != "") return err;
+    if (insert_missing && (err = CountClaims(n, s_.rep)) != "") return err;
     return b_.ForEach(n * cols, kernels::AccumulateAdd{mutable_view(), s_.rep, s_.slot_of, deltas, col_begin, cols});
   }
 
@@ -1037,17 +1099,18 @@ class BucketTable {
              " slots does not fit rows of width " + std::to_string(a_.width);
     }
     if (n == 0) return "";
-    int64_t unique = 0;
-    std::string err = Dedup(keys, n, &unique);
+    std::string err = Dedup(keys, n, kFlagDuplicates);
+    TableCounters c;
+    if (err.empty()) err = b_.CopyToHost(&c, counters_, sizeof(c));
     if (!err.empty()) return err;
-    if (unique != n) {
-      return "Apply: keys must be distinct (sum the gradients of a key first): " + std::to_string(n) + " keys, " +
-             std::to_string(unique) + " distinct";
-    }
+    if (c.duplicates) return "Apply: keys must be distinct (sum the gradients of a key first)";
     uint32_t epoch = 0;
-    if ((err = EnsureRoom(keys, n)) != "" || (err = BeginWrite(keys, n, &epoch)) != "") return err;
-    kernels::Apply<Opt> f{mutable_view(), keys, grads, opt, dim, dim, dim, column_defaults, version, epoch};
-    return b_.ForEach(n, f);
+    if ((err = EnsureRoom(keys, n, &c)) != "" || (err = BeginWrite(keys, n, &epoch)) != "") return err;
+    kernels::ClaimSlots claim{mutable_view(), keys,  nullptr,    nullptr,        false,
+                              version,        epoch, s_.slot_of, s_.rep_inserted};
+    if ((err = b_.ForEach(n, claim)) != "" || (err = CountClaims(n, nullptr)) != "") return err;
+    kernels::ApplyColumns<Opt> f{mutable_view(), s_.slot_of, s_.rep_inserted, grads, opt, dim, column_defaults};
+    return b_.ForEach(n * dim, f);
   }
 
   // Writes up to max_n entries (keys, rows of the column range, versions, frequencies; any may be null) and their
@@ -1216,37 +1279,57 @@ class BucketTable {
     return "";
   }
 
-  // Deduplicates keys[0, n) into the scratch arrays; *unique = distinct keys.
-  std::string Dedup(const int64_t* keys, int64_t n, int64_t* unique) {
+  // What a deduplication computes besides rep and the distinct count (each costs an atomic per entry).
+  enum DedupOutputs : unsigned { kRepOnly = 0, kFirst = 1, kLast = 2, kMult = 4, kFlagDuplicates = 8 };
+
+  // Deduplicates keys[0, n) into the scratch arrays (s_.rep). s_.first / s_.last / s_.mult hold meaningful values
+  // only when asked for in `outputs`; kFlagDuplicates sets counters_->duplicates if a key occurs twice. Nothing
+  // is read back: no count of distinct keys (a count every key adds to costs more than the whole pass).
+  std::string Dedup(const int64_t* keys, int64_t n, unsigned outputs) {
     std::string err = PrepareScratch(n);
     if (!err.empty()) return err;
     const int64_t set_slots = SetSlotsFor(n);  // this batch's set: a prefix of the scratch set
     const size_t m = static_cast<size_t>(n);
     if (err.empty()) err = b_.Memset(s_.set, 0xff, static_cast<size_t>(set_slots) * sizeof(long long));  // -1
-    if (err.empty()) err = b_.Memset(s_.first, 0x7f, m * sizeof(long long));  // a large positive index
-    if (err.empty()) err = b_.Memset(s_.last, 0xff, m * sizeof(long long));   // -1
-    if (err.empty()) err = b_.Memset(s_.mult, 0, m * sizeof(uint32_t));
-    if (err.empty()) err = b_.Memset(&counters_->unique, 0, sizeof(counters_->unique));
-    kernels::Dedup d{keys, s_.set, set_slots - 1, s_.rep, s_.first, s_.last, s_.mult, counters_};
+    const bool first = outputs & kFirst, last = outputs & kLast, mult = outputs & kMult;
+    if (err.empty() && first) err = b_.Memset(s_.first, 0x7f, m * sizeof(long long));  // a large positive index
+    if (err.empty() && last) err = b_.Memset(s_.last, 0xff, m * sizeof(long long));    // -1
+    if (err.empty() && mult) err = b_.Memset(s_.mult, 0, m * sizeof(uint32_t));
+    const bool flag = outputs & kFlagDuplicates;
+    if (err.empty() && flag) err = b_.Memset(&counters_->duplicates, 0, sizeof(counters_->duplicates));
+    kernels::Dedup d{keys,
+                     s_.set,
+                     set_slots - 1,
+                     s_.rep,
+                     first ? s_.first : nullptr,
+                     last ? s_.last : nullptr,
+                     mult ? s_.mult : nullptr,
+                     flag ? &counters_->duplicates : nullptr};
     s_.n_batch = n;
     if (err.empty()) err = b_.ForEach(n, d);
-    unsigned long long u = 0;
-    if (err.empty()) err = b_.CopyToHost(&u, &counters_->unique, sizeof(u));
-    *unique = static_cast<int64_t>(u);
     return err;
   }
 
-  // Growing tables: rehashes before the batch just deduplicated (keys, `unique` distinct) would take the table past
-  // max_load_factor. Only when its distinct keys could: then a probe pass counts the ones that are new.
-  std::string EnsureRoom(const int64_t* keys, int64_t unique) {
+  // Growing tables: the keys a claim pass over n entries inserted (rep_inserted of its representatives; rep null:
+  // every entry) join size and used. Capped tables count in the claim itself (under the bucket's lock).
+  std::string CountClaims(int64_t n, const long long* rep) {
     if (a_.capped) return "";
-    GpuTableStats s;
-    std::string err = Stats(&s);
+    return b_.CountIf(n, kernels::IsNewRep{rep, s_.rep_inserted}, &counters_->size, &counters_->used);
+  }
+
+  // Growing tables: rehashes before the batch just deduplicated (n keys) would take the table past
+  // max_load_factor. Only when its keys could: then a probe pass counts the distinct ones that are new. known:
+  // the counters if the caller has just read them.
+  std::string EnsureRoom(const int64_t* keys, int64_t n, const TableCounters* known = nullptr) {
+    if (a_.capped) return "";
+    TableCounters s;
+    std::string err = known ? "" : b_.CopyToHost(&s, counters_, sizeof(s));
     if (!err.empty()) return err;
+    if (known) s = *known;
     const double limit = o_.max_load_factor * static_cast<double>(a_.capacity);
-    if (static_cast<double>(s.used + unique) <= limit) return "";
+    if (static_cast<double>(s.used + n) <= limit) return "";
     err = b_.Memset(&counters_->cursor, 0, sizeof(counters_->cursor));
-    if (err.empty()) err = b_.ForEach(s_.n_batch, kernels::CountMissing{read_view(), keys, s_.rep, counters_});
+    if (err.empty()) err = b_.CountIf(s_.n_batch, kernels::IsMissingRep{read_view(), keys, s_.rep}, &counters_->cursor);
     unsigned long long fresh = 0;
     if (err.empty()) err = b_.CopyToHost(&fresh, &counters_->cursor, sizeof(fresh));
     if (!err.empty()) return err;
@@ -1263,11 +1346,14 @@ class BucketTable {
     TableArrays fresh;
     std::string err = AllocArrays(slots, &fresh);
     if (!err.empty()) return "growing the table: " + err;
-    // The moved entries count themselves again in the new arrays (removed slots are dropped).
+    // Every live entry moves (the new arrays have more room than it takes) and removed slots are dropped: used
+    // becomes size. Claims in a growing table count nothing themselves (see FindOrClaim).
     TableCounters before;
     err = b_.CopyToHost(&before, counters_, sizeof(before));
-    if (err.empty()) err = b_.Memset(&counters_->size, 0, 2 * sizeof(unsigned long long));  // size, used
     if (err.empty()) err = b_.ForEach(a_.capacity, kernels::Rehash{read_view(), MutableView(fresh)});
+    TableCounters after = before;
+    after.used = before.size;
+    if (err.empty()) err = b_.CopyToDevice(counters_, &after, sizeof(after));
     if (!err.empty()) {
       FreeArrays(&fresh);
       b_.CopyToDevice(counters_, &before, sizeof(before));  // the old arrays stay: so do their counts

@@ -22,6 +22,28 @@ __global__ void ForEachKernel(F f, int64_t n) {
   for (int64_t i = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x; i < n; i += stride) f(i);
 }
 
+// Adds the number of i in [0, n) with pred(i) to *a (and *b if non-null): a block sums its threads' counts, then
+// one thread adds them (same-address atomics from every thread, even once per warp, serialize at the memory).
+// Every thread of a block reaches the reduction (blockDim.x is a multiple of 32).
+template <class P>
+__global__ void CountIfKernel(P pred, int64_t n, unsigned long long* a, unsigned long long* b) {
+  __shared__ unsigned long long warp_sums[32];
+  unsigned long long c = 0;
+  const int64_t stride = static_cast<int64_t>(gridDim.x) * blockDim.x;
+  for (int64_t i = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x; i < n; i += stride) c += pred(i);
+  for (int o = 16; o > 0; o >>= 1) c += __shfl_down_sync(0xffffffffu, c, o);
+  if ((threadIdx.x & 31) == 0) warp_sums[threadIdx.x >> 5] = c;
+  __syncthreads();
+  if (threadIdx.x == 0) {
+    unsigned long long total = 0;
+    for (unsigned w = 0; w < blockDim.x / 32; ++w) total += warp_sums[w];
+    if (total > 0) {
+      atomicAdd(a, total);
+      if (b) atomicAdd(b, total);
+    }
+  }
+}
+
 inline std::string CudaError(const char* what, cudaError_t err) {
   return std::string(what) + ": " + cudaGetErrorName(err) + " (" + cudaGetErrorString(err) + ")";
 }
@@ -58,6 +80,24 @@ struct DeviceBackend {
   template <class F>
   std::string ForEach(int64_t n, const F& f) {
     if (n <= 0) return "";
+    // Enough blocks to fill the device several times over; a grid-stride loop covers the rest.
+    ForEachKernel<<<Blocks(n, 32), threads_per_block, 0, stream>>>(f, n);
+    const cudaError_t err = cudaGetLastError();
+    return err == cudaSuccess ? "" : CudaError("kernel launch", err);
+  }
+
+  // *a += |{i in [0, n) : pred(i)}| (and *b, if non-null), with one atomic per block.
+  template <class P>
+  std::string CountIf(int64_t n, const P& pred, unsigned long long* a, unsigned long long* b = nullptr) {
+    if (n <= 0) return "";
+    CountIfKernel<<<Blocks(n, 4), threads_per_block, 0, stream>>>(pred, n, a, b);
+    const cudaError_t err = cudaGetLastError();
+    return err == cudaSuccess ? "" : CudaError("kernel launch", err);
+  }
+
+ private:
+  // Blocks for n indices, at most per_multiprocessor blocks per multiprocessor.
+  int Blocks(int64_t n, int per_multiprocessor) {
     if (multiprocessors == 0) {
       int device = 0;
       if (cudaGetDevice(&device) != cudaSuccess ||
@@ -65,13 +105,9 @@ struct DeviceBackend {
         multiprocessors = 80;
       }
     }
-    // Enough blocks to fill the device several times over; a grid-stride loop covers the rest.
     const int64_t wanted = (n + threads_per_block - 1) / threads_per_block;
-    const int64_t cap = static_cast<int64_t>(multiprocessors) * 32;
-    const int blocks = static_cast<int>(wanted < cap ? wanted : cap);
-    ForEachKernel<<<blocks, threads_per_block, 0, stream>>>(f, n);
-    const cudaError_t err = cudaGetLastError();
-    return err == cudaSuccess ? "" : CudaError("kernel launch", err);
+    const int64_t cap = static_cast<int64_t>(multiprocessors) * per_multiprocessor;
+    return static_cast<int>(wanted < cap ? wanted : cap);
   }
 };
 

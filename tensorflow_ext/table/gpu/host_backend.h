@@ -61,6 +61,18 @@ struct HostBackend {
     for (auto& th : pool) th.join();
     return "";
   }
+
+  // *a += |{i in [0, n) : pred(i)}| (and *b, if non-null).
+  template <class P>
+  std::string CountIf(int64_t n, const P& pred, unsigned long long* a, unsigned long long* b = nullptr) {
+    std::atomic<unsigned long long> count{0};
+    std::string err = ForEach(n, [&](int64_t i) {
+      if (pred(i)) count.fetch_add(1, std::memory_order_relaxed);
+    });
+    *a += count.load();
+    if (b) *b += count.load();
+    return err;
+  }
 };
 
 }  // namespace gpu

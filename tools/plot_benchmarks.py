@@ -8,6 +8,8 @@ Writes (for each input given):
   table_throughput.png   Mkeys/s per backend, find/upsert at each dim (bench_table.py)
   table_memory.png       bytes/key per table and slot count, raw bytes as reference (bench_table_memory.py)
   ctr26_step.png         ms/step per variant and optimizer (bench_ctr.py)
+  gpu_table.png          B keys/s per operation and dim on the GPU, HierarchicalKV's A100 figures beside
+                         (tools/gpu/bench_gpu_table.py)
 Needs only matplotlib (no TensorFlow).
 """
 
@@ -155,18 +157,53 @@ def plot_ctr(d, out_dir):
     return path
 
 
+def plot_gpu(d, out_dir):
+    rows = [r for r in d["results"] if r["load"] == 0.5]
+    ops = [
+        op
+        for op in ("find", "insert", "accumulate", "find_or_insert", "apply_adam")
+        if any(r["op"] == op for r in rows)
+    ]
+    dims = sorted({r["dim"] for r in rows})
+    by = {(r["op"], r["dim"]): r["gpu_keys_per_s"] / 1e9 for r in rows}
+    series = ["dim %d" % dim for dim in dims]
+    values = {"dim %d" % dim: [by.get((op, dim)) for op in ops] for dim in dims}
+    colors = dict(zip(series, ("#c7e9c0", "#74c476", "#31a354", "#006d2c")))
+    fig, ax = plt.subplots(figsize=(8, 4.2))
+    _bars(ax, ops, series, values, colors, {})
+    for i, op in enumerate(ops):
+        hkv = d.get("hkv_reference", {}).get(op)
+        if hkv:
+            ax.fill_between([i - 0.45, i + 0.45], hkv[0] / 1e9, hkv[1] / 1e9, color="#ef8a62", alpha=0.35, lw=0)
+    ax.fill_between([], [], [], color="#ef8a62", alpha=0.35, label="HierarchicalKV, A100 80GB (published)")
+    ax.set_ylabel("B keys/s (higher is better)")
+    keys = rows[0]["keys"] if rows else 0
+    ax.set_title(
+        "CUDA table: %s keys per call, load 0.5, median of device times\n%s, %s"
+        % ("{:,}".format(keys), d.get("device", "?"), d.get("date", "")),
+        fontsize=9,
+    )
+    ax.legend(fontsize=8)
+    fig.tight_layout()
+    path = os.path.join(out_dir, "gpu_table.png")
+    fig.savefig(path, dpi=120)
+    plt.close(fig)
+    return path
+
+
 def main(argv=None):
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--table", help="JSON of tools/bench_table.py")
     p.add_argument("--memory", help="JSON of tools/bench_table_memory.py")
     p.add_argument("--ctr", help="JSON of tools/bench_ctr.py (speed mode)")
+    p.add_argument("--gpu", help="JSON of tools/gpu/bench_gpu_table.py")
     p.add_argument(
         "--out", default=os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "docs", "images")
     )
     args = p.parse_args(argv)
     os.makedirs(args.out, exist_ok=True)
     done = []
-    for path, fn in ((args.table, plot_table), (args.memory, plot_memory), (args.ctr, plot_ctr)):
+    for path, fn in ((args.table, plot_table), (args.memory, plot_memory), (args.ctr, plot_ctr), (args.gpu, plot_gpu)):
         if path:
             if not os.path.exists(path):
                 print("missing %s, skipped" % path)
@@ -175,7 +212,7 @@ def main(argv=None):
     for p_ in done:
         print("wrote %s" % p_)
     if not done:
-        p.error("give at least one of --table, --memory, --ctr")
+        p.error("give at least one of --table, --memory, --ctr, --gpu")
 
 
 if __name__ == "__main__":

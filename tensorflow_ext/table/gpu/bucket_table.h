@@ -670,22 +670,18 @@ struct Find {
   TFEXT_HOST_DEVICE void operator()(int64_t i) const { slot_of[i] = t.FindSlot(keys[i]); }
 };
 
-// Writes a new row: column_defaults (or zeros) everywhere, then the columns [col_begin, col_begin + cols) from
-// src (if non-null) or from the key's initializer; metadata reset.
-TFEXT_HOST_DEVICE inline void WriteNewRow(const MutableView& t, int64_t slot, int64_t key, const float* defaults,
-                                          int64_t col_begin, int64_t cols, const float* src,
-                                          const embedding::RowInitParams* init) {
-  float* row = t.Row(slot);
-  for (int64_t c = 0; c < t.width(); ++c) row[c] = defaults ? defaults[c] : 0.0f;
-  if (src) {
-    for (int64_t c = 0; c < cols; ++c) row[col_begin + c] = src[c];
-  } else if (init) {
-    embedding::FillInitialRow(*init, key, row + col_begin, cols, embedding::InlineBoxMuller());
+// The columns x = c, c + step, c + 2 * step, ... of a new row outside [skip_begin, skip_end) get column_defaults
+// (or zeros): the threads c in [0, step) of one row together write every column outside the range.
+TFEXT_HOST_DEVICE inline void WriteDefaultColumns(float* row, int64_t width, const float* defaults, int64_t c,
+                                                  int64_t step, int64_t skip_begin, int64_t skip_end) {
+  for (int64_t x = c; x < width; x += step) {
+    if (x < skip_begin || x >= skip_end) row[x] = defaults ? defaults[x] : 0.0f;
   }
-  t.ResetMeta(slot);
 }
 
-// FindOrInsert, pass 1 (representatives): find or claim; a new key gets its initial row.
+// FindOrInsert, pass 1 (representatives): find or claim. The initial row of a new key (from its initializer, which
+// draws each key's values in sequence, or from init_rows) goes to the key's own output row, contiguous for the
+// thread; pass 2 (NewRowColumns) copies it into the table a warp-wide row at a time.
 struct FindOrInsert {
   MutableView t;
   const int64_t* keys;
@@ -695,34 +691,53 @@ struct FindOrInsert {
   embedding::RowInitParams init;
   bool use_init;           // else init_rows
   const float* init_rows;  // [n, cols] or null
-  const float* defaults;   // [width] or null
-  int64_t col_begin, cols;
+  int64_t cols;
   bool count;
   int64_t version;
   uint32_t epoch;
   long long* slot_of;
   uint8_t* rep_inserted;
-  float* out;  // [n, cols]: the initial row of a key that could not be stored
+  float* out;  // [n, cols]: initial rows of the keys this pass inserted or could not store
   TFEXT_HOST_DEVICE void operator()(int64_t i) const {
     if (rep[i] != i) return;
     const int64_t key = keys[i];
     const float* src = use_init ? nullptr : init_rows + first[i] * cols;
     bool inserted = false;
     const int64_t s = t.FindOrClaim(key, epoch, &inserted);
-    if (s >= 0) {
-      if (inserted) WriteNewRow(t, s, key, defaults, col_begin, cols, src, use_init ? &init : nullptr);
-      t.Touch(s, count ? mult[i] : 0, version);
-      slot_of[i] = s;
-    } else {
+    if (s < 0 || inserted) {
       float* dst = out + i * cols;
       if (src) {
         for (int64_t c = 0; c < cols; ++c) dst[c] = src[c];
       } else {
         embedding::FillInitialRow(init, key, dst, cols, embedding::InlineBoxMuller());
       }
-      slot_of[i] = kRowInOutput;
     }
+    if (s >= 0) {
+      if (inserted) t.ResetMeta(s);
+      t.Touch(s, count ? mult[i] : 0, version);
+    }
+    slot_of[i] = s >= 0 ? s : kRowInOutput;
     rep_inserted[i] = inserted ? 1 : 0;
+  }
+};
+
+// FindOrInsert, pass 2 (one element per call: e = i * cols + c): a row pass 1 claimed gets its initial columns from
+// the output and column_defaults (or zeros) elsewhere.
+struct NewRowColumns {
+  MutableView t;
+  const long long* rep;
+  const long long* slot_of;
+  const uint8_t* rep_inserted;
+  const float* out;
+  const float* defaults;
+  int64_t col_begin, cols;
+  TFEXT_HOST_DEVICE void operator()(int64_t e) const {
+    int64_t i, c;
+    SplitIndex(e, cols, &i, &c);
+    if (rep[i] != i || !rep_inserted[i]) return;
+    float* row = t.Row(slot_of[i]);
+    WriteDefaultColumns(row, t.width(), defaults, c, cols, col_begin, col_begin + cols);
+    row[col_begin + c] = out[e];
   }
 };
 
@@ -745,7 +760,8 @@ struct Gather {
     SplitIndex(e, cols, &i, &c);
     const int64_t r = rep ? rep[i] : i;
     const int64_t s = slot_of[r];
-    if (s >= 0) {
+    const bool row_in_output = rep_inserted && r == i && rep_inserted[r];  // FindOrInsert wrote it
+    if (s >= 0 && !row_in_output) {
       out[e] = t.Row(s)[col_begin + c];
     } else if (s == kRowInOutput) {
       if (r != i) out[e] = out[r * cols + c];
@@ -789,15 +805,6 @@ struct ClaimSlots {
   }
 };
 
-// The columns x = c, c + step, c + 2 * step, ... of a new row outside [skip_begin, skip_end) get column_defaults
-// (or zeros): the threads c in [0, step) of one row together write every column outside the range.
-TFEXT_HOST_DEVICE inline void WriteDefaultColumns(float* row, int64_t width, const float* defaults, int64_t c,
-                                                  int64_t step, int64_t skip_begin, int64_t skip_end) {
-  for (int64_t x = c; x < width; x += step) {
-    if (x < skip_begin || x >= skip_end) row[x] = defaults ? defaults[x] : 0.0f;
-  }
-}
-
 // Insert, pass 2 (one element per call: e = i * cols + c): the last occurrence of each key writes its columns; a
 // new row gets column_defaults elsewhere.
 struct InsertColumns {
@@ -828,7 +835,6 @@ struct AccumulateSlots {
   const long long* rep;
   const uint32_t* mult;
   const float* defaults;
-  int64_t col_begin, cols;
   bool insert_missing, count;
   int64_t version;
   uint32_t epoch;
@@ -840,7 +846,10 @@ struct AccumulateSlots {
     if (insert_missing) {
       bool inserted = false;
       s = t.FindOrClaim(keys[i], epoch, &inserted);
-      if (inserted) WriteNewRow(t, s, keys[i], defaults, col_begin, cols, nullptr, nullptr);
+      if (inserted) {
+        WriteDefaultColumns(t.Row(s), t.width(), defaults, 0, 1, 0, 0);
+        t.ResetMeta(s);
+      }
       rep_inserted[i] = inserted ? 1 : 0;
     } else {
       s = t.read().FindSlot(keys[i]);
@@ -1029,13 +1038,25 @@ class BucketTable {
         (err = BeginWrite(keys, n, &epoch)) != "") {
       return err;
     }
-    kernels::FindOrInsert f{mutable_view(),  keys,      s_.rep,
-                            s_.first,        s_.mult,   init ? *init : embedding::RowInitParams(),
-                            init != nullptr, init_rows, column_defaults,
-                            col_begin,       cols,      count,
-                            version,         epoch,     s_.slot_of,
-                            s_.rep_inserted, out};
+    kernels::FindOrInsert f{mutable_view(),
+                            keys,
+                            s_.rep,
+                            s_.first,
+                            s_.mult,
+                            init ? *init : embedding::RowInitParams(),
+                            init != nullptr,
+                            init_rows,
+                            cols,
+                            count,
+                            version,
+                            epoch,
+                            s_.slot_of,
+                            s_.rep_inserted,
+                            out};
     if ((err = b_.ForEach(n, f)) != "" || (err = CountClaims(n, s_.rep)) != "") return err;
+    kernels::NewRowColumns w{mutable_view(),  s_.rep,    s_.slot_of, s_.rep_inserted, out,
+                             column_defaults, col_begin, cols};
+    if ((err = b_.ForEach(n * cols, w)) != "") return err;
     kernels::Gather g{read_view(), s_.rep,  s_.slot_of,      col_begin, cols,    nullptr,
                       out,         nullptr, s_.rep_inserted, s_.first,  inserted};
     return b_.ForEach(n * cols, g);
@@ -1069,8 +1090,8 @@ class BucketTable {
     uint32_t epoch = 0;
     if (insert_missing && (err = EnsureRoom(keys, n)) != "") return err;
     if ((err = BeginWrite(keys, insert_missing ? n : 0, &epoch)) != "") return err;
-    kernels::AccumulateSlots f{mutable_view(), keys,  s_.rep,  s_.mult, column_defaults, col_begin,      cols,
-                               insert_missing, count, version, epoch,   s_.slot_of,      s_.rep_inserted};
+    kernels::AccumulateSlots f{mutable_view(), keys,    s_.rep, s_.mult,    column_defaults, insert_missing,
+                               count,          version, epoch,  s_.slot_of, s_.rep_inserted};
     if ((err = b_.ForEach(n, f)) != "") return err;
     if (insert_missing && (err = CountClaims(n, s_.rep)) != "") return err;
     return b_.ForEach(n * cols, kernels::AccumulateAdd{mutable_view(), s_.rep, s_.slot_of, deltas, col_begin, cols});

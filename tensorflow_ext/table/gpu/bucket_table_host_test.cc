@@ -217,6 +217,47 @@ TFEXT_TEST(OnlyNewKeysGrowTheTable) {
   CHECK_EQ(static_cast<int64_t>(Snapshot(g).size()), 97);
 }
 
+// Growing tables count claims after each pass (CountIf over the inserted flags), not in the claim: size and used
+// follow every writing operation (duplicates in a batch count once), removals leave used, a rehash drops them.
+TFEXT_TEST(CountsFollowClaimsRemovalsAndRehash) {
+  Table g(HostBackend{4});
+  CHECK_EQ(g.Init(Options(4)), "");  // 128 slots
+  GpuTableStats s;
+  std::vector<int64_t> keys = {5, 6, 7, 5, 6, 8};  // 4 distinct
+  std::vector<float> vals(keys.size() * 4, 1.0f);
+  CHECK_EQ(g.Insert(keys.data(), keys.size(), 0, 4, vals.data(), nullptr, false, -1), "");
+  CHECK_EQ(g.Stats(&s), "");
+  CHECK_EQ(s.size, 4);
+  CHECK_EQ(s.used, 4);
+  std::vector<float> out(keys.size() * 4);
+  const RowInitParams init = Normal(3);
+  std::vector<int64_t> more = {8, 9, 9, 10};  // 2 new
+  CHECK_EQ(g.FindOrInsert(more.data(), more.size(), 0, 4, &init, nullptr, nullptr, out.data(), nullptr, false, -1), "");
+  CHECK_EQ(g.Accumulate(more.data(), more.size(), 0, 4, vals.data(), nullptr, true, false, -1), "");  // none new
+  std::vector<int64_t> acc = {11, 11};  // 1 new through accumulate's insert_missing
+  CHECK_EQ(g.Accumulate(acc.data(), acc.size(), 0, 4, vals.data(), nullptr, true, false, -1), "");
+  AdagradOpt opt;
+  const float lr = 0.1f;
+  CHECK_EQ(opt.Prepare(&lr, OptimizerFlags()), "");
+  std::vector<int64_t> applied = {12, 5};  // 1 new through the apply
+  std::vector<float> grads(2 * 2, 0.5f);
+  CHECK_EQ(g.Apply(applied.data(), 2, grads.data(), 2, 1, opt, nullptr, -1), "");
+  CHECK_EQ(g.Stats(&s), "");
+  CHECK_EQ(s.size, 8);
+  CHECK_EQ(s.used, 8);
+  int64_t removed = 0;
+  CHECK_EQ(g.Remove(keys.data(), 3, &removed), "");  // 5, 6, 7
+  CHECK_EQ(removed, 3);
+  CHECK_EQ(g.Stats(&s), "");
+  CHECK_EQ(s.size, 5);
+  CHECK_EQ(s.used, 8);
+  CHECK_EQ(g.Reserve(1000), "");  // rehash: removed slots dropped
+  CHECK_EQ(g.Stats(&s), "");
+  CHECK_EQ(s.size, 5);
+  CHECK_EQ(s.used, 5);
+  CHECK_EQ(static_cast<int64_t>(Snapshot(g).size()), 5);
+}
+
 // Many threads claiming at once: every distinct key lands once, duplicates read the row of their key.
 TFEXT_TEST(ConcurrentClaimsStoreEachKeyOnce) {
   Table g(HostBackend{8});

@@ -194,4 +194,3 @@ def test_bench_saver_build_tiny():
     out = _run("bench_saver_build.py", "--tables", "2", "--repeats", "1")
     result = json.loads(out.strip().splitlines()[-1])
     assert result["tables"] == 2 and 0 < result["saver_build_s_median"] < 60
-

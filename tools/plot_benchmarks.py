@@ -75,6 +75,15 @@ def _subtitle(d):
     )
 
 
+def _save(fig, ax, out_dir, name):
+    ax.legend(fontsize=8)
+    fig.tight_layout()
+    path = os.path.join(out_dir, name)
+    fig.savefig(path, dpi=120)
+    plt.close(fig)
+    return path
+
+
 def plot_table(d, out_dir):
     dims = d["config"]["dims"]
     groups = ["%s dim %d" % (op, dim) for dim in dims for op in ("find", "upsert")]
@@ -95,12 +104,7 @@ def plot_table(d, out_dir):
         % ("{:,}".format(c["keys"]), c["batch"], c["intra_op"], c.get("stat", "median"), c["repeats"], _subtitle(d)),
         fontsize=9,
     )
-    ax.legend(fontsize=8)
-    fig.tight_layout()
-    path = os.path.join(out_dir, "table_throughput.png")
-    fig.savefig(path, dpi=120)
-    plt.close(fig)
-    return path
+    return _save(fig, ax, out_dir, "table_throughput.png")
 
 
 def plot_memory(d, out_dir):
@@ -128,12 +132,7 @@ def plot_memory(d, out_dir):
         "Table memory at steady state: dim %d, %s keys\n%s" % (dim, "{:,}".format(d["config"]["keys"]), _subtitle(d)),
         fontsize=9,
     )
-    ax.legend(fontsize=8)
-    fig.tight_layout()
-    path = os.path.join(out_dir, "table_memory.png")
-    fig.savefig(path, dpi=120)
-    plt.close(fig)
-    return path
+    return _save(fig, ax, out_dir, "table_memory.png")
 
 
 def plot_ctr(d, out_dir):
@@ -149,12 +148,7 @@ def plot_ctr(d, out_dir):
         "ctr26: batch %d, 26 fields, dim %d, median of %d steps\n%s" % (c["batch"], c["dim"], c["steps"], _subtitle(d)),
         fontsize=9,
     )
-    ax.legend(fontsize=8)
-    fig.tight_layout()
-    path = os.path.join(out_dir, "ctr26_step.png")
-    fig.savefig(path, dpi=120)
-    plt.close(fig)
-    return path
+    return _save(fig, ax, out_dir, "ctr26_step.png")
 
 
 def plot_gpu(d, out_dir):
@@ -183,12 +177,7 @@ def plot_gpu(d, out_dir):
         % ("{:,}".format(keys), d.get("device", "?"), d.get("date", "")),
         fontsize=9,
     )
-    ax.legend(fontsize=8)
-    fig.tight_layout()
-    path = os.path.join(out_dir, "gpu_table.png")
-    fig.savefig(path, dpi=120)
-    plt.close(fig)
-    return path
+    return _save(fig, ax, out_dir, "gpu_table.png")
 
 
 def main(argv=None):

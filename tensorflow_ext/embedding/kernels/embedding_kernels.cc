@@ -225,32 +225,48 @@ class EmbeddingLookupOp : public LookupBase {
 
 // Deduplicates keys[0, n) into *uniq (first-occurrence order) and idx.
 // Open addressing over int32 slots (0 = empty, else 1 + unique index), at
-// most half full.
+// most half full. Serial (the order of first occurrences is the output), so
+// the probe of key i + kAhead is prefetched while key i is placed: the set
+// (4 bytes x 2n slots, 1 MB for a ctr26 batch) lives in L2/L3, and the
+// dependent misses were most of the time (1.2 ms -> 0.74 ms for 106K ids).
 void Dedup(const int64_t* keys, int64_t n, std::vector<int64_t>* uniq, int32_t* idx) {
+  constexpr int64_t kAhead = 16;
   uint64_t cap = 16;
   while (cap < 2 * static_cast<uint64_t>(n)) cap <<= 1;
   const uint64_t mask = cap - 1;
   std::vector<int32_t> slots(cap, 0);
-  uniq->clear();
-  uniq->reserve(static_cast<size_t>(n));
+  uniq->resize(static_cast<size_t>(n));
+  int64_t* u = uniq->data();
+  int32_t count = 0;
+  uint64_t home[kAhead];  // home[i % kAhead]: the first probe of key i
+  for (int64_t i = 0; i < kAhead && i < n; ++i) {
+    home[i] = SplitMix64(static_cast<uint64_t>(keys[i])) & mask;
+    __builtin_prefetch(&slots[home[i]]);
+  }
   for (int64_t i = 0; i < n; ++i) {
+    uint64_t p = home[i % kAhead];
+    if (i + kAhead < n) {
+      const uint64_t q = SplitMix64(static_cast<uint64_t>(keys[i + kAhead])) & mask;
+      home[i % kAhead] = q;
+      __builtin_prefetch(&slots[q]);
+    }
     const int64_t key = keys[i];
-    uint64_t p = SplitMix64(static_cast<uint64_t>(key)) & mask;
     for (;;) {
       const int32_t s = slots[p];
       if (s == 0) {
-        uniq->push_back(key);
-        slots[p] = static_cast<int32_t>(uniq->size());
-        idx[i] = static_cast<int32_t>(uniq->size() - 1);
+        u[count] = key;
+        idx[i] = count++;
+        slots[p] = count;
         break;
       }
-      if ((*uniq)[s - 1] == key) {
+      if (u[s - 1] == key) {
         idx[i] = s - 1;
         break;
       }
       p = (p + 1) & mask;
     }
   }
+  uniq->resize(static_cast<size_t>(count));
 }
 
 // Runs fn(begin, end) over [0, total) on the op's worker threads when the

@@ -681,7 +681,7 @@ TFEXT_HOST_DEVICE inline void WriteDefaultColumns(float* row, int64_t width, con
 
 // FindOrInsert, pass 1 (representatives): find or claim. The initial row of a new key (from its initializer, which
 // draws each key's values in sequence, or from init_rows) goes to the key's own output row, contiguous for the
-// thread; pass 2 (NewRowColumns) copies it into the table a warp-wide row at a time.
+// thread; pass 2 (WriteColumns) copies it into the table a warp-wide row at a time.
 struct FindOrInsert {
   MutableView t;
   const int64_t* keys;
@@ -721,26 +721,6 @@ struct FindOrInsert {
   }
 };
 
-// FindOrInsert, pass 2 (one element per call: e = i * cols + c): a row pass 1 claimed gets its initial columns from
-// the output and column_defaults (or zeros) elsewhere.
-struct NewRowColumns {
-  MutableView t;
-  const long long* rep;
-  const long long* slot_of;
-  const uint8_t* rep_inserted;
-  const float* out;
-  const float* defaults;
-  int64_t col_begin, cols;
-  TFEXT_HOST_DEVICE void operator()(int64_t e) const {
-    int64_t i, c;
-    SplitIndex(e, cols, &i, &c);
-    if (rep[i] != i || !rep_inserted[i]) return;
-    float* row = t.Row(slot_of[i]);
-    WriteDefaultColumns(row, t.width(), defaults, c, cols, col_begin, col_begin + cols);
-    row[col_begin + c] = out[e];
-  }
-};
-
 // Output rows, one element per call (e = i * cols + c): from the slot batch entry i resolved to (through its
 // representative when rep is non-null); default_row (or untouched, if null) for missing keys. found / inserted
 // flags are written with the first column.
@@ -775,10 +755,10 @@ struct Gather {
   }
 };
 
-// Writes take two passes: one thread per key finds or claims the slot (ClaimSlots), then one thread per element
-// writes the row (InsertColumns, ApplyColumns), so that a warp's loads and stores cover consecutive columns of one
-// row. With one thread writing a whole row, each access of a warp touched 32 rows: on an H100, 86% of the sectors
-// a fused Adam apply moved were wasted and it ran 30x slower than a find of the same keys.
+// Writes take two passes: one thread per key finds or claims the slot (ClaimSlots, FindOrInsert), then one thread
+// per element writes the row (WriteColumns, ApplyColumns), so that a warp's loads and stores cover consecutive columns
+// of one row. With one thread writing a whole row, each access of a warp touched 32 rows: on an H100, 86% of the
+// sectors a fused Adam apply moved were wasted and it ran 30x slower than a find of the same keys.
 
 // Pass 1 (one key per call; representatives only when rep is non-null): the slot of each key, claimed if absent,
 // its metadata reset (new keys) and touched. slot_of[i] = -1 for a key that could not be stored.
@@ -805,26 +785,29 @@ struct ClaimSlots {
   }
 };
 
-// Insert, pass 2 (one element per call: e = i * cols + c): the last occurrence of each key writes its columns; a
-// new row gets column_defaults elsewhere.
-struct InsertColumns {
+// Pass 2 of Insert and FindOrInsert (one element per call: e = i * cols + c): the representative's row gets column c
+// of src[src_row[i]] (src_row null: src[i]); a row pass 1 claimed gets column_defaults (or zeros) elsewhere.
+// new_rows_only: rows pass 1 found keep their values (FindOrInsert).
+struct WriteColumns {
   MutableView t;
   const long long* rep;
-  const long long* last;
   const long long* slot_of;
   const uint8_t* rep_inserted;
-  const float* values;
+  const long long* src_row;
+  const float* src;
   const float* defaults;
   int64_t col_begin, cols;
+  bool new_rows_only;
   TFEXT_HOST_DEVICE void operator()(int64_t e) const {
     int64_t i, c;
     SplitIndex(e, cols, &i, &c);
     if (rep[i] != i) return;
     const int64_t s = slot_of[i];
-    if (s < 0) return;
+    const bool fresh = rep_inserted[i] != 0;
+    if (s < 0 || (new_rows_only && !fresh)) return;
     float* row = t.Row(s);
-    if (rep_inserted[i]) WriteDefaultColumns(row, t.width(), defaults, c, cols, col_begin, col_begin + cols);
-    row[col_begin + c] = values[last[i] * cols + c];
+    if (fresh) WriteDefaultColumns(row, t.width(), defaults, c, cols, col_begin, col_begin + cols);
+    row[col_begin + c] = src[(src_row ? src_row[i] : i) * cols + c];
   }
 };
 
@@ -1054,8 +1037,8 @@ class BucketTable {
                             s_.rep_inserted,
                             out};
     if ((err = b_.ForEach(n, f)) != "" || (err = CountClaims(n, s_.rep)) != "") return err;
-    kernels::NewRowColumns w{mutable_view(),  s_.rep,    s_.slot_of, s_.rep_inserted, out,
-                             column_defaults, col_begin, cols};
+    kernels::WriteColumns w{mutable_view(), s_.rep, s_.slot_of, s_.rep_inserted, nullptr, out, column_defaults,
+                            col_begin,      cols,   true};
     if ((err = b_.ForEach(n * cols, w)) != "") return err;
     kernels::Gather g{read_view(), s_.rep,  s_.slot_of,      col_begin, cols,    nullptr,
                       out,         nullptr, s_.rep_inserted, s_.first,  inserted};
@@ -1075,8 +1058,8 @@ class BucketTable {
     kernels::ClaimSlots claim{mutable_view(), keys,  s_.rep,     s_.mult,        count,
                               version,        epoch, s_.slot_of, s_.rep_inserted};
     if ((err = b_.ForEach(n, claim)) != "" || (err = CountClaims(n, s_.rep)) != "") return err;
-    kernels::InsertColumns w{mutable_view(), s_.rep,          s_.last,   s_.slot_of, s_.rep_inserted,
-                             values,         column_defaults, col_begin, cols};
+    kernels::WriteColumns w{mutable_view(), s_.rep, s_.slot_of, s_.rep_inserted, s_.last, values, column_defaults,
+                            col_begin,      cols,   false};
     return b_.ForEach(n * cols, w);
   }
 

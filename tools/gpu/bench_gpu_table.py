@@ -9,7 +9,8 @@ The library is found as tools/gpu/test_gpu_table.py finds it (--lib, $TFEXT_GPU_
 built like `make cuda`).
 
 GPU figures: device time of one call (CUDA events on the table's stream, tfext_gpu_time) on arrays already on the
-device, so PCIe copies are not counted; the host round trips inside an operation (dedup count, load check) are.
+device, so PCIe copies are not counted; the host round trip inside a write (one read of the table's counters for
+its load check) is.
 Each table has a fixed number of slots (default 2^23) and is prefilled (untimed) to the load factor asked for, with
 room left so that no timed call rehashes (checked: the capacity is printed before and after). Timed, with --keys
 keys per call: find, insert (assign: existing keys), accumulate (existing keys), find_or_insert (new keys; the table

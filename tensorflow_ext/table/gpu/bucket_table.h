@@ -24,7 +24,8 @@
 //    cannot write the table by mistake: the compiler refuses it.
 //  * Errors: operations return an empty string on success, else a message naming the problem (bad argument,
 //    device allocation failure with its size, a CUDA error). After a failed write the table is consistent but may
-//    hold part of the batch.
+//    hold part of the batch (and, if a kernel launch failed between the claim pass and the count of its claims,
+//    size and used may miss the keys it claimed).
 //
 // Limitations
 //  * Removed entries leave tombstones that growing tables reclaim only at the next rehash (Clear or growth); capped
@@ -47,8 +48,10 @@
 //  * Capped mode: a first pass stamps the slots of the batch's stored keys with the batch's epoch, so no key of the
 //    batch evicts another whatever order the threads run in; then each key takes its bucket's spin lock around
 //    find-claim-evict (a new slot is stamped under the lock, so the row write after it races with no eviction).
-//  * Rows are written by the claiming thread; outputs are gathered afterwards by one thread per output element
-//    (coalesced writes), from the slot each batch entry resolved to.
+//  * Writes take two passes: one thread per key finds or claims the slot, then one thread per element writes the
+//    rows (consecutive columns across a warp); outputs are gathered the same way, from the slot each batch entry
+//    resolved to. The exception is Accumulate's new rows (column defaults, written by the claiming thread: the
+//    element pass adds to them atomically). Growing tables count claims after the pass (CountIf), not per thread.
 //
 // Backend: BucketTable<Backend> is host code parameterized by where the arrays live and how a kernel runs:
 // DeviceBackend (device_backend.h, nvcc only: cudaMalloc and a grid-stride kernel on a stream) or HostBackend
@@ -189,6 +192,15 @@ TFEXT_HOST_DEVICE inline unsigned long long CounterAdd(unsigned long long* p, un
   return g.shfl(base, 0) + v * g.thread_rank();
 #else
   return __atomic_fetch_add(p, v, __ATOMIC_RELAXED);
+#endif
+}
+
+// Sets a flag that any number of threads may set at once (all store the same value).
+TFEXT_HOST_DEVICE inline void SetFlag(unsigned long long* p) {
+#if defined(__CUDA_ARCH__)
+  *p = 1;
+#else
+  __atomic_store_n(p, 1ULL, __ATOMIC_RELAXED);
 #endif
 }
 
@@ -627,7 +639,7 @@ struct Dedup {
       p = (p + 1) & set_mask;
     }
     rep[i] = r;
-    if (duplicates && r != i) *duplicates = 1;
+    if (duplicates && r != i) hd::SetFlag(duplicates);
     if (first) hd::MinI64(&first[r], i);
     if (last) hd::MaxI64(&last[r], i);
     if (mult) hd::Add32(&mult[r], 1);
@@ -1283,7 +1295,7 @@ class BucketTable {
     return "";
   }
 
-  // What a deduplication computes besides rep and the distinct count (each costs an atomic per entry).
+  // What a deduplication computes besides rep (first, last, mult: an atomic per entry each).
   enum DedupOutputs : unsigned { kRepOnly = 0, kFirst = 1, kLast = 2, kMult = 4, kFlagDuplicates = 8 };
 
   // Deduplicates keys[0, n) into the scratch arrays (s_.rep). s_.first / s_.last / s_.mult hold meaningful values

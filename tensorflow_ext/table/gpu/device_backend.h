@@ -50,8 +50,8 @@ inline std::string CudaError(const char* what, cudaError_t err) {
 
 struct DeviceBackend {
   cudaStream_t stream = nullptr;  // the default stream unless set
-  int threads_per_block = 256;
-  int multiprocessors = 0;  // of the current device, read at the first launch
+  int threads_per_block = 256;    // a multiple of 32 (CountIf sums whole warps)
+  int multiprocessors = 0;        // of the current device, read at the first launch
 
   std::string Alloc(void** p, size_t bytes) {
     const cudaError_t err = cudaMalloc(p, bytes > 0 ? bytes : 1);
@@ -90,6 +90,11 @@ struct DeviceBackend {
   template <class P>
   std::string CountIf(int64_t n, const P& pred, unsigned long long* a, unsigned long long* b = nullptr) {
     if (n <= 0) return "";
+    if (threads_per_block % 32 != 0 || threads_per_block < 32 || threads_per_block > 1024) {
+      return "CountIf: threads_per_block must be a multiple of 32 in [32, 1024] (the block sum uses whole warps), "
+             "got " +
+             std::to_string(threads_per_block);
+    }
     CountIfKernel<<<Blocks(n, 4), threads_per_block, 0, stream>>>(pred, n, a, b);
     const cudaError_t err = cudaGetLastError();
     return err == cudaSuccess ? "" : CudaError("kernel launch", err);

@@ -255,6 +255,16 @@ void RunParallel(const ParallelFor& pf, int64_t total, const std::function<void(
   if (error) std::rethrow_exception(error);
 }
 
+// RunParallel when `parallel`, else fn(0, total) on the calling thread (small
+// batches: handing them to the pool costs more than it saves).
+void RunParallel(bool parallel, const ParallelFor& pf, int64_t total, const std::function<void(int64_t, int64_t)>& fn) {
+  if (parallel) {
+    RunParallel(pf, total, fn);
+  } else {
+    fn(0, total);
+  }
+}
+
 // Runs a cleanup (lock releases) when it goes out of scope, exception or not.
 template <typename Fn>
 class ScopeExit {
@@ -1133,11 +1143,7 @@ struct HashTable::Impl {
       }
     };
     try {
-      if (n < kSerialBatch) {
-        run_shards(0, num_shards);
-      } else {
-        RunParallel(pf, num_shards, run_shards);
-      }
+      RunParallel(n >= kSerialBatch, pf, num_shards, run_shards);
     } catch (const std::bad_alloc&) {
       // Out of memory: the prefaulted spares go back first (every shard lock
       // is released here; Replace swaps chunk_source under shard 0's lock too).
@@ -1479,11 +1485,7 @@ ShardPlan HashTable::Impl::Bucket(const int64_t* keys, int64_t n, const Parallel
     }
   };
   const bool parallel = blocks > 1;
-  if (parallel) {
-    RunParallel(pf, blocks, count);
-  } else {
-    count(0, blocks);
-  }
+  RunParallel(parallel, pf, blocks, count);
   int64_t running = 0;
   for (int64_t si = 0; si < num_shards; ++si) {
     plan.begin[si] = running;
@@ -1495,11 +1497,7 @@ ShardPlan HashTable::Impl::Bucket(const int64_t* keys, int64_t n, const Parallel
   }
   plan.begin[num_shards] = running;
   TFEXT_DCHECK(running == n, "bucketing places every key once");
-  if (parallel) {
-    RunParallel(pf, blocks, scatter);
-  } else {
-    scatter(0, blocks);
-  }
+  RunParallel(parallel, pf, blocks, scatter);
   if constexpr (kDebugChecks) {
     // Postcondition: each shard's range holds its own keys in batch order
     // (the batch-order semantics of duplicate keys rest on this).
@@ -1916,11 +1914,7 @@ int64_t HashTable::UpdateRows(const int64_t* keys, const uint64_t* refs, uint64_
       }
     }
   };
-  if (n < kSerialBatch) {
-    run_shards(0, m.num_shards);
-  } else {
-    RunParallel(pf, m.num_shards, run_shards);
-  }
+  RunParallel(n >= kSerialBatch, pf, m.num_shards, run_shards);
   // The probe for the rest, with their own positions.
   std::vector<int64_t> pos;
   std::vector<int64_t> rest;

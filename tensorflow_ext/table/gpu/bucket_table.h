@@ -481,6 +481,16 @@ class MutableView {
     }
     if (version >= 0) a_.versions[slot] = version;
   }
+  // FindOrClaim, then the metadata of the key's slot: reset if claimed, then touched (Touch).
+  TFEXT_HOST_DEVICE int64_t FindOrClaimTouched(int64_t key, uint32_t epoch, uint32_t occurrences, int64_t version,
+                                               bool* inserted) const {
+    const int64_t s = FindOrClaim(key, epoch, inserted);
+    if (s >= 0) {
+      if (*inserted) ResetMeta(s);
+      Touch(s, occurrences, version);
+    }
+    return s;
+  }
   // Copies an entry of another table into the slot this thread claimed (rehash).
   TFEXT_HOST_DEVICE void CopyEntry(int64_t slot, const ReadView& from, int64_t from_slot) const {
     const float* src = from.Row(from_slot);
@@ -715,7 +725,7 @@ struct FindOrInsert {
     const int64_t key = keys[i];
     const float* src = use_init ? nullptr : init_rows + first[i] * cols;
     bool inserted = false;
-    const int64_t s = t.FindOrClaim(key, epoch, &inserted);
+    const int64_t s = t.FindOrClaimTouched(key, epoch, count ? mult[i] : 0, version, &inserted);
     if (s < 0 || inserted) {
       float* dst = out + i * cols;
       if (src) {
@@ -723,10 +733,6 @@ struct FindOrInsert {
       } else {
         embedding::FillInitialRow(init, key, dst, cols, embedding::InlineBoxMuller());
       }
-    }
-    if (s >= 0) {
-      if (inserted) t.ResetMeta(s);
-      t.Touch(s, count ? mult[i] : 0, version);
     }
     slot_of[i] = s >= 0 ? s : kRowInOutput;
     rep_inserted[i] = inserted ? 1 : 0;
@@ -787,12 +793,7 @@ struct ClaimSlots {
   TFEXT_HOST_DEVICE void operator()(int64_t i) const {
     if (rep && rep[i] != i) return;
     bool inserted = false;
-    const int64_t s = t.FindOrClaim(keys[i], epoch, &inserted);
-    if (s >= 0) {
-      if (inserted) t.ResetMeta(s);
-      t.Touch(s, count ? mult[i] : 0, version);
-    }
-    slot_of[i] = s;
+    slot_of[i] = t.FindOrClaimTouched(keys[i], epoch, count ? mult[i] : 0, version, &inserted);
     rep_inserted[i] = inserted ? 1 : 0;
   }
 };
@@ -837,19 +838,17 @@ struct AccumulateSlots {
   uint8_t* rep_inserted;
   TFEXT_HOST_DEVICE void operator()(int64_t i) const {
     if (rep[i] != i) return;
+    const uint32_t occurrences = count ? mult[i] : 0;
     int64_t s;
     if (insert_missing) {
       bool inserted = false;
-      s = t.FindOrClaim(keys[i], epoch, &inserted);
-      if (inserted) {
-        WriteDefaultColumns(t.Row(s), t.width(), defaults, 0, 1, 0, 0);
-        t.ResetMeta(s);
-      }
+      s = t.FindOrClaimTouched(keys[i], epoch, occurrences, version, &inserted);
+      if (inserted) WriteDefaultColumns(t.Row(s), t.width(), defaults, 0, 1, 0, 0);
       rep_inserted[i] = inserted ? 1 : 0;
     } else {
       s = t.read().FindSlot(keys[i]);
+      if (s >= 0) t.Touch(s, occurrences, version);
     }
-    if (s >= 0) t.Touch(s, count ? mult[i] : 0, version);
     slot_of[i] = s;
   }
 };
@@ -1339,9 +1338,12 @@ class BucketTable {
   std::string EnsureRoom(const int64_t* keys, int64_t n, const TableCounters* known = nullptr) {
     if (a_.capped) return "";
     TableCounters s;
-    std::string err = known ? "" : b_.CopyToHost(&s, counters_, sizeof(s));
-    if (!err.empty()) return err;
-    if (known) s = *known;
+    std::string err;
+    if (known) {
+      s = *known;
+    } else if ((err = b_.CopyToHost(&s, counters_, sizeof(s))) != "") {
+      return err;
+    }
     const double limit = o_.max_load_factor * static_cast<double>(a_.capacity);
     if (static_cast<double>(s.used + n) <= limit) return "";
     err = b_.Memset(&counters_->cursor, 0, sizeof(counters_->cursor));

@@ -82,8 +82,7 @@ struct DeviceBackend {
     if (n <= 0) return "";
     // Enough blocks to fill the device several times over; a grid-stride loop covers the rest.
     ForEachKernel<<<Blocks(n, 32), threads_per_block, 0, stream>>>(f, n);
-    const cudaError_t err = cudaGetLastError();
-    return err == cudaSuccess ? "" : CudaError("kernel launch", err);
+    return LaunchError();
   }
 
   // *a += |{i in [0, n) : pred(i)}| (and *b, if non-null), with one atomic per block.
@@ -96,11 +95,15 @@ struct DeviceBackend {
              std::to_string(threads_per_block);
     }
     CountIfKernel<<<Blocks(n, 4), threads_per_block, 0, stream>>>(pred, n, a, b);
+    return LaunchError();
+  }
+
+ private:
+  static std::string LaunchError() {
     const cudaError_t err = cudaGetLastError();
     return err == cudaSuccess ? "" : CudaError("kernel launch", err);
   }
 
- private:
   // Blocks for n indices, at most per_multiprocessor blocks per multiprocessor.
   int Blocks(int64_t n, int per_multiprocessor) {
     if (multiprocessors == 0) {

@@ -17,6 +17,8 @@
 #include "tensorflow/core/lib/core/errors.h"
 #include "tensorflow_ext/embedding/kernels/multi_table.h"
 #include "tensorflow_ext/embedding/kernels/row_initializer.h"
+#include "tensorflow_ext/embedding/kernels/row_initializer_cpu.h"
+#include "tensorflow_ext/table/core/check.h"
 #include "tensorflow_ext/table/core/hash_table.h"
 #include "tensorflow_ext/table/core/mix.h"
 #include "tensorflow_ext/table/kernels/table_resource.h"
@@ -39,25 +41,10 @@ using tensorflow::errors::InvalidArgument;
 // HashKey and the Python layer use.
 using table::SplitMix64;
 
-using embedding::BoxMullerBlockInline;
-using embedding::FillInitialRow;
+using embedding::FillInitialRowsCpu;
 using embedding::RowInitParams;
 
 // ---------------------------------------------------------------------------
-// Initial rows (row_initializer.h, shared with the CUDA table). The block
-// transform is compiled for AVX2 too where the CPU has it (same IEEE
-// operations, no FMA: the same values either way).
-#if defined(__x86_64__) && defined(__GNUC__) && !defined(__clang__)
-__attribute__((target_clones("avx2", "default")))
-#endif
-void BoxMullerBlock(const uint32_t* x, float* out) {
-  BoxMullerBlockInline(x, out);
-}
-
-struct MultiVersionBoxMuller {
-  void operator()(const uint32_t* bits, float* z) const { BoxMullerBlock(bits, z); }
-};
-
 // Initial values of new keys (row_initializer.h): the draw depends only on
 // (initializer, seed, seed2, key), whatever the batch order, sharding or
 // thread scheduling; the TF attrs below fill its RowInitParams.
@@ -105,7 +92,14 @@ class RowInitializer {
   // The value of missing keys when nothing is inserted.
   float MissingValue() const { return p_.MissingValue(); }
 
-  void Fill(int64_t key, float* out, int64_t dim) const { FillInitialRow(p_, key, out, dim, MultiVersionBoxMuller()); }
+  // The initial rows of keys[index[j]] into rows[j], j < count (at most
+  // HashTable::kInitBatch: FindOrInsertWith's batches).
+  void FillRows(const int64_t* keys, const int64_t* index, float* const* rows, int64_t count, int64_t dim) const {
+    TFEXT_DCHECK(count <= table::HashTable::kInitBatch, "FindOrInsertWith hands init at most kInitBatch rows");
+    int64_t batch_keys[table::HashTable::kInitBatch];
+    for (int64_t j = 0; j < count; ++j) batch_keys[j] = keys[index[j]];
+    FillInitialRowsCpu(p_, batch_keys, rows, count, dim);
+  }
 
  private:
   RowInitParams p_;
@@ -143,7 +137,10 @@ tensorflow::Status ProbeRows(TableResource* table, int64_t dim, bool insert_miss
     refs->epoch = t->removal_epoch();  // before the probe: see UpdateRows
     refs->refs.resize(static_cast<size_t>(n));
     t->FindOrInsertWith(
-        k, n, 0, dim, [&init, k, dim](int64_t i, float* dst) { init.Fill(k[i], dst, dim); },
+        k, n, 0, dim,
+        [&init, k, dim](const int64_t* index, float* const* dst, int64_t count) {
+          init.FillRows(k, index, dst, count, dim);
+        },
         table->column_defaults().data(), out, nullptr, count, step, pf, refs->refs.data());
   });
   if (status.ok()) table->SetLastLookupRefs(k, n, std::move(refs));

@@ -1117,13 +1117,17 @@ struct HashTable::Impl {
   ShardPlan Bucket(const int64_t* keys, int64_t n, const ParallelFor& pf) const;
 
   // Runs op(shard, key_index, hash) for every key, shard by shard under the
-  // shard's write lock, in batch order within a shard, rows prefetched.
+  // shard's write lock, in batch order within a shard, rows prefetched, and
+  // after_shard(shard) after a shard's last key, still under its lock.
   // Within a shard the keys come in bucketed order, so the caller's per-key
   // input/output rows are random accesses too: prefetch_io(key_index) is
   // called a few keys ahead to prefetch them.
-  template <typename PrefetchIo, typename Op>
+  struct NoEndShard {
+    void operator()(Shard&) const {}
+  };
+  template <typename PrefetchIo, typename Op, typename EndShard = NoEndShard>
   void ForEachKeyExclusive(const int64_t* keys, int64_t n, const ParallelFor& pf, const PrefetchIo& prefetch_io,
-                           const Op& op) const {
+                           const Op& op, const EndShard& after_shard = EndShard()) const {
     if (n <= 0) return;
     const ShardPlan plan = Bucket(keys, n, pf);
     auto run_shards = [&](int64_t first_shard, int64_t end_shard) {
@@ -1132,14 +1136,25 @@ struct HashTable::Impl {
         if (b == e) continue;
         Shard& s = shards[si];
         std::unique_lock<std::shared_mutex> lock(s.mu);
-        for (int64_t j = b; j < e; ++j) {
-          if (j + kSlotAhead < e) PrefetchSlot(s, plan.hash[j + kSlotAhead]);
-          if (j + kRowAhead < e) {
-            PrefetchRow(s, plan.hash[j + kRowAhead], 0, stride);
-            prefetch_io(plan.index[j + kRowAhead]);
+        try {
+          for (int64_t j = b; j < e; ++j) {
+            if (j + kSlotAhead < e) PrefetchSlot(s, plan.hash[j + kSlotAhead]);
+            if (j + kRowAhead < e) {
+              PrefetchRow(s, plan.hash[j + kRowAhead], 0, stride);
+              prefetch_io(plan.index[j + kRowAhead]);
+            }
+            op(s, plan.index[j], plan.hash[j]);
           }
-          op(s, plan.index[j], plan.hash[j]);
+        } catch (...) {
+          // A key that failed (out of memory) must not leave the shard's
+          // earlier keys unfinished: after_shard still runs for them.
+          try {
+            after_shard(s);
+          } catch (...) {
+          }
+          throw;
         }
+        after_shard(s);
       }
     };
     try {
@@ -1574,10 +1589,13 @@ void HashTable::FindOrInsert(const int64_t* keys, int64_t n, int64_t col_begin, 
                              const float* column_defaults, float* out, bool* inserted, bool count, int64_t version,
                              const ParallelFor& pf) {
   // The same probe as FindOrInsertWith; a new key's columns come from its
-  // init_rows row (one indirect call per inserted key, none per found key).
-  std::function<void(int64_t, float*)> copy_init;
+  // init_rows row (one indirect call per batch of inserted keys, none per
+  // found key).
+  InitRows copy_init;
   if (init_rows != nullptr) {
-    copy_init = [init_rows, cols](int64_t i, float* dst) { CopyFloats(dst, init_rows + i * cols, cols); };
+    copy_init = [init_rows, cols](const int64_t* index, float* const* dst, int64_t count) {
+      for (int64_t j = 0; j < count; ++j) CopyFloats(dst[j], init_rows + index[j] * cols, cols);
+    };
   }
   FindOrInsertWith(keys, n, col_begin, cols, copy_init, column_defaults, out, inserted, count, version, pf);
 }
@@ -1826,31 +1844,73 @@ void HashTable::Reserve(int64_t n) {
 }
 
 // Added for the embedding kernels (TfExtEmbeddingLookup): see hash_table.h.
-void HashTable::FindOrInsertWith(const int64_t* keys, int64_t n, int64_t col_begin, int64_t cols,
-                                 const std::function<void(int64_t, float*)>& init, const float* column_defaults,
-                                 float* out, bool* inserted, bool count, int64_t version, const ParallelFor& pf,
-                                 uint64_t* refs) {
+void HashTable::FindOrInsertWith(const int64_t* keys, int64_t n, int64_t col_begin, int64_t cols, const InitRows& init,
+                                 const float* column_defaults, float* out, bool* inserted, bool count, int64_t version,
+                                 const ParallelFor& pf, uint64_t* refs) {
   const Impl& m = *impl_;
   const size_t row_bytes = sizeof(float) * cols;
   const auto prefetch_io = [&](int64_t i) {
     if (out != nullptr) PrefetchBytes(out + i * cols, row_bytes);
   };
-  m.ForEachKeyExclusive(keys, n, pf, prefetch_io, [&](Shard& s, int64_t i, uint64_t h) {
-    bool added;
-    uint32_t id;
-    char* row = m.FindOrAddRow(s, keys[i], TagOf(h), &added, &id);
-    if (refs != nullptr) refs[i] = MakeRowRef(&s - &m.shards[0], id);
-    float* values = m.Values(row) + col_begin;
-    if (added) {
-      m.InitValues(row, column_defaults);
-      m.InitMeta(row, count, version);  // before init: a complete row even if init throws
-      if (init) init(i, values);
-    } else {
-      m.TouchMeta(row, count, version);
-    }
-    if (out != nullptr) CopyFloats(out + i * cols, values, cols);
-    if (inserted != nullptr) inserted[i] = added;
-  });
+  // New rows wait for init in per-shard batches (a shard is one thread's at
+  // a time), which run before the shard's lock is released. While a batch
+  // waits, out rows wait too, found keys' included: a key may repeat in the
+  // batch, and its row is not final before init.
+  constexpr int64_t kMaxOutRows = 2 * kInitBatch;
+  struct alignas(64) PendingRows {  // a cache line apart: neighbouring shards run on other threads
+    int64_t fresh = 0;              // new rows
+    int64_t fresh_index[kInitBatch];
+    float* fresh_values[kInitBatch];
+    int64_t outs = 0;  // out rows to write after init
+    int64_t out_index[kMaxOutRows];
+    const float* out_values[kMaxOutRows];
+  };
+  std::unique_ptr<PendingRows[]> pending(init ? new PendingRows[m.num_shards] : nullptr);
+  const auto run_pending = [&](Shard& s) {
+    PendingRows& p = pending[&s - &m.shards[0]];
+    const int64_t fresh = p.fresh, outs = p.outs;
+    p.fresh = p.outs = 0;  // before init: a throwing init leaves no batch behind
+    if (fresh > 0) init(p.fresh_index, p.fresh_values, fresh);
+    for (int64_t j = 0; j < outs; ++j) CopyFloats(out + p.out_index[j] * cols, p.out_values[j], cols);
+  };
+  const auto end_shard = [&](Shard& s) {
+    if (init) run_pending(s);
+  };
+  m.ForEachKeyExclusive(
+      keys, n, pf, prefetch_io,
+      [&](Shard& s, int64_t i, uint64_t h) {
+        bool added;
+        uint32_t id;
+        char* row = m.FindOrAddRow(s, keys[i], TagOf(h), &added, &id);
+        if (refs != nullptr) refs[i] = MakeRowRef(&s - &m.shards[0], id);
+        if (inserted != nullptr) inserted[i] = added;
+        float* values = m.Values(row) + col_begin;
+        if (added) {
+          m.InitValues(row, column_defaults);
+          m.InitMeta(row, count, version);  // before init: a complete row even if init throws
+        } else {
+          m.TouchMeta(row, count, version);
+        }
+        if (!init) {
+          if (out != nullptr) CopyFloats(out + i * cols, values, cols);
+          return;
+        }
+        PendingRows& p = pending[&s - &m.shards[0]];
+        if (added) {
+          p.fresh_index[p.fresh] = i;
+          p.fresh_values[p.fresh++] = values;
+        }
+        if (out != nullptr) {
+          if (p.fresh == 0) {
+            CopyFloats(out + i * cols, values, cols);  // nothing waits: final now
+          } else {
+            p.out_index[p.outs] = i;
+            p.out_values[p.outs++] = values;
+          }
+        }
+        if (p.fresh == kInitBatch || p.outs == kMaxOutRows) run_pending(s);
+      },
+      end_shard);
 }
 
 uint64_t HashTable::removal_epoch() const { return impl_->removal_epoch.load(std::memory_order_acquire); }

@@ -323,16 +323,23 @@ class HashTable {
   void Reserve(int64_t n);
 
   // --- Added for the embedding kernels (TfExtEmbeddingLookup); additive. ---
-  // Like FindOrInsert, but the columns [col_begin, col_begin + cols) of a key
-  // this call inserts are filled in place by init(key_index, dst) (called under
-  // the shard's write lock, only for new keys; the other columns get
-  // column_defaults), so a lookup draws random initial values for the new keys
-  // only, with one probe per key. count/version/out/inserted as in
-  // FindOrInsert. init must not call back into the table.
+  // Fills the columns [col_begin, col_begin + cols) of new keys' rows:
+  // init(key_indices, dst, count) writes cols floats to dst[j] for the key
+  // keys[key_indices[j]], j < count. Batches of up to kInitBatch rows, so that
+  // an initializer can work on several keys at once.
+  static constexpr int64_t kInitBatch = 16;
+  using InitRows = std::function<void(const int64_t* key_indices, float* const* dst, int64_t count)>;
+  // Like FindOrInsert, but the columns [col_begin, col_begin + cols) of the
+  // keys this call inserts are filled in place by init (called under the
+  // shard's write lock, only for new keys, before the lock is released; the
+  // other columns get column_defaults), so a lookup draws random initial
+  // values for the new keys only, with one probe per key. count/version/out/
+  // inserted as in FindOrInsert; a new key's out row is written after init.
+  // init must not call back into the table.
   // refs (optional, [n]): each key's row reference, for UpdateRows.
-  void FindOrInsertWith(const int64_t* keys, int64_t n, int64_t col_begin, int64_t cols,
-                        const std::function<void(int64_t, float*)>& init, const float* column_defaults, float* out,
-                        bool* inserted, bool count, int64_t version, const ParallelFor& pf, uint64_t* refs = nullptr);
+  void FindOrInsertWith(const int64_t* keys, int64_t n, int64_t col_begin, int64_t cols, const InitRows& init,
+                        const float* column_defaults, float* out, bool* inserted, bool count, int64_t version,
+                        const ParallelFor& pf, uint64_t* refs = nullptr);
 
   // --- Row references: an optimizer update without a second probe. ---
   // A lookup's FindOrInsertWith can hand out where each key's row is (refs);

@@ -550,25 +550,43 @@ TFEXT_TEST(FindOrInsertWithInitializesOnlyNewKeys) {
     const int64_t existing = 100;
     const float v[3] = {1, 2, 3};
     t.Insert(&existing, 1, 0, 3, v, nullptr, false, -1, pf);
-    // 5000 keys (ParallelFor path when pooled), each new key twice, one old key.
+    // 5000 keys (ParallelFor path when pooled), each new key twice, one old
+    // key, then 300 new keys each twice in a row (a repeat while its own init
+    // batch still waits).
     std::vector<int64_t> keys;
     for (int64_t k = 0; k < 2500; ++k) keys.push_back(1000 + k);
     for (int64_t k = 0; k < 2500; ++k) keys.push_back(1000 + k);
     keys.push_back(existing);
+    for (int64_t k = 0; k < 300; ++k) {
+      keys.push_back(9000 + k);
+      keys.push_back(9000 + k);
+    }
     const int64_t n = static_cast<int64_t>(keys.size());
     std::vector<std::atomic<int>> init_calls(n);
+    std::atomic<int64_t> largest_batch{0};
     std::vector<float> out(n * 2);
     std::unique_ptr<bool[]> inserted(new bool[n]);
     t.FindOrInsertWith(
         keys.data(), n, 1, 2,
-        [&](int64_t i, float* dst) {
-          ++init_calls[i];
-          dst[0] = static_cast<float>(keys[i]);
-          dst[1] = -static_cast<float>(keys[i]);
+        [&](const int64_t* index, float* const* dst, int64_t count) {
+          CHECK_GE(count, int64_t{1});
+          CHECK_LE(count, HashTable::kInitBatch);
+          int64_t seen = largest_batch.load();
+          while (count > seen && !largest_batch.compare_exchange_weak(seen, count)) {
+          }
+          for (int64_t j = 0; j < count; ++j) {
+            const int64_t i = index[j];
+            ++init_calls[i];
+            dst[j][0] = static_cast<float>(keys[i]);
+            dst[j][1] = -static_cast<float>(keys[i]);
+          }
         },
         defaults, out.data(), inserted.get(), true, 4, pf);
+    // New keys are initialized in batches; the second occurrence of a key in
+    // the same batch (or the batch it waits in) reads the initialized row.
+    CHECK_EQ(largest_batch.load(), HashTable::kInitBatch);
     for (int64_t i = 0; i < n; ++i) {
-      const bool first = i < 2500;
+      const bool first = i < 2500 || (i > 5000 && (i - 5001) % 2 == 0);
       CHECK_EQ(init_calls[i].load(), first ? 1 : 0);
       CHECK_EQ(inserted[i], first);
       if (keys[i] == existing) {
@@ -580,7 +598,7 @@ TFEXT_TEST(FindOrInsertWithInitializesOnlyNewKeys) {
       }
     }
     const std::map<int64_t, Entry> snap = Snapshot(t);
-    CHECK_EQ(snap.size(), size_t{2501});
+    CHECK_EQ(snap.size(), size_t{2801});
     const Entry& e = snap.at(1000);
     CHECK_EQ(e.row[0], 0.5f);  // the column outside the range: column_defaults
     CHECK_EQ(e.row[1], 1000.f);
@@ -1768,8 +1786,10 @@ TFEXT_TEST(UpdateRowsMatchesUpdate) {
   keys.erase(std::unique(keys.begin(), keys.end()), keys.end());
   std::shuffle(keys.begin(), keys.end(), rng);
   const int64_t m = static_cast<int64_t>(keys.size());
-  const auto fill = [&](int64_t i, float* dst) {
-    for (int64_t c = 0; c < 4; ++c) dst[c] = static_cast<float>(keys[i] % 97) + 0.25f * c;
+  const auto fill = [&](const int64_t* index, float* const* dst, int64_t count) {
+    for (int64_t j = 0; j < count; ++j) {
+      for (int64_t c = 0; c < 4; ++c) dst[j][c] = static_cast<float>(keys[index[j]] % 97) + 0.25f * c;
+    }
   };
   const auto apply = [&](int64_t i, float* row, KeyMeta* meta) {
     for (int64_t c = 0; c < width; ++c) row[c] += 0.5f * static_cast<float>(i % 13) + c;

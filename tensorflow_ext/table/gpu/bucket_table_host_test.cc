@@ -147,8 +147,10 @@ TFEXT_TEST(RandomOperationsMatchTheCpuCore) {
                "");
       c.FindOrInsertWith(
           keys.data(), n, col_begin, cols,
-          [&](int64_t i, float* dst) { FillInitialRow(init, keys[i], dst, cols, InlineBoxMuller()); }, defaults.data(),
-          co_out.data(), reinterpret_cast<bool*>(ci.data()), true, version, pf);
+          [&](const int64_t* index, float* const* dst, int64_t count) {
+            for (int64_t j = 0; j < count; ++j) FillInitialRow(init, keys[index[j]], dst[j], cols, InlineBoxMuller());
+          },
+          defaults.data(), co_out.data(), reinterpret_cast<bool*>(ci.data()), true, version, pf);
       CHECK(go == co_out);
       for (int64_t i = 0; i < n; ++i) CHECK_EQ(static_cast<int>(gi[i]), static_cast<int>(ci[i]));
     } else if (op == 1) {  // Insert: the last occurrence wins

@@ -454,8 +454,10 @@ double tfext_cpu_time(void* t, const char* op, const int64_t* keys, int64_t n, i
     } else if (name == "find_or_insert") {
       table->FindOrInsertWith(
           keys, n, 0, cols,
-          [&](int64_t i, float* dst) {
-            tfext::embedding::FillInitialRow(init, keys[i], dst, cols, tfext::embedding::InlineBoxMuller());
+          [&](const int64_t* index, float* const* dst, int64_t count) {
+            for (int64_t j = 0; j < count; ++j) {
+              tfext::embedding::FillInitialRow(init, keys[index[j]], dst[j], cols, tfext::embedding::InlineBoxMuller());
+            }
           },
           nullptr, out, nullptr, false, -1, pf);
     } else {

@@ -2,7 +2,9 @@
 // against FillInitialRow key by key with its block transform compiled for AVX2 (what the kernels ran before),
 // on the new keys of a ctr26-like step (52,000 keys). Checks that both give the same bits. Single-threaded.
 //
-//   bazel run -c opt //tensorflow_ext/embedding/kernels:row_initializer_bench -- [--keys=52000] [--dim=16]
+//   g++ -O3 -std=c++17 -fno-math-errno -ffp-contract=off -I. tensorflow_ext/embedding/kernels/row_initializer_cpu.cc
+//       tensorflow_ext/embedding/kernels/row_initializer_bench.cc -o /tmp/row_initializer_bench
+//   /tmp/row_initializer_bench [--keys=52000] [--dim=16]   (or bazel run ...:row_initializer_bench)
 
 #include <algorithm>
 #include <chrono>

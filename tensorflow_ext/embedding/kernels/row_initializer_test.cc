@@ -3,6 +3,7 @@
 // widths around the 16-value stream block, group remainders and extreme keys.
 
 #include <cstdint>
+#include <cstdio>
 #include <cstring>
 #include <limits>
 #include <vector>
@@ -84,6 +85,63 @@ TFEXT_TEST(BatchedRowsEqualKeyByKeyRowsForOtherParameters) {
 TFEXT_TEST(TruncatedNormalRowsOfUnequalBlockCounts) {
   ExpectSameRows(Params(RowInitParams::kTruncatedNormal, 0.0f, 1.0f, 7, 8), 4096, 160);
 }
+
+// The library's clones are picked by the CPU at load time, so the test above checks one of them. The same grouped
+// code compiled here for each instruction set (with the library's flags) must give the same bits too: this runs
+// every one this CPU can.
+#if defined(__x86_64__) && defined(__GNUC__) && !defined(__clang__) && __GNUC__ >= 12
+#define TFEXT_GROUP_FOR(name, target_attr)                                                                     \
+  __attribute__((target(target_attr), flatten)) void name##Bits(const uint64_t* s, uint64_t b, uint32_t* x) {  \
+    tfext::embedding::InlineGroupBlocks().Bits(s, b, x);                                                       \
+  }                                                                                                            \
+  __attribute__((target(target_attr), flatten)) void name##Normals(const uint64_t* s, uint64_t b, uint32_t* x, \
+                                                                   float* z) {                                 \
+    tfext::embedding::InlineGroupBlocks().Normals(s, b, x, z);                                                 \
+  }                                                                                                            \
+  struct name {                                                                                                \
+    void Bits(const uint64_t* s, uint64_t b, uint32_t* x) const { name##Bits(s, b, x); }                       \
+    void Normals(const uint64_t* s, uint64_t b, uint32_t* x, float* z) const { name##Normals(s, b, x, z); }    \
+  };
+TFEXT_GROUP_FOR(GroupsAvx512, "arch=x86-64-v4")
+TFEXT_GROUP_FOR(GroupsAvx2, "avx2")
+
+template <typename Groups>
+void ExpectSameRowsWith(const Groups& groups) {
+  const RowInitParams::Kind kinds[] = {RowInitParams::kNormal, RowInitParams::kTruncatedNormal,
+                                       RowInitParams::kUniform};
+  for (RowInitParams::Kind kind : kinds) {
+    const RowInitParams p = Params(kind, 0.5f, 0.25f, 21, 22);
+    for (int64_t dim : {1, 16, 17, 64}) {
+      const int64_t n = 999;
+      const std::vector<int64_t> keys = Keys(n);
+      std::vector<float> want(static_cast<size_t>(n * dim)), got(static_cast<size_t>(n * dim));
+      std::vector<float*> rows(static_cast<size_t>(n));
+      for (int64_t i = 0; i < n; ++i) {
+        FillInitialRow(p, keys[i], want.data() + i * dim, dim, InlineBoxMuller());
+        rows[i] = got.data() + i * dim;
+      }
+      tfext::embedding::FillInitialRows(p, keys.data(), rows.data(), n, dim, groups);
+      CHECK(std::memcmp(want.data(), got.data(), want.size() * sizeof(float)) == 0);
+    }
+  }
+}
+
+TFEXT_TEST(EveryInstructionSetThisCpuHasGivesTheSameRows) {
+  __builtin_cpu_init();
+  ExpectSameRowsWith(tfext::embedding::InlineGroupBlocks());  // baseline x86-64
+  if (__builtin_cpu_supports("avx2")) {
+    ExpectSameRowsWith(GroupsAvx2());
+  } else {
+    std::fprintf(stderr, "  (no AVX2 on this CPU: its form not checked)\n");
+  }
+  if (__builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512dq") && __builtin_cpu_supports("avx512vl") &&
+      __builtin_cpu_supports("avx512bw")) {
+    ExpectSameRowsWith(GroupsAvx512());  // the form with FMA instructions available
+  } else {
+    std::fprintf(stderr, "  (no AVX-512 on this CPU: its form not checked)\n");
+  }
+}
+#endif
 
 }  // namespace
 

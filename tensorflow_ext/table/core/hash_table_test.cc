@@ -1464,6 +1464,76 @@ TFEXT_TEST(OutOfMemoryThrowsAndTheTableStaysUsable) {
   }
 }
 
+// Out of memory in FindOrInsertWith: new rows wait for their initializer in
+// per-shard batches, so a key that fails mid-shard must not leave the earlier
+// new keys of its shard with column defaults only. Every key present after
+// the failure holds its initializer's values.
+static int OutOfMemoryFindOrInsertChild(bool pooled) {
+  tfext_test::ThreadPool pool(2);
+  const ParallelFor pf = pooled ? pool.AsParallelFor() : InlineParallelFor();
+  const int64_t batch = 1 << 16;
+  const int width = 4;
+  const auto value = [](int64_t key, int64_t c) { return static_cast<float>(key % 1000) + 0.25f * c; };
+  std::vector<int64_t> keys(batch);
+  std::vector<float> out(batch * width);
+  std::unique_ptr<bool[]> found(new bool[batch]);
+  const std::vector<float> defaults(width, -1.0f);
+  TableOptions options = Options(width, 4);
+  options.huge_pages = false;
+  HashTable t(options);
+  const HashTable::InitRows init = [&](const int64_t* index, float* const* dst, int64_t count) {
+    for (int64_t j = 0; j < count; ++j) {
+      for (int64_t c = 0; c < width; ++c) dst[j][c] = value(keys[index[j]], c);
+    }
+  };
+  rlimit unlimited;
+  if (getrlimit(RLIMIT_AS, &unlimited) != 0) return 2;
+  rlimit limit = unlimited;
+  limit.rlim_cur = static_cast<rlim_t>(VirtualBytes() + (int64_t{96} << 20));
+  if (setrlimit(RLIMIT_AS, &limit) != 0) return 2;
+  int64_t batches = 0;
+  bool threw = false;
+  for (int b = 0; b < 400 && !threw; ++b) {
+    for (int64_t i = 0; i < batch; ++i) keys[i] = b * batch + i;
+    ++batches;
+    try {
+      t.FindOrInsertWith(keys.data(), batch, 0, width, init, defaults.data(), out.data(), nullptr, true, -1, pf);
+    } catch (const std::bad_alloc&) {  // OutOfMemoryError included
+      threw = true;
+    }
+  }
+  if (setrlimit(RLIMIT_AS, &unlimited) != 0) return 2;
+  if (!threw) return 3;
+  int64_t present = 0;
+  for (int64_t b = 0; b < batches; ++b) {
+    for (int64_t i = 0; i < batch; ++i) keys[i] = b * batch + i;
+    t.Find(keys.data(), batch, 0, width, out.data(), found.get(), nullptr, pf);
+    for (int64_t i = 0; i < batch; ++i) {
+      if (!found[i]) continue;
+      ++present;
+      for (int64_t c = 0; c < width; ++c) {
+        if (out[i * width + c] != value(keys[i], c)) return 4;  // a row left with column defaults
+      }
+    }
+  }
+  if (present != t.size() || present < (batches - 1) * batch) return 5;  // the batches before the failure
+  if (!t.CheckInvariants().empty()) return 6;
+  return 0;
+}
+
+TFEXT_TEST(OutOfMemoryInFindOrInsertWithLeavesNoRowUninitialized) {
+  for (const bool pooled : {false, true}) {
+    std::fflush(nullptr);
+    const pid_t pid = fork();
+    CHECK(pid >= 0);
+    if (pid == 0) _exit(OutOfMemoryFindOrInsertChild(pooled));
+    int status = 0;
+    CHECK_EQ(waitpid(pid, &status, 0), pid);
+    CHECK(WIFEXITED(status));
+    CHECK_EQ(WEXITSTATUS(status), 0);
+  }
+}
+
 // CheckInvariants holds after random workloads in every layout (also checked
 // after each operation of RandomOperationsAgainstModel), and it reports each
 // kind of damage to an index: the check itself must not be vacuous.

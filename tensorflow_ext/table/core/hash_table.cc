@@ -1158,7 +1158,7 @@ struct HashTable::Impl {
       }
     };
     try {
-      RunParallel(n >= kSerialBatch, pf, num_shards, run_shards);
+      RunParallel(n >= kSerialBatch, pf, num_shards, run_shards);  // FindOrInsertWith relies on this rule
     } catch (const std::bad_alloc&) {
       // Out of memory: the prefaulted spares go back first (every shard lock
       // is released here; Replace swaps chunk_source under shard 0's lock too).
@@ -1865,9 +1865,13 @@ void HashTable::FindOrInsertWith(const int64_t* keys, int64_t n, int64_t col_beg
     int64_t out_index[kMaxOutRows];
     const float* out_values[kMaxOutRows];
   };
-  std::unique_ptr<PendingRows[]> pending(init ? new PendingRows[m.num_shards] : nullptr);
+  // A small batch runs on the calling thread, shard after shard (see
+  // ForEachKeyExclusive): one buffer, empty at each shard's end, serves all.
+  const bool one_thread = n < kSerialBatch;
+  std::unique_ptr<PendingRows[]> pending(init ? new PendingRows[one_thread ? 1 : m.num_shards] : nullptr);
+  const auto pending_of = [&](const Shard& s) -> PendingRows& { return pending[one_thread ? 0 : &s - &m.shards[0]]; };
   const auto run_pending = [&](Shard& s) {
-    PendingRows& p = pending[&s - &m.shards[0]];
+    PendingRows& p = pending_of(s);
     const int64_t fresh = p.fresh, outs = p.outs;
     p.fresh = p.outs = 0;  // before init: a throwing init leaves no batch behind
     if (fresh > 0) init(p.fresh_index, p.fresh_values, fresh);
@@ -1895,7 +1899,7 @@ void HashTable::FindOrInsertWith(const int64_t* keys, int64_t n, int64_t col_beg
           if (out != nullptr) CopyFloats(out + i * cols, values, cols);
           return;
         }
-        PendingRows& p = pending[&s - &m.shards[0]];
+        PendingRows& p = pending_of(s);
         if (added) {
           p.fresh_index[p.fresh] = i;
           p.fresh_values[p.fresh++] = values;

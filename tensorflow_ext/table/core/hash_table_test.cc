@@ -608,6 +608,41 @@ TFEXT_TEST(FindOrInsertWithInitializesOnlyNewKeys) {
   }
 }
 
+// A small batch (below the parallel threshold) runs shard after shard on
+// the calling thread with one pending batch for all shards: each shard's new
+// rows must still be initialized, and out rows written, before the next shard.
+TFEXT_TEST(FindOrInsertWithSmallBatchesAcrossShards) {
+  HashTable t(Options(2, 3));
+  for (const int64_t n : {1, 17, 600}) {
+    std::vector<int64_t> keys;
+    for (int64_t k = 0; k < n; ++k) {
+      keys.push_back(n * 100000 + k);
+      if (k % 3 == 0) keys.push_back(n * 100000 + k);  // a repeat while its batch may still wait
+    }
+    const int64_t m = static_cast<int64_t>(keys.size());
+    std::vector<int> init_calls(m, 0);
+    std::vector<float> out(m * 2, -7.0f);
+    t.FindOrInsertWith(
+        keys.data(), m, 0, 2,
+        [&](const int64_t* index, float* const* dst, int64_t count) {
+          for (int64_t j = 0; j < count; ++j) {
+            ++init_calls[index[j]];
+            dst[j][0] = static_cast<float>(keys[index[j]] % 977);
+            dst[j][1] = 0.5f;
+          }
+        },
+        nullptr, out.data(), nullptr, true, -1, InlineParallelFor());
+    int64_t inits = 0;
+    for (int64_t i = 0; i < m; ++i) {
+      inits += init_calls[i];
+      CHECK_EQ(out[2 * i], static_cast<float>(keys[i] % 977));
+      CHECK_EQ(out[2 * i + 1], 0.5f);
+    }
+    CHECK_EQ(inits, n);
+  }
+  CHECK_EQ(t.CheckInvariants(), std::string());
+}
+
 TFEXT_TEST(RemoveAndRemoveIf) {
   HashTable t(Options(2, 2));
   const ParallelFor pf = InlineParallelFor();

@@ -141,20 +141,11 @@ inline void BoxMullerBlocks(const uint32_t* x, float* out) {
   }
 }
 
-// Block b of a key's stream: the 64-bit outputs 8b+1 .. 8b+8, SplitMix64(state + k * golden gamma), split into
-// low and high halves.
-TFEXT_HOST_DEVICE inline void StreamBlock(uint64_t state, uint64_t block, uint32_t* out) {
-  for (int t = 0; t < kBoxMullerValues / 2; ++t) {
-    const uint64_t r = table::SplitMix64(state + (block * (kBoxMullerValues / 2) + t + 1) * kGoldenGamma);
-    out[2 * t] = static_cast<uint32_t>(r);
-    out[2 * t + 1] = static_cast<uint32_t>(r >> 32);
-  }
-}
-
-// Block b of kKeys streams at once (out[k * 16, k * 16 + 16) is StreamBlock(states[k], block)): the 64-bit
-// multiplies of all their outputs in one loop, which a CPU with 64-bit vector multiplies (AVX-512DQ) vectorizes.
+// Block b of kKeys keys' streams (out[k * 16, k * 16 + 16): the stream of states[k]): the 64-bit outputs
+// 8b+1 .. 8b+8, SplitMix64(state + k * golden gamma), split into low and high halves. All their 64-bit multiplies
+// in one loop, which a CPU with 64-bit vector multiplies (AVX-512DQ) vectorizes.
 template <int kKeys>
-inline void StreamBlocks(const uint64_t* states, uint64_t block, uint32_t* out) {
+TFEXT_HOST_DEVICE inline void StreamBlocks(const uint64_t* states, uint64_t block, uint32_t* out) {
   constexpr int kHalf = kBoxMullerValues / 2;
   uint64_t r[kKeys * kHalf];
   for (int k = 0; k < kKeys; ++k) {
@@ -166,6 +157,11 @@ inline void StreamBlocks(const uint64_t* states, uint64_t block, uint32_t* out) 
     out[2 * q] = static_cast<uint32_t>(r[q]);
     out[2 * q + 1] = static_cast<uint32_t>(r[q] >> 32);
   }
+}
+
+// Block b of one key's stream.
+TFEXT_HOST_DEVICE inline void StreamBlock(uint64_t state, uint64_t block, uint32_t* out) {
+  StreamBlocks<1>(&state, block, out);
 }
 
 // What an initializer is, as plain data (copied to the device by value).

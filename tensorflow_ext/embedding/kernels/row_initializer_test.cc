@@ -41,8 +41,17 @@ std::vector<int64_t> Keys(int64_t n) {
   return keys;
 }
 
-// Fills n keys' rows both ways; the padding after each row must stay untouched.
-void ExpectSameRows(const RowInitParams& p, int64_t n, int64_t dim) {
+// The library's grouped rows (FillInitialRowsCpu).
+struct LibraryRows {
+  void operator()(const RowInitParams& p, const int64_t* keys, float* const* rows, int64_t n, int64_t dim) const {
+    FillInitialRowsCpu(p, keys, rows, n, dim);
+  }
+};
+
+// Fills n keys' rows key by key and with fill_rows(p, keys, rows, n, dim); the same bits, and the padding after
+// each row untouched.
+template <typename FillRows = LibraryRows>
+void ExpectSameRows(const RowInitParams& p, int64_t n, int64_t dim, const FillRows& fill_rows = FillRows()) {
   const std::vector<int64_t> keys = Keys(n);
   const int64_t stride = dim + 3;
   const float kPad = -12345.0f;
@@ -52,7 +61,7 @@ void ExpectSameRows(const RowInitParams& p, int64_t n, int64_t dim) {
     FillInitialRow(p, keys[i], want.data() + i * stride, dim, InlineBoxMuller());
     rows[i] = got.data() + i * stride;
   }
-  FillInitialRowsCpu(p, keys.data(), rows.data(), n, dim);
+  fill_rows(p, keys.data(), rows.data(), n, dim);
   for (int64_t i = 0; i < n * stride; ++i) {
     if (std::memcmp(&want[i], &got[i], sizeof(float)) != 0) {
       CHECK_EQ(want[i], got[i]);  // names the values
@@ -107,22 +116,12 @@ TFEXT_GROUP_FOR(GroupsAvx2, "avx2")
 
 template <typename Groups>
 void ExpectSameRowsWith(const Groups& groups) {
+  const auto grouped = [&groups](const RowInitParams& p, const int64_t* keys, float* const* rows, int64_t n,
+                                 int64_t dim) { tfext::embedding::FillInitialRows(p, keys, rows, n, dim, groups); };
   const RowInitParams::Kind kinds[] = {RowInitParams::kNormal, RowInitParams::kTruncatedNormal,
                                        RowInitParams::kUniform};
   for (RowInitParams::Kind kind : kinds) {
-    const RowInitParams p = Params(kind, 0.5f, 0.25f, 21, 22);
-    for (int64_t dim : {1, 16, 17, 64}) {
-      const int64_t n = 999;
-      const std::vector<int64_t> keys = Keys(n);
-      std::vector<float> want(static_cast<size_t>(n * dim)), got(static_cast<size_t>(n * dim));
-      std::vector<float*> rows(static_cast<size_t>(n));
-      for (int64_t i = 0; i < n; ++i) {
-        FillInitialRow(p, keys[i], want.data() + i * dim, dim, InlineBoxMuller());
-        rows[i] = got.data() + i * dim;
-      }
-      tfext::embedding::FillInitialRows(p, keys.data(), rows.data(), n, dim, groups);
-      CHECK(std::memcmp(want.data(), got.data(), want.size() * sizeof(float)) == 0);
-    }
+    for (int64_t dim : {1, 16, 17, 64}) ExpectSameRows(Params(kind, 0.5f, 0.25f, 21, 22), 999, dim, grouped);
   }
 }
 

@@ -1122,12 +1122,12 @@ struct HashTable::Impl {
   // Within a shard the keys come in bucketed order, so the caller's per-key
   // input/output rows are random accesses too: prefetch_io(key_index) is
   // called a few keys ahead to prefetch them.
-  struct NoEndShard {
+  struct NothingAfterShard {
     void operator()(Shard&) const {}
   };
-  template <typename PrefetchIo, typename Op, typename EndShard = NoEndShard>
+  template <typename PrefetchIo, typename Op, typename AfterShard = NothingAfterShard>
   void ForEachKeyExclusive(const int64_t* keys, int64_t n, const ParallelFor& pf, const PrefetchIo& prefetch_io,
-                           const Op& op, const EndShard& after_shard = EndShard()) const {
+                           const Op& op, const AfterShard& after_shard = AfterShard()) const {
     if (n <= 0) return;
     const ShardPlan plan = Bucket(keys, n, pf);
     auto run_shards = [&](int64_t first_shard, int64_t end_shard) {
@@ -1870,14 +1870,15 @@ void HashTable::FindOrInsertWith(const int64_t* keys, int64_t n, int64_t col_beg
   const bool one_thread = n < kSerialBatch;
   std::unique_ptr<PendingRows[]> pending(init ? new PendingRows[one_thread ? 1 : m.num_shards] : nullptr);
   const auto pending_of = [&](const Shard& s) -> PendingRows& { return pending[one_thread ? 0 : &s - &m.shards[0]]; };
+  const auto write_out = [&](int64_t i, const float* values) { CopyFloats(out + i * cols, values, cols); };
   const auto run_pending = [&](Shard& s) {
     PendingRows& p = pending_of(s);
     const int64_t fresh = p.fresh, outs = p.outs;
     p.fresh = p.outs = 0;  // before init: a throwing init leaves no batch behind
     if (fresh > 0) init(p.fresh_index, p.fresh_values, fresh);
-    for (int64_t j = 0; j < outs; ++j) CopyFloats(out + p.out_index[j] * cols, p.out_values[j], cols);
+    for (int64_t j = 0; j < outs; ++j) write_out(p.out_index[j], p.out_values[j]);
   };
-  const auto end_shard = [&](Shard& s) {
+  const auto after_shard = [&](Shard& s) {
     if (init) run_pending(s);
   };
   m.ForEachKeyExclusive(
@@ -1896,7 +1897,7 @@ void HashTable::FindOrInsertWith(const int64_t* keys, int64_t n, int64_t col_beg
           m.TouchMeta(row, count, version);
         }
         if (!init) {
-          if (out != nullptr) CopyFloats(out + i * cols, values, cols);
+          if (out != nullptr) write_out(i, values);
           return;
         }
         PendingRows& p = pending_of(s);
@@ -1906,7 +1907,7 @@ void HashTable::FindOrInsertWith(const int64_t* keys, int64_t n, int64_t col_beg
         }
         if (out != nullptr) {
           if (p.fresh == 0) {
-            CopyFloats(out + i * cols, values, cols);  // nothing waits: final now
+            write_out(i, values);  // nothing waits: final now
           } else {
             p.out_index[p.outs] = i;
             p.out_values[p.outs++] = values;
@@ -1914,7 +1915,7 @@ void HashTable::FindOrInsertWith(const int64_t* keys, int64_t n, int64_t col_beg
         }
         if (p.fresh == kInitBatch || p.outs == kMaxOutRows) run_pending(s);
       },
-      end_shard);
+      after_shard);
 }
 
 uint64_t HashTable::removal_epoch() const { return impl_->removal_epoch.load(std::memory_order_acquire); }

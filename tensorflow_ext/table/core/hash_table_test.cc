@@ -19,6 +19,7 @@
 #include <cstdint>
 #include <cstdio>
 #include <cstdlib>
+#include <functional>
 #include <limits>
 #include <map>
 #include <memory>
@@ -1288,6 +1289,31 @@ static int64_t VirtualBytes() {
   return static_cast<int64_t>(pages_total) * sysconf(_SC_PAGESIZE);
 }
 
+// Caps this process's address space at what it maps now plus `headroom`
+// bytes (for out-of-memory tests, in a child process); *saved gets the old
+// limit for RestoreAddressSpace. False if the limit cannot be set.
+static bool LimitAddressSpace(int64_t headroom, rlimit* saved) {
+  if (getrlimit(RLIMIT_AS, saved) != 0) return false;
+  rlimit limit = *saved;
+  limit.rlim_cur = static_cast<rlim_t>(VirtualBytes() + headroom);
+  return setrlimit(RLIMIT_AS, &limit) == 0;
+}
+
+static bool RestoreAddressSpace(const rlimit& saved) { return setrlimit(RLIMIT_AS, &saved) == 0; }
+
+// Runs child() in a forked process and checks that it exits with status 0
+// (not killed by an abort, not failing one of its numbered checks).
+static void ExpectChildSucceeds(const std::function<int()>& child) {
+  std::fflush(nullptr);
+  const pid_t pid = fork();
+  CHECK(pid >= 0);
+  if (pid == 0) _exit(child());
+  int status = 0;
+  CHECK_EQ(waitpid(pid, &status, 0), pid);
+  CHECK(WIFEXITED(status));
+  CHECK_EQ(WEXITSTATUS(status), 0);
+}
+
 // Any initial_capacity in the documented range [0, 2^40] is a hint: the table
 // is created without touching memory for it (the pre-sized index is bounded
 // and not written until keys arrive), works, and grows on demand.
@@ -1395,10 +1421,7 @@ static int OutOfMemoryChild(bool pooled, bool prefault) {
   options.huge_pages = false;
   HashTable t(options);
   rlimit unlimited;
-  if (getrlimit(RLIMIT_AS, &unlimited) != 0) return 2;
-  rlimit limit = unlimited;
-  limit.rlim_cur = static_cast<rlim_t>(VirtualBytes() + (int64_t{prefault ? 192 : 96} << 20));
-  if (setrlimit(RLIMIT_AS, &limit) != 0) return 2;
+  if (!LimitAddressSpace(int64_t{prefault ? 192 : 96} << 20, &unlimited)) return 2;
   int64_t inserted = 0;
   bool threw = false;
   std::string message;
@@ -1446,7 +1469,7 @@ static int OutOfMemoryChild(bool pooled, bool prefault) {
   if (t.size() != size) return 8;
   // Consistent: every invariant holds after the failed batch (checked with
   // memory back, as the check allocates).
-  if (setrlimit(RLIMIT_AS, &unlimited) != 0) return 2;
+  if (!RestoreAddressSpace(unlimited)) return 2;
   const std::string broken = t.CheckInvariants();
   if (!broken.empty()) {
     std::fprintf(stderr, "  invariant broken after out of memory: %s\n", broken.c_str());
@@ -1486,16 +1509,7 @@ static int OutOfMemoryChild(bool pooled, bool prefault) {
 
 TFEXT_TEST(OutOfMemoryThrowsAndTheTableStaysUsable) {
   for (const bool prefault : {false, true}) {
-    for (const bool pooled : {false, true}) {
-      std::fflush(nullptr);
-      const pid_t pid = fork();
-      CHECK(pid >= 0);
-      if (pid == 0) _exit(OutOfMemoryChild(pooled, prefault));
-      int status = 0;
-      CHECK_EQ(waitpid(pid, &status, 0), pid);
-      CHECK(WIFEXITED(status));  // not killed by an abort
-      CHECK_EQ(WEXITSTATUS(status), 0);
-    }
+    for (const bool pooled : {false, true}) ExpectChildSucceeds([=] { return OutOfMemoryChild(pooled, prefault); });
   }
 }
 
@@ -1522,10 +1536,7 @@ static int OutOfMemoryFindOrInsertChild(bool pooled) {
     }
   };
   rlimit unlimited;
-  if (getrlimit(RLIMIT_AS, &unlimited) != 0) return 2;
-  rlimit limit = unlimited;
-  limit.rlim_cur = static_cast<rlim_t>(VirtualBytes() + (int64_t{96} << 20));
-  if (setrlimit(RLIMIT_AS, &limit) != 0) return 2;
+  if (!LimitAddressSpace(int64_t{96} << 20, &unlimited)) return 2;
   int64_t batches = 0;
   bool threw = false;
   for (int b = 0; b < 400 && !threw; ++b) {
@@ -1537,7 +1548,7 @@ static int OutOfMemoryFindOrInsertChild(bool pooled) {
       threw = true;
     }
   }
-  if (setrlimit(RLIMIT_AS, &unlimited) != 0) return 2;
+  if (!RestoreAddressSpace(unlimited)) return 2;
   if (!threw) return 3;
   int64_t present = 0;
   for (int64_t b = 0; b < batches; ++b) {
@@ -1557,16 +1568,7 @@ static int OutOfMemoryFindOrInsertChild(bool pooled) {
 }
 
 TFEXT_TEST(OutOfMemoryInFindOrInsertWithLeavesNoRowUninitialized) {
-  for (const bool pooled : {false, true}) {
-    std::fflush(nullptr);
-    const pid_t pid = fork();
-    CHECK(pid >= 0);
-    if (pid == 0) _exit(OutOfMemoryFindOrInsertChild(pooled));
-    int status = 0;
-    CHECK_EQ(waitpid(pid, &status, 0), pid);
-    CHECK(WIFEXITED(status));
-    CHECK_EQ(WEXITSTATUS(status), 0);
-  }
+  for (const bool pooled : {false, true}) ExpectChildSucceeds([=] { return OutOfMemoryFindOrInsertChild(pooled); });
 }
 
 // CheckInvariants holds after random workloads in every layout (also checked

@@ -1,5 +1,9 @@
 """Session-run hooks: logging of the mixed-precision state and the training health check."""
 
+import math
+import numbers
+
+import numpy as np
 import tensorflow as tf
 
 from tensorflow_ext.mixed_precision import policy as policy_lib
@@ -35,6 +39,35 @@ class NoTrainingProgressError(RuntimeError):
         self.skipped_steps = int(skipped_steps)
         self.attempted_steps = int(attempted_steps)
         self.applied_steps = int(applied_steps)
+
+
+def _count_argument(hook, name, value):
+    """`value` as an int >= 1, or an error naming the argument (NaN, strings, None, 2.5, True are refused)."""
+    if isinstance(value, bool) or not isinstance(value, numbers.Real):
+        raise TypeError(
+            "%s(%s=%r): %s must be an integer >= 1 (a number of train-op runs), got a %s"
+            % (hook, name, value, name, type(value).__name__)
+        )
+    if isinstance(value, numbers.Integral):
+        value = int(value)
+    elif math.isfinite(value) and float(value).is_integer():
+        value = int(value)  # 100.0 or 1e3
+    else:
+        raise ValueError(
+            "%s(%s=%r): %s must be an integer >= 1 (a number of train-op runs), got %r"
+            % (hook, name, value, name, value)
+        )
+    if value < 1:
+        raise ValueError("%s(%s=%r): %s must be >= 1, got %r" % (hook, name, value, name, value))
+    return value
+
+
+def _callable_argument(hook, name, value):
+    if value is not None and not callable(value):
+        raise TypeError(
+            "%s(%s=%r): %s must be a callable(str) or None, got a %s" % (hook, name, value, name, type(value).__name__)
+        )
+    return value
 
 
 def _precision_name(mp, value):
@@ -101,16 +134,20 @@ class MixedPrecisionLoggingHook(tf.compat.v1.train.SessionRunHook):
       errors: list of the error messages logged.
 
     Raises:
-      ValueError: if ``every_n_iter`` < 1 or ``tensors`` is not a dict.
+      ValueError: if ``every_n_iter`` is not an integer >= 1 (NaN, 2.5, 0) or
+        ``tensors`` is not a dict.
+      TypeError: if ``every_n_iter`` is not a number (a string, None) or
+        ``log_fn`` / ``error_fn`` is not callable.
     """
 
     def __init__(self, mixed_precision, every_n_iter=100, log_fn=None, tensors=None, error_fn=None):
-        if every_n_iter < 1:
-            raise ValueError("every_n_iter must be >= 1, got %r" % (every_n_iter,))
+        every_n_iter = _count_argument("MixedPrecisionLoggingHook", "every_n_iter", every_n_iter)
+        _callable_argument("MixedPrecisionLoggingHook", "log_fn", log_fn)
+        _callable_argument("MixedPrecisionLoggingHook", "error_fn", error_fn)
         if tensors is not None and not isinstance(tensors, dict):
             raise ValueError("tensors must be a dict name -> tensor, got %r" % type(tensors).__name__)
         self._mp = mixed_precision
-        self._every = int(every_n_iter)
+        self._every = every_n_iter
         self._log_fn = log_fn or tf.compat.v1.logging.info
         self._error_fn = error_fn or tf.compat.v1.logging.error
         self._tensors = dict(tensors or {})
@@ -280,17 +317,25 @@ class MixedPrecisionHealthHook(tf.compat.v1.train.SessionRunHook):
       errors: list of the error messages (raised or logged).
 
     Raises:
-      ValueError: if ``max_skipped_steps`` or ``every_n_iter`` < 1.
+      ValueError: if ``max_skipped_steps`` or ``every_n_iter`` is not an
+        integer >= 1 (NaN, 2.5, 0).
+      TypeError: if ``max_skipped_steps`` or ``every_n_iter`` is not a number
+        (a string, None), ``raise_error`` is not a bool, or ``error_fn`` is not
+        callable.
     """
 
     def __init__(self, mixed_precision, max_skipped_steps=100, every_n_iter=10, raise_error=True, error_fn=None):
-        if max_skipped_steps < 1:
-            raise ValueError("max_skipped_steps must be >= 1, got %r" % (max_skipped_steps,))
-        if every_n_iter < 1:
-            raise ValueError("every_n_iter must be >= 1, got %r" % (every_n_iter,))
+        max_skipped_steps = _count_argument("MixedPrecisionHealthHook", "max_skipped_steps", max_skipped_steps)
+        every_n_iter = _count_argument("MixedPrecisionHealthHook", "every_n_iter", every_n_iter)
+        if not isinstance(raise_error, (bool, np.bool_)):
+            raise TypeError(
+                "MixedPrecisionHealthHook(raise_error=%r): raise_error must be True (raise NoTrainingProgressError) "
+                "or False (only log the error), got a %s" % (raise_error, type(raise_error).__name__)
+            )
+        _callable_argument("MixedPrecisionHealthHook", "error_fn", error_fn)
         self._mp = mixed_precision
-        self._max = int(max_skipped_steps)
-        self._every = int(every_n_iter)
+        self._max = max_skipped_steps
+        self._every = every_n_iter
         self._raise = bool(raise_error)
         self._error_fn = error_fn or tf.compat.v1.logging.error
         self._iter = 0

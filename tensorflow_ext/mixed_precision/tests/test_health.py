@@ -109,6 +109,46 @@ def test_health_hook_rejects_bad_arguments():
             amp.logging_hook(tensors=[1])
 
 
+@pytest.mark.parametrize(
+    "value, error",
+    [
+        (float("nan"), ValueError),
+        (np.float32("nan"), ValueError),
+        (float("inf"), ValueError),
+        (2.5, ValueError),
+        (-3, ValueError),
+        ("100", TypeError),
+        (None, TypeError),
+        (True, TypeError),
+    ],
+)
+@pytest.mark.parametrize("argument", ["max_skipped_steps", "every_n_iter"])
+def test_health_hook_names_a_bad_limit(argument, value, error):
+    with tf.Graph().as_default():
+        amp = mp.MixedPrecision()
+        with pytest.raises(error, match="MixedPrecisionHealthHook\\(%s=.*%s must be" % (argument, argument)):
+            amp.health_hook(**{argument: value})
+        with pytest.raises(error, match="MixedPrecisionHealthHook\\(%s=" % argument):
+            mp.MixedPrecisionHealthHook(amp, **{argument: value})
+        if argument == "every_n_iter":
+            with pytest.raises(error, match="MixedPrecisionLoggingHook\\(every_n_iter="):
+                amp.logging_hook(every_n_iter=value)
+
+
+def test_health_hook_checks_its_other_arguments():
+    with tf.Graph().as_default():
+        amp = mp.MixedPrecision()
+        with pytest.raises(TypeError, match="raise_error must be True"):
+            amp.health_hook(raise_error="no")
+        with pytest.raises(TypeError, match="error_fn must be a callable"):
+            amp.health_hook(error_fn="log")
+        with pytest.raises(TypeError, match="log_fn must be a callable"):
+            amp.logging_hook(log_fn="print")
+        # Integral numbers of any type are accepted.
+        hook = amp.health_hook(max_skipped_steps=np.int64(7), every_n_iter=1e1)
+        assert hook._max == 7 and hook._every == 10  # pylint: disable=protected-access
+
+
 class _Capture(logging.Handler):
     def __init__(self):
         super(_Capture, self).__init__(logging.WARNING)

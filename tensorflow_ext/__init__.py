@@ -34,6 +34,7 @@ _LAZY = {
     "graph": (("tensorflow_ext.graph",), None),
     "utils": (("tensorflow_ext.utils",), None),
     "tfra": (("tensorflow_ext.tfra",), None),
+    "dynamic_embedding": (("tensorflow_ext.dynamic_embedding",), None),  # TFRA's module name (`import ... as tfra`)
     "horovod": (("tensorflow_ext.horovod",), None),
     "tf_compat": (("tensorflow_ext.tf_compat",), None),
     "xla": (("tensorflow_ext.xla",), None),

@@ -19,6 +19,7 @@ kv_creator) and no need for `bp_v2`. docs/migrating_from_tfra.md has the full ma
 
 import tensorflow as tf
 
+from tensorflow_ext import errors as _errors
 from tensorflow_ext.embedding import eviction as _eviction
 from tensorflow_ext.embedding import keys as _keys
 from tensorflow_ext.embedding import lookup as _lookup
@@ -43,8 +44,6 @@ __all__ = [
     "get_model_mode",
     "restrict",
 ]
-
-Variable = _variable.DynamicEmbedding
 
 
 class GraphKeys(object):
@@ -126,6 +125,7 @@ def get_variable(
     kv_creator=None,
     restrict_policy=None,
     bp_v2=False,
+    short_file_name=False,
 ):
     """TFRA's `get_variable`, in its argument order: creates or reuses a `tf_ext.DynamicEmbedding`.
 
@@ -134,7 +134,7 @@ def get_variable(
       key_dtype: tf.int64, tf.int32 or tf.string.
       value_dtype: tf.float32.
       dim: the embedding dimension.
-      devices: list of device strings; one shard per device (as in TFRA).
+      devices: list of device strings; one shard per device (as in TFRA; one device string is one shard).
       partitioner: TFRA's `default_partition_fn` (tensorflow_ext always partitions keys by a 64-bit hash; other
         partition functions are refused).
       shared_name: ignored (table resources are named after the embedding).
@@ -146,6 +146,7 @@ def get_variable(
       restrict_policy: None, `TimestampRestrictPolicy` or `FrequencyRestrictPolicy`: the policy of
         `restrict(emb, num_reserved)`.
       bp_v2: must be False (updates are applied in place per key; see docs/migrating_from_tfra.md).
+      short_file_name: ignored (TFRA's checkpoint file names; tensorflow_ext's checkpoints go through the Saver).
 
     Returns:
       A `DynamicEmbedding`.
@@ -153,23 +154,61 @@ def get_variable(
     Raises:
       ValueError: an argument with no equivalent here (kv_creator, bp_v2=True, a custom partitioner).
     """
+    return _build(
+        "get_variable",
+        name,
+        key_dtype,
+        value_dtype,
+        dim,
+        devices,
+        partitioner,
+        initializer,
+        trainable,
+        checkpoint,
+        init_size,
+        kv_creator,
+        restrict_policy,
+        bp_v2,
+    )
+
+
+def _build(
+    caller,
+    name,
+    key_dtype,
+    value_dtype,
+    dim,
+    devices,
+    partitioner,
+    initializer,
+    trainable,
+    checkpoint,
+    init_size,
+    kv_creator,
+    restrict_policy,
+    bp_v2,
+    reuse=None,
+):
+    """get_variable and Variable: TFRA's arguments -> get_dynamic_embedding's (`caller` names the error's source)."""
     if kv_creator is not None:
         raise ValueError(
-            "get_variable(kv_creator=...): tensorflow_ext has one table engine (a concurrent CPU hash table that "
+            "%s(kv_creator=...): tensorflow_ext has one table engine (a concurrent CPU hash table that "
             "grows on demand), so there is no creator to choose. Remove kv_creator; use init_size for the expected "
-            "number of keys."
+            "number of keys." % caller
         )
     if bp_v2:
         raise ValueError(
-            "get_variable(bp_v2=True): tensorflow_ext's optimizers update each key's row in place in one kernel "
-            "(no read-lookup-write across processes), which is what bp_v2 emulates. Remove bp_v2."
+            "%s(bp_v2=True): tensorflow_ext's optimizers update each key's row in place in one kernel "
+            "(no read-lookup-write across processes), which is what bp_v2 emulates. Remove bp_v2." % caller
         )
     if partitioner is not None and partitioner is not default_partition_fn:
         raise ValueError(
-            "get_variable(partitioner=%r): tensorflow_ext partitions keys over shards by a 64-bit hash of the key "
+            "%s(partitioner=%r): tensorflow_ext partitions keys over shards by a 64-bit hash of the key "
             "(tf_ext.embedding.DynamicEmbedding.shard_ids); custom partition functions are not supported. "
-            "Remove partitioner (the number of shards is len(devices))." % (partitioner,)
+            "Remove partitioner (the number of shards is len(devices))." % (caller, partitioner)
         )
+    if isinstance(devices, str):
+        devices = [devices]  # TFRA: one device string is one shard on that device
     policy = _policy_name(restrict_policy)
     emb = _variable.get_dynamic_embedding(
         name,
@@ -181,6 +220,7 @@ def get_variable(
         devices=devices,
         trainable=trainable,
         initial_capacity=init_size,
+        reuse=reuse,
     )
     if not checkpoint:
         saveables = tf.compat.v1.get_collection_ref(tf.compat.v1.GraphKeys.SAVEABLE_OBJECTS)
@@ -189,6 +229,104 @@ def get_variable(
                 saveables.remove(s)
     emb.restrict_policy = policy
     return emb
+
+
+class _VariableType(type):
+    """The type of `Variable`: every `DynamicEmbedding` is an instance of `Variable` (TFRA code checks
+    `isinstance(x, de.Variable)`), and `Variable`'s attributes are `DynamicEmbedding`'s."""
+
+    def __instancecheck__(cls, obj):
+        return isinstance(obj, _variable.DynamicEmbedding)
+
+    def __subclasscheck__(cls, subclass):
+        return type.__subclasscheck__(cls, subclass) or (
+            isinstance(subclass, type) and issubclass(subclass, _variable.DynamicEmbedding)
+        )
+
+    def __getattr__(cls, name):
+        return getattr(_variable.DynamicEmbedding, name)
+
+
+class Variable(metaclass=_VariableType):
+    """TFRA's `Variable` constructor, in its argument order: creates a new `tf_ext.DynamicEmbedding`.
+
+        emb = de.Variable(key_dtype=tf.int64, value_dtype=tf.float32, dim=8, name="user", initializer=0.0)
+
+    It builds the embedding `get_variable(name, ...)` builds with the same arguments (the name is prefixed by the
+    current variable scope, as get_variable's is), but never reuses one: an embedding of that name in the graph is
+    an error (use `get_variable` under a reusing variable scope to share one). The result is a `DynamicEmbedding`,
+    and `isinstance(emb, de.Variable)` is True for every dynamic embedding.
+
+    Args:
+      key_dtype, value_dtype, dim, devices, partitioner, initializer, trainable, checkpoint, init_size, kv_creator,
+      restrict_policy, bp_v2, short_file_name: as in `get_variable`.
+      shared_name: ignored (table resources are named after the embedding).
+      name: the embedding's name (TFRA's default "DynamicEmbedding_Variable").
+
+    Returns:
+      A `DynamicEmbedding` (not an instance of this class's own type).
+
+    Raises:
+      ValueError: an embedding of that name exists, or an argument with no equivalent here (see `get_variable`).
+      TypeError: the name passed first, where TFRA's constructor takes key_dtype.
+    """
+
+    def __new__(
+        cls,
+        key_dtype=tf.int64,
+        value_dtype=tf.float32,
+        dim=1,
+        devices=None,
+        partitioner=default_partition_fn,
+        shared_name=None,
+        name="DynamicEmbedding_Variable",
+        initializer=None,
+        trainable=True,
+        checkpoint=True,
+        init_size=0,
+        kv_creator=None,
+        restrict_policy=None,
+        bp_v2=False,
+        short_file_name=False,
+    ):
+        del cls, shared_name, short_file_name
+        if isinstance(key_dtype, str):
+            try:
+                tf.as_dtype(key_dtype)
+            except TypeError:
+                raise TypeError(
+                    "Variable(%r, ...): TFRA's Variable constructor takes key_dtype first and the name as a keyword: "
+                    "Variable(key_dtype=tf.int64, value_dtype=tf.float32, dim=..., name=%r), or "
+                    "get_variable(%r, ...), whose first argument is the name." % (key_dtype, key_dtype, key_dtype)
+                ) from None
+        if not isinstance(name, str) or not name:
+            raise ValueError("Variable(name=%r): name must be a non-empty string" % (name,))
+        scope = tf.compat.v1.get_variable_scope().name
+        full_name = scope + "/" + name if scope else name
+        for emb in _variable.get_dynamic_embeddings():
+            if emb.name == full_name:
+                raise ValueError(
+                    "Variable(name=%r): dynamic embedding %s exists in this graph; TFRA's Variable constructor "
+                    "always creates a new one. Pick another name, or share it with get_variable(%r, ...) under "
+                    "tf.compat.v1.variable_scope(..., reuse=tf.compat.v1.AUTO_REUSE)." % (name, full_name, name)
+                )
+        return _build(
+            "Variable",
+            name,
+            key_dtype,
+            value_dtype,
+            dim,
+            devices,
+            partitioner,
+            initializer,
+            trainable,
+            checkpoint,
+            init_size,
+            kv_creator,
+            restrict_policy,
+            bp_v2,
+            reuse=False,
+        )
 
 
 def restrict(var, num_reserved, trigger=None, name=None):
@@ -387,6 +525,42 @@ _INSTEAD = {
     "train": "the tfra.train hooks are not needed: Saver/Estimator checkpoint dynamic embeddings.",
     "math": "use tf.math / tf.sparse ops on the looked-up rows.",
     "data_flow": "use tf.dynamic_partition / tf.dynamic_stitch.",
+    "KVCreator": "tensorflow_ext has one table engine, so there is no KV creator to subclass or pass: remove "
+    "kv_creator (init_size sizes the table).",
+    "create_slots": "not needed: a stock tf.compat.v1.train optimizer creates a dynamic embedding's slots itself, in "
+    "the embedding's table row; optimizer.get_slot(shard, name) and emb.slot_values(optimizer, name, ids) read them. "
+    "Remove the call.",
+    "patch_on_tf": "not needed: `import tensorflow_ext` sets up what TensorFlow needs for dynamic embeddings "
+    "(optimizers, Saver, Estimator, replica_device_setter). Remove the call.",
+    "patch_on_tf_save_restore": "not needed: tf.compat.v1.train.Saver and Estimator checkpoints save and restore "
+    "dynamic embeddings as they are. Remove the call.",
+    "ShadowVariable": "tensorflow_ext has no shadow variables (TFRA's tf.function / Keras path): in TF1 graph mode "
+    "embedding_lookup reads the table directly and stock optimizers train it.",
+    "embedding_variable": "TFRA's EmbeddingVariable maps to a dynamic embedding: "
+    "tf_ext.get_dynamic_embedding(name, dim, ...) (or tensorflow_ext.tfra.get_variable) trained by stock "
+    "tf.compat.v1.train optimizers; steps_to_live is tf_ext.embedding.EvictionPolicy(steps_to_live=...), a "
+    "frequency filter tf_ext.embedding.CountAdmission(min_count) (docs/embedding.md).",
+    "DEHvdSaver": "Horovod jobs save through tensorflow_ext.horovod: with an Estimator, tfe_hvd.run_config + "
+    "tfe_hvd.training_hooks (rank 0 writes the checkpoint, every rank's keys included); with a Session, rank 0's "
+    "tf.compat.v1.train.Saver while the other ranks run tfe_hvd.checkpoint.gather_op() (docs/distributed.md).",
+    "DECheckpoint": "use tf.compat.v1.train.Saver / Estimator checkpoints, which save dynamic embeddings (TF2 object "
+    "checkpoints are not supported: TF1 graph mode only).",
+    "Checkpoint": "use tf.compat.v1.train.Saver / Estimator checkpoints, which save dynamic embeddings (TF2 object "
+    "checkpoints are not supported: TF1 graph mode only).",
+    "DEHvdModelCheckpoint": "tensorflow_ext supports TF1 graph mode (Estimator, Session), not Keras callbacks; Horovod "
+    "checkpoints: tfe_hvd.run_config + tfe_hvd.training_hooks (docs/distributed.md).",
+    "layers": "tensorflow_ext supports TF1 graph mode (Estimator, Session), not Keras layers: use "
+    "get_variable + embedding_lookup.",
+    "callbacks": "tensorflow_ext supports TF1 graph mode (Estimator, Session), not Keras callbacks.",
+    "models": "tensorflow_ext supports TF1 graph mode (Estimator, Session), not Keras models; export with "
+    "Estimator.export_saved_model or tf.compat.v1.saved_model (docs/serving.md).",
+    "warm_start": "use tf.compat.v1.train.warm_start or Estimator's warm_start_from, which warm-start dynamic "
+    "embeddings (tf_ext.embedding.warm_start_from_checkpoint to change the dim; docs/embedding.md).",
+    "WarmStartHook": "use tf.compat.v1.train.warm_start or Estimator's warm_start_from, which warm-start dynamic "
+    "embeddings (tf_ext.embedding.warm_start_from_checkpoint to change the dim; docs/embedding.md).",
+    "ragged_embedding_ops": "look up a tf.RaggedTensor's flat_values with embedding_lookup (and rebuild it with "
+    "tf.RaggedTensor.from_row_splits), or pass ragged.to_sparse() to embedding_lookup_sparse.",
+    "register_all": "not needed: `import tensorflow_ext` registers tensorflow_ext's ops and kernels.",
 }
 
 
@@ -412,7 +586,14 @@ _TOP_LEVEL_INSTEAD = dict(
 )
 
 
-def __getattr__(name):
+def _not_provided(module, name):
+    """The error for `module.name`, a TFRA name this module does not provide (AttributeError otherwise)."""
     if name in _INSTEAD:
-        raise AttributeError("tensorflow_ext.tfra.%s is not provided: %s" % (name, _INSTEAD[name]))
-    raise AttributeError("module 'tensorflow_ext.tfra' has no attribute %r" % name)
+        return _errors.NotProvidedError(
+            "%s.%s is not provided: %s" % (module, name, _INSTEAD[name]), name=name, instead=_INSTEAD[name]
+        )
+    return AttributeError("module %r has no attribute %r" % (module, name))
+
+
+def __getattr__(name):
+    raise _not_provided(__name__, name)

@@ -211,3 +211,154 @@ def test_native_api_answers_tfra_habits_with_what_to_use():
             v, e = sess.run([values, exists])
         assert v.shape == (1, 2, 4) and e.tolist() == [[True, False]]
         np.testing.assert_allclose(v[0, 0], 1.0)
+
+
+def _train_and_export(make_embedding):
+    """Builds an embedding with make_embedding() in a fresh graph, trains it 5 steps, returns its sorted rows."""
+    with tf.Graph().as_default() as g:
+        emb = make_embedding()
+        ids = tf.compat.v1.placeholder(tf.int64, [None])
+        loss = tf.reduce_sum(tf.square(de.embedding_lookup(emb, ids) - 1.0))
+        opt = de.DynamicEmbeddingOptimizer(tf.compat.v1.train.AdagradOptimizer(0.1))
+        train = opt.minimize(loss, global_step=tf.compat.v1.train.get_or_create_global_step())
+        keys, values = emb.export()[:2]
+        with tf.compat.v1.Session(graph=g) as sess:
+            sess.run(tf.compat.v1.global_variables_initializer())
+            for batch in ([1, 2, 3], [3, -4], [5, 1, 1], [6], [2, 7]):
+                sess.run(train, {ids: batch})
+            k, v = sess.run([keys, values])
+        order = np.argsort(k)
+        return emb, k[order], v[order]
+
+
+def test_tfra_variable_constructor_builds_what_get_variable_builds():
+    devices = ["/job:localhost/replica:0/task:0/CPU:0"] * 2
+    init = tf.keras.initializers.RandomNormal(0.0, 0.1, seed=7)
+    # TFRA's constructor: key_dtype, value_dtype, dim, devices, partitioner, shared_name, name, initializer, ...
+    emb, k1, v1 = _train_and_export(
+        lambda: de.Variable(tf.int64, tf.float32, 4, devices, de.default_partition_fn, None, "user", init, init_size=64)
+    )
+    assert isinstance(emb, de.Variable) and isinstance(emb, tf_ext.DynamicEmbedding)
+    assert emb.name == "user" and emb.dim == 4 and emb.num_shards == 2
+    _, k2, v2 = _train_and_export(
+        lambda: de.get_variable("user", tf.int64, tf.float32, 4, devices, initializer=init, init_size=64)
+    )
+    np.testing.assert_array_equal(k1, [-4, 1, 2, 3, 5, 6, 7])
+    np.testing.assert_array_equal(k1, k2)
+    np.testing.assert_array_equal(v1, v2)
+    with tf.Graph().as_default():
+        with tf.compat.v1.variable_scope("tower"):
+            emb = de.Variable(
+                key_dtype=tf.int64,
+                dim=2,
+                name="r",
+                restrict_policy=de.FrequencyRestrictPolicy,
+                checkpoint=False,
+                trainable=False,
+                short_file_name=True,
+            )
+        assert emb.name == "tower/r" and emb.restrict_policy == "frequency"  # scoped as get_variable's name
+        assert not set(emb.saveables) & set(tf.compat.v1.get_collection(tf.compat.v1.GraphKeys.SAVEABLE_OBJECTS))
+        assert not set(emb.shards) & set(tf.compat.v1.trainable_variables())
+        assert de.Variable(dim=2).name == "DynamicEmbedding_Variable"  # TFRA's default name
+        with pytest.raises(ValueError, match="always creates a new one.*AUTO_REUSE"):
+            de.Variable(dim=2)
+        with pytest.raises(TypeError, match="takes key_dtype first.*name='user'"):
+            de.Variable("user", dim=2)
+        with pytest.raises(ValueError, match=r"Variable\(kv_creator"):
+            de.Variable(dim=2, name="k", kv_creator=object())
+        with pytest.raises(ValueError, match=r"Variable\(bp_v2"):
+            de.Variable(dim=2, name="b", bp_v2=True)
+
+
+# TFRA names that tensorflow_ext does not provide, with a word each answer must contain.
+_NOT_PROVIDED = {
+    "KVCreator": "kv_creator",
+    "create_slots": "slots itself",
+    "patch_on_tf": "Remove the call",
+    "patch_on_tf_save_restore": "Remove the call",
+    "ShadowVariable": "no shadow variables",
+    "embedding_variable": "get_dynamic_embedding",
+    "DEHvdSaver": "tensorflow_ext.horovod",
+    "DECheckpoint": "Saver",
+    "Checkpoint": "Saver",
+    "WarmStartHook": "warm_start",
+    "warm_start": "warm_start",
+    "layers": "Keras",
+    "register_all": "registers",
+    "TrainableWrapper": "TrainableWrapper",
+    "CuckooHashTableCreator": "kv_creator",
+}
+
+
+def test_tfra_names_without_equivalent_say_what_to_use():
+    from tensorflow_ext import dynamic_embedding  # pylint: disable=import-outside-toplevel
+    from tensorflow_ext import errors  # pylint: disable=import-outside-toplevel
+
+    for module, prefix in ((de, "tensorflow_ext.tfra"), (dynamic_embedding, "tensorflow_ext.dynamic_embedding")):
+        for name, hint in _NOT_PROVIDED.items():
+            with pytest.raises(errors.NotProvidedError, match="%s is not provided: .*%s" % (name, hint)) as e:
+                getattr(module, name)
+            assert isinstance(e.value, AttributeError) and e.value.name == name and e.value.instead
+            assert str(e.value).startswith("%s.%s" % (prefix, name))
+            assert not hasattr(module, name)
+        with pytest.raises(AttributeError, match="has no attribute 'no_such_name'"):
+            module.no_such_name  # pylint: disable=pointless-statement
+    # TFRA's top-level names, for code that imports tensorflow_ext as tfra.
+    for name in ("DEHvdSaver", "embedding_variable", "Checkpoint", "register_all"):
+        with pytest.raises(
+            AttributeError, match="tensorflow_ext.%s is not provided: .*%s" % (name, _NOT_PROVIDED[name])
+        ):
+            getattr(tf_ext, name)
+
+
+def test_tfra_get_variable_takes_tfra_newer_arguments_and_one_device_string():
+    with tf.Graph().as_default():
+        emb = de.get_variable("s", dim=2, devices="/job:localhost/replica:0/task:0/CPU:0", short_file_name=True)
+        assert emb.num_shards == 1  # one device string is one shard (TFRA), not one shard per character
+
+
+def test_tfra_package_import_ports_by_renaming(tmp_path):
+    """`import tensorflow_recommenders_addons as tfra; tfra.dynamic_embedding.X` ports by renaming the import."""
+    code = textwrap.dedent(
+        """
+        from tensorflow_ext import dynamic_embedding as de_from    # first access: a submodule import
+        import tensorflow as tf
+        import tensorflow_ext as tfra                                # was: import tensorflow_recommenders_addons as tfra
+        import tensorflow_ext.dynamic_embedding as de_import
+        from tensorflow_ext.dynamic_embedding import get_variable, Variable
+        tf.compat.v1.disable_v2_behavior()
+
+        de = tfra.dynamic_embedding
+        assert de is de_from is de_import, (de, de_from, de_import)
+        assert get_variable is tfra.tfra.get_variable and Variable is tfra.tfra.Variable
+        assert "get_variable" in dir(de) and "Variable" in de.__all__
+
+        ids = tf.compat.v1.placeholder(tf.int64, [None])
+        user = tfra.dynamic_embedding.get_variable("user", tf.int64, tf.float32, 4, initializer=0.5)
+        item = tfra.dynamic_embedding.Variable(key_dtype=tf.int64, value_dtype=tf.float32, dim=4, name="item")
+        rows = tfra.dynamic_embedding.embedding_lookup(user, ids) + tfra.dynamic_embedding.embedding_lookup(item, ids)
+        loss = tf.reduce_mean(tf.square(tf.reduce_sum(rows, axis=1) - 1.0))
+        opt = tfra.dynamic_embedding.DynamicEmbeddingOptimizer(tf.compat.v1.train.AdamOptimizer(0.05))
+        train = opt.minimize(loss, global_step=tf.compat.v1.train.get_or_create_global_step())
+        with tf.compat.v1.Session() as sess:
+            sess.run(tf.compat.v1.global_variables_initializer())
+            first = sess.run(loss, {ids: [1, 2, 3]})
+            for _ in range(10):
+                sess.run(train, {ids: [1, 2, 3]})
+            assert sess.run(loss, {ids: [1, 2, 3]}) < first
+            assert sess.run(user.size()) == 3 and sess.run(item.size()) == 3
+        try:
+            tfra.dynamic_embedding.KVCreator
+        except AttributeError as e:
+            assert "kv_creator" in str(e), e
+        else:
+            raise AssertionError("KVCreator")
+        print("ported")
+    """
+    )
+    env = dict(os.environ, PYTHONPATH=ROOT, TF_CPP_MIN_LOG_LEVEL="2")
+    r = subprocess.run(
+        [sys.executable, "-c", code], cwd=str(tmp_path), env=env, capture_output=True, text=True, timeout=240
+    )
+    assert r.returncode == 0 and "ported" in r.stdout, r.stderr[-4000:]

@@ -102,6 +102,87 @@ def _check_int(name, value, lo, hi=None):
     return value
 
 
+def _same_policy(have, given):
+    """An admission or eviction policy given again for a reused embedding: equal by value (same type and
+    arguments), not only the same object."""
+    if have is given:
+        return True
+    if have is None or type(have) is not type(given):
+        return False
+    if type(given).__eq__ is not object.__eq__:
+        return bool(have == given)
+    return vars(have) == vars(given)
+
+
+def _check_devices(name, devices):
+    """The shards' devices: a non-empty list (or tuple) of device strings, `tf.DeviceSpec`s or device functions."""
+    if isinstance(devices, (str, bytes, tf.DeviceSpec)) or callable(devices):
+        raise TypeError(
+            "devices of dynamic embedding %r must be a list of devices (one per shard, reused round robin), got "
+            "%r: pass [%r] for one device" % (name, devices, devices)
+        )
+    try:
+        devices = list(devices)
+    except TypeError:
+        raise TypeError(
+            "devices of dynamic embedding %r must be a list of device strings, got %r" % (name, devices)
+        ) from None
+    if not devices:
+        raise ValueError("devices of dynamic embedding %r must be a non-empty list or None" % name)
+    for device in devices:
+        if isinstance(device, tf.DeviceSpec) or callable(device):
+            continue
+        if not isinstance(device, str):
+            raise TypeError(
+                "devices of dynamic embedding %r must be device strings such as '/job:ps/task:0' or '/cpu:0', got "
+                "%r in %r" % (name, device, devices)
+            )
+        try:
+            tf.DeviceSpec.from_string(device)
+        except ValueError as e:
+            raise ValueError(
+                "devices of dynamic embedding %r: %r is not a device string (%s); use TensorFlow's device names, "
+                "e.g. '/job:ps/task:0', '/cpu:0' or '/device:GPU:0'" % (name, device, e)
+            ) from None
+    return devices
+
+
+def _shards_from_partitioner(name, partitioner, initial_capacity, dim, value_dtype):
+    """num_shards from a TF partitioner: its partition count along axis 0 for an [initial_capacity, dim] variable
+    (the table's expected size), or, without initial_capacity, for any size when its count does not depend on the
+    size (as `fixed_size_partitioner`'s does not)."""
+
+    def ask(rows):
+        parts = partitioner(shape=tf.TensorShape([rows, dim]), dtype=value_dtype)
+        try:
+            return int(parts[0])
+        except (TypeError, ValueError, IndexError):
+            raise TypeError(
+                "partitioner of dynamic embedding %r must return a list of partition counts per axis, got %r"
+                % (name, parts)
+            ) from None
+
+    if initial_capacity > 0:
+        num_shards = ask(initial_capacity)
+    else:
+        small, large = ask(var_lib.MAX_SHARDS), ask(var_lib.MAX_CAPACITY)
+        if small != large:
+            raise ValueError(
+                "partitioner of dynamic embedding %r gives a shard count that depends on the table's size (%d shards "
+                "for %d keys, %d for %d), and a dynamic embedding has no fixed size: pass initial_capacity (the "
+                "expected number of keys; the partitioner is then asked about an [initial_capacity, dim] table) or "
+                "num_shards" % (name, small, var_lib.MAX_SHARDS, large, var_lib.MAX_CAPACITY)
+            )
+        num_shards = small
+    if not 1 <= num_shards <= var_lib.MAX_SHARDS:
+        raise ValueError(
+            "partitioner of dynamic embedding %r gives %d shards (for a [%d, %d] table); a dynamic embedding needs 1 "
+            "to %d: pass num_shards instead"
+            % (name, num_shards, initial_capacity or var_lib.MAX_SHARDS, dim, var_lib.MAX_SHARDS)
+        )
+    return num_shards
+
+
 def get_dynamic_embedding(
     name,
     dim,
@@ -143,15 +224,20 @@ def get_dynamic_embedding(
         TF/Keras initializer, or a callable `init(shape, dtype)`. Every new key
         gets its own draw (see `initializers.py`).
       num_shards: number of tables (default 1, or len(devices)).
-      devices: optional list of device strings for the shards.
+      devices: optional list of device strings for the shards (a list even for
+        one device: `["/cpu:0"]`).
       partitioner: optional TF partitioner (e.g.
         `tf.compat.v1.fixed_size_partitioner(4)`): num_shards = its partition
-        count along axis 0. Defaults to the variable scope's partitioner when
+        count along axis 0 for an `[initial_capacity, dim]` variable. Without
+        initial_capacity, only a partitioner whose count does not depend on the
+        size (such as fixed_size_partitioner) is accepted: a size-based one
+        (`variable_axis_size_partitioner`, `min_max_variable_partitioner`) needs
+        initial_capacity. Defaults to the variable scope's partitioner when
         neither num_shards nor devices is given.
       trainable: add the shards to `TRAINABLE_VARIABLES` (stock optimizers then
         train them through `minimize`).
-      initial_capacity: expected number of keys (all shards); tables grow on
-        demand.
+      initial_capacity: expected number of keys (all shards), an int in
+        [0, 2^40]; tables grow on demand (0: unknown).
       preallocate: allocate the memory of `initial_capacity` keys (hash index
         and rows, embedding and optimizer slots) when the tables are created, as
         a static embedding variable's is, instead of as keys arrive: a training
@@ -197,7 +283,8 @@ def get_dynamic_embedding(
             "(get_dynamic_embedding(name, dim=..., key_dtype=...)) or use tensorflow_ext.tfra.get_variable, which "
             "keeps TFRA's order." % (dim, key_dtype)
         )
-    if "init_size" in tfra_kwargs:
+    from_init_size = "init_size" in tfra_kwargs
+    if from_init_size:
         init_size = tfra_kwargs.pop("init_size")
         if initial_capacity:
             raise TypeError("get_dynamic_embedding: pass initial_capacity or TFRA's init_size, not both")
@@ -221,9 +308,17 @@ def get_dynamic_embedding(
     value_dtype = tf.as_dtype(value_dtype)
     if value_dtype != tf.float32:
         raise ValueError("value_dtype of dynamic embedding %r must be tf.float32, got %s" % (name, value_dtype.name))
-    initial_capacity = _check_int(
-        "initial_capacity of dynamic embedding %r" % name, initial_capacity, 0, var_lib.MAX_CAPACITY
-    )
+    what = "initial_capacity%s of dynamic embedding %r" % (" (TFRA's init_size)" if from_init_size else "", name)
+    if isinstance(initial_capacity, (bool, np.bool_)) or not isinstance(initial_capacity, (int, np.integer)):
+        raise TypeError(
+            "%s must be an int (the expected number of keys, 0 if unknown), got %r" % (what, initial_capacity)
+        )
+    if not 0 <= initial_capacity <= var_lib.MAX_CAPACITY:
+        raise ValueError(
+            "%s must be in [0, 2^40] (the expected number of keys over all shards, a sizing hint: tables grow on "
+            "demand; pass 0 if unknown), got %d" % (what, initial_capacity)
+        )
+    initial_capacity = int(initial_capacity)
     preallocate = table_ops.check_preallocate(preallocate, initial_capacity, "dynamic embedding %r" % name)
 
     scope = tf.compat.v1.get_variable_scope()
@@ -248,12 +343,12 @@ def get_dynamic_embedding(
                 "Trying to share dynamic embedding %s, but specified key_dtype %s and found %s"
                 % (full_name, key_dtype.name, existing.key_dtype.name)
             )
-        if admission is not None and existing.admission is not admission:
+        if admission is not None and not _same_policy(existing.admission, admission):
             raise ValueError(
                 "Trying to share dynamic embedding %s with admission=%r, but it has %r"
                 % (full_name, admission, existing.admission)
             )
-        if eviction is not None and existing.eviction is not eviction:
+        if eviction is not None and not _same_policy(existing.eviction, eviction):
             raise ValueError(
                 "Trying to share dynamic embedding %s with eviction=%r, but it has %r"
                 % (full_name, eviction, existing.eviction)
@@ -269,15 +364,12 @@ def get_dynamic_embedding(
         raise ValueError("Cannot create dynamic embedding %s: a variable of that name exists" % full_name)
 
     if devices is not None:
-        devices = list(devices)
-        if not devices:
-            raise ValueError("devices of dynamic embedding %r must be a non-empty list or None" % name)
+        devices = _check_devices(name, devices)
     if num_shards is None and partitioner is None and devices is None and scope.partitioner is not None:
         partitioner = scope.partitioner
     if num_shards is None:
         if partitioner is not None:
-            parts = partitioner(shape=tf.TensorShape([var_lib.MAX_CAPACITY, dim]), dtype=value_dtype)
-            num_shards = int(parts[0])
+            num_shards = _shards_from_partitioner(name, partitioner, initial_capacity, dim, value_dtype)
         elif devices:
             num_shards = len(devices)
         else:

@@ -10,8 +10,9 @@ update) and how often it was looked up in training (its frequency). An `Eviction
 * `steps_to_live=N`: keys whose version < global_step - N (not trained in the last N steps);
 * `min_frequency=F`: keys looked up in training fewer than F times;
 * `min_l2_norm=X`: keys whose embedding's L2 norm is below X (rows that learned nothing);
-* `capacity=C`: beyond C keys, the least recently trained ones (lowest version), so that at most C keys remain
-  (C / num_shards per shard; keys spread evenly over shards).
+* `capacity=C`: beyond C keys, the least recently trained ones (lowest version; equal versions: lowest key), so that
+  at most C keys remain: the C most recent of the whole embedding, whichever shards hold them (one global threshold,
+  not a quota per shard).
 
 The criteria apply in this order. Removed keys lose their embedding and every optimizer slot; if they come back
 they start again from the initializer (with `CountAdmission`, from a count of zero; `BloomAdmission`'s counters
@@ -30,12 +31,18 @@ with criteria (`steps_to_live=...`) they apply those to the embeddings they are 
 embedding with a policy counts the keys it evicted in a saved int64 variable (`evicted_keys_total`), which
 `tf_ext.embedding.add_summaries()` writes to TensorBoard.
 
-Evicting reads the whole shard (its keys, versions and, for `min_l2_norm` and `capacity`, rows): choose N so that
-this cost is small against N training steps.
+Evicting reads the whole shard (its keys and versions, and for `min_l2_norm` its rows); `capacity`, once the
+embedding holds more than C keys, reads the keys and versions of every shard (inside the training step, each shard
+does so after its own update, removing only its own keys): choose N so that this cost is small against N training
+steps.
+
+Every count is an int64 on its way to the kernels; a value out of its range (see `EvictionPolicy`) is a ValueError
+naming the argument and the range.
 """
 
 import math
 
+import numpy as np
 import tensorflow as tf
 from tensorflow.python.framework import ops as tf_ops
 
@@ -47,49 +54,96 @@ __all__ = ["EvictionHook", "EvictionPolicy", "EvictionSaverListener", "evict", "
 EVICTED_COLLECTION = "tf_ext_evicted_keys"
 
 
-def _check_count(what, value, lo):
-    if value is not None and (isinstance(value, bool) or not isinstance(value, int) or value < lo):
-        raise ValueError("%s must be %s int, got %r" % (what, "a non-negative" if lo == 0 else "a positive", value))
+INT64_MAX = (1 << 63) - 1
+FREQUENCY_MAX = (1 << 32) - 1  # a key's frequency is a saturating uint32 (table core's KeyMeta)
+_FLOAT32_MAX = float(np.finfo(np.float32).max)
+
+
+def _check_count(what, value, lo, hi=INT64_MAX):
+    if value is None:
+        return None
+    if isinstance(value, (bool, np.bool_)) or not isinstance(value, (int, np.integer)):
+        raise ValueError("%s must be an int in [%d, %d], got %r" % (what, lo, hi, value))
+    if not lo <= value <= hi:
+        raise ValueError(
+            "%s must be an int in [%d, %d], got %d%s"
+            % (what, lo, hi, value, " (frequencies saturate at %d)" % FREQUENCY_MAX if hi == FREQUENCY_MAX else "")
+        )
+    return int(value)
 
 
 class EvictionPolicy(object):
     """Which keys an embedding loses, and how often (see the module docstring).
 
+    A policy is an immutable value: two policies with the same arguments are equal (so an embedding reused under
+    `tf.compat.v1.AUTO_REUSE` accepts an equal policy built again).
+
     Args:
-      steps_to_live: remove keys not trained in the last steps_to_live global steps.
-      min_frequency: remove keys looked up in training fewer than min_frequency times.
-      capacity: keep at most this many keys (the most recently trained).
-      min_l2_norm: remove keys whose embedding has an L2 norm below this (a float > 0).
-      every_n_steps: also evict inside the training step at global steps that are multiples of this (None: only
-        before saves, or with `EvictionHook`/`evict`).
+      steps_to_live: remove keys not trained in the last steps_to_live global steps (0 .. 2^63 - 1).
+      min_frequency: remove keys looked up in training fewer than min_frequency times (0 .. 2^32 - 1: a key's
+        frequency saturates at 2^32 - 1).
+      capacity: keep at most this many keys over all shards, the most recently trained (0 .. 2^63 - 1).
+      min_l2_norm: remove keys whose embedding has an L2 norm below this (a finite float > 0).
+      every_n_steps: also evict inside the training step at global steps that are multiples of this
+        (1 .. 2^63 - 1; None: only before saves, or with `EvictionHook`/`evict`).
 
     Raises:
-      ValueError: no criterion, or a bad value (named).
+      ValueError: no criterion, or a bad value (named, with its range).
     """
 
+    _FIELDS = ("steps_to_live", "min_frequency", "capacity", "min_l2_norm", "every_n_steps")
+    __slots__ = _FIELDS
+
     def __init__(self, steps_to_live=None, min_frequency=None, capacity=None, min_l2_norm=None, every_n_steps=None):
-        _check_count("steps_to_live", steps_to_live, 0)
-        _check_count("min_frequency", min_frequency, 0)
-        _check_count("capacity", capacity, 0)
-        _check_count("every_n_steps", every_n_steps, 1)
+        steps_to_live = _check_count("steps_to_live", steps_to_live, 0)
+        min_frequency = _check_count("min_frequency", min_frequency, 0, FREQUENCY_MAX)
+        capacity = _check_count("capacity", capacity, 0)
+        every_n_steps = _check_count("every_n_steps", every_n_steps, 1)
         if min_l2_norm is not None:
-            if isinstance(min_l2_norm, bool) or not isinstance(min_l2_norm, (int, float)) or not min_l2_norm > 0:
-                raise ValueError("min_l2_norm must be a number > 0, got %r" % (min_l2_norm,))
+            if (
+                isinstance(min_l2_norm, (bool, np.bool_))
+                or not isinstance(min_l2_norm, (int, float, np.integer, np.floating))
+                or not 0 < min_l2_norm <= _FLOAT32_MAX
+            ):
+                raise ValueError(
+                    "min_l2_norm must be a finite number > 0 (at most %g, float32's largest), got %r"
+                    % (_FLOAT32_MAX, min_l2_norm)
+                )
             min_l2_norm = float(min_l2_norm)
         if steps_to_live is None and min_frequency is None and capacity is None and min_l2_norm is None:
             raise ValueError(
                 "an eviction policy needs at least one of steps_to_live, min_frequency, capacity, min_l2_norm"
             )
-        self.steps_to_live = steps_to_live
-        self.min_frequency = min_frequency
-        self.capacity = capacity
-        self.min_l2_norm = min_l2_norm
-        self.every_n_steps = every_n_steps
+        for field, value in zip(self._FIELDS, (steps_to_live, min_frequency, capacity, min_l2_norm, every_n_steps)):
+            object.__setattr__(self, field, value)
+
+    def __setattr__(self, name, value):
+        raise AttributeError("an EvictionPolicy cannot be changed (%s): create a new one" % name)
+
+    def __delattr__(self, name):
+        raise AttributeError("an EvictionPolicy cannot be changed (%s): create a new one" % name)
+
+    def _key(self):
+        return tuple(getattr(self, k) for k in self._FIELDS)
+
+    def __eq__(self, other):
+        if type(other) is not type(self):
+            return NotImplemented
+        return self._key() == other._key()
+
+    def __ne__(self, other):
+        eq = self.__eq__(other)
+        return eq if eq is NotImplemented else not eq
+
+    def __hash__(self):
+        return hash((type(self).__name__,) + self._key())
+
+    def __reduce__(self):
+        return (type(self), self._key())
 
     def __repr__(self):
-        items = ("steps_to_live", "min_frequency", "capacity", "min_l2_norm", "every_n_steps")
         return "EvictionPolicy(%s)" % ", ".join(
-            "%s=%r" % (k, getattr(self, k)) for k in items if getattr(self, k) is not None
+            "%s=%r" % (k, getattr(self, k)) for k in self._FIELDS if getattr(self, k) is not None
         )
 
     def build(self, emb):
@@ -115,7 +169,8 @@ class EvictionPolicy(object):
         return dict(evicted=evicted)
 
     def shard_op(self, shard, global_step=None):
-        """The eviction of one shard: an int64 scalar tensor, the number of keys removed.
+        """The per-key criteria (steps_to_live, min_frequency, min_l2_norm) on one shard: an int64 scalar tensor,
+        the number of keys removed. `capacity` is over all shards: see `op` and `capacity_op`.
 
         Args:
           shard: a `DynamicEmbeddingShard`.
@@ -132,7 +187,9 @@ class EvictionPolicy(object):
                         global_step = tf.compat.v1.train.get_global_step()
                     if global_step is None:
                         raise ValueError("an eviction policy with steps_to_live needs a global step")
-                    min_version = tf.cast(tf.convert_to_tensor(global_step), tf.int64) - self.steps_to_live
+                    # A negative step counts as 0, so that the difference cannot overflow int64.
+                    step = tf.maximum(tf.cast(tf.convert_to_tensor(global_step), tf.int64), 0)
+                    min_version = step - tf.constant(self.steps_to_live, tf.int64)
                 else:
                     min_version = tf.constant(-1, tf.int64)
                 min_freq = tf.constant(-1 if self.min_frequency is None else self.min_frequency, tf.int64)
@@ -140,24 +197,43 @@ class EvictionPolicy(object):
             if self.min_l2_norm is not None:
                 with tf.control_dependencies(removed):
                     keys, values, _, _ = _ops.op("tf_ext_table_export")(shard.handle, col_begin=0, cols=shard.dim)
-                weak = tf.reduce_sum(tf.square(values), axis=1) < self.min_l2_norm**2
+                weak = tf.norm(values, axis=1) < tf.constant(self.min_l2_norm, tf.float32)
                 removed.append(_ops.op("tf_ext_table_remove")(shard.handle, tf.boolean_mask(keys, weak)))
-            if self.capacity is not None:
-                per_shard = int(math.ceil(self.capacity / float(shard.embedding.num_shards)))
-                with tf.control_dependencies(removed):
-                    keys, _, versions, _ = _ops.op("tf_ext_table_export")(shard.handle, col_begin=0, cols=1)
-                removed.append(_remove_all_but_newest(shard, keys, versions, per_shard))
         if not removed:
             return tf.constant(0, tf.int64)
         return tf.add_n(removed)
 
+    def capacity_op(self, emb, shards=None):
+        """The `capacity` criterion: beyond `capacity` keys over all shards of `emb`, removes the least recently
+        trained keys (lowest version; equal versions: lowest key first) from `shards`, so that the keys kept are the
+        `capacity` most recent of the whole embedding, whichever shards they are in.
+
+        Reads every shard's keys and versions (one int64 pair per key) when the embedding holds more than
+        `capacity` keys; only their sizes otherwise.
+
+        Args:
+          emb: a `DynamicEmbedding`.
+          shards: the shards to remove from (default: all; the in-step eviction of one shard passes that shard).
+
+        Returns:
+          int64 scalar tensor: the keys removed (0 without capacity).
+        """
+        if self.capacity is None:
+            return tf.constant(0, tf.int64)
+        return _remove_beyond_capacity(emb, self.capacity, emb.shards if shards is None else shards)
+
     def op(self, emb, global_step=None):
         """The eviction of every shard of `emb`, counted in its evicted-keys variable when it has one.
+
+        The per-key criteria run on every shard first, then `capacity` over the keys left in all shards.
 
         Returns:
           int64 scalar tensor: the keys removed.
         """
         removed = [self.shard_op(shard, global_step) for shard in emb.shards]
+        if self.capacity is not None:
+            with tf.control_dependencies(removed):
+                removed.append(self.capacity_op(emb))
         total = tf.add_n(removed) if len(removed) > 1 else removed[0]
         state = emb.eviction_state
         if state is not None:
@@ -166,22 +242,79 @@ class EvictionPolicy(object):
         return total
 
 
-def _remove_all_but_newest(shard, keys, versions, keep):
-    n = tf.size(keys)
+_INT64_MIN = -(1 << 63)
+
+
+def _export_keys_and_versions(shard):
+    with tf_ops.colocate_with(shard.handle):
+        keys, _, versions, _ = _ops.op("tf_ext_table_export")(shard.handle, col_begin=0, cols=1)
+    return keys, versions
+
+
+def _remove_beyond_capacity(emb, capacity, targets):
+    """Keeps the `capacity` greatest (version, key) pairs of all shards of `emb`; removes the others from `targets`.
+
+    Keys are unique over shards, so (version, key) orders all keys strictly: the threshold is the pair of the
+    capacity-th greatest, computed from every shard's versions, and each target removes its keys below it. Sizes and
+    the threshold are int64 (capacity may exceed int32).
+    """
+    cap = tf.constant(capacity, tf.int64)
+    sizes = []
+    for shard in emb.shards:
+        with tf_ops.colocate_with(shard.handle):
+            sizes.append(_ops.op("tf_ext_table_size")(shard.handle))
+    total = tf.add_n(sizes) if len(sizes) > 1 else sizes[0]
 
     def remove():
-        _, newest = tf.math.top_k(versions, k=tf.minimum(n, keep), sorted=False)
-        drop = tf.tensor_scatter_nd_update(
-            tf.ones([n], tf.bool), tf.expand_dims(newest, 1), tf.zeros_like(newest, tf.bool)
-        )
-        return _ops.op("tf_ext_table_remove")(shard.handle, tf.boolean_mask(keys, drop))
+        exported = [_export_keys_and_versions(shard) for shard in emb.shards]
+        keys = tf.concat([k for k, _ in exported], 0)
+        versions = tf.concat([v for _, v in exported], 0)
+        n = tf.size(versions, out_type=tf.int64)
+        # n > capacity >= 0 here (unless keys were removed since the sizes were read): capacity < n fits top_k's int32.
+        k = tf.cast(tf.maximum(tf.minimum(n, cap), 1), tf.int32)
 
-    return tf.cond(n > keep, remove, lambda: tf.constant(0, tf.int64))
+        def threshold():
+            top_versions, _ = tf.math.top_k(versions, k=k, sorted=True)
+            v = top_versions[-1]
+            newer = tf.reduce_sum(tf.cast(versions > v, tf.int64))
+            tied = tf.boolean_mask(keys, tf.equal(versions, v))
+            top_keys, _ = tf.math.top_k(tied, k=tf.cast(cap - newer, tf.int32), sorted=True)
+            return v, top_keys[-1]
+
+        def keep_all():
+            return tf.constant(_INT64_MIN, tf.int64), tf.constant(_INT64_MIN, tf.int64)
+
+        if capacity == 0:
+            v, k_min = tf.constant((1 << 63) - 1, tf.int64), tf.constant((1 << 63) - 1, tf.int64)
+            drop_all = True
+        else:
+            v, k_min = tf.cond(n > cap, threshold, keep_all)
+            drop_all = False
+        removed = []
+        for shard in targets:
+            i = emb.shards.index(shard)
+            shard_keys, shard_versions = exported[i]
+            with tf_ops.colocate_with(shard.handle):
+                if drop_all:
+                    drop = shard_keys
+                else:
+                    keep = tf.logical_or(
+                        shard_versions > v, tf.logical_and(tf.equal(shard_versions, v), shard_keys >= k_min)
+                    )
+                    drop = tf.boolean_mask(shard_keys, tf.logical_not(keep))
+                removed.append(_ops.op("tf_ext_table_remove")(shard.handle, drop))
+        return tf.add_n(removed) if len(removed) > 1 else removed[0]
+
+    return tf.cond(total > cap, remove, lambda: tf.constant(0, tf.int64))
 
 
 def in_step_eviction(shard, update_op):
     """The shard's optimizer update followed, at global steps that are multiples of the policy's every_n_steps, by
     the eviction of the shard (called by the optimizer support for embeddings with such a policy).
+
+    The per-key criteria apply to the shard's keys; `capacity` applies to the whole embedding: the shard reads every
+    shard's versions and removes its own keys that are not among the `capacity` most recent of the embedding (other
+    shards remove theirs after their own update).
 
     Args:
       shard: a `DynamicEmbeddingShard`.
@@ -206,8 +339,16 @@ def in_step_eviction(shard, update_op):
         )
     with tf.name_scope("tf_ext_eviction"), tf.control_dependencies([update_op]):
         step = tf.cast(tf.convert_to_tensor(step), tf.int64)
-        due = tf.logical_and(step > 0, tf.equal(step % policy.every_n_steps, 0))
-        removed = tf.cond(due, lambda: policy.shard_op(shard, step), lambda: tf.constant(0, tf.int64))
+        due = tf.logical_and(step > 0, tf.equal(step % tf.constant(policy.every_n_steps, tf.int64), 0))
+
+        def evict_shard():
+            local = policy.shard_op(shard, step)
+            if policy.capacity is None:
+                return local
+            with tf.control_dependencies([local]):
+                return local + policy.capacity_op(emb, [shard])
+
+        removed = tf.cond(due, evict_shard, lambda: tf.constant(0, tf.int64))
         return emb.eviction_state["evicted"].assign_add(removed, read_value=False)
 
 
@@ -268,8 +409,8 @@ def restrict(embedding, num_reserved, trigger=None, policy="timestamp", name=Non
 
     Args:
       embedding: a `DynamicEmbedding`.
-      num_reserved: int >= 0, the number of keys kept.
-      trigger: int >= num_reserved or None; the op does nothing while the
+      num_reserved: int in [0, 2^63 - 1], the number of keys kept.
+      trigger: int in [num_reserved, 2^63 - 1] or None; the op does nothing while the
         embedding holds at most `trigger` keys.
       policy: "timestamp" or "frequency".
       name: optional name scope.
@@ -282,27 +423,26 @@ def restrict(embedding, num_reserved, trigger=None, policy="timestamp", name=Non
     """
     if not isinstance(embedding, var_lib.DynamicEmbedding):
         raise TypeError("restrict needs a tf_ext DynamicEmbedding, got %r" % (embedding,))
-    if isinstance(num_reserved, bool) or not isinstance(num_reserved, int) or num_reserved < 0:
-        raise ValueError("num_reserved must be a non-negative int, got %r" % (num_reserved,))
+    num_reserved = _check_count("num_reserved", num_reserved, 0)
     if trigger is None:
         trigger = num_reserved
-    if isinstance(trigger, bool) or not isinstance(trigger, int) or trigger < num_reserved:
-        raise ValueError("trigger must be an int >= num_reserved (%d), got %r" % (num_reserved, trigger))
+    trigger = _check_count("trigger", trigger, num_reserved)
     if policy not in _RESTRICT_SCORES:
         raise ValueError("policy must be one of %s, got %r" % (sorted(_RESTRICT_SCORES), policy))
     with tf.name_scope(name or "tf_ext_restrict"):
         exported = embedding.export()
         keys, scores = exported[0], exported[_RESTRICT_SCORES[policy]]
-        n = tf.size(keys)
+        n = tf.size(keys, out_type=tf.int64)  # int64 throughout: num_reserved and trigger may exceed int32
 
         def _remove_all_but_best():
-            _, keep = tf.math.top_k(scores, k=tf.minimum(n, num_reserved), sorted=False)
+            k = tf.cast(tf.minimum(n, tf.constant(num_reserved, tf.int64)), tf.int32)  # < n, which fits int32
+            _, keep = tf.math.top_k(scores, k=k, sorted=False)
             drop = tf.tensor_scatter_nd_update(
-                tf.ones([n], tf.bool), tf.expand_dims(keep, 1), tf.zeros_like(keep, tf.bool)
+                tf.ones(tf.reshape(n, [1]), tf.bool), tf.expand_dims(keep, 1), tf.zeros_like(keep, tf.bool)
             )
             return embedding.remove(tf.boolean_mask(keys, drop))
 
-        return tf.cond(n > trigger, _remove_all_but_best, lambda: tf.constant(0, tf.int64))
+        return tf.cond(n > tf.constant(trigger, tf.int64), _remove_all_but_best, lambda: tf.constant(0, tf.int64))
 
 
 class _EvictionRunner(object):

@@ -184,11 +184,11 @@ def test_eviction_and_admission_together_and_in_summaries(graph, sess):
 def test_bad_policies_are_named():
     with pytest.raises(ValueError, match="at least one of"):
         tf_ext.embedding.EvictionPolicy(every_n_steps=3)
-    with pytest.raises(ValueError, match="capacity must be a non-negative int"):
+    with pytest.raises(ValueError, match=r"capacity must be an int in \[0, "):
         tf_ext.embedding.EvictionPolicy(capacity=-1)
-    with pytest.raises(ValueError, match="min_l2_norm must be a number > 0"):
+    with pytest.raises(ValueError, match="min_l2_norm must be a finite number > 0"):
         tf_ext.embedding.EvictionPolicy(min_l2_norm=0)
-    with pytest.raises(ValueError, match="every_n_steps must be a positive int"):
+    with pytest.raises(ValueError, match=r"every_n_steps must be an int in \[1, "):
         tf_ext.embedding.EvictionPolicy(capacity=3, every_n_steps=0)
     with tf.Graph().as_default():
         emb = tf_ext.get_dynamic_embedding(
@@ -197,3 +197,150 @@ def test_bad_policies_are_named():
         loss = tf.reduce_sum(tf_ext.embedding_lookup(emb, tf.constant([1], tf.int64)))
         with pytest.raises(ValueError, match="create a global step first"):
             tf.compat.v1.train.GradientDescentOptimizer(0.1).minimize(loss)
+
+
+# ---- capacity over all shards, int64 arguments, policies as values ---------------------------------------------
+
+
+def _keys_of_shards(emb, per_shard, start=1):
+    """per_shard[i] keys that live in shard i (by the embedding's key partition), in increasing order."""
+    want = list(per_shard)
+    out = [[] for _ in want]
+    key = start
+    while any(len(o) < w for o, w in zip(out, want)):
+        shard = int(emb.partition.part_ids_numpy(np.array([key], np.int64))[0])
+        if len(out[shard]) < want[shard]:
+            out[shard].append(key)
+        key += 1
+    return out
+
+
+@pytest.mark.parametrize("capacity,num_shards", [(2**40, 2), (2**32 + 1, 1), (2**31, 1), (2**63 - 1, 3)])
+def test_capacity_beyond_int32_keeps_every_key(graph, sess, capacity, num_shards):
+    policy = tf_ext.embedding.EvictionPolicy(capacity=capacity, every_n_steps=1)
+    gs, ids, emb, train = _policy_model(policy, num_shards=num_shards)
+    op = tf_ext.embedding.evict(emb)
+    restricted = tf_ext.embedding.restrict(emb, num_reserved=capacity)
+    sess.run(tf.compat.v1.global_variables_initializer())
+    for _ in range(3):
+        sess.run(train, {ids: [1, 2, 3]})  # in-step eviction at steps 1 and 2
+    assert sess.run(emb.size()) == 3
+    assert sess.run(op) == 0 and sess.run(restricted) == 0
+    assert sess.run(emb.size()) == 3
+
+
+def test_int64_arguments_work_at_their_limits_and_are_named_beyond(graph, sess):
+    big = 2**63 - 1
+    policy = tf_ext.embedding.EvictionPolicy(steps_to_live=big, min_frequency=2**32 - 1, every_n_steps=big)
+    gs, ids, emb, train = _policy_model(policy)
+    keep_all = tf_ext.embedding.evict(emb, steps_to_live=big)
+    sess.run(tf.compat.v1.global_variables_initializer())
+    sess.run(train, {ids: [1, 2, 3]})
+    assert sess.run(keep_all) == 0  # nobody is older than 2^63 - 1 steps
+    assert sess.run(tf_ext.embedding.evict(emb)) == 3  # every key looked up fewer than 2^32 - 1 times
+    for kwargs, message in [
+        (
+            dict(steps_to_live=2**63),
+            r"steps_to_live must be an int in \[0, 9223372036854775807\], got 9223372036854775808",
+        ),
+        (dict(capacity=2**64), r"capacity must be an int in \[0, 9223372036854775807\]"),
+        (dict(min_frequency=2**32), r"min_frequency must be an int in \[0, 4294967295\].*saturate"),
+        (dict(capacity=1, every_n_steps=2**63), r"every_n_steps must be an int in \[1, 9223372036854775807\]"),
+        (dict(steps_to_live=1.5), r"steps_to_live must be an int"),
+        (dict(min_l2_norm=float("inf")), r"min_l2_norm must be a finite number > 0"),
+    ]:
+        with pytest.raises(ValueError, match=message):
+            tf_ext.embedding.EvictionPolicy(**kwargs)
+    with pytest.raises(ValueError, match=r"steps_to_live must be an int in \[0, 9223372036854775807\]"):
+        tf_ext.embedding.evict(emb, steps_to_live=2**63)
+    with pytest.raises(ValueError, match=r"num_reserved must be an int in \[0, 9223372036854775807\]"):
+        tf_ext.embedding.restrict(emb, num_reserved=2**63)
+    with pytest.raises(ValueError, match=r"min_frequency must be an int in \[0, 4294967295\]"):
+        tf_ext.embedding.EvictionSaverListener(min_frequency=2**40)
+
+
+@pytest.mark.parametrize("in_step", [False, True])
+def test_capacity_keeps_the_most_recent_keys_of_all_shards(graph, sess, in_step):
+    # Unbalanced shards: the 6 most recent keys all live in shard 0, shards 1..3 hold one old key each.
+    policy = tf_ext.embedding.EvictionPolicy(capacity=7, every_n_steps=4 if in_step else None)
+    gs, ids, emb, train = _policy_model(policy, num_shards=4)
+    op = tf_ext.embedding.evict(emb)
+    keys = _keys_of_shards(emb, [6, 1, 1, 1])
+    old = [keys[1][0], keys[2][0], keys[3][0]]
+    sess.run(tf.compat.v1.global_variables_initializer())
+    for key in old:  # steps 0, 1, 2: versions 0, 1, 2
+        sess.run(train, {ids: [key]})
+    sess.run(train, {ids: keys[0]})  # step 3: version 3; the in-step eviction runs at step 4
+    if in_step:
+        sess.run(train, {ids: keys[0]})  # step 4: version 4, then eviction
+    else:
+        assert sess.run(op) == 2
+    # At most 7 keys: the 6 newest (shard 0) and the newest old one; not 2 per shard (ceil(7 / 4)), which would
+    # keep 1 + 1 + 1 old keys and only 2 of the 6 new ones, 5 keys under a capacity of 7.
+    assert sorted(sess.run(emb.export()).keys.tolist()) == sorted(keys[0] + [old[2]])
+    assert sess.run(emb.eviction_state["evicted"]) == 2
+
+
+@pytest.mark.parametrize("in_step", [False, True])
+def test_capacity_never_leaves_more_than_capacity_keys(graph, sess, in_step):
+    # Balanced shards with more than capacity / num_shards keys each: ceil(5 / 4) = 2 per shard would keep 8.
+    policy = tf_ext.embedding.EvictionPolicy(capacity=5, every_n_steps=1 if in_step else None)
+    gs, ids, emb, train = _policy_model(policy, num_shards=4)
+    op = tf_ext.embedding.evict(emb)
+    keys = _keys_of_shards(emb, [3, 3, 3, 3])
+    sess.run(tf.compat.v1.global_variables_initializer())
+    sess.run(train, {ids: sum(keys, [])})  # step 0: one version for all: ties go by key, the greatest kept
+    if in_step:
+        sess.run(train, {ids: [keys[0][0]]})  # step 1: evicts, keeping this key (the newest) and 4 others
+        rest = sorted(k for k in sum(keys, []) if k != keys[0][0])
+        assert sorted(sess.run(emb.export()).keys.tolist()) == sorted([keys[0][0]] + rest[-4:])
+    else:
+        assert sess.run(op) == 7
+        assert sorted(sess.run(emb.export()).keys.tolist()) == sorted(sum(keys, []))[-5:]
+    assert sess.run(emb.size()) == 5
+
+
+def test_capacity_zero_removes_every_key(graph, sess):
+    gs, ids, emb, train = _policy_model(tf_ext.embedding.EvictionPolicy(capacity=0), num_shards=2)
+    op = tf_ext.embedding.evict(emb)
+    sess.run(tf.compat.v1.global_variables_initializer())
+    sess.run(train, {ids: [1, 2, 3]})
+    assert sess.run(op) == 3 and sess.run(emb.size()) == 0
+
+
+def test_policies_are_values():
+    a = tf_ext.embedding.EvictionPolicy(capacity=3, every_n_steps=2)
+    b = tf_ext.embedding.EvictionPolicy(capacity=3, every_n_steps=2)
+    assert a == b and hash(a) == hash(b) and not a != b
+    assert a != tf_ext.embedding.EvictionPolicy(capacity=3) and a != "EvictionPolicy(capacity=3)"
+    with pytest.raises(AttributeError, match="cannot be changed"):
+        a.capacity = 4
+    import pickle  # pylint: disable=import-outside-toplevel
+
+    assert pickle.loads(pickle.dumps(a)) == a
+
+
+def test_equal_policies_are_accepted_under_auto_reuse(graph):
+    def make(capacity=3, min_count=2):
+        with tf.compat.v1.variable_scope("s", reuse=tf.compat.v1.AUTO_REUSE):
+            return tf_ext.get_dynamic_embedding(
+                "e",
+                2,
+                eviction=tf_ext.embedding.EvictionPolicy(capacity=capacity),
+                admission=tf_ext.embedding.CountAdmission(min_count),
+            )
+
+    first = make()
+    assert make() is first  # equal policies, other objects
+    with pytest.raises(ValueError, match="with eviction=EvictionPolicy\\(capacity=4\\), but it has"):
+        make(capacity=4)
+    with pytest.raises(ValueError, match="with admission=CountAdmission\\(min_count=3.*but it has"):
+        make(min_count=3)
+    with tf.compat.v1.variable_scope("s", reuse=tf.compat.v1.AUTO_REUSE):
+        bloom = tf_ext.embedding.BloomAdmission(2, num_counters=64)
+        other = tf_ext.get_dynamic_embedding("b", 2, admission=bloom)
+        assert (
+            tf_ext.get_dynamic_embedding("b", 2, admission=tf_ext.embedding.BloomAdmission(2, num_counters=64)) is other
+        )
+        with pytest.raises(ValueError, match="but it has"):
+            tf_ext.get_dynamic_embedding("b", 2, admission=tf_ext.embedding.BloomAdmission(2, num_counters=128))

@@ -201,6 +201,54 @@ def test_partitioner_sets_num_shards(graph):
     assert emb.num_shards == 4
 
 
+def test_size_based_partitioner_is_asked_about_initial_capacity(graph):
+    # 1 MiB shards of a [initial_capacity, 64] float table: 2^20 keys * 256 bytes = 256 MiB -> 256 shards, not the
+    # 2^40-row table's count (clipped to the partitioner's maximum).
+    by_size = tf.compat.v1.variable_axis_size_partitioner(max_shard_bytes=1 << 20, max_shards=4096)
+    emb = tf_ext.get_dynamic_embedding("e", 64, partitioner=by_size, initial_capacity=1 << 20)
+    assert emb.num_shards == 256
+    small = tf.compat.v1.min_max_variable_partitioner(max_partitions=64, min_slice_size=1 << 20)
+    assert tf_ext.get_dynamic_embedding("s", 64, partitioner=small, initial_capacity=1 << 14).num_shards == 4
+    with pytest.raises(
+        ValueError,
+        match=r"partitioner of dynamic embedding 'n' gives a shard count that depends on "
+        r"the table's size .* pass initial_capacity .* or num_shards",
+    ):
+        tf_ext.get_dynamic_embedding("n", 64, partitioner=by_size)
+    with tf.compat.v1.variable_scope("scoped", partitioner=tf.compat.v1.fixed_size_partitioner(3)):
+        assert tf_ext.get_dynamic_embedding("f", 4).num_shards == 3  # a fixed count needs no size
+    with pytest.raises(ValueError, match=r"partitioner of dynamic embedding 'z' gives 0 shards .* pass num_shards"):
+        tf_ext.get_dynamic_embedding("z", 4, partitioner=lambda shape, dtype: [0, 1])
+
+
+def test_devices_and_initial_capacity_errors_say_what_to_pass(graph):
+    with pytest.raises(
+        TypeError,
+        match=r"devices of dynamic embedding 'x' must be a list of devices .* got 'c': " r"pass \['c'\] for one device",
+    ):
+        tf_ext.get_dynamic_embedding("x", 2, devices="c")
+    with pytest.raises(TypeError, match=r"pass \['/cpu:0'\]"):
+        tf_ext.get_dynamic_embedding("x", 2, devices="/cpu:0")  # not 6 shards on devices '/', 'c', 'p', ...
+    with pytest.raises(
+        ValueError,
+        match=r"devices of dynamic embedding 'x': 'c' is not a device string .* " r"e.g. '/job:ps/task:0', '/cpu:0'",
+    ):
+        tf_ext.get_dynamic_embedding("x", 2, devices=["/cpu:0", "c"])
+    with pytest.raises(TypeError, match=r"must be device strings .* got 3"):
+        tf_ext.get_dynamic_embedding("x", 2, devices=[3])
+    assert tf_ext.get_dynamic_embedding("ok", 2, devices=("/cpu:0", tf.DeviceSpec(device_type="CPU"))).num_shards == 2
+    with pytest.raises(
+        ValueError,
+        match=r"initial_capacity of dynamic embedding 'x' must be in \[0, 2\^40\] \(the "
+        r"expected number of keys .* pass 0 if unknown\), got -1",
+    ):
+        tf_ext.get_dynamic_embedding("x", 2, initial_capacity=-1)
+    with pytest.raises(ValueError, match=r"initial_capacity \(TFRA's init_size\) of dynamic embedding 'x' .* got -1"):
+        tf_ext.get_dynamic_embedding("x", 2, init_size=-1)
+    with pytest.raises(TypeError, match=r"initial_capacity of dynamic embedding 'x' must be an int .* got 1.5"):
+        tf_ext.get_dynamic_embedding("x", 2, initial_capacity=1.5)
+
+
 def test_var_list_with_dynamic_embedding_and_global_step_once(graph, sess):
     gs = tf.compat.v1.train.get_or_create_global_step()
     emb = tf_ext.get_dynamic_embedding("e", 2, initializer=0.0, num_shards=2)

@@ -17,6 +17,9 @@ keys, so an exported serving graph needs no switch; `enable_inference_mode` stil
 kv_creator) and no need for `bp_v2`. docs/migrating_from_tfra.md has the full map and the semantic differences.
 """
 
+import numbers
+
+import numpy as np
 import tensorflow as tf
 
 from tensorflow_ext import errors as _errors
@@ -83,13 +86,28 @@ def default_partition_fn(keys, shard_num):
     """The shard of each key (TFRA's default partitioner; tensorflow_ext hashes keys, see docs).
 
     Args:
-      keys: int64 tensor.
+      keys: int64, int32 or string tensor (strings are fingerprinted as an embedding with key_dtype=tf.string
+        does, `tf_ext.embedding.string_to_key`).
       shard_num: python int >= 1.
 
     Returns:
-      int32 tensor of keys' shape.
+      int32 tensor of keys' shape: the shard that an embedding with `shard_num` shards keeps each key in.
+
+    Raises:
+      TypeError: keys of another dtype (e.g. float).
+      ValueError: shard_num < 1.
     """
-    return _keys.HashPartition(int(shard_num)).part_ids(tf.convert_to_tensor(keys, tf.int64))
+    if isinstance(shard_num, (bool, np.bool_)) or not isinstance(shard_num, numbers.Integral) or shard_num < 1:
+        raise ValueError("default_partition_fn: shard_num must be an int >= 1, got %r" % (shard_num,))
+    keys = tf.convert_to_tensor(keys)
+    dtype = keys.dtype.base_dtype
+    if dtype == tf.string:
+        keys = _keys.string_to_key(keys)
+    elif dtype == tf.int32:
+        keys = tf.cast(keys, tf.int64)
+    elif dtype != tf.int64:
+        raise TypeError("default_partition_fn: keys must be int64, int32 or strings, got %s" % dtype.name)
+    return _keys.HashPartition(int(shard_num)).part_ids(keys)
 
 
 def _policy_name(restrict_policy):
@@ -207,8 +225,27 @@ def _build(
             "(tf_ext.embedding.DynamicEmbedding.shard_ids); custom partition functions are not supported. "
             "Remove partitioner (the number of shards is len(devices))." % (caller, partitioner)
         )
-    if isinstance(devices, str):
+    if isinstance(devices, (str, tf.DeviceSpec)):
         devices = [devices]  # TFRA: one device string is one shard on that device
+    if devices is not None and (
+        not isinstance(devices, (list, tuple)) or not all(isinstance(d, (str, tf.DeviceSpec)) for d in devices)
+    ):
+        raise TypeError(
+            "%s(devices=%r): devices must be a list of device strings, one shard per device (e.g. "
+            "['/job:ps/task:0', '/job:ps/task:1']), one device string, or None" % (caller, devices)
+        )
+    if isinstance(init_size, (bool, np.bool_)) or not isinstance(init_size, numbers.Integral):
+        raise TypeError(
+            "%s(init_size=%r): init_size must be an int, the expected number of keys (0 if unknown)"
+            % (caller, init_size)
+        )
+    if init_size < 0:
+        raise ValueError(
+            "%s(init_size=%r): init_size must be >= 0, the expected number of keys (0 if unknown)" % (caller, init_size)
+        )
+    for flag, value in (("trainable", trainable), ("checkpoint", checkpoint)):
+        if not isinstance(value, (bool, np.bool_)):
+            raise TypeError("%s(%s=%r): %s must be True or False" % (caller, flag, value, flag))
     policy = _policy_name(restrict_policy)
     emb = _variable.get_dynamic_embedding(
         name,

@@ -362,3 +362,44 @@ def test_tfra_package_import_ports_by_renaming(tmp_path):
         [sys.executable, "-c", code], cwd=str(tmp_path), env=env, capture_output=True, text=True, timeout=240
     )
     assert r.returncode == 0 and "ported" in r.stdout, r.stderr[-4000:]
+
+
+def test_tfra_bad_arguments_name_the_argument():
+    with tf.Graph().as_default():
+        with pytest.raises(TypeError, match=r"get_variable\(devices=3\).*list of device strings"):
+            de.get_variable("a", dim=2, devices=3)
+        with pytest.raises(TypeError, match=r"Variable\(devices=\[0\]\).*list of device strings"):
+            de.Variable(dim=2, name="a", devices=[0])
+        with pytest.raises(ValueError, match=r"get_variable\(init_size=-1\).*expected number of keys"):
+            de.get_variable("a", dim=2, init_size=-1)
+        with pytest.raises(TypeError, match=r"get_variable\(init_size=1.5\)"):
+            de.get_variable("a", dim=2, init_size=1.5)
+        for flag in ("trainable", "checkpoint"):
+            with pytest.raises(TypeError, match=r"get_variable\(%s='no'\).*True or False" % flag):
+                de.get_variable("a", dim=2, **{flag: "no"})
+        assert not tf.compat.v1.get_collection(tf_ext.GraphKeys.DYNAMIC_EMBEDDINGS)  # nothing half-built
+
+
+def test_tfra_default_partition_fn_takes_every_key_dtype():
+    with tf.Graph().as_default():
+        emb = de.get_variable("p", dim=2, devices=["/job:localhost/replica:0/task:0/CPU:0"] * 3)
+        words = de.get_variable("w", tf.string, dim=2, devices=["/job:localhost/replica:0/task:0/CPU:0"] * 3)
+        ids = np.arange(-20, 20)
+        strings = tf.constant(["a", "b", "c", "d", "e", "f"])
+        fetches = [
+            de.default_partition_fn(tf.constant(ids, tf.int64), 3),
+            de.default_partition_fn(tf.constant(ids, tf.int32), 3),  # int32 keys: as the table stores them
+            emb.shard_ids(emb.to_keys(tf.constant(ids, tf.int64))),
+            de.default_partition_fn(strings, 3),
+            words.shard_ids(words.to_keys(strings)),
+        ]
+        with pytest.raises(TypeError, match="default_partition_fn: keys must be int64, int32 or strings, got float32"):
+            de.default_partition_fn(tf.constant([1.5]), 2)
+        with pytest.raises(ValueError, match="shard_num"):
+            de.default_partition_fn(tf.constant([1], tf.int64), 0)
+        with tf.compat.v1.Session() as sess:
+            p64, p32, native, pstr, native_str = sess.run(fetches)
+    np.testing.assert_array_equal(p64, native)
+    np.testing.assert_array_equal(p32, native)
+    np.testing.assert_array_equal(pstr, native_str)
+    assert set(p64) == {0, 1, 2}

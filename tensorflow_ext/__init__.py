@@ -102,9 +102,25 @@ def _register_ops_at_import():
 _register_ops_at_import()
 
 
+# TFRA's top-level names that tensorflow_ext does not provide: asking for one imports tensorflow_ext.tfra, whose
+# _TOP_LEVEL_INSTEAD says what to use instead. Any other unknown name raises AttributeError without importing
+# anything (hasattr(tf_ext, name) has no side effects). Kept equal to tfra._TOP_LEVEL_INSTEAD's keys (a test checks).
+_TFRA_NAMES = frozenset(
+    (
+        "Checkpoint CuckooHashTable CuckooHashTableConfig CuckooHashTableCreator DECheckpoint DEHvdModelCheckpoint "
+        "DEHvdSaver DEResourceVariable DistributedVariableWrapper FileSystemSaver HkvEvictStrategy HkvHashTable "
+        "HkvHashTableConfig HkvHashTableCreator KVCreator ModelMode RedisTable RedisTableConfig RedisTableCreator "
+        "RestrictPolicy ShadowVariable TrainableWrapper Variable WarmStartHook callbacks create_slots data_flow "
+        "embedding_lookup_unique embedding_variable enable_inference_mode enable_train_mode get_model_mode "
+        "get_variable keras layers math models patch_on_tf patch_on_tf_save_restore ragged_embedding_ops "
+        "register_all restrict_policy shadow_ops train trainable_wrapper_filter warm_start"
+    ).split()
+)
+
+
 def __getattr__(name):
     spec = _LAZY.get(name)
-    if spec is None and not name.startswith("__"):
+    if spec is None and name in _TFRA_NAMES:
         tfra = _importlib.import_module("tensorflow_ext.tfra")
         instead = tfra._TOP_LEVEL_INSTEAD  # pylint: disable=protected-access  (a TFRA name: say what to use instead)
         if name in instead:

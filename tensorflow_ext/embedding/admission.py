@@ -212,7 +212,7 @@ class BloomAdmission(Admission):
 
 def _training_flag(emb, is_training):
     """A bool scalar: True when the lookup trains. For is_training=None, a constant that becomes True when an
-    optimizer is applied to the embedding (before the graph first runs), like the lookups' insert_missing attr."""
+    optimizer applies a gradient that flows through the lookup, like the lookups' insert_missing attr."""
     if is_training is None and all(s.is_training for s in emb.shards):
         is_training = True
     flag = tf.constant(bool(is_training), name="training")
@@ -222,7 +222,7 @@ def _training_flag(emb, is_training):
             value = tensor_util.make_tensor_proto(True, tf.bool)
             flag.op._set_attr("value", attr_value_pb2.AttrValue(tensor=value))  # pylint: disable=protected-access
 
-        emb.shards[0].lookups.when_training(activate)
+        emb.shards[0].lookups.when_training(activate, [flag.op])
     return flag
 
 

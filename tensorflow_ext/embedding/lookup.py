@@ -13,10 +13,13 @@ optimizers.py).
 
 Training vs inference: a lookup built with `is_training=None` (the default)
 is find-only (a missing key reads the initializer's constant, or zeros, and
-nothing is inserted) until an optimizer is applied to the embedding in the
-same graph; then tf_ext turns the embedding's lookups into inserting ones
-(before the graph first runs). So an Estimator's eval and predict graphs never
-insert keys, and its train graph does. `is_training=True/False` fixes the mode.
+nothing is inserted) until an optimizer applies a gradient that flows through
+it (`minimize` / `apply_gradients` in the same graph); then tf_ext turns that
+lookup into an inserting one. Lookups whose rows do not reach the trained loss
+(eval towers, exports, lookups built after `minimize`) stay find-only. So an
+Estimator's eval and predict graphs never insert keys, and its train graph
+does. The optimizer must be built before a Session runs the graph (refused
+otherwise). `is_training=True/False` fixes the mode.
 """
 
 import tensorflow as tf
@@ -58,7 +61,7 @@ def _insert_once_training(shard, lookup_op):
     def activate():
         lookup_op._set_attr("insert_missing", attr_value_pb2.AttrValue(b=True))  # pylint: disable=protected-access
 
-    shard.lookups.when_training(activate)
+    shard.lookups.when_training(activate, [lookup_op])
 
 
 @tf.RegisterGradient("TfExtFrozenTableFind")
@@ -109,7 +112,7 @@ def _lookup_shard(shard, keys, is_training, step):
                     def activate():
                         find_op._add_control_input(insert.op)  # pylint: disable=protected-access
 
-                    shard.lookups.when_training(activate)
+                    shard.lookups.when_training(activate, [find_op])
         values = embedding_ops.with_handle_gradient(values, handle, keys)
     shard.lookups.record_read(keys, lambda: values)
     return values
@@ -247,9 +250,9 @@ def embedding_lookup(params, ids, name=None, is_training=None, max_norm=None, re
       ids: a Tensor of ids of any rank, of the embedding's key dtype (int64 or
         int32; strings for key_dtype=tf.string).
       name: optional name scope.
-      is_training: None (default: find-only until an optimizer is applied to the
-        embedding in this graph), True (insert missing keys with their initial
-        rows), False (never insert).
+      is_training: None (default: find-only until an optimizer applies a
+        gradient flowing through this lookup, in this graph), True (insert
+        missing keys with their initial rows), False (never insert).
       max_norm: if set, rows are clipped to this L2 norm.
       return_trainable: TFRA's flag; must be False (ValueError naming what to
         use instead).

@@ -327,12 +327,16 @@ class DynamicEmbeddingShard(object):
 
     @property
     def is_training(self):
-        """True once an optimizer was applied to this shard in this graph."""
+        """True once `set_training()` was called: every lookup of this shard in
+        this graph inserts keys, also lookups built later. (Without it, a lookup
+        built with is_training=None turns inserting when an optimizer applies a
+        gradient that flows through it.)"""
         return self._lookups.is_training
 
     def set_training(self):
         """Turns the shard's find-only lookups (built with is_training=None) into
-        inserting ones, now and for lookups built later."""
+        inserting ones, now and for lookups built later (all of them, also those
+        whose rows no optimizer trains)."""
         self.check_writable("training lookups")
         self._lookups.set_training()
 

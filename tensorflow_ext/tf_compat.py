@@ -14,6 +14,7 @@ TensorFlow it was not written for.
 
 import importlib
 import sys
+import weakref
 
 import tensorflow as tf
 import threading
@@ -27,6 +28,7 @@ __all__ = [
     "PatchError",
     "install",
     "is_installed",
+    "ops_held_by_open_sessions",
     "original",
     "patches",
     "probe",
@@ -541,6 +543,53 @@ def _make_init_from_checkpoint(original):
     return init_from_checkpoint
 
 
+# ---- which ops a Session already holds ------------------------------------------------------------------------
+
+_held = weakref.WeakKeyDictionary()  # graph -> WeakKeyDictionary(session -> last op id the session holds)
+
+
+def ops_held_by_open_sessions(graph):
+    """The largest op id (`op._id`) of `graph` that an open (not closed) Session holds, 0 if none holds it.
+
+    A Session copies the graph's new ops when it runs; TensorFlow then ignores changes to the attrs or control
+    inputs of the ops it holds (with only a log warning). Recorded by the `session_extend_graph` patch.
+    """
+    with _lock:
+        sessions = _held.get(graph)
+        if not sessions:
+            return 0
+        return max([last for sess, last in list(sessions.items()) if not getattr(sess, "_closed", False)] or [0])
+
+
+@register(
+    "session_extend_graph",
+    "tensorflow.python.client.session",
+    "BaseSession",
+    "_extend_graph",
+    why="A lookup of a dynamic embedding becomes an inserting one, and the table gets an optimizer's slot columns, "
+    "by editing ops already in the graph when the optimizer is built; TensorFlow ignores such edits for a Session "
+    "that already copied those ops (logging only a warning), so training would silently read find-only or fail "
+    "on the table layout. The replacement runs TF's _extend_graph and records, per graph, the last op each "
+    "Session holds, so that those edits are refused with an error saying what to do. TF offers no hook to learn "
+    "which Sessions hold a graph.",
+    test="tests/test_tf_compat.py::test_an_optimizer_built_after_a_session_ran_the_graph_is_refused",
+)
+def _make_extend_graph(original):
+
+    def _extend_graph(self):
+        graph = self._graph
+        with graph._session_run_lock():  # pylint: disable=protected-access  (no op is added meanwhile)
+            original(self)
+            last = graph.version  # the id of its newest op
+        with _lock:
+            sessions = _held.get(graph)
+            if sessions is None:
+                sessions = _held[graph] = weakref.WeakKeyDictionary()
+            sessions[self] = last
+
+    return _extend_graph
+
+
 # ---- tf.compat.v1.train optimizers train dynamic embeddings; Keras optimizers refuse them --------------------
 
 
@@ -611,30 +660,44 @@ def _make_compute_gradients(original):
     "apply_gradients",
     why="TF's apply_gradients creates slots through self._create_slots(var_list), which would make a slot "
     "variable of a shard's shape; a dynamic embedding keeps its slots as columns of its table rows instead. When "
-    "some variables are shards, the replacement overrides _create_slots on the optimizer instance for the "
-    "duration of the call (TF has no hook for slots that are not variables): the override passes the dense "
-    "variables to the class's _create_slots, appends the optimizer's slot columns (with TF's initial values) "
-    "to each shard's rows and makes the optimizer's non-slot variables (Adam's beta powers) even without dense "
-    "variables; the override is removed when TF's apply_gradients returns. TF's apply_gradients itself runs "
-    "unchanged (one _prepare, one _finish, so Adam's beta powers advance once per step, one global_step "
-    "increment).",
+    "some variables are shards, the replacement overrides _create_slots on the optimizer instance while calls "
+    "are in flight (TF has no hook for slots that are not variables), with a function that finds the calling "
+    "thread's call (so graphs built at once with one optimizer keep their own state) and falls back to the "
+    "class's: the call's version passes the dense variables to the class's _create_slots, appends the "
+    "optimizer's slot columns (with TF's initial values) to each shard's rows and makes the optimizer's non-slot "
+    "variables (Adam's beta powers) even without dense variables; the override is removed when the last call "
+    "returns. TF's apply_gradients itself runs unchanged (one _prepare, one _finish, so Adam's beta powers "
+    "advance once per step, one global_step increment). Then the find-only lookups the gradient flows through "
+    "become inserting ones.",
     test="tests/test_tf_compat.py::test_optimizer_apply_gradients_keeps_slots_in_rows",
 )
 def _make_apply_gradients(original):
 
     def apply_gradients(self, grads_and_vars, global_step=None, name=None, **kwargs):
         grads_and_vars = tuple(grads_and_vars)
-        shards = []
+        shards, grads = [], []
         for g, v in grads_and_vars:
-            if g is not None and _is_shard(v) and v not in shards:
-                shards.append(v)
+            if g is not None and _is_shard(v):
+                grads.append(g)
+                if v not in shards:
+                    shards.append(v)
         if not shards:
             return original(self, grads_and_vars, global_step=global_step, name=name, **kwargs)
-        spec, handler = _optimizers().handler_for(self)
+        opts = _optimizers()
+        spec, handler = opts.handler_for(self)
         slot_specs = spec.slots_of(self)
         names = [n for n, _ in slot_specs]
         inits = [v for _, v in slot_specs]
-        orig_create_slots = self._create_slots
+        # The lookups this gradient flows through turn inserting (see shard_lookups); refused before anything is
+        # built if a Session already holds the graph (it would ignore the change).
+        from tensorflow_ext.embedding import shard_lookups  # pylint: disable=import-outside-toplevel
+
+        ancestors = shard_lookups.ancestor_ops(grads)
+        for shard in shards:
+            if names and shard.slot_group(self) is None and shard.layout.frozen_by is None:
+                _refuse_layout_change_a_session_ignores(self, shard)  # (a frozen layout refuses it: its own error)
+            shard.lookups.check_lookups_feeding(ancestors)
+        orig_create_slots = opts.original_create_slots(self)
 
         def _create_slots(var_list):
             dense = [v for v in var_list if not _is_shard(v)]
@@ -645,18 +708,28 @@ def _make_apply_gradients(original):
             handler.create_non_slots(self, dense, shards)
 
         step = global_step if global_step is not None else tf.compat.v1.train.get_global_step()
-        self._create_slots = _create_slots
-        self._tf_ext_step = step
-        try:
+        # Per call (a thread may build another graph with the same optimizer meanwhile): TF's apply_gradients
+        # finds this call's _create_slots and the shard updates this call's step.
+        with opts.apply_call(self, _create_slots, step):
             result = original(self, grads_and_vars, global_step=global_step, name=name, **kwargs)
-        finally:
-            del self._create_slots
-            self._tf_ext_step = None
         for shard in shards:
-            shard.set_training()
+            shard.lookups.train_lookups_feeding(ancestors)
         return result
 
     return apply_gradients
+
+
+def _refuse_layout_change_a_session_ignores(opt, shard):
+    """An optimizer with slots appends columns to the table's layout (attrs of its handle op), which a Session that
+    already holds the graph ignores: its table keeps the old layout."""
+    if shard.handle.op._id <= ops_held_by_open_sessions(shard.handle.graph):  # pylint: disable=protected-access
+        raise ValueError(
+            "%s is built after a Session ran the graph of dynamic embedding %s: build the optimizer (minimize / "
+            "apply_gradients) before the first session.run, or open a new Session after building it (close the "
+            "old one). The optimizer keeps its slots in the embedding's table rows, which changes the table's "
+            "layout, and the Session that already holds the graph would keep the old layout (the table it "
+            "created or will create has no slot columns)." % (type(opt).__name__, shard.embedding.name)
+        )
 
 
 def _refuse_embeddings(opt, variables):

@@ -301,3 +301,174 @@ def test_caller_probe_guard_refuses_a_renamed_function(monkeypatch):
     monkeypatch.setattr(tf, "__version__", "2.17.0")
     with pytest.raises(tf_compat.PatchError, match=r"old_tf.*2\.17\.0"):
         other.check_guard()
+
+
+def test_an_optimizer_built_after_a_session_ran_the_graph_is_refused():
+    """A Session holds the ops of the graph it ran; TF ignores later edits of those ops (the table layout an
+    optimizer's slots extend, a lookup turning inserting), logging only a warning. The optimizer is refused instead,
+    with the cause and the fix on the first line; a Session opened after closing the old one is fine."""
+    with tf.Graph().as_default() as g:
+        emb = tf_ext.get_dynamic_embedding("e", 2, initializer=0.5)
+        loss = tf.reduce_sum(tf_ext.embedding_lookup(emb, tf.constant([1, 2], tf.int64), is_training=True))
+        with tf.compat.v1.Session(graph=g) as sess:
+            sess.run(tf.compat.v1.global_variables_initializer())
+            sess.run(loss)  # creates the table, without Adam's slot columns
+            assert tf_compat.ops_held_by_open_sessions(g) >= emb.shards[0].handle.op._id  # pylint: disable=W0212
+            with pytest.raises(ValueError) as info:
+                tf.compat.v1.train.AdamOptimizer(0.1).minimize(loss)
+            first_line = str(info.value).splitlines()[0]
+            assert first_line.startswith("AdamOptimizer is built after a Session ran the graph of dynamic embedding e")
+            assert "before the first session.run" in first_line
+        assert tf_compat.ops_held_by_open_sessions(g) == 0  # closed
+        train = tf.compat.v1.train.AdamOptimizer(0.1).minimize(loss)
+        with tf.compat.v1.Session(graph=g) as sess:
+            sess.run(tf.compat.v1.global_variables_initializer())
+            sess.run(train)
+            assert sess.run(emb.size()) == 2
+
+
+def test_apply_gradients_keeps_per_call_state_per_call(monkeypatch):
+    """Two threads build two graphs with one optimizer object: one call is held inside TF's apply_gradients (while
+    it creates the slots, before TF's own per-instance _prepare) while the other is built whole. Each keeps its own
+    slot creation and global step."""
+    import threading  # pylint: disable=import-outside-toplevel
+
+    from tensorflow_ext.embedding import shard_lookups  # pylint: disable=import-outside-toplevel
+    from tensorflow_ext.embedding import variable  # pylint: disable=import-outside-toplevel
+
+    opt = tf.compat.v1.train.AdamOptimizer(0.1)
+    a_inside, b_done = threading.Event(), threading.Event()
+    real_add = variable.DynamicEmbeddingShard.add_slot_columns
+
+    def held_add(shard, optimizer, names, inits):
+        if shard.embedding.name == "a":
+            a_inside.set()
+            assert b_done.wait(120), "the other graph was not built"
+        return real_add(shard, optimizer, names, inits)
+
+    monkeypatch.setattr(variable.DynamicEmbeddingShard, "add_slot_columns", held_add)
+    built, failures = {}, []
+
+    def build(name, wait_for=None, done=None):
+        try:
+            if wait_for is not None:
+                assert wait_for.wait(120), "the first graph did not start"
+            with tf.Graph().as_default() as g:
+                step = tf.compat.v1.train.get_or_create_global_step()
+                emb = tf_ext.get_dynamic_embedding(name, 2, initializer=1.0)
+                dense = tf.compat.v1.get_variable("d", initializer=tf.ones([2]))
+                loss = tf.reduce_sum(tf_ext.embedding_lookup(emb, tf.constant([5], tf.int64)) * dense)
+                train = opt.minimize(loss, global_step=step)
+                m = opt.get_slot(emb.shards[0], "m").lookup(tf.constant([5], tf.int64))
+                built[name] = (g, emb, train, m, step)
+        except Exception as e:  # pylint: disable=broad-except
+            failures.append((name, e))
+        finally:
+            if done is not None:
+                done.set()
+
+    threads = [
+        threading.Thread(target=build, args=("a",)),
+        threading.Thread(target=build, args=("b", a_inside, b_done)),
+    ]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    assert not failures, failures
+    assert "_create_slots" not in vars(opt)  # the per-call override is gone
+    for name, (g, emb, train, m, step) in built.items():
+        assert list(emb.shards[0].slot_group(opt).slot_names) == ["m", "v"]
+        with g.as_default():
+            slot_vars = sorted(v.op.name for v in tf.compat.v1.global_variables() if v.op.name.startswith("d/"))
+        assert slot_vars == ["d/Adam", "d/Adam_1"], name
+        # The shard update of each graph reads that graph's global step (not the other call's, nor none).
+        (apply_op,) = [op for op in g.get_operations() if op.type == "TfExtEmbeddingSparseApplyAdam"]
+        assert step.op in shard_lookups.ancestor_ops(list(apply_op.inputs)), name
+        with tf.compat.v1.Session(graph=g) as sess:
+            sess.run(tf.compat.v1.global_variables_initializer())
+            sess.run(train)
+            sess.run(train)
+            got_m, got_step = sess.run([m, step])
+        np.testing.assert_allclose(got_m, [[0.18, 0.18]], rtol=1e-5)
+        assert got_step == 2
+
+
+def test_a_keras_without_the_guarded_optimizers_is_skipped_with_a_warning():
+    """The Keras guards only make an error clearer: with a Keras that lacks what they patch (Keras 3 beside TF 2.15
+    has no legacy optimizers), importing tensorflow_ext.embedding warns and works."""
+    code = r"""
+import keras.src.optimizers.legacy.optimizer_v2 as legacy
+del legacy.OptimizerV2  # as in a Keras without legacy optimizers
+import tensorflow as tf
+tf.compat.v1.disable_v2_behavior()
+import tensorflow_ext as tf_ext
+import tensorflow_ext.embedding
+from tensorflow_ext import tf_compat
+assert not tf_compat.is_installed("keras_legacy_optimizer_minimize")
+assert not tf_compat.is_installed("keras_legacy_optimizer_apply_gradients")
+assert tf_compat.is_installed("keras_optimizer_minimize") and tf_compat.is_installed("optimizer_apply_gradients")
+with tf.Graph().as_default():
+    emb = tf_ext.get_dynamic_embedding("e", 2, initializer=1.0)
+    loss = tf.reduce_sum(tf_ext.embedding_lookup(emb, tf.constant([5], tf.int64)))
+    train = tf.compat.v1.train.GradientDescentOptimizer(0.1).minimize(loss)
+    with tf.compat.v1.Session() as sess:
+        sess.run(train)
+        assert sess.run(emb.size()) == 1
+print("ok")
+"""
+    r = _run_fresh(code)
+    assert r.returncode == 0, r.stderr[-3000:]
+    assert r.stdout.strip().endswith("ok")
+    assert "Keras optimizers will not refuse dynamic embeddings" in r.stderr
+    assert "OptimizerV2" in r.stderr
+
+
+def test_an_unknown_attribute_has_no_side_effects():
+    """hasattr(tf_ext, name) for a name tensorflow_ext does not have imports nothing and patches nothing."""
+    code = r"""
+import sys
+import tensorflow_ext as tf_ext
+from tensorflow.python.training import optimizer
+from tensorflow_ext import tf_compat
+installed = [p.name for p in tf_compat.patches() if p.installed]
+apply_gradients = optimizer.Optimizer.apply_gradients
+modules = set(sys.modules)
+assert not hasattr(tf_ext, "anything")
+assert not hasattr(tf_ext, "embedding_lookup_v3")
+assert set(sys.modules) == modules, sorted(set(sys.modules) - modules)
+assert "tensorflow_ext.tfra" not in sys.modules
+assert [p.name for p in tf_compat.patches() if p.installed] == installed
+assert optimizer.Optimizer.apply_gradients is apply_gradients
+try:
+    tf_ext.Variable  # a TFRA name still says what to use instead
+except AttributeError as e:
+    assert "tf_ext.DynamicEmbedding" in str(e), e
+else:
+    raise AssertionError("tf_ext.Variable exists")
+print("ok")
+"""
+    r = _run_fresh(code)
+    assert r.returncode == 0, r.stderr[-3000:]
+    assert r.stdout.strip().endswith("ok")
+
+
+def test_every_tfra_name_gets_its_advice_from_the_top_level():
+    """tensorflow_ext/__init__.py lists TFRA's top-level names (so other unknown names import nothing): the list
+    must match tensorflow_ext.tfra._TOP_LEVEL_INSTEAD (add a new name to tensorflow_ext._TFRA_NAMES too)."""
+    from tensorflow_ext import tfra  # pylint: disable=import-outside-toplevel
+
+    assert set(tf_ext._TFRA_NAMES) == set(tfra._TOP_LEVEL_INSTEAD)  # pylint: disable=protected-access
+    for name in sorted(tfra._TOP_LEVEL_INSTEAD):  # pylint: disable=protected-access
+        with pytest.raises(AttributeError, match="tensorflow_ext.%s is not provided" % name):
+            getattr(tf_ext, name)
+
+
+def _run_fresh(code):
+    import subprocess  # pylint: disable=import-outside-toplevel
+    import sys  # pylint: disable=import-outside-toplevel
+
+    env = dict(os.environ)
+    env["PYTHONPATH"] = os.pathsep.join([ROOT] + [p for p in env.get("PYTHONPATH", "").split(os.pathsep) if p])
+    env.setdefault("TF_CPP_MIN_LOG_LEVEL", "1")
+    return subprocess.run([sys.executable, "-c", code], cwd=ROOT, env=env, capture_output=True, text=True, timeout=300)

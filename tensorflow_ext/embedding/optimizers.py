@@ -40,8 +40,11 @@ dynamic embedding only updates the rows of the batch (like LazyAdam).
 """
 
 import abc
+import contextlib
 import importlib.util
 import sys
+import threading
+import weakref
 
 import tensorflow as tf
 from tensorflow.python.framework import indexed_slices
@@ -355,8 +358,76 @@ def _insert_missing_keys(shard, keys, step):
         ).op
 
 
+# ---- per-call state of the apply_gradients patch (tf_compat): per thread, never on the optimizer -------------
+
+_calls = threading.local()  # .stack: [(optimizer, create_slots, step)], innermost call last
+_dispatch_lock = threading.Lock()
+_dispatchers = {}  # id(optimizer) -> (calls in flight, the _SlotsDispatch installed on it)
+
+
+class _SlotsDispatch(object):
+    """The `_create_slots` of an optimizer while apply_gradients calls with shards are in flight: the calling
+    thread's innermost call's version, else what the optimizer had before (its class's method)."""
+
+    def __init__(self, opt, previous):
+        self._opt_ref = weakref.ref(opt)
+        self.previous = previous  # the instance attribute it replaced, or None
+
+    def original(self):
+        opt = self._opt_ref()
+        return self.previous if self.previous is not None else type(opt)._create_slots.__get__(opt)
+
+    def __call__(self, var_list):
+        call = _current_call(self._opt_ref())
+        if call is None:
+            return self.original()(var_list)
+        return call[1](var_list)
+
+
+def _current_call(opt):
+    for call in reversed(getattr(_calls, "stack", ())):
+        if call[0] is opt:
+            return call
+    return None
+
+
+def original_create_slots(opt):
+    """`opt`'s own `_create_slots` (not the dispatch an apply_gradients call in flight installed)."""
+    current = vars(opt).get("_create_slots")
+    if isinstance(current, _SlotsDispatch):
+        return current.original()
+    return opt._create_slots
+
+
+@contextlib.contextmanager
+def apply_call(opt, create_slots, step):
+    """The state of one apply_gradients call with shards: while it runs, in this thread, `opt._create_slots(...)`
+    is `create_slots` and the shard updates use `step`. Other threads' calls with the same optimizer keep theirs."""
+    stack = _calls.__dict__.setdefault("stack", [])
+    with _dispatch_lock:
+        count, dispatch = _dispatchers.get(id(opt), (0, None))
+        if count == 0:
+            dispatch = _SlotsDispatch(opt, vars(opt).get("_create_slots"))
+            opt._create_slots = dispatch
+        _dispatchers[id(opt)] = (count + 1, dispatch)
+    stack.append((opt, create_slots, step))
+    try:
+        yield
+    finally:
+        stack.pop()
+        with _dispatch_lock:
+            count, dispatch = _dispatchers.pop(id(opt))
+            if count > 1:
+                _dispatchers[id(opt)] = (count - 1, dispatch)
+            elif dispatch.previous is not None:
+                opt._create_slots = dispatch.previous
+            else:
+                del opt._create_slots
+
+
 def _step_for(opt):
-    step = getattr(opt, "_tf_ext_step", None)
+    call = _current_call(opt)
+    step = call[2] if call is not None else None
     if step is None:
         return tf.constant(-1, tf.int64)
     return tf.cast(tf.convert_to_tensor(step), tf.int64)
@@ -449,7 +520,12 @@ class ShardProcessor(object):
 
 # ---- patches of TF (defined in tf_compat, the one registry of changes to TF objects) --------------------------
 
-_TF_PATCHES = ("optimizer_get_processor", "optimizer_compute_gradients", "optimizer_apply_gradients")
+_TF_PATCHES = (
+    "optimizer_get_processor",
+    "optimizer_compute_gradients",
+    "optimizer_apply_gradients",
+    "session_extend_graph",
+)
 _KERAS_PATCHES = (
     "keras_optimizer_minimize",
     "keras_optimizer_apply_gradients",
@@ -461,11 +537,22 @@ _KERAS_PATCHES = (
 def install():
     """Teaches tf.compat.v1.train.Optimizer about dynamic embeddings, and makes Keras optimizers refuse them.
 
-    Installs this module's tf_compat patches (idempotent).
+    Installs this module's tf_compat patches (idempotent). The Keras guards are advisory (they only give a clearer
+    error): one that does not fit the installed Keras (e.g. Keras 3, which has no legacy optimizers) is skipped
+    with a warning.
 
     Raises:
       tf_compat.PatchError: a patched TF attribute moved (another TensorFlow than the supported ones).
     """
     tf_compat.install(*_TF_PATCHES)
-    if importlib.util.find_spec("keras") is not None:  # no Keras, no Keras optimizer to guard
-        tf_compat.install(*_KERAS_PATCHES)
+    if importlib.util.find_spec("keras") is None:  # no Keras, no Keras optimizer to guard
+        return
+    for name in _KERAS_PATCHES:
+        try:
+            tf_compat.install(name)
+        except tf_compat.PatchError as e:
+            tf.compat.v1.logging.warning(
+                "tensorflow_ext: Keras optimizers will not refuse dynamic embeddings with a clear error (the "
+                "installed Keras does not have what the guard patches: %s); train dynamic embeddings with "
+                "tf.compat.v1.train optimizers" % e
+            )

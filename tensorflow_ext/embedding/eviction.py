@@ -485,7 +485,7 @@ class EvictionSaverListener(_EvictionRunner, tf.compat.v1.train.CheckpointSaverL
         before the first save).
 
     Raises:
-      ValueError: a policy value that is not a non-negative int (without
+      ValueError: a policy value out of its range (see `EvictionPolicy`; without
         criteria and without embeddings that have a policy: at `begin`).
     """
 
@@ -509,7 +509,7 @@ class EvictionHook(_EvictionRunner, tf.compat.v1.train.SessionRunHook):
     """Evicts keys after every `every_n_steps`-th `run` call of the session.
 
     Args:
-      every_n_steps: positive int: evict after every N-th `session.run` (counted
+      every_n_steps: int in [1, 2^63 - 1]: evict after every N-th `session.run` (counted
         by this hook, not by the global step).
       embeddings: a `DynamicEmbedding`, a list of them, or None (every dynamic
         embedding of the graph when `begin` runs).
@@ -522,14 +522,14 @@ class EvictionHook(_EvictionRunner, tf.compat.v1.train.SessionRunHook):
         before the first one).
 
     Raises:
-      ValueError: a bad policy value, or `every_n_steps` not a positive int.
+      ValueError: a bad policy value, or `every_n_steps` out of [1, 2^63 - 1].
     """
 
     def __init__(self, every_n_steps, embeddings=None, steps_to_live=None, min_frequency=None):
         self._init_policy(embeddings, steps_to_live, min_frequency)
-        if not isinstance(every_n_steps, int) or every_n_steps < 1:
-            raise ValueError("every_n_steps must be a positive int, got %r" % (every_n_steps,))
-        self._every = every_n_steps
+        if every_n_steps is None:
+            raise ValueError("every_n_steps must be an int in [1, %d], got None" % INT64_MAX)
+        self._every = _check_count("every_n_steps", every_n_steps, 1)
         self._runs = 0
 
     def after_run(self, run_context, run_values):

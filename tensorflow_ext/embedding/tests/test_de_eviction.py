@@ -344,3 +344,10 @@ def test_equal_policies_are_accepted_under_auto_reuse(graph):
         )
         with pytest.raises(ValueError, match="but it has"):
             tf_ext.get_dynamic_embedding("b", 2, admission=tf_ext.embedding.BloomAdmission(2, num_counters=128))
+
+
+def test_hook_every_n_steps_takes_numpy_ints_and_names_its_range():
+    assert tf_ext.embedding.EvictionHook(np.int64(3), min_frequency=2)._every == 3  # pylint: disable=protected-access
+    for bad in (0, 2**63, 1.5, None):
+        with pytest.raises(ValueError, match=r"every_n_steps must be an int in \[1, 9223372036854775807\]"):
+            tf_ext.embedding.EvictionHook(bad, min_frequency=2)

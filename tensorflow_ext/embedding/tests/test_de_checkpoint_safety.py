@@ -10,7 +10,6 @@ import signal
 import subprocess
 import sys
 import textwrap
-import time
 
 import numpy as np
 import pytest
@@ -53,9 +52,14 @@ def test_restore_is_atomic_for_concurrent_lookups(tmp_path, num_shards):
     # looks up keys of both in a loop while the main thread restores A, B, A, ... : every row read must be A's or
     # B's, never the initializer's -1 (an empty or half-filled table); with one shard, every lookup must be all A or
     # all B. The tables are large enough that each import takes a while.
+    # The test forces the interleaving instead of hoping for it: a restore starts only after the reader has done
+    # QUIET lookups since the previous restore returned (each of which must read exactly the checkpoint restored
+    # last), and restores go on until at least OVERLAPPED lookups were in flight during a restore (a lookup that
+    # started before a restore returned and ended after it started). The waits time out only against a hang.
     out = _run(
         """
-        N, DIM, BATCH, RESTORES = 200000, 8, 4096, 16
+        N, DIM, BATCH, RESTORES, QUIET, OVERLAPPED = 200000, 8, 4096, 16, 2, 16
+        HANG_S, MAX_RESTORES = 300, 40 * RESTORES
         keys = np.arange(N, dtype=np.int64) * 7 + 3
         row_a = lambda k: k[:, None] / 1000.0 + np.arange(DIM)[None, :]
         emb = tf_ext.get_dynamic_embedding("emb", DIM, num_shards=%d, initializer=-1.0)
@@ -69,9 +73,13 @@ def test_restore_is_atomic_for_concurrent_lookups(tmp_path, num_shards):
             sess.run(fill, {new_values: row_a(keys)})
             a = saver.save(sess, os.path.join(%r, "a"))
             sess.run(fill, {new_values: row_a(keys) + 1000.0})
-            b = saver.save(sess, os.path.join(%r, "b"))
+            b = saver.save(sess, os.path.join(%r, "b"))  # the table now holds B
             stop = threading.Event()
-            stats = dict(lookups=0, all_a=0, all_b=0, mixed=0, bad_rows=0)
+            cond = threading.Condition()
+            # Restores started and finished by the main thread; quiet: the reader's lookups since the last restore
+            # returned that ran while no restore was running.
+            clock = dict(started=0, finished=0, quiet=0)
+            stats = dict(lookups=0, all_a=0, all_b=0, mixed=0, bad_rows=0, overlapped=0, quiet=0, quiet_wrong=0)
             errors = []
 
             def reader():
@@ -79,6 +87,8 @@ def test_restore_is_atomic_for_concurrent_lookups(tmp_path, num_shards):
                 try:
                     while not stop.is_set():
                         k = keys[rng.randint(0, N, BATCH)]
+                        with cond:
+                            finished_before = clock["finished"]
                         got = sess.run(rows, {ids: k})
                         is_a = np.all(got == row_a(k).astype(np.float32), axis=1)
                         is_b = np.all(got == (row_a(k) + 1000.0).astype(np.float32), axis=1)
@@ -90,31 +100,69 @@ def test_restore_is_atomic_for_concurrent_lookups(tmp_path, num_shards):
                             stats["all_b"] += 1
                         else:
                             stats["mixed"] += 1
+                        with cond:
+                            if clock["started"] > finished_before:  # a restore ran during part of this lookup
+                                stats["overlapped"] += 1
+                            else:  # no restore ran at any time during it: it reads the last one restored
+                                stats["quiet"] += 1
+                                restored_a = clock["finished"] %% 2 == 1  # restores are A, B, A, ...; before: B
+                                if not (is_a.all() if restored_a else is_b.all()):
+                                    stats["quiet_wrong"] += 1
+                                clock["quiet"] += 1
+                            cond.notify_all()
                 except Exception as e:  # reported below
                     errors.append(repr(e))
+                with cond:
+                    cond.notify_all()
+
+            def wait_for_quiet_lookups(what):
+                with cond:
+                    done = cond.wait_for(lambda: clock["quiet"] >= QUIET or not t.is_alive(), timeout=HANG_S)
+                assert not errors, errors
+                assert done and t.is_alive(), "the reader did no lookup %%s (hang guard)" %% what
 
             t = threading.Thread(target=reader)
             t.start()
-            for i in range(RESTORES):
+            i = 0
+            while i < RESTORES or stats["overlapped"] < OVERLAPPED:
+                assert i < MAX_RESTORES, ("no lookup overlapped a restore (hang guard)", stats)
+                wait_for_quiet_lookups("before restore %%d" %% i)
+                with cond:
+                    clock["started"] += 1
                 saver.restore(sess, a if i %% 2 == 0 else b)
+                with cond:
+                    clock["finished"] += 1
+                    clock["quiet"] = 0
+                i += 1
+            wait_for_quiet_lookups("after the last restore")
             stop.set()
             t.join()
             assert not errors, errors
+            stats["restores"] = i
             print("STATS", stats)
         """
         % (num_shards, str(tmp_path), str(tmp_path))
     )
     stats = eval(out.split("STATS", 1)[1].strip())  # a dict literal printed by the script
-    assert stats["lookups"] >= 20, stats
-    assert stats["all_a"] > 0 and stats["all_b"] > 0, stats  # the lookups really overlapped the restores
+    print(stats)
+    restores, quiet, overlapped = 16, 2, 16
+    assert stats["restores"] >= restores, stats
+    assert stats["quiet"] >= (stats["restores"] + 1) * quiet, stats
+    assert stats["overlapped"] >= overlapped, stats  # the lookups really overlapped the restores
+    assert stats["lookups"] == stats["quiet"] + stats["overlapped"], stats
+    assert stats["all_a"] > 0 and stats["all_b"] > 0, stats
+    assert stats["quiet_wrong"] == 0, stats  # a lookup after a restore returned reads that checkpoint
     assert stats["bad_rows"] == 0, stats
     if num_shards == 1:
         assert stats["mixed"] == 0, stats
 
 
 def test_save_killed_midway_leaves_the_previous_checkpoint_loadable(tmp_path):
-    # A trainer saves model-1, changes every row, and is killed (SIGKILL) while writing model-2. A fresh process
-    # restores the latest checkpoint: model-1, every row as it was saved.
+    # A trainer saves model-1, changes every row, and is killed while writing model-2. A fresh process restores the
+    # latest checkpoint: model-1, every row as it was saved.
+    # The kill lands mid-write whatever the machine's speed: before the second save the trainer limits the size of
+    # the files it may write (RLIMIT_FSIZE) well below that of the data file, so the kernel kills it (SIGXFSZ, whose
+    # default action ends the process at once, without cleanup, as SIGKILL does) in the middle of writing it.
     ckpt_dir = str(tmp_path / "ckpt")
     os.makedirs(ckpt_dir)
     script = textwrap.dedent(
@@ -133,31 +181,29 @@ def test_save_killed_midway_leaves_the_previous_checkpoint_loadable(tmp_path):
             sess.run(fill, {shift: 0.0})
             saver.save(sess, os.path.join(%r, "model"), global_step=1)
             sess.run(fill, {shift: 1.0})
+            import resource, signal
+            signal.signal(signal.SIGXFSZ, signal.SIG_DFL)  # Python ignores it: the kernel's default ends the process
+            resource.setrlimit(resource.RLIMIT_CORE, (0, 0))
+            data_bytes = os.path.getsize(os.path.join(%r, "model-1.data-00000-of-00001"))
+            resource.setrlimit(resource.RLIMIT_FSIZE, (data_bytes // 8, resource.getrlimit(resource.RLIMIT_FSIZE)[1]))
             print("SAVING", flush=True)
             saver.save(sess, os.path.join(%r, "model"), global_step=2)
             print("SAVED", flush=True)
         """
-        % (ckpt_dir, ckpt_dir)
+        % (ckpt_dir, ckpt_dir, ckpt_dir)
     )
     env = dict(os.environ, TF_CPP_MIN_LOG_LEVEL="2")
     proc = subprocess.Popen(
-        [sys.executable, "-c", _PRELUDE + script], stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True, env=env
+        [sys.executable, "-c", _PRELUDE + script], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env
     )
     try:
-        assert proc.stdout.readline().strip() == "SAVING"
-        # Kill as soon as the second save has started writing its files.
-        deadline = time.time() + 120
-        while not any(f.startswith("model-2") for f in os.listdir(ckpt_dir)):
-            assert proc.poll() is None and time.time() < deadline, "the second save did not start"
-            time.sleep(0.001)
-        proc.send_signal(signal.SIGKILL)
-        proc.wait(timeout=60)
+        out, err = proc.communicate(timeout=400)  # a guard against a hang only
     finally:
         if proc.poll() is None:
             proc.kill()
             proc.wait()
-    assert proc.returncode == -signal.SIGKILL
-    assert "SAVED" not in proc.stdout.read()
+    assert proc.returncode == -signal.SIGXFSZ, (proc.returncode, out, err[-4000:])
+    assert "SAVING" in out and "SAVED" not in out, out
     left = sorted(os.listdir(ckpt_dir))
     assert "model-2.index" not in left, left  # killed mid-save, not after
     assert any(f.startswith("model-2") for f in left), left  # its partial files are there

@@ -60,6 +60,36 @@ tfext_test::ThreadPool& Pool() {
 }
 ParallelFor PoolParallelFor() { return Pool().AsParallelFor(); }
 
+// Waits, polling, until `done()` holds: until a background thread (the
+// prefault worker, a reader) has got somewhere the test needs. The bound is a
+// guard against a hang only, far above what a busy machine needs, so it never
+// decides a test's outcome. A template, not std::function: it runs in
+// children whose address space is used up.
+constexpr int kHangGuardSeconds = 300;
+template <typename Done>
+void WaitUntil(const Done& done, const char* what) {
+  const auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(kHangGuardSeconds);
+  while (!done()) {
+    if (std::chrono::steady_clock::now() > deadline) {
+      std::fprintf(stderr, "  no progress in %d s waiting for %s: a hang\n", kHangGuardSeconds, what);
+      std::abort();
+    }
+    std::this_thread::sleep_for(std::chrono::microseconds(200));
+  }
+}
+
+// The table's spare slabs (ready, and taken by the arena so far) once the
+// prefault worker has answered every request made so far.
+void SettledSpareSlabs(const HashTable& t, int64_t* ready, int64_t* taken) {
+  int64_t pending = 0;
+  WaitUntil(
+      [&] {
+        HashTableTestPeer::SpareSlabs(t, ready, &pending, taken);
+        return pending == 0;
+      },
+      "the prefault worker");
+}
+
 TableOptions Options(int64_t width, int shard_bits = -1, int64_t capacity = 0, double load = 0.8) {
   TableOptions o;
   o.width = width;
@@ -748,7 +778,7 @@ TFEXT_TEST(ReplaceIsAtomicForConcurrentReaders) {
   const ParallelFor pf = PoolParallelFor();
   t.Import(keys.data(), n, 0, 1, ones.data(), nullptr, nullptr, nullptr, pf);
   std::atomic<bool> stop{false};
-  std::atomic<int64_t> bad{0}, reads{0};
+  std::atomic<int64_t> bad{0}, reads{0}, big_reads{0}, small_reads{0};
   auto reader = [&](bool big) {
     const int64_t m = big ? n : 100;
     std::vector<float> out(m);
@@ -763,10 +793,17 @@ TFEXT_TEST(ReplaceIsAtomicForConcurrentReaders) {
         }
       }
       ++reads;
+      ++(big ? big_reads : small_reads);
     }
   };
   std::thread big_reader(reader, true), small_reader(reader, false);
+  int64_t big_before = 0, small_before = 0;
   for (int round = 0; round < 60; ++round) {
+    // Each reader reads between two replaces, however the threads are
+    // scheduled (and goes on reading during the next one).
+    WaitUntil([&] { return big_reads.load() > big_before && small_reads.load() > small_before; }, "the readers");
+    big_before = big_reads.load();
+    small_before = small_reads.load();
     const std::vector<float>& rows = round % 2 == 0 ? twos : ones;
     t.Replace(n, [&](HashTable& staging) {
       staging.Import(keys.data(), n, 0, 1, rows.data(), nullptr, nullptr, nullptr, InlineParallelFor());
@@ -1430,6 +1467,10 @@ static int OutOfMemoryChild(bool pooled, bool prefault) {
     try {
       t.Insert(keys.data(), batch, 0, width, vals.data(), nullptr, false, -1, pf);
       inserted += batch;
+      // The worker prepares the slabs asked for before the next batch needs
+      // them, so the arena takes spares however slow the worker's thread.
+      int64_t ready = 0, taken = 0;
+      if (prefault) SettledSpareSlabs(t, &ready, &taken);
     } catch (const OutOfMemoryError& e) {
       threw = true;
       message = e.what();
@@ -1442,14 +1483,10 @@ static int OutOfMemoryChild(bool pooled, bool prefault) {
   if (inserted == 0) return 4;
   if (prefault) {
     // The spares went back (requests in flight unmap theirs) and no more are asked for.
-    int64_t ready = 0, pending = 0, taken = 0;
-    for (int wait = 0; wait < 4000; ++wait) {
-      HashTableTestPeer::SpareSlabs(t, &ready, &pending, &taken);
-      if (pending == 0) break;
-      std::this_thread::sleep_for(std::chrono::microseconds(500));
-    }
+    int64_t ready = 0, taken = 0;
+    SettledSpareSlabs(t, &ready, &taken);
     if (taken == 0) return 10;  // prefaulting never started: the test would prove nothing
-    if (ready != 0 || pending != 0) return 11;
+    if (ready != 0) return 11;
   }
   // The fully inserted batches are all there, and the size counts exactly
   // the keys present (the failed batch may be partly applied).
@@ -1484,14 +1521,7 @@ static int OutOfMemoryChild(bool pooled, bool prefault) {
         t.Insert(keys.data(), batch, 0, width, vals.data(), nullptr, false, -1, pf);
       }
     };
-    auto spares = [&](int64_t* ready, int64_t* taken) {
-      int64_t pending = 0;
-      for (int wait = 0; wait < 4000; ++wait) {
-        HashTableTestPeer::SpareSlabs(t, ready, &pending, taken);
-        if (pending == 0) break;
-        std::this_thread::sleep_for(std::chrono::microseconds(500));
-      }
-    };
+    auto spares = [&](int64_t* ready, int64_t* taken) { SettledSpareSlabs(t, ready, taken); };
     int64_t ready = 0, taken_at_oom = 0, taken = 0;
     spares(&ready, &taken_at_oom);
     grow(1000, 8);
@@ -1683,15 +1713,12 @@ void InsertRange(HashTable& t, int64_t first, int64_t n, int64_t batch, const Pa
     t.FindOrInsert(keys.data(), m, 0, kPrefaultWidth, init.data(), nullptr, out.data(), inserted.get(), true, b, pf);
     for (int64_t i = 0; i < m; ++i) CHECK(inserted[i]);
     CHECK(out == init);
-    // Gives the background worker time to finish the slabs it was asked for,
-    // as the rest of a training step does (bounded: a starved or failed
-    // worker is no error, the table then maps its own slabs).
-    for (int wait = 0; pause_between_batches && wait < 2000; ++wait) {
-      int64_t ready = 0, pending = 0, taken = 0;
-      HashTableTestPeer::SpareSlabs(t, &ready, &pending, &taken);
-      if (pending == 0) break;
-      std::this_thread::sleep_for(std::chrono::microseconds(500));
-    }
+    // Lets the background worker finish the slabs it was asked for, as the
+    // rest of a training step does: the next batch finds them ready however
+    // slow the worker's thread (a failed mapping is no error: the table then
+    // maps its own slabs).
+    int64_t ready = 0, taken = 0;
+    if (pause_between_batches) SettledSpareSlabs(t, &ready, &taken);
   }
 }
 
@@ -1757,7 +1784,12 @@ TFEXT_TEST(PrefaultedGrowthUnderConcurrentWriters) {
   });
   std::vector<std::thread> writers;
   for (int w = 0; w < threads; ++w) {
-    writers.emplace_back([&, w] { InsertRange(*t, w * per_thread, per_thread, 2048, InlineParallelFor(), false); });
+    // Each writer finishes only after the reader has read during the growth.
+    writers.emplace_back([&, w] {
+      InsertRange(*t, w * per_thread, per_thread / 2, 2048, InlineParallelFor(), false);
+      WaitUntil([&] { return reads.load() > 0; }, "the reader");
+      InsertRange(*t, w * per_thread + per_thread / 2, per_thread - per_thread / 2, 2048, InlineParallelFor(), false);
+    });
   }
   for (std::thread& w : writers) w.join();
   done.store(true);

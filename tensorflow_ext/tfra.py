@@ -156,7 +156,8 @@ def get_variable(
       partitioner: TFRA's `default_partition_fn` (tensorflow_ext always partitions keys by a 64-bit hash; other
         partition functions are refused).
       shared_name: ignored (table resources are named after the embedding).
-      initializer: as in TFRA (a number, a TF initializer or a callable); every new key gets its own draw.
+      initializer: as in TFRA (a number, a numpy vector of dim values, a TF initializer or a callable); every new
+        key gets its own draw. None (the default) is 0, as in TFRA (the variable scope's initializer is not used).
       trainable: add the shards to the trainable variables.
       checkpoint: False keeps the embedding out of checkpoints (its shards' saveables leave SAVEABLE_OBJECTS).
       init_size: expected number of keys (tensorflow_ext's `initial_capacity`).
@@ -164,7 +165,8 @@ def get_variable(
       restrict_policy: None, `TimestampRestrictPolicy` or `FrequencyRestrictPolicy`: the policy of
         `restrict(emb, num_reserved)`.
       bp_v2: must be False (updates are applied in place per key; see docs/migrating_from_tfra.md).
-      short_file_name: ignored (TFRA's checkpoint file names; tensorflow_ext's checkpoints go through the Saver).
+      short_file_name: accepted and ignored (TFRA's checkpoint file names; tensorflow_ext's checkpoints go through
+        the Saver, and the name is prefixed by the variable scope either way).
 
     Returns:
       A `DynamicEmbedding`.
@@ -225,6 +227,8 @@ def _build(
             "(tf_ext.embedding.DynamicEmbedding.shard_ids); custom partition functions are not supported. "
             "Remove partitioner (the number of shards is len(devices))." % (caller, partitioner)
         )
+    if initializer is None:
+        initializer = 0.0  # TFRA's default (the native default is a truncated normal)
     if isinstance(devices, (str, tf.DeviceSpec)):
         devices = [devices]  # TFRA: one device string is one shard on that device
     if devices is not None and (

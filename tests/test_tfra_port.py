@@ -403,3 +403,18 @@ def test_tfra_default_partition_fn_takes_every_key_dtype():
     np.testing.assert_array_equal(p32, native)
     np.testing.assert_array_equal(pstr, native_str)
     assert set(p64) == {0, 1, 2}
+
+
+def test_tfra_default_initializer_is_zeros_as_in_tfra():
+    with tf.Graph().as_default():
+        with tf.compat.v1.variable_scope("m", initializer=tf.compat.v1.ones_initializer()):
+            made = [de.get_variable("z", dim=3), de.Variable(dim=3, name="v")]  # TFRA: initializer=None is 0
+        ids = tf.constant([5, -6, 7], tf.int64)
+        rows = [tf_ext.embedding_lookup(emb, ids, is_training=True) for emb in made]  # inserts the keys
+        with tf.compat.v1.Session() as sess:
+            sess.run(tf.compat.v1.global_variables_initializer())
+            sess.run(rows)
+            for emb in made:
+                keys, values = sess.run(emb.export()[:2])
+                assert sorted(keys) == [-6, 5, 7]
+                np.testing.assert_array_equal(values, np.zeros([3, 3], np.float32))

@@ -44,13 +44,20 @@ from tensorflow_ext.embedding.keys import HashPartition
 
 __all__ = ["BloomAdmission", "CountAdmission", "admitted_lookup"]
 
+_FLOAT32_MAX = float(np.finfo(np.float32).max)
+
 # Summaries and tests read these collections: one int64 variable per embedding with admission.
 ADMITTED_COLLECTION = "tf_ext_admitted_keys"
 
 
-def _check_int(what, value, lo, hi=None):
+# Counts are exact up to 2^24: CountAdmission keeps them as float32 (the side table's row), and a larger
+# threshold could never be reached.
+MAX_MIN_COUNT = 1 << 24
+
+
+def _check_int(what, value, lo, hi=None, why=""):
     if isinstance(value, bool) or not isinstance(value, (int, np.integer)) or value < lo or (hi and value > hi):
-        raise ValueError("%s must be an int in [%d, %s], got %r" % (what, lo, hi or "inf", value))
+        raise ValueError("%s must be an int in [%d, %s]%s, got %r" % (what, lo, hi or "inf", why, value))
     return int(value)
 
 
@@ -61,11 +68,23 @@ class Admission(abc.ABC):
     """
 
     def __init__(self, min_count, default_value):
-        self.min_count = _check_int("min_count", min_count, 1)
+        self.min_count = _check_int(
+            "min_count",
+            min_count,
+            1,
+            MAX_MIN_COUNT,
+            " (counts are exact up to 2^24; a larger threshold could never be reached: use at most %d)" % MAX_MIN_COUNT,
+        )
         try:
-            self.default_value = float(default_value)
+            value = float(default_value)
         except (TypeError, ValueError):
             raise ValueError("default_value must be a number, got %r" % (default_value,)) from None
+        if isinstance(default_value, (bool, np.bool_)) or not math.isfinite(value) or abs(value) > _FLOAT32_MAX:
+            raise ValueError(
+                "default_value must be a finite float32 number (what keys not admitted yet read; a NaN or Inf "
+                "row makes the loss NaN from the first step), got %r" % (default_value,)
+            )
+        self.default_value = value
 
     def build(self, emb):
         """Creates the policy's state for a new embedding (called by `get_dynamic_embedding`, in its variable scope).
@@ -128,11 +147,18 @@ class CountAdmission(Admission):
     def _build(self, emb):
         from tensorflow_ext.table.table_ops import HashTable  # pylint: disable=import-outside-toplevel
 
-        table = HashTable(1, name="counts")
-        # Saved under the embedding's name (a HashTable's own saveable is named after its op, not unique).
-        tf.compat.v1.add_to_collection(
-            tf.compat.v1.GraphKeys.SAVEABLE_OBJECTS, HashTable._Saveable(table, emb.name + "/admission_counts")
-        )
+        # Saved under the embedding's name as `<embedding>/admission_counts-*`. The table's handle op has that very
+        # name: a MetaGraph records SAVEABLE_OBJECTS by name, and importing it (a SavedModel load,
+        # import_meta_graph) looks the name up as a graph element.
+        name = emb.name + "/admission_counts"
+        with tf.name_scope(emb.name + "/"):
+            table = HashTable(1, name="admission_counts")
+        if table.resource_handle.op.name != name:
+            raise ValueError(
+                "dynamic embedding %s: the graph already has an op named %s (the admission counts' table needs "
+                "that name); rename that op or the embedding" % (emb.name, name)
+            )
+        tf.compat.v1.add_to_collection(tf.compat.v1.GraphKeys.SAVEABLE_OBJECTS, HashTable._Saveable(table, name))
         return dict(table=table)
 
     def _count(self, state, keys):
@@ -232,12 +258,17 @@ def _has_row(emb, keys):
     found = []
     for shard, part in zip(emb.shards, parts):
         with tf_ops.colocate_with(shard.handle):
-            _, f = _ops.op("tf_ext_table_find")(shard.handle, part, tf.constant(0.0), col_begin=0, cols=1)
+            if shard.frozen:  # a read-only serving table (tf_ext.serving.freeze_for_serving)
+                _, f = _ops.op("tf_ext_frozen_table_find")(
+                    shard.handle, part, tf.zeros([shard.dim], tf.float32), dim=shard.dim
+                )
+            else:
+                _, f = _ops.op("tf_ext_table_find")(shard.handle, part, tf.constant(0.0), col_begin=0, cols=1)
         found.append(f)
     return found[0] if positions is None else tf.dynamic_stitch(positions, found)
 
 
-def admitted_lookup(emb, unique_keys, is_training, lookup):
+def admitted_lookup(emb, unique_keys, is_training, lookup, return_admitted=False):
     """Rows [n, dim] of unique int64 keys [n] under the embedding's admission policy.
 
     Args:
@@ -245,10 +276,11 @@ def admitted_lookup(emb, unique_keys, is_training, lookup):
       unique_keys: int64 [n], unique.
       is_training: as in the lookups (True, False or None).
       lookup: callable(keys) -> rows [m, dim] of unique keys (the lookup without admission; it inserts in training).
+      return_admitted: also return which keys are admitted (pooled lookups leave the others out).
 
     Returns:
       float32 [n, dim]: the rows of admitted keys (differentiable, their gradients reach the table) and
-      `default_value` rows for the others (no gradient).
+      `default_value` rows for the others (no gradient); with return_admitted, (rows, bool [n]: admitted).
     """
     policy, state = emb.admission, emb.admission_state
     with tf.name_scope("admission"):
@@ -276,4 +308,4 @@ def admitted_lookup(emb, unique_keys, is_training, lookup):
         out = tf.scatter_nd(positions, rows, tf.stack([tf.cast(n, tf.int64), emb.dim]))
         if policy.default_value:
             out = tf.where(tf.expand_dims(admitted, 1), out, tf.fill(tf.shape(out), policy.default_value))
-        return out
+        return (out, admitted) if return_admitted else out

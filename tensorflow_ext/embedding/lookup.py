@@ -138,6 +138,25 @@ def _lookup_unique_local(emb, unique_keys, is_training):
     return _lookup_unique_rows(emb, unique_keys, is_training)
 
 
+def _lookup_unique_admitted(emb, unique_keys, is_training):
+    """(rows, admitted) of unique int64 keys [n]: the rows as `_lookup_unique`, and for an embedding with an
+    admission policy a bool [n] saying which keys have a row (the others read the policy's default row), else None.
+
+    Pooled lookups leave the keys not admitted out of their combination (as if absent from the input). The mask
+    is known where the keys are counted: on this process (an embedding split across Horovod processes returns
+    None: its pooled lookups combine the default rows).
+    """
+    if emb.admission is not None and emb.distribution is None:
+        return admission_lib.admitted_lookup(
+            emb,
+            unique_keys,
+            is_training,
+            lambda keys: _lookup_unique_rows(emb, keys, is_training),
+            return_admitted=True,
+        )
+    return _lookup_unique(emb, unique_keys, is_training), None
+
+
 def _lookup_unique_rows(emb, unique_keys, is_training):
     if is_training is None:
         # Shards created in training graphs where an optimizer was applied already.
@@ -318,15 +337,19 @@ def _remap(emb, sp_ids, is_training, extra_keys=None):
     """Looks up the unique keys of sp_ids (+ extra_keys appended at the end).
 
     Returns (rows [u, dim], SparseTensor of row indices with sp_ids' indices,
-    position of the first extra key in rows).
+    position of the first extra key in rows, admitted): admitted is None, or
+    for an embedding with an admission policy a bool per entry of sp_ids: its
+    key has a row (pooling leaves the other entries out).
     """
     keys = emb.to_keys(sp_ids.values, what="sparse ids")
     n_ids = tf.size(keys)
     all_keys = keys if extra_keys is None else tf.concat([keys, extra_keys], 0)
     unique_keys, idx = tf.unique(all_keys, out_idx=tf.int64)
-    rows = _lookup_unique(emb, unique_keys, is_training)
+    rows, admitted = _lookup_unique_admitted(emb, unique_keys, is_training)
     remapped = tf.SparseTensor(sp_ids.indices, idx[:n_ids], sp_ids.dense_shape)
-    return rows, remapped, idx[n_ids:]
+    if admitted is not None:
+        admitted = tf.gather(admitted, idx[:n_ids])
+    return rows, remapped, idx[n_ids:], admitted
 
 
 def embedding_lookup_sparse(
@@ -368,7 +391,13 @@ def embedding_lookup_sparse(
     with tf.name_scope(name or "embedding_lookup_sparse"):
         if _use_fused_sparse(emb, sp_weights, max_norm):
             return _lookup_sparse_fused(emb, sp_ids, combiner, is_training)
-        rows, remapped, _ = _remap(emb, sp_ids, is_training)
+        rows, remapped, _, admitted = _remap(emb, sp_ids, is_training)
+        if admitted is not None:
+            # Ids not admitted yet weigh 0: left out of the sums and of the mean/sqrtn denominators (an example
+            # left with none reads zeros, as an empty one).
+            kept = tf.cast(admitted, tf.float32)
+            weights = kept if sp_weights is None else sp_weights.values * kept
+            sp_weights = tf.SparseTensor(sp_ids.indices, weights, sp_ids.dense_shape)
         return tf.compat.v1.nn.embedding_lookup_sparse(rows, remapped, sp_weights, combiner=combiner, max_norm=max_norm)
 
 
@@ -455,7 +484,12 @@ def safe_embedding_lookup_sparse(
                 emb, sparse_ids, combiner, is_training, fill_empty_rows=True, default_key=extra
             )
             return _restore_batch_shape(result, original_shape, rank, rank_static, emb.dim)
-        rows, remapped, extra_idx = _remap(emb, sparse_ids, is_training, extra)
+        rows, remapped, extra_idx, admitted = _remap(emb, sparse_ids, is_training, extra)
+        if admitted is not None:
+            # Ids not admitted yet are left out, as if absent from the input (an example left with none is empty).
+            remapped = tf.sparse.retain(remapped, admitted)
+            if sparse_weights is not None:
+                sparse_weights = tf.sparse.retain(sparse_weights, admitted)
         if default_id is None:
             fill_index = tf.cast(tf.shape(rows)[0], tf.int64)
             rows = tf.concat([rows, tf.zeros([1, emb.dim], tf.float32)], 0)

@@ -2,6 +2,12 @@
 admitted, counts that survive a checkpoint, inference that counts nothing, the Bloom filter's error rate."""
 
 import collections
+import contextlib
+import json
+import os
+import subprocess
+import sys
+import textwrap
 
 import numpy as np
 import pytest
@@ -40,8 +46,8 @@ def _admitted_per_step(batches, min_count):
     return out
 
 
-def _train(optimizer, batches, admission, keep=None, num_shards=2):
-    """Trains a sum-pooled linear model; with `keep` (per step, the keys to keep) the ids not kept are dropped from
+def _train(optimizer, batches, admission, keep=None, num_shards=2, combiner="sum", lookup="safe"):
+    """Trains a pooled linear model; with `keep` (per step, the keys to keep) the ids not kept are dropped from
     the input instead. Returns {key: (row, slots)} and the losses."""
     with tf.Graph().as_default():
         gs = tf.compat.v1.train.get_or_create_global_step()
@@ -54,7 +60,12 @@ def _train(optimizer, batches, admission, keep=None, num_shards=2):
         )
         sp = tf.compat.v1.sparse_placeholder(tf.int64)
         labels = tf.compat.v1.placeholder(tf.float32, [None])
-        pooled = tf_ext.safe_embedding_lookup_sparse(emb, sp, None, combiner="sum")  # [batch, DIM], 0 if empty
+        if lookup == "safe":
+            pooled = tf_ext.safe_embedding_lookup_sparse(emb, sp, None, combiner=combiner)  # [batch, DIM], 0 if empty
+        else:
+            # Rows past the last example with an id are not in the output: zeros, as an empty example's.
+            pooled = tf_ext.embedding_lookup_sparse(emb, sp, None, combiner=combiner)
+            pooled = tf.concat([pooled, tf.zeros([tf.shape(labels)[0] - tf.shape(pooled)[0], DIM])], 0)
         w = tf.compat.v1.get_variable("w", [DIM, 1], initializer=tf.compat.v1.constant_initializer(0.7))
         pred = tf.reshape(tf.matmul(pooled, w), [-1])
         loss = tf.reduce_mean(tf.square(pred - labels))
@@ -99,6 +110,28 @@ def test_golden_not_admitted_keys_are_as_if_absent(optimizer, policy):
         np.testing.assert_allclose(got[k][0], want[k][0], rtol=1e-6, atol=1e-7, err_msg="row of %d" % k)
         np.testing.assert_allclose(got[k][1], want[k][1], rtol=1e-6, atol=1e-7, err_msg="slots of %d" % k)
     np.testing.assert_allclose(got_losses, want_losses, rtol=1e-6)
+
+
+@pytest.mark.parametrize("lookup", ["safe", "sparse"])
+@pytest.mark.parametrize("combiner", ["mean", "sqrtn"])
+@pytest.mark.parametrize("policy", ["count", "bloom"])
+def test_pooling_leaves_not_admitted_ids_out_of_the_denominators(policy, combiner, lookup):
+    """mean / sqrtn pooling with admission == the same pooling of the input without the ids not admitted yet (they
+    are not in the denominators; an example left without ids reads zeros, as an empty one)."""
+    batches = _batches()
+    admission = (
+        tf_ext.embedding.CountAdmission(MIN_COUNT, default_value=0.25)  # the default row is not pooled either
+        if policy == "count"
+        else tf_ext.embedding.BloomAdmission(MIN_COUNT, num_counters=1 << 16)
+    )
+    kw = dict(combiner=combiner, lookup=lookup)
+    got, got_losses = _train(OPTIMIZERS["Adagrad"], batches, admission, **kw)
+    want, want_losses = _train(OPTIMIZERS["Adagrad"], batches, None, keep=_admitted_per_step(batches, MIN_COUNT), **kw)
+    assert sorted(got) == sorted(want)
+    for k in want:
+        np.testing.assert_allclose(got[k][0], want[k][0], rtol=1e-5, atol=1e-6, err_msg="row of %d" % k)
+        np.testing.assert_allclose(got[k][1], want[k][1], rtol=1e-5, atol=1e-6, err_msg="slots of %d" % k)
+    np.testing.assert_allclose(got_losses, want_losses, rtol=1e-5)
 
 
 def _count_model(admission, default_value_ids=None):
@@ -180,3 +213,121 @@ def test_bad_admission_arguments_are_named():
     with tf.Graph().as_default():
         with pytest.raises(TypeError, match="admission of dynamic embedding 'e' must be"):
             tf_ext.get_dynamic_embedding("e", 2, admission=3)
+
+
+@pytest.mark.parametrize("cls", ["CountAdmission", "BloomAdmission"])
+def test_min_count_beyond_exact_counting_is_refused(cls):
+    """Counts are exact up to 2^24 (CountAdmission's are float32): a larger min_count could never admit a key."""
+    policy = getattr(tf_ext.embedding, cls)
+    assert policy(1 << 24).min_count == 1 << 24
+    for bad in ((1 << 24) + 1, 1 << 40):
+        with pytest.raises(ValueError, match=r"min_count must be an int in \[1, 16777216\].*exact up to 2\^24"):
+            policy(bad)
+
+
+def test_count_admission_counts_exactly_up_to_its_largest_min_count():
+    """A key counted 2^24 - 1 times is not admitted, at its 2^24-th sighting it is (the count's float32 is exact)."""
+    policy = tf_ext.embedding.CountAdmission(1 << 24)
+    with tf.Graph().as_default():
+        emb, ids, rows, train = _count_model(policy)
+        table = emb.admission_state["table"]
+        with tf.compat.v1.Session(config=session_config()) as sess:
+            sess.run(tf.compat.v1.global_variables_initializer())
+            sess.run(table.insert(tf.constant([5], tf.int64), tf.constant([[float((1 << 24) - 2)]])))
+            sess.run(train, {ids: [5]})
+            assert sess.run([emb.size(), table.size()]) == [0, 1]
+            sess.run(train, {ids: [5]})
+            assert sess.run([emb.size(), table.size()]) == [1, 0]
+
+
+@pytest.mark.parametrize("cls", ["CountAdmission", "BloomAdmission"])
+@pytest.mark.parametrize("bad", [float("nan"), float("inf"), -float("inf"), 1e39, True])
+def test_default_rows_that_are_not_finite_are_refused(cls, bad):
+    with pytest.raises(ValueError, match="default_value must be a finite float32 number.*NaN"):
+        getattr(tf_ext.embedding, cls)(2, default_value=bad)
+
+
+_ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)))))
+
+
+def _fresh_python(code, cwd):
+    """Runs `code` in a new interpreter that only imports tensorflow and tensorflow_ext; returns its stdout."""
+    env = dict(os.environ, PYTHONPATH=_ROOT, TF_CPP_MIN_LOG_LEVEL="2")
+    r = subprocess.run(
+        [sys.executable, "-c", textwrap.dedent(code)],
+        cwd=str(cwd),
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=240,
+    )
+    assert r.returncode == 0, "fresh process failed:\n%s\n%s" % (r.stdout[-3000:], r.stderr[-5000:])
+    return r.stdout
+
+
+def _admission_model(policy, frozen=False):
+    ctx = tf_ext.serving.freeze_for_serving() if frozen else contextlib.nullcontext()
+    with ctx:
+        with tf.compat.v1.variable_scope("m"):
+            emb = tf_ext.get_dynamic_embedding("user", 2, initializer=0.5, num_shards=2, admission=policy)
+        ids = tf.compat.v1.placeholder(tf.int64, [None], name="ids")
+        pred = tf.identity(tf.reduce_sum(tf_ext.embedding_lookup(emb, ids), axis=1), name="pred")
+    return emb, ids, pred
+
+
+@pytest.mark.parametrize("policy", ["count", "bloom"])
+def test_models_with_admission_export_and_load_in_a_fresh_process(tmp_path, policy):
+    """A SavedModel (plain and frozen) and the training checkpoint's MetaGraph of a model with admission load in a
+    fresh process (the counts' saveable must name an element of the graph) and serve the trained rows."""
+    make = lambda: (  # noqa: E731
+        tf_ext.embedding.CountAdmission(2) if policy == "count" else tf_ext.embedding.BloomAdmission(2, 1 << 12)
+    )
+    ckpt = str(tmp_path / "ckpt" / "m")
+    feed = np.array([1, 2, 4, 5], np.int64)  # 4 and 5: one sighting (this run of the training lookup)
+    with tf.Graph().as_default():
+        gs = tf.compat.v1.train.get_or_create_global_step()
+        emb, ids, pred = _admission_model(make())
+        train = tf.compat.v1.train.GradientDescentOptimizer(0.1).minimize(tf.reduce_sum(pred), global_step=gs)
+        with tf.compat.v1.Session(config=session_config()) as sess:
+            sess.run(tf.compat.v1.global_variables_initializer())
+            sess.run(train, {ids: [1, 2, 3]})
+            sess.run(train, {ids: [1, 2]})  # 1 and 2 admitted, 3 waits
+            expected = sess.run(pred, {ids: feed})
+            tf.compat.v1.train.Saver().save(sess, ckpt)
+    np.testing.assert_allclose(expected, [0.8, 0.8, 0.0, 0.0], rtol=1e-6)
+    for name in ("plain", "frozen"):  # inference graphs restored from the checkpoint, as an export job builds them
+        with tf.Graph().as_default(), tf.compat.v1.Session(config=session_config()) as sess:
+            emb, ids, pred = _admission_model(make(), frozen=name == "frozen")
+            tf.compat.v1.train.Saver().restore(sess, ckpt)
+            builder = tf.compat.v1.saved_model.Builder(str(tmp_path / name))
+            sig = tf.compat.v1.saved_model.predict_signature_def({"ids": ids}, {"pred": pred})
+            builder.add_meta_graph_and_variables(sess, ["serve"], signature_def_map={"serving_default": sig})
+            builder.save()
+    np.save(str(tmp_path / "ids.npy"), feed)
+    out = _fresh_python(
+        """
+        import json
+        import numpy as np
+        import tensorflow as tf
+        import tensorflow_ext
+        tf.compat.v1.disable_v2_behavior()
+        ids = np.load("ids.npy")
+        got = {}
+        for name in ("plain", "frozen"):
+            with tf.Graph().as_default(), tf.compat.v1.Session() as sess:
+                meta = tf.compat.v1.saved_model.load(sess, ["serve"], name)
+                sig = meta.signature_def["serving_default"]
+                got[name] = sess.run(sig.outputs["pred"].name, {sig.inputs["ids"].name: ids}).tolist()
+        with tf.Graph().as_default(), tf.compat.v1.Session() as sess:
+            saver = tf.compat.v1.train.import_meta_graph("ckpt/m.meta")
+            saver.restore(sess, "ckpt/m")
+            # The training graph: its lookup counts, so only the admitted keys are compared.
+            got["meta"] = sess.run("pred:0", {"ids:0": ids[:2]}).tolist()
+        print(json.dumps(got))
+        """,
+        tmp_path,
+    )
+    got = json.loads(out.strip().splitlines()[-1])
+    for name in ("plain", "frozen"):
+        np.testing.assert_allclose(got[name], expected, rtol=1e-6, err_msg=name)
+    np.testing.assert_allclose(got["meta"], expected[:2], rtol=1e-6)

@@ -4,6 +4,7 @@ import json
 import os
 import subprocess
 import sys
+import time
 
 import pytest
 
@@ -191,6 +192,9 @@ def test_bench_graph_passes_quick_losses_identical(tmp_path):
 
 
 def test_bench_saver_build_tiny():
+    start = time.monotonic()
     out = _run("bench_saver_build.py", "--tables", "2", "--repeats", "1")
+    wall_s = time.monotonic() - start
     result = json.loads(out.strip().splitlines()[-1])
-    assert result["tables"] == 2 and 0 < result["saver_build_s_median"] < 60
+    # A time in seconds, and part of the tool's run (not milliseconds, not an absolute bound a busy machine could miss).
+    assert result["tables"] == 2 and 0 < result["saver_build_s_median"] < wall_s, (result, wall_s)

@@ -21,8 +21,10 @@ import tensorflow as tf
 from google.protobuf import text_format
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-CLUSTER_TIMEOUT_S = 150  # chief + worker + evaluator, from the first start to the last exit
-RESTORE_TIMEOUT_S = 75
+# Guards against a hang only, never what decides pass or fail: five TensorFlow processes (a minute or two in all on
+# a quiet 2-core machine) may take several times as long on a busy one.
+CLUSTER_TIMEOUT_S = 900  # chief + worker + evaluator, from the first start to the last exit
+RESTORE_TIMEOUT_S = 400
 MAX_STEPS = 300
 
 # One script for every task: the cluster task TF_CONFIG names, or (without TF_CONFIG) the plain restoring process.
@@ -97,7 +99,7 @@ _SCRIPT = textwrap.dedent(
 
 
     def _wait_for(path, what):
-      deadline = time.time() + 90
+      deadline = time.time() + 600  # a guard against a hang only (the other process died)
       while not os.path.exists(path):
         if time.time() > deadline:
           raise RuntimeError("timed out waiting for " + what)
@@ -109,7 +111,9 @@ _SCRIPT = textwrap.dedent(
 
       A worker whose session comes up before the chief has initialized the model sleeps through the session
       manager's 30 s readiness poll and may find training over. So the worker builds its session only after the
-      chief's is up ("chief_ready"), and the chief starts stepping once the worker's session is up.
+      chief's is up ("chief_ready"), the chief starts stepping once the worker's session is up, and it goes past
+      its first step only once the worker has done one ("worker_stepped"): however slow the machine or the
+      worker, both train.
       """
 
       def __init__(self, task_type):
@@ -123,6 +127,10 @@ _SCRIPT = textwrap.dedent(
 
       def after_run(self, run_context, run_values):
         self.steps += 1
+        if self.steps == 1 and self._type == "worker":
+          open("worker_stepped", "w").close()
+        if self.steps == 1 and self._type == "chief":
+          _wait_for("worker_stepped", "the worker's first step")
 
 
     def run_cluster_task():

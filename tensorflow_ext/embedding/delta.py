@@ -231,8 +231,11 @@ class DeltaCheckpointSaverListener(tf.compat.v1.train.CheckpointSaverListener):
         savers = session.graph.get_collection(tf.compat.v1.GraphKeys.SAVERS)
         if len(savers) != 1:
             raise ValueError(
-                "delta checkpoints: cannot tell which Saver writes the checkpoints (%d in GraphKeys.SAVERS); pass "
-                "it: tf_ext.embedding.delta_checkpoints(full_every, saver=...)" % len(savers)
+                "delta checkpoints: cannot tell which Saver writes the checkpoints (%d in GraphKeys.SAVERS): pass "
+                "it as tf_ext.embedding.delta_checkpoints(full_every, saver=...), or, for a Saver built after the "
+                "listener (a Scaffold's own Saver: build the training op, then delta_checkpoints(...), then "
+                "saver = tf.compat.v1.train.Saver()), add it: "
+                "tf.compat.v1.add_to_collection(tf.compat.v1.GraphKeys.SAVERS, saver)" % len(savers)
             )
         return savers[0]
 
@@ -241,9 +244,11 @@ class DeltaCheckpointSaverListener(tf.compat.v1.train.CheckpointSaverListener):
         if late:
             raise RuntimeError(
                 "delta checkpoints: %s would write full checkpoints without a delta record: the Saver was built "
-                "before tf_ext.embedding.delta_checkpoints() (create the listener, or call its begin(), before "
-                "building the Saver), or the embedding is a Horovod model-parallel one, which delta checkpoints do "
-                "not support" % ", ".join(late)
+                "before tf_ext.embedding.delta_checkpoints(): build the training op, then delta_checkpoints(...) "
+                "(or call its begin()), then saver = tf.compat.v1.train.Saver(); a Saver built after the listener "
+                "(a Scaffold's own Saver) is found in GraphKeys.SAVERS "
+                "(tf.compat.v1.add_to_collection(tf.compat.v1.GraphKeys.SAVERS, saver)). (Or the "
+                "embedding is a Horovod model-parallel one, which delta checkpoints do not support.)" % ", ".join(late)
             )
 
     def _recover_needs(self, paths):

@@ -9,12 +9,16 @@
     opt = de.DynamicEmbeddingOptimizer(tf.compat.v1.train.AdamOptimizer(1e-3))   # returns the optimizer itself
     train_op = opt.minimize(loss, global_step=gs)
 
+The same module is `tensorflow_ext.dynamic_embedding`, so `import tensorflow_recommenders_addons as tfra` becomes
+`import tensorflow_ext as tfra` and `tfra.dynamic_embedding.get_variable(...)` keeps working.
+
 Every name here has TFRA's signature and argument order and returns tensorflow_ext objects (a
 `DynamicEmbedding`, plain tensors). TFRA names with no meaning here raise an error that says what to use instead:
 tensorflow_ext has no TrainableWrapper (stock optimizers train the embedding itself; `return_trainable=True`
 returns the embedding in its place), needs no model mode (lookups of a graph without an optimizer never insert
 keys, so an exported serving graph needs no switch; `enable_inference_mode` still works), has one table engine (no
-kv_creator) and no need for `bp_v2`. docs/migrating_from_tfra.md has the full map and the semantic differences.
+kv_creator) and no need for `bp_v2`. Those errors are `tensorflow_ext.errors.NotProvidedError`, an AttributeError.
+docs/migrating_from_tfra.md has the full map and the semantic differences.
 """
 
 import numbers

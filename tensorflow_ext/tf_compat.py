@@ -28,6 +28,7 @@ __all__ = [
     "PatchError",
     "install",
     "is_installed",
+    "mark_id_feed",
     "ops_held_by_open_sessions",
     "original",
     "patches",
@@ -588,6 +589,73 @@ def _make_extend_graph(original):
             sessions[self] = last
 
     return _extend_graph
+
+
+# ---- integer ids fed as floats --------------------------------------------------------------------------------
+
+_id_feeds = weakref.WeakKeyDictionary()  # graph -> {placeholder tensor name: what reads it (for the error)}
+_PASS_THROUGH = ("Identity", "Reshape", "ExpandDims", "Squeeze", "Cast")
+
+
+def mark_id_feed(ids, reader):
+    """Records that the integer tensor `ids` holds the ids of `reader` (e.g. "dynamic embedding 'user'"): if it is a
+    placeholder (possibly through reshapes and casts), a Session refuses float values fed to it."""
+    t, hops = ids, 0
+    while t.op.type in _PASS_THROUGH and t.op.inputs and hops < 8:
+        t, hops = t.op.inputs[0], hops + 1
+    if t.op.type not in ("Placeholder", "PlaceholderWithDefault") or not t.dtype.is_integer:
+        return
+    with _lock:
+        feeds = _id_feeds.get(t.graph)
+        if feeds is None:
+            feeds = _id_feeds[t.graph] = {}
+        feeds.setdefault(t.name, reader)
+
+
+def _refuse_float_id_feeds(graph, feed_dict):
+    feeds = _id_feeds.get(graph)
+    if not feeds or not feed_dict:
+        return
+    import numpy as np  # pylint: disable=import-outside-toplevel
+    from tensorflow.python.util import nest  # pylint: disable=import-outside-toplevel
+
+    for key, value in nest.flatten_dict_items(feed_dict).items():
+        if isinstance(key, tf.SparseTensor):
+            key = key.values
+            value = getattr(value, "values", value[1] if isinstance(value, (tuple, list)) and len(value) == 3 else None)
+        name = key if isinstance(key, str) else getattr(key, "name", None)
+        if name is None or value is None or name not in feeds or isinstance(value, tf.Tensor):
+            continue
+        try:
+            kind = np.asarray(value).dtype.kind
+        except Exception:  # pylint: disable=broad-except  (TF's own feed code reports what it cannot read)
+            continue
+        if kind in "fc":
+            raise TypeError(
+                "Float values fed to %s, the ids of %s: feed integer ids (e.g. ids.astype(np.int64)). TensorFlow "
+                "would cast them to integers silently (1.7 becomes id 1), so lookups would read other keys' rows."
+                % (name, feeds[name])
+            )
+
+
+@register(
+    "session_run_feeds",
+    "tensorflow.python.client.session",
+    "BaseSession",
+    "_run",
+    why="A Session converts a fed value to the placeholder's dtype with numpy, so float ids fed to an int64 ids "
+    "placeholder are truncated silently (1.7 becomes key 1) and the lookup reads or trains another key's row. The "
+    "replacement refuses float values fed to placeholders that tf_ext lookups read as ids (marked when the lookup "
+    "is built), then runs TF's _run unchanged; other feeds are not looked at. TF has no hook to validate feeds.",
+    test="tensorflow_ext/embedding/tests/test_de_error_messages.py::test_float_ids_are_refused",
+)
+def _make_session_run(original):
+
+    def _run(self, handle, fetches, feed_dict, options, run_metadata):
+        _refuse_float_id_feeds(self._graph, feed_dict)
+        return original(self, handle, fetches, feed_dict, options, run_metadata)
+
+    return _run
 
 
 # ---- tf.compat.v1.train optimizers train dynamic embeddings; Keras optimizers refuse them --------------------

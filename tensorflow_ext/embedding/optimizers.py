@@ -525,6 +525,7 @@ _TF_PATCHES = (
     "optimizer_compute_gradients",
     "optimizer_apply_gradients",
     "session_extend_graph",
+    "session_run_feeds",
 )
 _KERAS_PATCHES = (
     "keras_optimizer_minimize",

@@ -20,6 +20,7 @@ from tensorflow.core.framework import attr_value_pb2
 from tensorflow.python.framework import ops as tf_ops
 from tensorflow.python.util import object_identity
 
+from tensorflow_ext import tf_compat
 from tensorflow_ext.embedding import _ops
 from tensorflow_ext.embedding import layout as layout_lib
 from tensorflow_ext.embedding import shard_lookups
@@ -647,6 +648,7 @@ class DynamicEmbedding(object):
                 "%s of dynamic embedding %r (key_dtype=%s) must be int64 or int32, got %s"
                 % (what, self._name, self._key_dtype.name, dtype.name)
             )
+        tf_compat.mark_id_feed(ids, "dynamic embedding %r" % self._name)  # float values fed to it are refused
         if dtype != tf.int64:
             ids = tf.cast(ids, tf.int64)
         return ids

@@ -55,3 +55,36 @@ def test_a_scaffold_with_its_own_saver_and_delta_checkpoints_get_one_order(tmp_p
         tf.compat.v1.add_to_collection(tf.compat.v1.GraphKeys.SAVERS, saver)
         _train(tf.compat.v1.train.Scaffold(saver=saver), listener, str(tmp_path / "c"))
     assert tf.train.latest_checkpoint(str(tmp_path / "c")) is not None
+
+
+def test_float_ids_are_refused():
+    """Float ids are refused by name: float tensors and placeholders when the lookup is built, float values fed to an
+    integer ids placeholder when the graph runs (TF would truncate them silently: 1.7 would read key 1's row)."""
+    with tf.Graph().as_default() as g:
+        emb = tf_ext.get_dynamic_embedding("e", 2, initializer=0.5)
+        for bad in (tf.compat.v1.placeholder(tf.float32, [None]), tf.constant([1.5, 2.0])):
+            with pytest.raises(TypeError, match="ids of dynamic embedding 'e' .*must be int64 or int32, got float"):
+                tf_ext.embedding_lookup(emb, bad)
+        with pytest.raises(TypeError, match="must be int64 or int32, got float"):
+            tf_ext.embedding_lookup_sparse(emb, tf.sparse.from_dense(tf.constant([[1.5, 2.0]])), None)
+        ids = tf.compat.v1.placeholder(tf.int64, [None], name="ids")
+        rows = tf_ext.embedding_lookup(emb, ids, is_training=True)
+        sp_ids = tf.compat.v1.sparse_placeholder(tf.int64, name="sp_ids")
+        pooled = tf_ext.embedding_lookup_sparse(emb, sp_ids, None, is_training=True)
+        other = tf.compat.v1.placeholder(tf.int64, [None])  # not ids of a lookup: TF's own feeding
+        with tf.compat.v1.Session(graph=g, config=session_config()) as sess:
+            sess.run(tf.compat.v1.global_variables_initializer())
+            for value in ([1.7, 2.2], np.array([1.0, 2.0]), np.array([3.5], np.float32)):
+                with pytest.raises(TypeError) as info:
+                    sess.run(rows, {ids: value})
+                line = str(info.value).splitlines()[0]
+                assert line.startswith("Float values fed to ids:0, the ids of dynamic embedding 'e': feed integer ids")
+            with pytest.raises(TypeError, match="Float values fed to sp_ids/values:0"):
+                sess.run(pooled, {sp_ids: tf.compat.v1.SparseTensorValue([[0, 0]], np.array([1.5]), [1, 1])})
+            with pytest.raises(TypeError, match="Float values fed to ids:0"):
+                sess.run(rows, {"ids:0": [1.5]})
+            assert sess.run(emb.size()) == 0  # nothing was looked up
+            sess.run(rows, {ids: np.array([1, 2])})
+            sess.run(pooled, {sp_ids: tf.compat.v1.SparseTensorValue([[0, 0]], np.array([3]), [1, 1])})
+            assert sess.run(emb.size()) == 3
+            assert sess.run(other, {other: [1.0]}).tolist() == [1]

@@ -658,6 +658,73 @@ def _make_session_run(original):
     return _run
 
 
+# ---- restore errors raised by tensorflow_ext's own checks -------------------------------------------------------
+
+_PACKAGE_DIR = __import__("os").path.dirname(__import__("os").path.abspath(__file__))
+_TF_DIRS = tuple(
+    __import__("os").path.dirname(__import__("os").path.abspath(m.__file__))
+    for m in (tf, sys.modules.get("tensorflow.python"), sys.modules.get("keras"))
+    if m is not None and getattr(m, "__file__", None)
+)
+
+
+def _built_by_tf_ext(op):
+    """True if the innermost frame outside TensorFlow that created `op` is tensorflow_ext's (not its tests)."""
+    import os  # pylint: disable=import-outside-toplevel
+
+    for frame in reversed(list(getattr(op, "traceback", None) or [])):
+        path = os.path.abspath(frame.filename)
+        if path.startswith(_TF_DIRS):
+            continue
+        return path.startswith(_PACKAGE_DIR + os.sep) and os.sep + "tests" + os.sep not in path[len(_PACKAGE_DIR) :]
+    return False
+
+
+def restore_error_summary(err):
+    """The message of a restore error raised by one of tensorflow_ext's checks (one paragraph), else None."""
+    if getattr(err, "op", None) is None or not _built_by_tf_ext(err.op):
+        return None
+    message = err.message
+    cut = message.find("\n\t [[")
+    if cut >= 0:
+        message = message[:cut]
+    message = message.strip().split("\n\n")[-1].strip()  # after TF's "Graph execution error:" and node lines
+    lines = [l for l in message.splitlines() if l.strip() and not l.startswith(("Detected at node", "Node:", "  "))]
+    message = " ".join(l.strip() for l in lines)
+    if message.startswith("assertion failed: "):
+        message = message[len("assertion failed: ") :].strip()
+        if message.startswith("[") and message.endswith("]"):
+            message = message[1:-1]
+        message = message.replace("] [", " ").replace(" .", ".")
+    return message or None
+
+
+@register(
+    "saver_restore_error",
+    "tensorflow.python.training.saver",
+    "",
+    "_wrap_restore_error_with_msg",
+    why="Saver.restore puts a generic first line above any InvalidArgumentError or NotFoundError of the restore "
+    "('Restoring from checkpoint failed. This is most likely due to a mismatch between the current graph and the "
+    "graph from the checkpoint...'), also above tensorflow_ext's own checks that say exactly what is wrong and "
+    "what to do (a checkpoint of another optimizer's row layout, a broken delta chain). For an error raised by an "
+    "op tensorflow_ext built, the replacement puts that op's message first and keeps TF's text below it; other "
+    "errors are TF's unchanged. TF has no hook for the restore error's message.",
+    test="tensorflow_ext/embedding/tests/test_de_error_messages.py::"
+    "test_a_restore_refused_for_another_layout_says_so_on_its_first_line",
+)
+def _make_wrap_restore_error(original):
+
+    def _wrap_restore_error_with_msg(err, extra_verbiage):
+        wrapped = original(err, extra_verbiage)
+        summary = restore_error_summary(err)
+        if summary is None:
+            return wrapped
+        return err.__class__(err.node_def, err.op, summary + "\n\n" + wrapped.message)
+
+    return _wrap_restore_error_with_msg
+
+
 # ---- tf.compat.v1.train optimizers train dynamic embeddings; Keras optimizers refuse them --------------------
 
 

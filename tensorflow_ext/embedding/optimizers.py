@@ -526,6 +526,7 @@ _TF_PATCHES = (
     "optimizer_apply_gradients",
     "session_extend_graph",
     "session_run_feeds",
+    "saver_restore_error",
 )
 _KERAS_PATCHES = (
     "keras_optimizer_minimize",

@@ -88,3 +88,49 @@ def test_float_ids_are_refused():
             sess.run(pooled, {sp_ids: tf.compat.v1.SparseTensorValue([[0, 0]], np.array([3]), [1, 1])})
             assert sess.run(emb.size()) == 3
             assert sess.run(other, {other: [1.0]}).tolist() == [1]
+
+
+def test_a_restore_refused_for_another_layout_says_so_on_its_first_line(tmp_path):
+    """A checkpoint of an Adam-trained embedding restored where Adagrad trains it: the first line names both layouts
+    and the fix (TF's generic 'Restoring from checkpoint failed...' comes below it)."""
+    prefix = str(tmp_path / "model")
+
+    def build(optimizer):
+        _, _, loss = _model()
+        return optimizer.minimize(loss)
+
+    with tf.Graph().as_default():
+        train = build(tf.compat.v1.train.AdamOptimizer(0.1))
+        saver = tf.compat.v1.train.Saver()
+        with tf.compat.v1.Session(config=session_config()) as sess:
+            sess.run(tf.compat.v1.global_variables_initializer())
+            sess.run(train)
+            saver.save(sess, prefix)
+    with tf.Graph().as_default():
+        build(tf.compat.v1.train.AdagradOptimizer(0.1))
+        saver = tf.compat.v1.train.Saver()
+        with tf.compat.v1.Session(config=session_config()) as sess:
+            with pytest.raises(tf.errors.InvalidArgumentError) as info:
+                saver.restore(sess, prefix)
+    message = str(info.value)
+    first = message.splitlines()[0]
+    assert first.startswith("Checkpoint tensors e/part_0-* hold rows of another layout than dynamic embedding e"), first
+    assert "Adagrad" in first and "m [2:4], v [4:6]" in first and "restore_values_only()" in first, first
+    assert "Restoring from checkpoint failed" in message  # TF's own text follows
+
+
+def test_other_restore_errors_keep_tensorflow_first_line(tmp_path):
+    prefix = str(tmp_path / "model")
+    with tf.Graph().as_default():
+        v = tf.compat.v1.get_variable("v", initializer=[1.0])
+        saver = tf.compat.v1.train.Saver()
+        with tf.compat.v1.Session(config=session_config()) as sess:
+            sess.run(v.initializer)
+            saver.save(sess, prefix)
+    with tf.Graph().as_default():
+        tf.compat.v1.get_variable("v", initializer=[1.0, 2.0])
+        saver = tf.compat.v1.train.Saver()
+        with tf.compat.v1.Session(config=session_config()) as sess:
+            with pytest.raises(tf.errors.InvalidArgumentError) as info:
+                saver.restore(sess, prefix)
+    assert str(info.value).startswith("Restoring from checkpoint failed.")

@@ -736,6 +736,72 @@ def _checkpoint_step(model_dir):
         return 0
 
 
+# Per checkpoint (by global step): how many batches of the synthetic stream training had consumed. A global step is
+# one batch per rank, so the position depends on the rank counts of every run so far, not on the step alone.
+_PROGRESS_FILE = "ctr_progress.json"
+
+
+def _read_progress(model_dir):
+    path = os.path.join(model_dir, _PROGRESS_FILE)
+    if not os.path.exists(path):
+        return {}
+    with open(path) as f:
+        return {int(step): record for step, record in json.load(f).items()}
+
+
+def _resume_batches(model_dir, start_step, num_ranks):
+    """The stream's first batch for a run continuing from the checkpoint at `start_step`."""
+    if start_step == 0:
+        return 0
+    record = _read_progress(model_dir).get(start_step)
+    if record is not None:
+        return int(record["batches"])
+    _say(
+        "warning: %s has no record of the batches consumed up to the checkpoint at step %d (written by an older "
+        "version); continuing the stream at batch %d, as if every earlier run had %d rank(s)",
+        os.path.join(model_dir, _PROGRESS_FILE),
+        start_step,
+        start_step * num_ranks,
+        num_ranks,
+    )
+    return start_step * num_ranks
+
+
+class _StreamProgressListener(tf.compat.v1.train.CheckpointSaverListener):
+    """Records, before each save, the stream batches consumed up to the checkpoint's step (`_PROGRESS_FILE`).
+
+    Written before the checkpoint, atomically (rename), so every checkpoint on disk has its record; records of
+    checkpoints the Saver deleted are dropped after the save.
+    """
+
+    def __init__(self, model_dir, start_step, start_batches, num_ranks, batch_size):
+        self._model_dir = model_dir
+        self._start = (start_step, start_batches)
+        self._num_ranks = num_ranks
+        self._batch_size = batch_size
+
+    def before_save(self, session, global_step_value):
+        step = int(global_step_value)
+        batches = self._start[1] + (step - self._start[0]) * self._num_ranks
+        self._write(step, dict(batches=batches, ranks=self._num_ranks, batch_size=self._batch_size))
+
+    def after_save(self, session, global_step_value):
+        self._write(None, None)
+
+    def _write(self, step, record):
+        progress = {
+            s: r
+            for s, r in _read_progress(self._model_dir).items()
+            if os.path.exists(os.path.join(self._model_dir, "model.ckpt-%d.index" % s))
+        }
+        if step is not None:
+            progress[step] = record
+        path = os.path.join(self._model_dir, _PROGRESS_FILE)
+        with open(path + ".tmp", "w") as f:
+            json.dump({str(s): progress[s] for s in sorted(progress)}, f)
+        os.replace(path + ".tmp", path)
+
+
 _CONFIG_FILE = "ctr_config.json"
 # Flags that fix the checkpoint's contents: a continued run must use the same values.
 _SHAPE_FLAGS = ("model", "dim", "hidden", "optimizer", "num_shards", "string_ids", "static_buckets")
@@ -819,6 +885,8 @@ def run(args):
     if hvd is not None:
         hvd.barrier()  # the others read model_dir once rank 0 has prepared it
     start_step = _checkpoint_step(args.model_dir)
+    # The stream's batch where this run starts: the batches consumed so far, at whatever rank counts they were.
+    start_batches = _resume_batches(args.model_dir, start_step, num_ranks)
 
     stream = None
     if args.data:
@@ -901,12 +969,12 @@ def run(args):
             return stream.dataset(
                 args.batch_size,
                 args.steps * num_ranks if args.steps is not None else None,
-                start=start_step * num_ranks,
+                start=start_batches,
                 split="train",
             )
 
         # Day by day, a model is evaluated on the next day's data (the stream's clock after this run's training).
-        eval_clock = (start_step + args.steps) * num_ranks if args.days else None
+        eval_clock = start_batches + args.steps * num_ranks if args.days else None
 
         def eval_input_fn():
             return stream.dataset(args.batch_size, args.eval_steps, start=0, split="eval", clock=eval_clock)
@@ -941,11 +1009,20 @@ def run(args):
         )
     _ProgressHook.last = None
     t_train = time.time()
+    # Rank 0 (the rank that writes checkpoints) records the stream position of each one.
+    listeners = []
+    if stream is not None and rank == 0 and (args.save_checkpoints_steps or args.save_checkpoints_secs):
+        listeners.append(_StreamProgressListener(args.model_dir, start_step, start_batches, num_ranks, args.batch_size))
     if train_steps is None or train_steps > 0:
         if hvd is not None:
-            estimator.train(hvd.shard_input_fn(train_input_fn), steps=train_steps, hooks=hvd.training_hooks(config))
+            estimator.train(
+                hvd.shard_input_fn(train_input_fn),
+                steps=train_steps,
+                hooks=hvd.training_hooks(config),
+                saving_listeners=listeners,
+            )
         else:
-            estimator.train(train_input_fn, steps=train_steps)
+            estimator.train(train_input_fn, steps=train_steps, saving_listeners=listeners)
     train_seconds = time.time() - t_train
     hook = _ProgressHook.last
     if rank != 0:
@@ -975,6 +1052,11 @@ def run(args):
         "loss": round(float(np.mean(hook.losses[-args.log_every :])), 4) if hook and hook.losses else None,
         "global_step": int(metrics["global_step"]),
         "start_step": start_step,
+        # Batches of the synthetic stream: this run trained on [first_batch, next_batch).
+        "first_batch": start_batches if stream is not None else None,
+        "next_batch": (
+            start_batches + (int(metrics["global_step"]) - start_step) * num_ranks if stream is not None else None
+        ),
         "steps": hook.steps if hook else 0,
         "batch_size": args.batch_size,
         "steps_per_sec": round(hook.steps_per_sec(), 2) if hook and hook.steps_per_sec() else None,

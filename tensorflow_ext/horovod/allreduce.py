@@ -342,12 +342,44 @@ def _layout(size, node_size, where):
     return nodes, cross
 
 
-def _env_int(name):
+# The rank layout Horovod's Gloo launch (horovodrun) passes each process: (variable, smallest valid value).
+_LAUNCH_ENV = (
+    ("HOROVOD_RANK", 0),
+    ("HOROVOD_SIZE", 1),
+    ("HOROVOD_LOCAL_RANK", 0),
+    ("HOROVOD_LOCAL_SIZE", 1),
+    ("HOROVOD_CROSS_RANK", 0),
+    ("HOROVOD_CROSS_SIZE", 1),
+)
+
+
+def _env_int(name, minimum=None):
+    """The int in environment variable `name` (None when unset or empty).
+
+    Raises:
+      ValueError: the variable is set to something that is not an int (>= minimum), naming it and its value.
+    """
+    if minimum is None:
+        minimum = dict(_LAUNCH_ENV).get(name, 0)
     value = os.environ.get(name)
-    try:
-        return int(value) if value else None
-    except ValueError:
+    if value is None or not value.strip():
         return None
+    try:
+        out = int(value.strip())
+    except ValueError:
+        out = None
+    if out is None or out < minimum:
+        raise ValueError(
+            "environment variable %s=%r is not an int >= %d. It is set by horovodrun for each process; unset it "
+            "(or fix its value) when starting the job by other means" % (name, value, minimum)
+        )
+    return out
+
+
+def _check_launch_env():
+    """Every rank-layout variable that is set holds an int (Horovod would fail on it with a misleading message)."""
+    for name, minimum in _LAUNCH_ENV:
+        _env_int(name, minimum)
 
 
 def init(node_size=None, **kwargs):
@@ -365,10 +397,12 @@ def init(node_size=None, **kwargs):
       None.
 
     Raises:
-      ValueError: node_size does not divide the number of ranks, or the number of ranks is unknown before
-        `hvd.init` (not started by horovodrun or the Gloo environment variables).
+      ValueError: node_size does not divide the number of ranks, the number of ranks is unknown before
+        `hvd.init` (not started by horovodrun or the Gloo environment variables), or one of Horovod's rank-layout
+        variables (HOROVOD_SIZE, HOROVOD_RANK, ...) is set to something that is not an int (named with its value).
     """
     hvd = _hvd.require_horovod()
+    _check_launch_env()
     env = _env("NODE_SIZE")
     if env is not None:
         node_size = _parse_int(ENV_PREFIX + "NODE_SIZE", env, 1)

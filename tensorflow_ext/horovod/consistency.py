@@ -7,11 +7,14 @@ mismatch. Instead, every collective that tensorflow_ext builds (model-parallel l
 `DistributedOptimizer`) runs after this check, and the training hooks run it before the first step:
 
 1. each rank's configuration is summarised as text, one line per dynamic embedding (dim, key dtype, shards,
-   parallelism, initializer and its seeds, optimizer slot columns) and per dense trainable variable (shape,
-   dtype); its 64-bit fingerprint is allgathered (one small collective);
+   parallelism, initializer and its seeds, optimizer slot columns, admission and eviction policies), per dense
+   variable that is trained or broadcast (shape, dtype), and per setting that decides which collectives run
+   (`declare`: the checkpoint schedule of the training hooks, the gradient reduction of `DistributedOptimizer`
+   with its compression); its 64-bit fingerprint is allgathered (one small collective);
 2. when the fingerprints differ, the texts themselves are allgathered and the step fails on every rank with an
    `InvalidArgumentError` whose message names each embedding or variable that differs and how, e.g.
-   ``dynamic embedding 'user': dim differs across ranks: rank 0: 8, rank 1: 16``.
+   ``dynamic embedding 'user': dim differs across ranks: rank 0: 8, rank 1: 16`` or
+   ``checkpoint schedule: save_checkpoints_steps differs across ranks: rank 0: 20, rank 1: 30``.
 
 The comparison runs once per graph and process: at the first step (or the training hooks' check), on every rank at
 once; once it passed, later steps skip its collective.
@@ -22,6 +25,7 @@ first lookup.
 """
 
 import hashlib
+import sys
 import weakref
 
 import numpy as np
@@ -32,16 +36,38 @@ from tensorflow.python.framework import tensor_util
 from tensorflow_ext.embedding import variable as var_lib
 from tensorflow_ext.horovod import _hvd
 
-__all__ = ["check_op", "config_lines", "describe_mismatch", "gate", "refresh"]
+__all__ = ["check_op", "config_lines", "declare", "describe_mismatch", "gate", "refresh"]
 
 CHECK_NAME = "tf_ext_config_check"
 
 # graph -> _Check (weak: a graph's check goes with the graph).
 _checks = weakref.WeakKeyDictionary()
 
+# graph -> {what: [(field, value), ...]}: the settings declared for the check (see declare).
+_settings = weakref.WeakKeyDictionary()
+
+# Collections whose variables are each rank's own (not broadcast): the Top-K residuals of DistributedOptimizer.
+_RANK_LOCAL_COLLECTIONS = ("tf_ext_topk_residuals",)  # allreduce.TOPK_RESIDUALS (allreduce imports this module)
+
+
+def declare(what, fields, graph=None):
+    """Adds a setting that every rank must share to the check of `graph` (replacing an earlier one of that name).
+
+    For settings that decide which collectives a step or a save runs but that are not part of the graph's
+    variables, e.g. the checkpoint schedule (every rank joins rank 0's saves of model-parallel embeddings).
+
+    Args:
+      what: the setting's name, as the error names it (e.g. "checkpoint schedule").
+      fields: list of (field, value) pairs; values are compared as text.
+      graph: a `tf.Graph` (default: the default graph).
+    """
+    graph = graph or tf.compat.v1.get_default_graph()
+    _settings.setdefault(graph, {})[what] = [(str(k), str(v)) for k, v in fields]
+    refresh(graph)
+
 
 def config_lines(graph):
-    """This process's configuration of `graph`, one line per embedding and dense trainable variable.
+    """This process's configuration of `graph`: one line per embedding, per dense variable and per declared setting.
 
     Each line is ``<what> '<name>'`` followed by tab-separated ``field=value`` items.
 
@@ -68,16 +94,31 @@ def config_lines(graph):
                 ", ".join("%s[%s]" % (g.optimizer_class, ",".join(g.slot_names)) for g in groups) or "none",
             ),
             ("trainable", emb.trainable),
+            # Admission adds variables (broadcast) and state (saved); eviction changes what every replica holds.
+            ("admission", _policy(getattr(emb, "admission", None))),
+            ("eviction", _policy(getattr(emb, "eviction", None))),
         ]
         lines.append("dynamic embedding '%s'\t" % emb.name + "\t".join("%s=%s" % f for f in fields))
-    for v in graph.get_collection(tf.compat.v1.GraphKeys.TRAINABLE_VARIABLES):
-        if isinstance(v, var_lib.DynamicEmbeddingShard):
-            continue
-        lines.append(
-            "variable '%s'\tshape=%s\tdtype=%s"
-            % (v.op.name, v.shape.as_list() if v.shape.rank is not None else None, v.dtype.base_dtype.name)
-        )
+    # Every dense variable that is trained or broadcast (broadcast_global_variables sends each global variable by
+    # name: a variable on one rank only, e.g. a policy's counter, would leave the others waiting).
+    rank_local = set(id(v) for c in _RANK_LOCAL_COLLECTIONS for v in graph.get_collection(c))
+    seen = set()
+    for collection in (tf.compat.v1.GraphKeys.TRAINABLE_VARIABLES, tf.compat.v1.GraphKeys.GLOBAL_VARIABLES):
+        for v in graph.get_collection(collection):
+            if isinstance(v, var_lib.DynamicEmbeddingShard) or id(v) in seen or id(v) in rank_local:
+                continue
+            seen.add(id(v))
+            lines.append(
+                "variable '%s'\tshape=%s\tdtype=%s"
+                % (v.op.name, v.shape.as_list() if v.shape.rank is not None else None, v.dtype.base_dtype.name)
+            )
+    for what, fields in sorted(_settings.get(graph, {}).items()):
+        lines.append("%s\t" % what + "\t".join("%s=%s" % f for f in fields))
     return lines
+
+
+def _policy(policy):
+    return "none" if policy is None else repr(policy)
 
 
 def _parse(text):
@@ -205,10 +246,14 @@ def _raise_mismatch(texts, lengths):
         out.append(bytes(texts[start : start + int(n)]).decode("utf-8"))
         start += int(n)
     detail = describe_mismatch(out) or "the configurations differ (%s)" % " | ".join(out)
-    raise ValueError(
+    message = (
         "tensorflow_ext.horovod: the ranks built different models, so their collectives cannot be "
         "matched: %s. Every rank must run the same model code with the same arguments." % detail
     )
+    # Also written at once: when the job ends, the launcher stops the other ranks and may lose the end of their
+    # output (the traceback with the error).
+    print(message, file=sys.stderr, flush=True)
+    raise ValueError(message)
 
 
 def _get(graph):

@@ -165,6 +165,14 @@ class _RankSync(object):
                 % (self._save_secs, ", ".join(sorted({s.shard.embedding.name for s in saveables})))
             )
         self._gs = tf.compat.v1.train.get_global_step()
+        if saveables:
+            # Rank 0's saves of model-parallel embeddings are collectives that every rank joins on its own schedule:
+            # ranks with different schedules would wait for each other at the first save (checked with the model).
+            consistency.declare(
+                "checkpoint schedule",
+                [("save_checkpoints_steps", self._save_steps), ("save_checkpoints_secs", self._save_secs)],
+                graph,
+            )
         with tf.compat.v1.name_scope("tf_ext_horovod_sync"):
             if hvd.size() > 1:
                 self._check = consistency.check_op(graph)

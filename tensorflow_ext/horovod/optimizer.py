@@ -176,8 +176,30 @@ class _DistributedOptimizer(tf.compat.v1.train.Optimizer):
           The wrapped optimizer's apply op.
         """
         op = self._optimizer.apply_gradients(grads_and_vars, global_step=global_step, name=name)
-        consistency.refresh(op.graph)
+        # How the gradients are reduced decides the collectives of every step (their dtypes, fusion, Top-K).
+        consistency.declare("DistributedOptimizer '%s'" % self._name, self._reduction_settings(), op.graph)
         return op
+
+    def _reduction_settings(self):
+        config = self._config
+        return [
+            ("optimizer", type(self._optimizer).__name__),
+            ("op", {self._hvd.Average: "Average", self._hvd.Sum: "Sum"}.get(self._op, self._op)),
+            ("compression", config.compression.name),
+            ("horovod compression", getattr(self._compression, "__name__", self._compression)),
+            ("sparse_as_dense", self._sparse_as_dense),
+            ("gradient_predivide_factor", self._predivide),
+        ] + [
+            (k, getattr(config, k))
+            for k in (
+                "hierarchical",
+                "node_size",
+                "topk_ratio",
+                "topk_min_elements",
+                "topk_warmup_steps",
+                "fusion_bytes",
+            )
+        ]
 
     def get_slot(self, *args, **kwargs):
         """The wrapped optimizer's get_slot."""

@@ -6,6 +6,8 @@ import subprocess
 import sys
 import textwrap
 
+import pytest
+
 from tensorflow_ext.horovod.tests.test_horovod import HERE
 from tensorflow_ext.horovod.tests.test_horovod import TIMEOUT_S
 from tensorflow_ext.horovod.tests.test_horovod import _env
@@ -91,6 +93,38 @@ def test_bad_settings_are_named():
         "Config(compression=none, hierarchical=False, node_size=None, topk_ratio=0.01, topk_min_elements=1024, "
         "topk_warmup_steps=0, fusion_bytes=1024)"
     ), out[11]
+
+
+@pytest.mark.parametrize(
+    "env,node_size",
+    [({"HOROVOD_SIZE": "abc"}, None), ({"HOROVOD_SIZE": "abc"}, 2), ({"HOROVOD_SIZE": "2", "HOROVOD_RANK": "-1"}, 2)],
+)
+def test_malformed_launch_variables_are_named(env, node_size):
+    """A rank-layout variable that is not an int: the error names it and its value (not "start with horovodrun")."""
+    code = textwrap.dedent(
+        """
+        import sys
+        import tensorflow_ext.horovod as tfe_hvd
+        node_size = None if sys.argv[1] == "None" else int(sys.argv[1])
+        try:
+            tfe_hvd.init(node_size=node_size)
+        except ValueError as e:
+            print("ValueError", e)
+        else:
+            print("NO ERROR")
+        """
+    )
+    r = subprocess.run(
+        [sys.executable, "-c", code, str(node_size)],
+        env=dict(_env(), **env),
+        capture_output=True,
+        text=True,
+        timeout=TIMEOUT_S,
+    )
+    assert r.returncode == 0, (r.stdout + r.stderr)[-5000:]
+    name, value = list(env.items())[-1]
+    assert r.stdout.startswith("ValueError environment variable %s=%r is not an int" % (name, value)), r.stdout
+    assert "start the job with horovodrun" not in r.stdout, r.stdout
 
 
 def test_top_k_selection_of_large_gradients_is_exact():

@@ -128,3 +128,57 @@ def test_one_process_continues_a_model_parallel_checkpoint(runs):
     assert s["total_keys"] >= runs["model_parallel"]["total_keys"]
     for table, size in runs["model_parallel"]["table_sizes"].items():
         assert s["table_sizes"][table] >= size, table
+
+
+CTR_WORKER = os.path.join(os.path.dirname(os.path.abspath(__file__)), "ctr_worker.py")
+
+
+def _stream_starts(text):
+    """{rank: (first batch, batches)} of the training input each rank built (ctr_worker.py's lines)."""
+    out = {}
+    for line in text.splitlines():
+        if "STREAM start=" in line:
+            rank = int(line.split("RANK ")[1].split()[0])
+            out[rank] = (int(line.split("start=")[1].split()[0]), int(line.split("batches=")[1].split()[0]))
+    return out
+
+
+def test_restart_at_another_rank_count_continues_the_stream_exactly(tmp_path):
+    """2 ranks, then 1, then 2 again: each run trains on the batches right after the last one trained.
+
+    A global step is one batch per rank, so the position is the batches consumed (recorded with each checkpoint),
+    not the restored step times the new rank count (which re-trained or skipped batches)."""
+    model_dir = str(tmp_path / "m")
+    flags = ["--quick", "--batch_size", "64", "--eval_steps", "1", "--no_export", "--quiet", "--model_dir", model_dir]
+    flags += ["--save_checkpoints_steps", "4"]
+    dist = ["--distributed", "model_parallel"]
+
+    code, text = horovodrun(2, CTR_WORKER, *dist, *flags, "--fresh", "--steps", "6")
+    assert code == 0, text[-6000:]
+    first = _summary(text, "[0]<stdout>:")
+    assert (first["global_step"], first["first_batch"], first["next_batch"]) == (6, 0, 12), first
+    assert _stream_starts(text) == {0: (0, 12), 1: (0, 12)}  # rank r trains batches r, r + 2, ... of [0, 12)
+
+    r = subprocess.run(
+        [sys.executable, CTR_WORKER, *flags, "--steps", "5"],
+        env=_env(),
+        capture_output=True,
+        text=True,
+        timeout=TIMEOUT_S,
+    )
+    assert r.returncode == 0, r.stderr[-6000:]
+    second = _summary(r.stdout)
+    assert (second["start_step"], second["global_step"], second["ranks"]) == (6, 11, 1), second
+    assert (second["first_batch"], second["next_batch"]) == (12, 17), second
+    assert _stream_starts(r.stdout) == {0: (12, 5)}
+
+    code, text = horovodrun(2, CTR_WORKER, *dist, *flags, "--steps", "3")
+    assert code == 0, text[-6000:]
+    third = _summary(text, "[0]<stdout>:")
+    assert (third["start_step"], third["global_step"], third["ranks"]) == (11, 14, 2), third
+    assert (third["first_batch"], third["next_batch"]) == (17, 23), third
+    assert _stream_starts(text) == {0: (17, 6), 1: (17, 6)}
+    # The record of the kept checkpoints (the Saver keeps 2): the step of each, with the batches consumed by then.
+    with open(os.path.join(model_dir, "ctr_progress.json")) as f:
+        progress = json.load(f)
+    assert {s: p["batches"] for s, p in progress.items()} == {"11": 17, "14": 23}, progress

@@ -4,6 +4,7 @@ A rank that dies, ranks that built different models, uneven input, and a checkpo
 synchronized.
 """
 
+import glob
 import os
 import subprocess
 import sys
@@ -219,3 +220,34 @@ def test_ranks_that_restore_different_checkpoints_are_stopped(tmp_path):
     assert "ranks are at different global steps after restoring: rank 0: 2, rank 1: 0" in out, out[-4000:]
     assert "same model_dir" in out and "TRAINED" not in out, out[-4000:]
     assert elapsed < BOUND_S, elapsed
+
+
+CTR_WORKER = os.path.join(HERE, "ctr_worker.py")
+CTR_FLAGS = ["--distributed", "model_parallel", "--quick", "--fresh", "--steps", "4", "--batch_size", "64"]
+CTR_FLAGS += ["--eval_steps", "1", "--no_export", "--quiet"]
+
+
+@pytest.mark.parametrize(
+    "rank1,expected",
+    [
+        (["--rank1", "--admission", "2"], "admission differs across ranks: rank 0: none, rank 1: CountAdmission"),
+        (
+            ["--save_checkpoints_steps", "20", "--rank1", "--save_checkpoints_steps", "30"],
+            "checkpoint schedule: save_checkpoints_steps differs across ranks: rank 0: 20, rank 1: 30",
+        ),
+        (
+            ["--rank1-env", "TF_EXT_HVD_COMPRESSION=fp16"],
+            "compression differs across ranks: rank 0: none, rank 1: fp16",
+        ),
+    ],
+    ids=["admission", "save_cadence", "compression"],
+)
+def test_main_job_with_a_setting_on_one_rank_is_refused_before_the_first_step(tmp_path, rank1, expected):
+    """A setting that changes the collectives, given to one rank only: every rank stops with a message naming it
+    and both values, before any step or checkpoint (it used to hang in a collective the other rank never ran)."""
+    model_dir = tmp_path / "m"
+    code, out = horovodrun(2, CTR_WORKER, *CTR_FLAGS, "--model_dir", str(model_dir), *rank1)
+    assert code != 0, out[-6000:]
+    assert "the ranks built different models" in out and expected in out, out[-6000:]
+    assert "<stdout>:{" not in out, out[-4000:]  # no summary: no rank trained
+    assert not glob.glob(str(model_dir / "model.ckpt-*")), os.listdir(model_dir)

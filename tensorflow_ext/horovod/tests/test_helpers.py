@@ -37,6 +37,57 @@ def test_describe_mismatch_names_each_difference():
     assert out[2] == "''"
 
 
+def test_the_model_check_covers_every_setting_that_changes_the_collectives():
+    """Admission and eviction policies, variables that are broadcast but not trained, the checkpoint schedule of the
+    training hooks and the gradient reduction (compression) are all in what the ranks compare."""
+    out = run(
+        """
+        import tensorflow as tf
+        tf.compat.v1.disable_v2_behavior()
+        import tensorflow_ext as tf_ext
+        import tensorflow_ext.horovod as tfe_hvd
+        from tensorflow_ext.horovod import consistency
+        tfe_hvd.init()
+
+        def lines(admission, eviction, compression, save_steps):
+            with tf.Graph().as_default() as g:
+                gs = tf.compat.v1.train.get_or_create_global_step()
+                emb = tfe_hvd.get_dynamic_embedding(
+                    "user", 4, parallelism="model", initializer=0.1, admission=admission, eviction=eviction
+                )
+                loss = tf.reduce_sum(tf_ext.embedding_lookup(emb, tf.constant([1, 2], tf.int64)))
+                opt = tfe_hvd.DistributedOptimizer(tf.compat.v1.train.AdagradOptimizer(0.1), compression=compression)
+                opt.minimize(loss, global_step=gs)
+                tfe_hvd.training_hooks(model_dir="m", save_checkpoints_steps=save_steps)[0].begin()
+                return "\\n".join(consistency.config_lines(g))
+
+        a = lines(None, None, None, 20)
+        b = lines(
+            tf_ext.embedding.CountAdmission(2),
+            tf_ext.embedding.EvictionPolicy(capacity=100),
+            tfe_hvd.Compression.bf16,
+            30,
+        )
+        for problem in consistency.describe_mismatch([a, b]).split("; "):
+            print(problem)
+    """
+    ).splitlines()
+    assert (
+        "dynamic embedding 'user': admission differs across ranks: rank 0: none, rank 1: CountAdmission(min_count=2)"
+        in out
+    ), out
+    assert (
+        "dynamic embedding 'user': eviction differs across ranks: rank 0: none, rank 1: EvictionPolicy(capacity=100)"
+        in out
+    ), out
+    assert "variable 'user_admission/admitted' exists on rank 1 but not on rank 0" in out, out
+    assert "checkpoint schedule: save_checkpoints_steps differs across ranks: rank 0: 20, rank 1: 30" in out, out
+    assert (
+        "DistributedOptimizer 'DistributedAdagradOptimizer': compression differs across ranks: rank 0: none, rank 1: bf16"
+        in out
+    ), out
+
+
 def test_synchronized_input_flags_the_last_element():
     """Each element carries whether another follows; empty, one-element and ragged last batches."""
     out = run(

@@ -125,6 +125,21 @@ class Admission(abc.ABC):
         """int64 variable: keys of `emb` admitted so far (saved with the model)."""
         return emb.admission_state["admitted"]
 
+    def decay(self, emb):
+        """An op that halves the counts of `emb` (rounded down); every eviction of `emb` runs it.
+
+        `CountAdmission` also forgets the waiting keys whose count reaches 0 and those that have a row by now
+        (admitted on another data-parallel rank, or restored), so its table holds only keys counted in the last few
+        eviction periods. `BloomAdmission` halves every counter, so that the filter holds the counts of recent keys
+        and does not fill up.
+        """
+        with tf.name_scope("admission_decay"), tf.device(emb.shards[0].handle.device):
+            return self._decay(emb, emb.admission_state)
+
+    @abc.abstractmethod
+    def _decay(self, emb, state):
+        """The op of `decay`."""
+
     @abc.abstractmethod
     def memory_bytes(self, emb):
         """int64 scalar: bytes the policy's state for `emb` holds."""
@@ -172,6 +187,19 @@ class CountAdmission(Admission):
     def _forget(self, state, keys):
         return state["table"].remove(keys)
 
+    def _decay(self, emb, state):
+        table = state["table"]
+        keys, counts, _, _ = table.export()
+        halved = tf.floor(counts * 0.5)
+        drop = tf.logical_or(tf.reshape(halved, [-1]) < 1.0, _has_row(emb, keys))
+        removed = table.remove(tf.boolean_mask(keys, drop))
+        keep = tf.logical_not(drop)
+        # Subtracting what halving takes off (rather than writing the halves) keeps a count added meanwhile.
+        with tf.control_dependencies([removed]):
+            return table.accumulate(
+                tf.boolean_mask(keys, keep), tf.boolean_mask(halved - counts, keep), insert_missing=False
+            )
+
     def pending_keys(self, emb):
         """int64 scalar: keys of `emb` counted but not admitted yet."""
         return emb.admission_state["table"].size()
@@ -209,14 +237,22 @@ class BloomAdmission(Admission):
         return (1.0 - math.exp(-float(num_hashes) * num_keys / num_counters)) ** num_hashes
 
     def _build(self, emb):
+        def zeros(shape, dtype, partition_info=None):
+            del partition_info
+            # Not tf.zeros: Grappler folds zeros of a constant shape into a Const node that the session keeps for
+            # its lifetime, a second copy of the filter. A zero fed through placeholder_with_default is not folded.
+            zero = tf.compat.v1.placeholder_with_default(tf.constant(0, dtype), [], name="zero")
+            return tf.fill(shape, zero)
+
         counters = tf.compat.v1.get_variable(
-            "bloom_counters",
-            [self.num_counters],
-            tf.int32,
-            initializer=tf.compat.v1.zeros_initializer(),
-            trainable=False,
+            "bloom_counters", [self.num_counters], tf.int32, initializer=zeros, trainable=False
         )
         return dict(counters=counters)
+
+    def _decay(self, emb, state):
+        del emb
+        counters = state["counters"]
+        return tf.compat.v1.assign(counters, tf.bitwise.right_shift(counters, 1), use_locking=True)
 
     def _slots(self, keys):
         # Independent hashes: the tables' key mixer with one salt per hash function.

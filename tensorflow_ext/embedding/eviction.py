@@ -234,12 +234,22 @@ class EvictionPolicy(object):
         if self.capacity is not None:
             with tf.control_dependencies(removed):
                 removed.append(self.capacity_op(emb))
-        total = tf.add_n(removed) if len(removed) > 1 else removed[0]
+        total = _with_admission_decay(emb, tf.add_n(removed) if len(removed) > 1 else removed[0])
         state = emb.eviction_state
         if state is not None:
             with tf.control_dependencies([state["evicted"].assign_add(total)]):
                 return tf.identity(total)
         return total
+
+
+def _with_admission_decay(emb, removed):
+    """`removed`, once the admission counts of `emb` (if it has a policy) decayed with this eviction."""
+    if emb.admission is None:
+        return removed
+    with tf.control_dependencies([removed]):
+        decay = emb.admission.decay(emb)
+    with tf.control_dependencies([decay]):
+        return tf.identity(removed)
 
 
 _INT64_MIN = -(1 << 63)
@@ -343,10 +353,11 @@ def in_step_eviction(shard, update_op):
 
         def evict_shard():
             local = policy.shard_op(shard, step)
-            if policy.capacity is None:
-                return local
-            with tf.control_dependencies([local]):
-                return local + policy.capacity_op(emb, [shard])
+            if policy.capacity is not None:
+                with tf.control_dependencies([local]):
+                    local = local + policy.capacity_op(emb, [shard])
+            # Admission counts decay once per eviction of the embedding: with its first shard's.
+            return _with_admission_decay(emb, local) if shard is emb.shards[0] else local
 
         removed = tf.cond(due, evict_shard, lambda: tf.constant(0, tf.int64))
         return emb.eviction_state["evicted"].assign_add(removed, read_value=False)

@@ -250,9 +250,9 @@ def test_default_rows_that_are_not_finite_are_refused(cls, bad):
 _ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)))))
 
 
-def _fresh_python(code, cwd):
+def _fresh_python(code, cwd, env=None):
     """Runs `code` in a new interpreter that only imports tensorflow and tensorflow_ext; returns its stdout."""
-    env = dict(os.environ, PYTHONPATH=_ROOT, TF_CPP_MIN_LOG_LEVEL="2")
+    env = dict(os.environ, PYTHONPATH=_ROOT, TF_CPP_MIN_LOG_LEVEL="2", **(env or {}))
     r = subprocess.run(
         [sys.executable, "-c", textwrap.dedent(code)],
         cwd=str(cwd),
@@ -331,3 +331,166 @@ def test_models_with_admission_export_and_load_in_a_fresh_process(tmp_path, poli
     for name in ("plain", "frozen"):
         np.testing.assert_allclose(got[name], expected, rtol=1e-6, err_msg=name)
     np.testing.assert_allclose(got["meta"], expected[:2], rtol=1e-6)
+
+
+def _lookup_flavours():
+    """Every lookup with admission, each given ids [[7, 7], [7, 9]] (7 three times in one batch, in two examples)."""
+    dense = lambda: tf.constant([[7, 7], [7, 9]], tf.int64)  # noqa: E731
+    sparse = lambda: tf.SparseTensor([[0, 0], [0, 1], [1, 0], [1, 1]], tf.constant([7, 7, 7, 9], tf.int64), [2, 2])
+    sparse3 = lambda: tf.SparseTensor(  # noqa: E731
+        [[0, 0, 0], [0, 0, 1], [1, 0, 0], [1, 0, 1]], tf.constant([7, 7, 7, 9], tf.int64), [2, 1, 2]
+    )
+    weights = lambda: tf.SparseTensor([[0, 0], [0, 1], [1, 0], [1, 1]], [1.0, 2.0, 1.0, 1.0], [2, 2])  # noqa: E731
+    return {
+        "embedding_lookup": lambda e: tf_ext.embedding_lookup(e, dense()),
+        "embedding_lookup_sparse": lambda e: tf_ext.embedding_lookup_sparse(e, sparse(), None, combiner="sum"),
+        "embedding_lookup_sparse_weighted": lambda e: tf_ext.embedding_lookup_sparse(e, sparse(), weights()),
+        "safe_embedding_lookup_sparse": lambda e: tf_ext.safe_embedding_lookup_sparse(e, sparse(), None),
+        "safe_weighted_default_id": lambda e: tf_ext.safe_embedding_lookup_sparse(
+            e, sparse(), weights(), combiner="sqrtn", default_id=9
+        ),
+        "safe_rank3": lambda e: tf_ext.safe_embedding_lookup_sparse(e, sparse3(), None, combiner="mean"),
+        "tfra_safe_embedding_lookup_sparse": lambda e: tf_ext.tfra.safe_embedding_lookup_sparse(e, sparse(), None),
+        "tfra_embedding_lookup_sparse": lambda e: tf_ext.tfra.embedding_lookup_sparse(e, sparse(), None),
+    }
+
+
+@pytest.mark.parametrize("flavour", sorted(_lookup_flavours()))
+@pytest.mark.parametrize("policy", ["count", "bloom"])
+@pytest.mark.parametrize("num_shards", [1, 2])
+def test_every_lookup_counts_a_key_once_per_run_however_often_it_occurs(flavour, policy, num_shards):
+    """One rule for every lookup: a training run of a lookup counts each distinct key of its batch once, however
+    often it occurs (in one example or several). min_count=2: after one run nothing is admitted, after two all is."""
+    with tf.Graph().as_default():
+        gs = tf.compat.v1.train.get_or_create_global_step()
+        admission = (
+            tf_ext.embedding.CountAdmission(2)
+            if policy == "count"
+            else tf_ext.embedding.BloomAdmission(2, num_counters=1 << 12)
+        )
+        emb = tf_ext.get_dynamic_embedding("e", 2, initializer=0.5, num_shards=num_shards, admission=admission)
+        out = _lookup_flavours()[flavour](emb)
+        train = tf.compat.v1.train.GradientDescentOptimizer(0.1).minimize(tf.reduce_sum(out), global_step=gs)
+        with tf.compat.v1.Session(config=session_config()) as sess:
+            sess.run(tf.compat.v1.global_variables_initializer())
+            sess.run(train)
+            assert sess.run(emb.size()) == 0
+            if policy == "count":
+                table = emb.admission_state["table"]
+                keys, counts, _, _ = sess.run(table.export())
+                assert dict(zip(keys.tolist(), counts.ravel().tolist())) == {7: 1.0, 9: 1.0}
+            sess.run(train)
+            assert sorted(sess.run(emb.export()[0]).tolist()) == [7, 9]
+
+
+def _fresh_keys_run(admission, steps, batch=64, every_n_steps=2, probe=None):
+    """Trains on `batch` never-seen keys per step (each key twice in its step's batch, in one lookup: counted once),
+    with an eviction every `every_n_steps` steps that evicts nothing itself. Returns per step (embedding size,
+    pending keys or None, admission memory bytes); `probe(sess, emb)` runs after the last step."""
+    with tf.Graph().as_default():
+        gs = tf.compat.v1.train.get_or_create_global_step()
+        emb = tf_ext.get_dynamic_embedding(
+            "e",
+            2,
+            initializer=0.5,
+            num_shards=2,
+            admission=admission,
+            eviction=tf_ext.embedding.EvictionPolicy(steps_to_live=1 << 40, every_n_steps=every_n_steps),
+        )
+        ids = tf.compat.v1.placeholder(tf.int64, [None])
+        train = tf.compat.v1.train.GradientDescentOptimizer(0.1).minimize(
+            tf.reduce_sum(tf_ext.embedding_lookup(emb, ids)), global_step=gs
+        )
+        pending = admission.pending_keys(emb) if isinstance(admission, tf_ext.embedding.CountAdmission) else None
+        stats = [emb.size(), admission.memory_bytes(emb)] + ([pending] if pending is not None else [])
+        out = []
+        with tf.compat.v1.Session(config=session_config()) as sess:
+            sess.run(tf.compat.v1.global_variables_initializer())
+            for step in range(steps):
+                fresh = np.arange(batch, dtype=np.int64) + 1000003 * (step + 1)
+                sess.run(train, {ids: np.concatenate([fresh, fresh])})
+                out.append(sess.run(stats))
+            if probe is not None:
+                probe(sess, emb)
+    return out
+
+
+def test_count_admission_pending_keys_stay_bounded_over_a_long_run_of_fresh_keys():
+    """Every key is new and seen once: none is admitted, and without decay the table of waiting keys would hold
+    them all. Each eviction halves the counts and forgets the keys at 0, so with min_count=3 a key waits for at most
+    two eviction periods: the table holds at most the keys of the last two periods, and its memory stops growing."""
+    batch, period, steps = 64, 2, 120
+    out = _fresh_keys_run(tf_ext.embedding.CountAdmission(3), steps, batch, period)
+    assert all(size == 0 for size, _, _ in out)
+    pending = [p for _, _, p in out]
+    assert max(pending) <= 2 * period * batch, max(pending)
+    memory = [m for _, m, _ in out]
+    # The table reuses the memory of forgotten keys: the second half of the run adds nothing.
+    assert memory[-1] == max(memory[steps // 2 :]) == memory[steps // 2], memory[steps // 2 :]
+
+
+def test_count_admission_forgets_waiting_keys_that_have_a_row():
+    """A waiting key that got its row elsewhere (another data-parallel rank's gradient, a restore) leaves the
+    table of waiting keys at the next eviction."""
+
+    def probe(sess, emb):
+        table = emb.admission_state["table"]
+        sess.run(table.accumulate(tf.constant([11, 12], tf.int64), tf.constant([[2.0], [2.0]])))
+        sess.run(emb.insert(tf.constant([11], tf.int64), tf.ones([1, 2])))  # 11 has a row now, 12 waits
+        sess.run(tf_ext.embedding.evict(emb))
+        keys, counts, _, _ = sess.run(table.export())
+        assert dict(zip(keys.tolist(), counts.ravel().tolist())) == {12: 1.0}
+
+    _fresh_keys_run(tf_ext.embedding.CountAdmission(3), 2, probe=probe)
+
+
+def test_bloom_filter_decays_instead_of_filling_up():
+    """Without decay, a filter that counted many more distinct keys than it has counters reads every key as seen:
+    each fresh key would be admitted at its first sighting, admission switched off. Halved at each eviction, it
+    holds the recent keys' counts: fresh keys keep waiting (their rate of early admission is the false positive
+    rate of the keys of about two periods)."""
+    num_counters, batch, period, steps = 4096, 64, 2, 100  # 6400 distinct keys, 1.6 per counter
+    policy = tf_ext.embedding.BloomAdmission(2, num_counters=num_counters, num_hashes=3)
+    out = _fresh_keys_run(policy, steps, batch, period)
+    sizes = [size for size, _ in out]
+    admitted_last_half = (sizes[-1] - sizes[steps // 2]) / float(batch * (steps - steps // 2 - 1))
+    # The formula's rate for 4 periods of keys (the halved counts of older ones rarely reach 2 together).
+    bound = tf_ext.embedding.BloomAdmission.false_positive_rate(4 * period * batch, num_counters, 3)
+    assert admitted_last_half < max(3 * bound, 0.05), (admitted_last_half, bound)
+    assert all(m == 4 * num_counters for _, m in out)
+
+
+def test_bloom_filter_memory_is_its_counters(tmp_path):
+    """The filter's int32 counters are the memory it adds to a process: 4 bytes per counter (not twice that: the
+    zeros it starts from must not stay in the graph as a constant the session keeps). Measured in a fresh process
+    with TensorFlow's plain CPU allocator (oneDNN's pools freed buffers for later tensors, see docs/embedding.md)."""
+    out = _fresh_python(
+        """
+        import os
+        import tensorflow as tf
+        import tensorflow_ext as tf_ext
+        tf.compat.v1.disable_v2_behavior()
+
+        def rss():
+            return int(open("/proc/self/statm").read().split()[1]) * os.sysconf("SC_PAGE_SIZE")
+
+        n = 1 << 24
+        policy = tf_ext.embedding.BloomAdmission(2, num_counters=n)
+        emb = tf_ext.get_dynamic_embedding("e", 2, admission=policy)
+        ids = tf.compat.v1.placeholder(tf.int64, [None])
+        rows = tf_ext.embedding_lookup(emb, ids, is_training=True)
+        with tf.compat.v1.Session() as sess:
+            sess.run(tf.reduce_sum(tf.range(10)))  # the session's own start-up memory, before the filter exists
+            before = rss()
+            sess.run(tf.compat.v1.global_variables_initializer())
+            sess.run(rows, {ids: [1, 2, 3]})
+            grown = rss() - before
+            print("grown", grown, "memory_bytes", sess.run(policy.memory_bytes(emb)))
+        """,
+        tmp_path,
+        env={"TF_ENABLE_ONEDNN_OPTS": "0"},
+    )
+    words = out.split()
+    grown, memory = int(words[words.index("grown") + 1]), int(words[words.index("memory_bytes") + 1])
+    assert memory == 4 << 24
+    assert memory * 0.9 < grown < memory * 1.4, (grown, memory)

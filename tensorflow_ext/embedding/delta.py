@@ -10,24 +10,29 @@ shard of a dynamic embedding it holds the usual tensors (`ShardSaveable`) plus
   <shard>-delta    string []   the delta record (see below)
 
 In a delta save `-keys`, `-values`, `-slots`, `-versions` and `-freqs` hold only the rows whose version (the global
-step of the key's last training update or lookup) is at least the step of the previous save: every row trained
-since then, with its slots and metadata. The record names the chain the delta applies to, oldest first: the full
+step of the key's last training update or lookup) is at least the graph's global step at the previous save: every
+row trained since then, with its slots and metadata. The record names the chain the delta applies to, oldest first: the full
 save and the deltas after it, each by its id and its file name in the same directory. Restoring a delta (any
-Saver, e.g. an Estimator restarting, `predict`, a plain `saver.restore`) reads the chain in order from the
-checkpoint's directory: the full rows, then for each delta its removals and its rows, and imports the result in one
+Saver, e.g. an Estimator restarting, `predict`, a plain `saver.restore`, a serving export's restore, frozen or not,
+and warm start) reads the chain in order from the checkpoint's directory: the full rows, then for each delta its removals and its rows, and imports the result in one
 step. It checks each link first: a missing link, a link whose id is not the one recorded (another run's checkpoint
 under the same name), or a truncated file is an error naming the files; nothing is imported then.
 
 What a delta cannot see by version is made safe by the table's change log (C++, `TableResource`): removals
 (eviction, `remove`) log their keys, up to `max_removed_keys` per shard (8 bytes a key, freed at each save); writes
 that set no version (a preload `insert`, an import, a lookup without a global step) are noted. When the log
-overflowed or such a write happened, the next save is a full one. A removal log was chosen over comparing key sets
+overflowed or such a write happened, the save is a full one: decided in the save itself, over all shards at once, so
+a change made after the listener's `before_save` (another listener's eviction) makes it full too. A removal log was chosen over comparing key sets
 at save time because the latter keeps a copy of every key of the table between saves.
 
 Which saves are full: the first save of each graph (a new training run, each `Estimator.train` call), every
-`full_every`-th save, and saves after untracked changes. The listener keeps the checkpoints a kept delta needs: when
-the Saver's `max_to_keep` would delete a link of a checkpoint it still keeps, the link is taken off the Saver's list
-(so the Saver does not delete it) and deleted by the listener once no kept checkpoint needs it.
+`full_every`-th save, saves after untracked changes, and saves at a global step that did not advance since the
+previous save (rows trained in between could not be told apart by version). The listener keeps the checkpoints a
+kept delta needs: when the Saver's `max_to_keep` would delete a link of a checkpoint it still keeps, the link is taken
+off the Saver's list (so the Saver does not delete it) and deleted by the listener once no kept checkpoint needs it.
+Each record also names the files the listener keeps that way ("owned="), so that a run killed between a save and
+its clean-up has them deleted by the next run's first save. A record that cannot be read (a transient filesystem
+error) deletes nothing: every link is then assumed needed until it can be read.
 """
 
 import glob
@@ -62,9 +67,27 @@ class _DeltaState(object):
             self.record = tf.compat.v1.Variable(
                 tf.constant("", tf.string), trainable=False, collections=[], name="record", use_resource=True
             )
+            # The record written instead when the save turns out full (a change the delta cannot see happened
+            # between before_save and the save, e.g. a later listener's eviction overflowed the removal log).
+            self.full_record = tf.compat.v1.Variable(
+                tf.constant("", tf.string), trainable=False, collections=[], name="full_record", use_resource=True
+            )
+            # What the last save wrote: True for a delta (set by the save itself, read by after_save).
+            self.wrote_delta = tf.compat.v1.Variable(
+                tf.constant(False), trainable=False, collections=[], name="wrote_delta", use_resource=True
+            )
             self.since_in = tf.compat.v1.placeholder(tf.int64, [], name="since_step_in")
             self.record_in = tf.compat.v1.placeholder(tf.string, [], name="record_in")
-            self.assign = tf.group(self.since.assign(self.since_in), self.record.assign(self.record_in), name="assign")
+            self.full_record_in = tf.compat.v1.placeholder(tf.string, [], name="full_record_in")
+            self.assign = tf.group(
+                self.since.assign(self.since_in),
+                self.record.assign(self.record_in),
+                self.full_record.assign(self.full_record_in),
+                self.wrote_delta.assign(False),
+                name="assign",
+            )
+            self.read_wrote_delta = self.wrote_delta.read_value()
+        self.decision = None  # (is_delta, {shard handle name: (removed keys, since)}), built with the first Saver
 
 
 def graph_state(graph=None):
@@ -80,42 +103,76 @@ def _install(graph):
     return _STATES[graph]
 
 
+def _delta_shards(graph):
+    """The shards of `graph` whose saveables write delta checkpoints (all but Horovod model-parallel and frozen)."""
+    from tensorflow_ext.embedding import creation  # pylint: disable=import-outside-toplevel
+    from tensorflow_ext.embedding import saveable  # pylint: disable=import-outside-toplevel
+
+    out = []
+    for emb in creation.get_dynamic_embeddings(graph):
+        for shard in emb.shards:
+            s = shard.saveable
+            if s is None or getattr(shard, "frozen", False):
+                continue
+            if type(s)._build_specs is saveable.ShardSaveable._build_specs:  # pylint: disable=protected-access
+                out.append(shard)
+    return out
+
+
+def _decision(state, shard):
+    """(removed keys of `shard`, the step its rows must have reached: -1 for a full save) in the save being run.
+
+    Built once per graph, over every shard that writes deltas: the save is a delta only when the listener asked for
+    one and every shard's changes since the previous save were tracked, read in the save itself. So a change made
+    after the listener's before_save (another listener's eviction that overflows the removal log, an untracked
+    write) makes the whole save full, every shard alike, instead of failing it.
+    """
+    if state.decision is None or shard.handle.name not in state.decision[1]:
+        graph = state.since.graph
+        shards = _delta_shards(graph)
+        if all(s.handle.name != shard.handle.name for s in shards):
+            shards.append(shard)
+        with graph.as_default(), tf_ops.init_scope(), tf.name_scope("tf_ext_delta_checkpoint/"):
+            since = tf.identity(state.since.read_value())
+            logs, flags = {}, []
+            for s in shards:
+                with tf_ops.colocate_with(s.handle, ignore_existing=True):
+                    removed, enabled, untracked, overflow = _ops.op("tf_ext_table_change_log")(s.handle)
+                    flags.append(tf.logical_and(enabled, tf.logical_not(tf.logical_or(untracked, overflow))))
+                    logs[s.handle.name] = removed
+            is_delta = tf.logical_and(tf.greater_equal(since, 0), tf.reduce_all(tf.stack(flags)))
+            with tf.control_dependencies([state.wrote_delta.assign(is_delta)]):
+                effective_since = tf.where(is_delta, since, tf.constant(-1, tf.int64))
+            out = {}
+            for s in shards:
+                removed = logs[s.handle.name]
+                with tf_ops.colocate_with(s.handle, ignore_existing=True):
+                    out[s.handle.name] = (removed[: tf.where(is_delta, tf.size(removed), 0)], effective_since)
+            record = tf.where(is_delta, state.record.read_value(), state.full_record.read_value())
+        state.decision = (record, out)
+    record, out = state.decision
+    removed, since = out[shard.handle.name]
+    return removed, since, record
+
+
 def save_tensors(shard, state):
     """The tensors a shard's saveable writes in a graph with delta checkpoints.
 
     Returns:
       (keys, rows [n, width], versions, freqs, removed keys, record): the rows whose version >= the state's step
-      (all rows when it is -1) and, in a delta save, the keys logged as removed. A delta save whose changes were not
-      all tracked fails (the listener makes such saves full, so this is only a safety net).
+      (all rows when it is -1, or when a change since the previous save was not tracked) and, in a delta save, the
+      keys logged as removed.
     """
+    removed, since, record = _decision(state, shard)
     with tf_ops.colocate_with(shard.handle, ignore_existing=True):
-        since = tf.identity(state.since.read_value())
         keys, rows, versions, freqs = _ops.op("tf_ext_table_export_since")(
             shard.handle, since, col_begin=0, cols=shard.width
         )
-        removed, enabled, untracked, overflow = _ops.op("tf_ext_table_change_log")(shard.handle)
-        is_delta = tf.greater_equal(since, 0)
-        tracked = tf.logical_and(enabled, tf.logical_not(tf.logical_or(untracked, overflow)))
-        check = tf.debugging.Assert(
-            tf.logical_or(tf.logical_not(is_delta), tracked),
-            [
-                "Delta save of %s refused: not every change since the previous save was tracked (change log on, "
-                "untracked write, log overflow):" % shard.name,
-                enabled,
-                untracked,
-                overflow,
-                "; make this save a full one (tf_ext.embedding.delta_checkpoints does).",
-            ],
-            name="check_tracked",
-        )
-        with tf.control_dependencies([check]):
-            keys = tf.identity(keys)
-        removed = removed[: tf.where(is_delta, tf.size(removed), 0)]
-        record = tf.identity(state.record.read_value())
+        record = tf.identity(record)
     return keys, rows, versions, freqs, removed, record
 
 
-def restore_rows(name, prefix, restore_op, rows, row_suffixes):
+def restore_rows(name, prefix, restore_op, rows, row_suffixes, with_slots=True):
     """The rows a restore of shard `name` from `prefix` imports: `rows` themselves unless `prefix` is a delta.
 
     For a delta, the rows of its chain applied in order (see the module docstring); a missing, foreign or truncated
@@ -128,6 +185,8 @@ def restore_rows(name, prefix, restore_op, rows, row_suffixes):
       restore_op: the Saver's Restore op.
       rows: (keys, values, slots, versions, freqs) read from `prefix`.
       row_suffixes: the checkpoint names of those five tensors, after `name` (the saveable's own).
+      with_slots: False where only the embedding is wanted (serving exports, warm start): the links' slots are not
+        read, `rows`' slots are ignored, and the slots returned have 0 columns.
 
     Returns:
       (keys, values, slots, versions, freqs).
@@ -145,15 +204,22 @@ def restore_rows(name, prefix, restore_op, rows, row_suffixes):
                 record_tensor=name + DELTA_SUFFIX,
                 removed_tensor=name + REMOVED_SUFFIX,
                 row_tensors=[name + suffix for suffix in row_suffixes],
+                with_slots=with_slots,
                 name=name.replace("/", "_") + "_delta_chain",
             )
         )
 
 
-def _format_record(kind, save_id, step, since, links):
+def _format_record(kind, save_id, step, since, links, owned=()):
     lines = [_HEADER, "kind=" + kind, "id=" + save_id, "step=%d" % step, "since_step=%d" % since]
     lines += ["link=%s %s" % (link_id, os.path.basename(path)) for link_id, path in links]
+    lines += ["owned=" + os.path.basename(path) for path in owned]
     return "\n".join(lines) + "\n"
+
+
+def _parse_owned(record, directory):
+    """The paths of the files a save kept for deltas (its record's "owned=" lines)."""
+    return [os.path.join(directory, line[len("owned=") :]) for line in record.split("\n") if line.startswith("owned=")]
 
 
 def _parse_links(record, directory):
@@ -190,7 +256,8 @@ class DeltaCheckpointSaverListener(tf.compat.v1.train.CheckpointSaverListener):
     def _reset(self):
         self._chain = []  # (id, path) of the last full save and the deltas after it
         self._last_step = None
-        self._needs = {}  # checkpoint path -> paths of the links it needs
+        self._last_graph_step = None  # the graph's global step at the last save (what the next delta's rows reach)
+        self._needs = {}  # checkpoint path -> paths of the links it needs (None: its record could not be read)
         self._kept_for_deltas = set()  # links the Saver no longer lists, kept because a listed checkpoint needs them
         self._pending = None
 
@@ -224,6 +291,8 @@ class DeltaCheckpointSaverListener(tf.compat.v1.train.CheckpointSaverListener):
             self._start = tf.group(*starts, name="start")
             self._tracked = tf.reduce_all(tf.stack(flags)) if flags else tf.constant(True)
             self._commit = tf.group(*commits, name="commit")
+            global_step = tf.compat.v1.train.get_global_step(graph)
+            self._read_global_step = None if global_step is None else tf.identity(global_step, name="global_step")
 
     def _get_saver(self, session):
         if self._saver is not None:
@@ -252,21 +321,42 @@ class DeltaCheckpointSaverListener(tf.compat.v1.train.CheckpointSaverListener):
             )
 
     def _recover_needs(self, paths):
-        """Reads which links the listed checkpoints of an earlier run need (their records)."""
+        """Reads which links the listed checkpoints of an earlier run need, and which files it kept (their records).
+
+        A record that cannot be read (a transient filesystem error) leaves that checkpoint's needs unknown (None):
+        every link is then assumed needed and nothing is deleted until it is read; it is read again at the next save.
+        """
         for path in paths:
-            if path in self._needs or not self._shards:
-                continue
-            links = []
+            if not self._shards or (path in self._needs and self._needs[path] is not None):
+                continue  # read already
             try:
                 reader = tf.compat.v1.train.NewCheckpointReader(path)
                 key = self._shards[0].name + DELTA_SUFFIX
+                links, owned = [], []
                 if reader.has_tensor(key):
                     record = reader.get_tensor(key)
                     record = record.decode() if isinstance(record, bytes) else str(record)
-                    links = [p for _, p in _parse_links(record, os.path.dirname(path))]
-            except (tf.errors.OpError, ValueError):
-                pass
+                    directory = os.path.dirname(path)
+                    links = [p for _, p in _parse_links(record, directory)]
+                    owned = _parse_owned(record, directory)
+            except (tf.errors.OpError, ValueError, OSError) as e:
+                if not glob.glob(glob.escape(path) + ".index"):
+                    links, owned = [], []  # gone (deleted by hand): it needs nothing
+                else:
+                    tf.compat.v1.logging.warning(
+                        "delta checkpoints: cannot read the record of %s (%s); keeping every checkpoint it may need "
+                        "until it can be read",
+                        path,
+                        e,
+                    )
+                    links, owned = None, []
             self._needs[path] = links
+            # Files an earlier save kept for its deltas (a run killed before cleaning them up): known again, so they
+            # are deleted once nothing needs them.
+            self._kept_for_deltas.update(p for p in owned if p not in paths)
+
+    def _unknown_needs(self, paths):
+        return [p for p in paths if p in self._needs and self._needs[p] is None]
 
     def before_save(self, session, global_step_value):
         if self._graph is not session.graph:
@@ -278,43 +368,75 @@ class DeltaCheckpointSaverListener(tf.compat.v1.train.CheckpointSaverListener):
         self._check_built()
         saver = self._get_saver(session)
         step = int(global_step_value)
+        # The step the rows trained since this save will have reached: the graph's global step (the version lookups
+        # and updates write), whatever step names the checkpoint.
+        graph_step = step if self._read_global_step is None else int(session.run(self._read_global_step))
         self._recover_needs(saver.last_checkpoints)
+        if (
+            self._chain
+            and self._last_graph_step is not None
+            and graph_step <= self._last_graph_step
+            and step > self._last_step
+        ):
+            tf.compat.v1.logging.warning(
+                "delta checkpoints: the global step did not advance since the previous save (%d, checkpoint step "
+                "%d): this save is a full one. Deltas need a global step that advances (minimize(loss, "
+                "global_step=...)).",
+                graph_step,
+                step,
+            )
         full = (
             not self._chain
             or len(self._chain) >= self._full_every
             or self._last_step is None
             or step <= self._last_step  # the same name as the previous save: it would overwrite a link
+            or self._last_graph_step is None
+            or graph_step <= self._last_graph_step  # rows trained since the last save could have older versions
             or not session.run(self._tracked)
         )
         save_id = uuid.uuid4().hex
         links = [] if full else list(self._chain)
-        since = -1 if full else self._last_step
-        record = _format_record("full" if full else "delta", save_id, step, since, links)
+        since = -1 if full else self._last_graph_step
         # Keep what the checkpoints the Saver keeps need: the Saver deletes its oldest beyond max_to_keep while
         # saving; a link a kept checkpoint needs is taken off its list (and deleted here once nothing needs it).
         max_to_keep = saver.saver_def.max_to_keep
         listed = list(saver.last_checkpoints)
+        doomed = []
         if max_to_keep > 0 and len(listed) + 1 > max_to_keep:
             doomed = listed[: len(listed) + 1 - max_to_keep]
             kept = listed[len(listed) + 1 - max_to_keep :]
             needed = {p for _, p in links}
             for p in kept:
-                needed.update(self._needs.get(p, ()))
+                needed.update(self._needs.get(p) or ())
+            if self._unknown_needs(kept):
+                needed.update(doomed)  # a kept checkpoint's needs are unknown: it may need any of them
             rescued = [p for p in doomed if p in needed]
             if rescued:
                 # pylint: disable=protected-access
                 saver.set_last_checkpoints_with_time([(p, t) for p, t in saver._last_checkpoints if p not in rescued])
                 self._kept_for_deltas.update(rescued)
-        session.run(self._state.assign, {self._state.since_in: since, self._state.record_in: record})
+        # The record names the files this listener manages besides the listed checkpoints, so that a run killed
+        # between the save and after_save's clean-up has them deleted by the next run.
+        owned = sorted(self._kept_for_deltas | set(doomed))
+        record = _format_record("full" if full else "delta", save_id, step, since, links, owned)
+        full_record = record if full else _format_record("full", save_id, step, -1, [], owned)
+        session.run(
+            self._state.assign,
+            {
+                self._state.since_in: since,
+                self._state.record_in: record,
+                self._state.full_record_in: full_record,
+            },
+        )
         if full:
             session.run(self._start)
-        self._pending = (save_id, full, step, links)
+        self._pending = (save_id, step, graph_step, links)
 
     def after_save(self, session, global_step_value):
         del global_step_value
         if self._pending is None:
             return
-        save_id, full, step, links = self._pending
+        save_id, step, graph_step, links = self._pending
         self._pending = None
         saver = self._get_saver(session)
         listed = list(saver.last_checkpoints)
@@ -328,18 +450,27 @@ class DeltaCheckpointSaverListener(tf.compat.v1.train.CheckpointSaverListener):
                 "delta checkpoints: the delta %s was saved under the name of a checkpoint it applies to, which it "
                 "replaced; save with global_step=" % path
             )
+        # A save asked to be a delta is full when a change it could not see happened after before_save.
+        full = not links or not bool(session.run(self._state.read_wrote_delta))
+        if full:
+            links = []
         session.run(self._commit)
         self._chain = [(save_id, path)] if full else self._chain + [(save_id, path)]
         self._last_step = step
+        self._last_graph_step = graph_step
         self._needs[path] = [p for _, p in links]
         # Links kept for deltas (here, or by an earlier run: read from the records) that no listed checkpoint
         # needs any more go now, as the Saver would have deleted them.
-        needed = set()
-        for p in listed:
-            needed.update(self._needs.get(p, ()))
         known = set(self._kept_for_deltas)
         for links_of in self._needs.values():
-            known.update(links_of)
+            known.update(links_of or ())
+        if self._unknown_needs(listed):
+            # A listed checkpoint's needs are unknown (its record could not be read): delete nothing now.
+            self._kept_for_deltas = known - set(listed)
+            return
+        needed = set()
+        for p in listed:
+            needed.update(self._needs.get(p) or ())
         for p in sorted(known - needed - set(listed)):
             if glob.glob(glob.escape(p) + ".index"):
                 tf.compat.v1.train.remove_checkpoint(p)

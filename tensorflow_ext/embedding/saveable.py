@@ -29,9 +29,13 @@ It checks the checkpoint against the graph first and fails with an
 InvalidArgumentError naming the shard when they disagree: a different
 `num_shards` (restoring part of the shards would silently drop the others'
 keys; reshard with `tf.compat.v1.train.warm_start` instead) or a different
-`dim` (the `-values` rows are not `dim` wide). A shard whose tensors are
-missing from the checkpoint is the Saver's NotFoundError naming the tensor
-(e.g. `Key user_emb/part_2-keys not found in checkpoint`).
+`dim` (the `-values` rows are not `dim` wide). A graph with more shards than
+the checkpoint is caught before the Saver reads (`TfExtCheckpointReadOptionalString`
+compares the embedding's `part_0-num_shards` where the shard's own tensors are
+missing), so it too names both counts rather than a missing tensor. A shard
+whose tensors are missing from a checkpoint of the same shard count is the
+Saver's NotFoundError naming the tensor (e.g. `Key user_emb/part_2-keys not
+found in checkpoint`).
 No shard of an embedding is imported before every shard's tensors of the
 same Saver were read and checked, so a truncated or corrupt file, or a
 mismatch, fails the restore with the tables unchanged.
@@ -409,6 +413,9 @@ class ShardSaveable(saveable_object.SaveableObject):
                 prefix,
                 tensor_name=self.name + _LAYOUT_SUFFIX,
                 check_tensors=[self.name + suffix for suffix in _SUFFIXES + (_LAYOUT_SUFFIX,)],
+                # A graph with more shards than the checkpoint: an error naming both counts (not a missing tensor).
+                num_shards_tensor=self._shard.embedding.shards[0].name + "-num_shards",
+                num_shards=self._shard.embedding.num_shards,
                 name=self.name.replace("/", "_") + "_read_layout",
             )
         restore_op._add_control_input(found.op)  # pylint: disable=protected-access
@@ -475,7 +482,8 @@ class ShardSaveable(saveable_object.SaveableObject):
             versions = freqs = tf.zeros_like(keys)
             slots = tf.zeros(tf.stack([tf.size(keys), 0]), tf.float32)
             with_slots = False
-            record = found = None
+            # Read for its checks only (a truncated file, another shard count): lean checkpoints have no layout.
+            record, found = self._read_layout(restored_tensors)
         else:
             keys, values, slots, versions, freqs, num_shards = restored_tensors[: len(_SUFFIXES)]
             with_slots = _restores_slots(shard) and shard.width > shard.dim
@@ -498,8 +506,14 @@ class ShardSaveable(saveable_object.SaveableObject):
             prefix, restore_op = _checkpoint_source(restored_tensors[0])
             if prefix is not None:
                 # A delta checkpoint: its chain's rows, applied in order (else these rows as they are).
+                # A serving export's lean Saver reads the embedding only (no link's slots either).
                 keys, values, slots, versions, freqs = delta_lib.restore_rows(
-                    self.name, prefix, restore_op, (keys, values, slots, versions, freqs), _ROW_SUFFIXES
+                    self.name,
+                    prefix,
+                    restore_op,
+                    (keys, values, slots, versions, freqs),
+                    _ROW_SUFFIXES,
+                    with_slots=not lean,
                 )
             values = tf.reshape(values, [-1, shard.dim])
             rows = self.select_rows((keys, values, slots, versions, freqs))
@@ -611,11 +625,25 @@ class FrozenShardSaveable(ShardSaveable):
         shard = self._shard
         self._restore_built = True
         keys, values, num_shards = restored_tensors[: len(_LEAN_SUFFIXES)]
+        _, found = self._read_layout(restored_tensors)  # its checks: a truncated file, another shard count
         with tf_ops.colocate_with(shard.handle, ignore_existing=True):
-            checks = self._shape_checks(num_shards, values)
+            checks = self._shape_checks(num_shards, values) + [found.op]
             with tf.control_dependencies(checks):
-                keys = tf.cast(keys, tf.int64)
-                values = tf.reshape(values, [-1, shard.dim])
+                keys = tf.identity(tf.cast(keys, tf.int64))
+                values = tf.identity(tf.cast(values, tf.float32))
+            prefix, restore_op = _checkpoint_source(restored_tensors[0])
+            if prefix is not None:
+                # A delta checkpoint (a frozen export of a training checkpoint): its chain's keys and embeddings.
+                zeros = tf.zeros_like(keys)
+                keys, values, _, _, _ = delta_lib.restore_rows(
+                    self.name,
+                    prefix,
+                    restore_op,
+                    (keys, values, tf.zeros(tf.stack([tf.size(keys), 0]), tf.float32), zeros, zeros),
+                    _ROW_SUFFIXES,
+                    with_slots=False,
+                )
+            values = tf.reshape(values, [-1, shard.dim])
             if shard.embedding.num_shards > 1:
                 # Keys are placed by the current partition; a key of another shard's tensors is not looked up here.
                 own = tf.equal(shard.embedding.shard_ids(keys), shard.shard_index)

@@ -9,7 +9,9 @@ in the checkpoint:
 
 * the previous embedding's tensors `<prev>/part_<j>-keys` / `-values` of ALL
   its shards are read and each current shard keeps the keys that hash to it,
-  so the number of shards may change between the two models;
+  so the number of shards may change between the two models; from a delta
+  checkpoint each previous shard's rows are those of its whole chain (the
+  full save and the deltas up to it, `delta.restore_rows`);
 * `-versions` and `-freqs` come along; optimizer slots are not warm-started
   (like TF, which warm-starts trainable variables, not their slots): the keys'
   slots start from their initial values;
@@ -39,6 +41,7 @@ from tensorflow.python.training import checkpoint_utils
 from tensorflow.python.training import warm_starting_util
 
 from tensorflow_ext.embedding import _ops
+from tensorflow_ext.embedding import delta as delta_lib
 from tensorflow_ext.embedding import variable as var_lib
 
 __all__ = ["warm_start_from_checkpoint", "warm_start_op", "matching_shards", "ShardTarget", "warm_start_shard"]
@@ -150,6 +153,21 @@ def _read_previous(ckpt, prev_name, shard, dim_mismatch):
     restored = tf.raw_ops.RestoreV2(
         prefix=path, tensor_names=tensors, shape_and_slices=[""] * len(tensors), dtypes=dtypes
     )
+    restored = list(restored)
+    for i, part in enumerate(parts):
+        if part + delta_lib.DELTA_SUFFIX in shapes:
+            # A delta checkpoint: the part's rows are those of its chain (the full save and the deltas up to it).
+            keys, values, versions, freqs = restored[4 * i : 4 * i + 4]
+            no_slots = tf.zeros(tf.stack([tf.size(keys), 0]), tf.float32)
+            keys, values, _, versions, freqs = delta_lib.restore_rows(
+                part,
+                tf.constant(path),
+                restored[0].op,
+                (keys, values, no_slots, versions, freqs),
+                ("-keys", "-values", "-slots", "-versions", "-freqs"),
+                with_slots=False,
+            )
+            restored[4 * i : 4 * i + 4] = [keys, values, versions, freqs]
     flat = lambda ts: tf.reshape(tf.concat(ts, 0), [-1])
     keys = flat(restored[0::4])
     values = tf.reshape(tf.concat(restored[1::4], 0), [-1, prev_dim])

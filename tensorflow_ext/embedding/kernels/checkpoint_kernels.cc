@@ -13,6 +13,13 @@
 // inside its data file: a truncated file is then a DataLoss error naming the
 // file, its size and the tensor, where TF's own read says only "Read less
 // bytes than requested". The restore runs it before the Saver's RestoreV2.
+//
+// With `num_shards_tensor` (the `-num_shards` tensor of the embedding's first
+// shard) and `num_shards` (the graph's count): when the checkpoint lacks the
+// first of `check_tensors` but holds `num_shards_tensor` with another count,
+// the embedding was saved with another number of shards (a graph with more
+// shards than the checkpoint): an InvalidArgument naming both counts, where
+// the Saver's read would say only that a tensor is missing.
 
 #include <algorithm>
 #include <cstdint>
@@ -92,6 +99,8 @@ REGISTER_OP("TfExtCheckpointReadOptionalString")
     .Input("prefix: string")
     .Attr("tensor_name: string")
     .Attr("check_tensors: list(string) = []")
+    .Attr("num_shards_tensor: string = ''")
+    .Attr("num_shards: int = -1")
     .Output("value: string")
     .Output("found: bool")
     .SetIsStateful()
@@ -108,6 +117,8 @@ class CheckpointReadOptionalStringOp : public OpKernel {
   explicit CheckpointReadOptionalStringOp(OpKernelConstruction* ctx) : OpKernel(ctx) {
     OP_REQUIRES_OK(ctx, ctx->GetAttr("tensor_name", &tensor_name_));
     OP_REQUIRES_OK(ctx, ctx->GetAttr("check_tensors", &check_tensors_));
+    OP_REQUIRES_OK(ctx, ctx->GetAttr("num_shards_tensor", &num_shards_tensor_));
+    OP_REQUIRES_OK(ctx, ctx->GetAttr("num_shards", &num_shards_));
   }
 
   void Compute(OpKernelContext* ctx) override {
@@ -127,6 +138,7 @@ class CheckpointReadOptionalStringOp : public OpKernel {
     // A checkpoint that cannot be opened: the same error the Saver's own
     // reads report (missing or damaged index file).
     OP_REQUIRES_OK(ctx, reader.status());
+    OP_REQUIRES_OK(ctx, CheckNumShards(&reader, path));
     for (const std::string& name : check_tensors_) {
       OP_REQUIRES_OK(ctx, CheckInDataFile(ctx, &reader, path, name));
     }
@@ -146,8 +158,37 @@ class CheckpointReadOptionalStringOp : public OpKernel {
   }
 
  private:
+  // See the op's comment: another shard count, seen from a shard the checkpoint lacks.
+  Status CheckNumShards(tensorflow::BundleReader* reader, const std::string& path) const {
+    if (num_shards_tensor_.empty() || check_tensors_.empty() || reader->Contains(check_tensors_[0]) ||
+        !reader->Contains(num_shards_tensor_)) {
+      return tensorflow::OkStatus();
+    }
+    Tensor t;
+    if (!reader->Lookup(num_shards_tensor_, &t).ok() || t.NumElements() != 1) return tensorflow::OkStatus();
+    int64_t saved = -1;
+    if (t.dtype() == tensorflow::DT_INT64) saved = t.flat<int64_t>()(0);
+    if (t.dtype() == tensorflow::DT_INT32) saved = t.flat<int32_t>()(0);
+    if (saved < 0 || saved == num_shards_) return tensorflow::OkStatus();
+    const std::string suffix = "/part_0-num_shards";
+    std::string embedding = num_shards_tensor_;
+    if (embedding.size() > suffix.size() &&
+        embedding.compare(embedding.size() - suffix.size(), suffix.size(), suffix) == 0) {
+      embedding.resize(embedding.size() - suffix.size());
+    }
+    return InvalidArgument("Checkpoint ", path, " holds dynamic embedding ", embedding,
+                           " saved with num_shards=", saved, " (", num_shards_tensor_, "), but ", embedding,
+                           " has num_shards=", num_shards_, " here, so the checkpoint has no tensors ",
+                           check_tensors_[0],
+                           " (a different number of shards). Build the embedding with num_shards=", saved,
+                           " to restore this checkpoint, or reshard it by warm-starting from it "
+                           "(tf_ext.embedding.warm_start_from_checkpoint or tf.compat.v1.train.warm_start).");
+  }
+
   std::string tensor_name_;
   std::vector<std::string> check_tensors_;
+  std::string num_shards_tensor_;
+  int64_t num_shards_ = -1;
 };
 
 REGISTER_KERNEL_BUILDER(Name("TfExtCheckpointReadOptionalString").Device(tensorflow::DEVICE_CPU),
@@ -166,7 +207,9 @@ REGISTER_KERNEL_BUILDER(Name("TfExtCheckpointReadOptionalString").Device(tensorf
 // or kind differ), or a truncated data file is an error naming the files.
 // The attrs name the shard's tensors in a checkpoint (the Python layer defines
 // them): its delta record, its removed keys, and its five row tensors (keys,
-// values, slots, versions, freqs).
+// values, slots, versions, freqs). `with_slots=false` (serving exports, warm
+// start: the embedding only) ignores the slots input, reads no link's slots
+// and outputs slots of 0 columns.
 // One op per shard: building the same logic from TF ops took ~0.6 s of graph
 // construction per shard and Saver.
 REGISTER_OP("TfExtCheckpointRestoreRows")
@@ -179,6 +222,7 @@ REGISTER_OP("TfExtCheckpointRestoreRows")
     .Attr("record_tensor: string")
     .Attr("removed_tensor: string")
     .Attr("row_tensors: list(string)")
+    .Attr("with_slots: bool = true")
     .Output("out_keys: int64")
     .Output("out_values: float")
     .Output("out_slots: float")
@@ -224,12 +268,22 @@ int64_t RowCols(const Tensor& t) {
   return t.dims() > 1 ? cols : 0;
 }
 
-Status CheckCols(int64_t* have, int64_t got, const std::string& what, const std::string& path) {
-  if (*have >= 0 && got != *have && got != 0) {
+// Checks that `got_rows` rows of `got` columns can join `have_rows` rows of `*have` columns (rows of another
+// width would be copied out of bounds); sets `*have` from the first rows seen.
+Status CheckCols(int64_t* have, size_t have_rows, int64_t got, size_t got_rows, const std::string& what,
+                 const std::string& path) {
+  if (got_rows == 0) {
+    if (*have < 0) *have = got;
+    return tensorflow::OkStatus();
+  }
+  if (have_rows == 0 || *have < 0) {
+    *have = got;
+    return tensorflow::OkStatus();
+  }
+  if (got != *have) {
     return InvalidArgument("delta checkpoint chain: ", what, " of ", path, " have ", got,
                            " columns, the earlier links ", *have);
   }
-  if (*have < 0 || *have == 0) *have = got;
   return tensorflow::OkStatus();
 }
 
@@ -277,6 +331,7 @@ class CheckpointRestoreRowsOp : public OpKernel {
     OP_REQUIRES(ctx, row_names_.size() == 5,
                 InvalidArgument("row_tensors must name 5 tensors (keys, values, slots, versions, freqs), got ",
                                 row_names_.size()));
+    OP_REQUIRES_OK(ctx, ctx->GetAttr("with_slots", &with_slots_));
   }
 
   void Compute(OpKernelContext* ctx) override {
@@ -320,26 +375,30 @@ class CheckpointRestoreRowsOp : public OpKernel {
       if (full) {
         state = std::move(rows);
       } else {
-        OP_REQUIRES_OK(ctx, CheckCols(&state.value_cols, rows.value_cols, "values", path));
-        OP_REQUIRES_OK(ctx, CheckCols(&state.slot_cols, rows.slot_cols, "slots", path));
+        OP_REQUIRES_OK(
+            ctx, CheckCols(&state.value_cols, state.keys.size(), rows.value_cols, rows.keys.size(), "values", path));
+        OP_REQUIRES_OK(ctx,
+                       CheckCols(&state.slot_cols, state.keys.size(), rows.slot_cols, rows.keys.size(), "slots", path));
         Merge(&state, rows, removed);
       }
     }
     // The delta's own rows (as the Saver read them) and removals.
     Rows own;
     own.value_cols = RowCols(ctx->input(2));
-    own.slot_cols = RowCols(ctx->input(3));
+    own.slot_cols = with_slots_ ? RowCols(ctx->input(3)) : 0;
     Append<int64_t>(ctx->input(1), &own.keys);
     Append<float>(ctx->input(2), &own.values);
-    Append<float>(ctx->input(3), &own.slots);
+    if (with_slots_) Append<float>(ctx->input(3), &own.slots);
     Append<int64_t>(ctx->input(4), &own.versions);
     Append<int64_t>(ctx->input(5), &own.freqs);
     std::vector<int64_t> own_removed;
     Tensor removed_t;
     OP_REQUIRES_OK(ctx, ReadTensor(&reader, prefix, removed_name_, tensorflow::DT_INT64, &removed_t));
     Append<int64_t>(removed_t, &own_removed);
-    OP_REQUIRES_OK(ctx, CheckCols(&state.value_cols, own.value_cols, "values", prefix));
-    OP_REQUIRES_OK(ctx, CheckCols(&state.slot_cols, own.slot_cols, "slots", prefix));
+    OP_REQUIRES_OK(ctx,
+                   CheckCols(&state.value_cols, state.keys.size(), own.value_cols, own.keys.size(), "values", prefix));
+    OP_REQUIRES_OK(ctx,
+                   CheckCols(&state.slot_cols, state.keys.size(), own.slot_cols, own.keys.size(), "slots", prefix));
     Merge(&state, own, own_removed);
     Output(ctx, state);
   }
@@ -398,20 +457,20 @@ class CheckpointRestoreRowsOp : public OpKernel {
     Tensor keys, values, slots, versions, freqs;
     TF_RETURN_IF_ERROR(ReadTensor(&reader, path, row_names_[0], tensorflow::DT_INT64, &keys));
     TF_RETURN_IF_ERROR(ReadTensor(&reader, path, row_names_[1], tensorflow::DT_FLOAT, &values));
-    TF_RETURN_IF_ERROR(ReadTensor(&reader, path, row_names_[2], tensorflow::DT_FLOAT, &slots));
+    if (with_slots_) TF_RETURN_IF_ERROR(ReadTensor(&reader, path, row_names_[2], tensorflow::DT_FLOAT, &slots));
     TF_RETURN_IF_ERROR(ReadTensor(&reader, path, row_names_[3], tensorflow::DT_INT64, &versions));
     TF_RETURN_IF_ERROR(ReadTensor(&reader, path, row_names_[4], tensorflow::DT_INT64, &freqs));
     const int64_t n = keys.NumElements();
     if (versions.NumElements() != n || freqs.NumElements() != n || (values.dims() > 0 && values.dim_size(0) != n) ||
-        (slots.dims() > 0 && slots.dim_size(0) != n)) {
+        (with_slots_ && slots.dims() > 0 && slots.dim_size(0) != n)) {
       return tensorflow::errors::DataLoss("checkpoint ", path, ": the row tensors ", row_names_[0],
                                           " ... disagree on the number of rows (a damaged checkpoint)");
     }
     rows->value_cols = RowCols(values);
-    rows->slot_cols = RowCols(slots);
+    rows->slot_cols = with_slots_ ? RowCols(slots) : 0;
     Append<int64_t>(keys, &rows->keys);
     Append<float>(values, &rows->values);
-    Append<float>(slots, &rows->slots);
+    if (with_slots_) Append<float>(slots, &rows->slots);
     Append<int64_t>(versions, &rows->versions);
     Append<int64_t>(freqs, &rows->freqs);
     if (!full) {
@@ -440,6 +499,7 @@ class CheckpointRestoreRowsOp : public OpKernel {
 
   std::string record_name_, removed_name_;
   std::vector<std::string> row_names_;
+  bool with_slots_ = true;
 };
 
 REGISTER_KERNEL_BUILDER(Name("TfExtCheckpointRestoreRows").Device(tensorflow::DEVICE_CPU), CheckpointRestoreRowsOp);

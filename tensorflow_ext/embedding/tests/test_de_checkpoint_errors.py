@@ -117,8 +117,14 @@ def test_checkpoint_missing_one_shard_names_it(tmp_path):
     _restore(path, tf.errors.NotFoundError, r"emb/part_1-\w+ not found in checkpoint")
 
 
-def test_more_shards_than_the_checkpoint_names_the_missing_shard(ckpt):
-    _restore(ckpt, tf.errors.NotFoundError, r"emb/part_2-\w+ not found in checkpoint", num_shards=3)
+def test_more_shards_than_the_checkpoint_names_both_counts(ckpt):
+    # Not the Saver's "emb/part_2-keys not found": the shard counts, and what to do.
+    _restore(
+        ckpt,
+        tf.errors.InvalidArgumentError,
+        r"(?s)emb saved with num_shards=2.*has num_shards=3 here.*emb/part_2-keys.*warm_start",
+        num_shards=3,
+    )
 
 
 def test_fewer_shards_than_the_checkpoint_is_an_error_not_a_partial_restore(ckpt):

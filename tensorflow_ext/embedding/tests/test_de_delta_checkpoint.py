@@ -2,12 +2,16 @@
 
 import glob
 import os
+import subprocess
+import sys
+import textwrap
 
 import numpy as np
 import pytest
 import tensorflow as tf
 
 import tensorflow_ext as tf_ext
+from tensorflow_ext.embedding import delta as delta_lib
 from tensorflow_ext.embedding.tests.conftest import session_config
 
 DIM = 4
@@ -292,3 +296,236 @@ def test_restore_graph_is_one_chain_op_per_shard():
         types = [op.type for op in g.get_operations()]
     assert types.count("TfExtCheckpointRestoreRows") == 3
     assert not {"Enter", "Exit", "NextIteration", "While", "StatelessWhile"} & set(types)
+
+
+# ---- the whole chain wherever a checkpoint is read; saves that cannot lose keys or delete links ------------------
+
+_ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)))))
+
+
+def _run_fresh(code, cwd):
+    """Runs `code` in a fresh interpreter (nothing imported but what it imports); returns its stdout."""
+    env = dict(os.environ, PYTHONPATH=_ROOT, TF_CPP_MIN_LOG_LEVEL="2")
+    proc = subprocess.run(
+        [sys.executable, "-c", textwrap.dedent(code)],
+        cwd=str(cwd),
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
+    assert proc.returncode == 0, "fresh process failed:\n%s\n%s" % (proc.stdout[-3000:], proc.stderr[-6000:])
+    return proc.stdout
+
+
+def _full_then_delta(tmp_path, num_shards=2):
+    """A full save of 120 keys, then a delta after training 60 new keys and 20 old ones: (full, delta, state)."""
+    with tf.Graph().as_default():
+        gs, emb, ids, train, *_ = _build(num_shards)
+        listener = tf_ext.embedding.delta_checkpoints(full_every=5)
+        saver = tf.compat.v1.train.Saver()
+        prefix = str(tmp_path / "model.ckpt")
+        with tf.compat.v1.Session(config=session_config()) as sess:
+            sess.run(tf.compat.v1.global_variables_initializer())
+            for start in (0, 40, 80):
+                sess.run(train, {ids: np.arange(start, start + 40)})
+            full = listener.save(sess, saver, prefix, gs)
+            sess.run(train, {ids: np.concatenate([np.arange(1000, 1060), np.arange(0, 20)])})
+            delta = listener.save(sess, saver, prefix, gs)
+            state = _state(sess, emb)
+    assert _kind(full) == "full" and _kind(delta) == "delta"
+    return full, delta, state
+
+
+def test_warm_start_from_a_delta_checkpoint_reads_its_whole_chain(tmp_path):
+    """Warm start (same and other shard counts) from a delta: every key of the table saved, with its row."""
+    _, delta, state = _full_then_delta(tmp_path)
+    assert _rows(delta) + _rows(delta, "user/part_1") < len(state[0])  # the delta alone lacks most keys
+    out = str(tmp_path / "warm.npz")
+    _run_fresh(
+        """
+        import numpy as np
+        import tensorflow as tf
+        import tensorflow_ext as tf_ext
+        tf.compat.v1.disable_v2_behavior()
+        result = {}
+        for num_shards in (1, 2, 3):
+            with tf.Graph().as_default():
+                emb = tf_ext.get_dynamic_embedding("user", %d, num_shards=num_shards, initializer=0.0)
+                tf_ext.embedding.warm_start_from_checkpoint(%r)
+                exp = emb.export()
+                with tf.compat.v1.Session() as sess:
+                    sess.run(tf_ext.embedding.warm_start_op())
+                    got = sess.run([exp.keys, exp.values, exp.versions, exp.frequencies])
+            for name, value in zip(("keys", "values", "versions", "freqs"), got):
+                result["%%s_%%d" %% (name, num_shards)] = value
+        np.savez(%r, **result)
+        """
+        % (DIM, delta, out),
+        tmp_path,
+    )
+    got = np.load(out)
+    keys, values, _, versions, freqs = state
+    for num_shards in (1, 2, 3):
+        order = np.argsort(got["keys_%d" % num_shards])
+        np.testing.assert_array_equal(got["keys_%d" % num_shards][order], keys)
+        np.testing.assert_array_equal(got["values_%d" % num_shards][order], values)
+        np.testing.assert_array_equal(got["versions_%d" % num_shards][order], versions)
+        np.testing.assert_array_equal(got["freqs_%d" % num_shards][order], freqs)
+
+
+def test_restore_into_another_shard_count_names_both_counts(graph, tmp_path):
+    _, delta, _ = _full_then_delta(tmp_path)
+    for num_shards in (1, 3):
+        with tf.Graph().as_default():
+            tf_ext.get_dynamic_embedding("user", DIM, num_shards=num_shards)
+            saver = tf.compat.v1.train.Saver()
+            with tf.compat.v1.Session(config=session_config()) as sess:
+                with pytest.raises(tf.errors.InvalidArgumentError) as info:
+                    saver.restore(sess, delta)
+        message = str(info.value)
+        assert "num_shards=%d" % num_shards in message, message
+        assert "2" in message and "warm_start" in message, message
+    # More shards than saved: the counts and what to do, not a missing tensor.
+    assert "saved with num_shards=2" in message and "has num_shards=3 here" in message, message
+
+
+def test_deltas_at_a_global_step_that_does_not_advance_keep_every_key(graph, tmp_path):
+    """Checkpoints named by steps 1..4 while the graph's global step stays 0: every key saved comes back."""
+    gs = tf.compat.v1.train.get_or_create_global_step()
+    emb = tf_ext.get_dynamic_embedding("user", DIM, num_shards=2, initializer=0.1)
+    ids = tf.compat.v1.placeholder(tf.int64, [None])
+    loss = tf.reduce_sum(tf.square(tf_ext.embedding_lookup(emb, ids) - 0.5))
+    train = tf.compat.v1.train.AdagradOptimizer(0.1).minimize(loss)  # the global step is not incremented
+    listener = tf_ext.embedding.delta_checkpoints(full_every=10)
+    saver = tf.compat.v1.train.Saver(max_to_keep=10)
+    prefix = str(tmp_path / "model.ckpt")
+    with tf.compat.v1.Session(config=session_config()) as sess:
+        sess.run(tf.compat.v1.global_variables_initializer())
+        for step in range(1, 5):
+            sess.run(train, {ids: np.arange(10 * step, 10 * step + 10)})
+            path = listener.save(sess, saver, prefix, step)
+        state = _state(sess, emb)
+        assert sess.run(gs) == 0
+    assert len(state[0]) == 40
+    _assert_same(_restore_state(path), state)
+
+
+def _on_disk(directory):
+    return sorted(p[: -len(".index")] for p in glob.glob(os.path.join(str(directory), "*.index")))
+
+
+def _listed_and_links(listed):
+    """The checkpoints `listed` and every link their records name."""
+    out = set(listed)
+    for path in listed:
+        out.update(p for _, p in delta_lib._parse_links(_record(path), os.path.dirname(path)))
+    return sorted(out)
+
+
+def test_a_record_that_cannot_be_read_deletes_no_link(graph, tmp_path, monkeypatch):
+    """A transient read error on a kept delta's record: its links stay (and go once it can be read)."""
+    prefix = str(tmp_path / "model.ckpt")
+    gs, emb, ids, train, *_ = _build()
+    listener = tf_ext.embedding.delta_checkpoints(full_every=4)
+    saver = tf.compat.v1.train.Saver(max_to_keep=2)
+    with tf.compat.v1.Session(config=session_config()) as sess:
+        sess.run(tf.compat.v1.global_variables_initializer())
+        paths = []
+        for i in range(3):  # full, delta, delta
+            sess.run(train, {ids: np.arange(20 * i, 20 * i + 30)})
+            paths.append(listener.save(sess, saver, prefix, gs))
+        state = _state(sess, emb)
+    full, delta1, delta2 = paths
+    assert [_kind(p) for p in paths] == ["full", "delta", "delta"]
+    # A later run (a new graph and listener) lists the last two; reading delta2's record fails once.
+    original = tf.compat.v1.train.NewCheckpointReader
+    failing = {delta2}
+
+    def flaky_reader(path):
+        if path in failing:
+            raise tf.errors.UnavailableError(None, None, "injected: filesystem unavailable")
+        return original(path)
+
+    monkeypatch.setattr(tf.compat.v1.train, "NewCheckpointReader", flaky_reader)
+    with tf.Graph().as_default():
+        gs, emb, ids, train, *_ = _build()
+        listener = tf_ext.embedding.delta_checkpoints(full_every=4)
+        saver = tf.compat.v1.train.Saver(max_to_keep=2)
+        saver.recover_last_checkpoints([delta1, delta2])
+        with tf.compat.v1.Session(config=session_config()) as sess:
+            saver.restore(sess, delta2)
+            sess.run(train, {ids: [500, 501]})
+            listener.save(sess, saver, prefix, gs)  # a full save; the Saver's max_to_keep drops delta1
+            _assert_same(_restore_state(delta2), state)
+            failing.clear()
+            sess.run(train, {ids: [502]})
+            listener.save(sess, saver, prefix, gs)
+            sess.run(train, {ids: [503]})
+            listener.save(sess, saver, prefix, gs)
+            listed = saver.last_checkpoints
+    # Once readable, what nothing listed needs is deleted as usual.
+    assert _on_disk(tmp_path) == _listed_and_links(listed)
+    assert not {full, delta1, delta2} & set(_on_disk(tmp_path))
+
+
+def test_links_left_by_a_save_killed_before_its_clean_up_go_at_the_next_save(graph, tmp_path):
+    """A run killed between the Saver's write and the listener's clean-up: the next run's first save cleans up."""
+    prefix = str(tmp_path / "model.ckpt")
+    gs, emb, ids, train, *_ = _build()
+    listener = tf_ext.embedding.delta_checkpoints(full_every=3)
+    saver = tf.compat.v1.train.Saver(max_to_keep=2)
+    with tf.compat.v1.Session(config=session_config()) as sess:
+        sess.run(tf.compat.v1.global_variables_initializer())
+        for i in range(5):  # full, delta, delta, full, then a delta whose clean-up never runs
+            sess.run(train, {ids: np.arange(10 * i, 10 * i + 15)})
+            if i < 4:
+                listener.save(sess, saver, prefix, gs)
+            else:
+                step = int(sess.run(gs))
+                listener.before_save(sess, step)
+                saver.save(sess, prefix, global_step=step)  # killed here: after_save never runs
+    assert len(_on_disk(tmp_path)) > 3
+    with tf.Graph().as_default():
+        gs, emb, ids, train, *_ = _build()
+        listener = tf_ext.embedding.delta_checkpoints(full_every=3)
+        saver = tf.compat.v1.train.Saver(max_to_keep=2)
+        saver.recover_last_checkpoints(tf.train.get_checkpoint_state(str(tmp_path)).all_model_checkpoint_paths)
+        with tf.compat.v1.Session(config=session_config()) as sess:
+            saver.restore(sess, tf.train.latest_checkpoint(str(tmp_path)))
+            sess.run(train, {ids: [100, 101]})
+            listener.save(sess, saver, prefix, gs)
+            listed = saver.last_checkpoints
+    assert _on_disk(tmp_path) == _listed_and_links(listed)
+    for path in listed:
+        _restore_state(path)
+
+
+@pytest.mark.parametrize("eviction_first", [False, True], ids=["delta_first", "eviction_first"])
+def test_listener_order_with_eviction_is_irrelevant(tmp_path, eviction_first):
+    """An eviction at a save that removes more keys than the delta's log holds: a full save, in either order."""
+    ckpt_dir = str(tmp_path)
+    states = {}
+    with tf.Graph().as_default():
+        gs, emb, ids, train, *_ = _build()
+        exported = emb.export(with_slots=True)
+
+        class Capture(tf.compat.v1.train.CheckpointSaverListener):
+            def after_save(self, session, global_step_value):
+                exp = session.run(exported)
+                order = np.argsort(exp.keys)
+                states[global_step_value] = tuple(np.asarray(a)[order] for a in exp)
+
+        delta = tf_ext.embedding.delta_checkpoints(full_every=10, max_removed_keys=2)
+        evict = tf_ext.embedding.EvictionSaverListener(steps_to_live=1)
+        listeners = [evict, delta] if eviction_first else [delta, evict]
+        hook = tf.compat.v1.train.CheckpointSaverHook(ckpt_dir, save_steps=2, listeners=listeners + [Capture()])
+        creator = tf.compat.v1.train.ChiefSessionCreator(config=session_config())
+        with tf.compat.v1.train.MonitoredSession(session_creator=creator, hooks=[hook]) as sess:
+            for step in range(8):
+                sess.run(train, {ids: np.arange(10 * step, 10 * step + 10)})
+    assert evict.last_removed > 2
+    paths = tf.train.get_checkpoint_state(ckpt_dir).all_model_checkpoint_paths
+    assert paths
+    for path in paths:
+        _assert_same(_restore_state(path), states[int(path.rsplit("-", 1)[1])])

@@ -5,25 +5,38 @@ noise that costs a full row (embedding and optimizer slots) until eviction. An a
 
     emb = tf_ext.get_dynamic_embedding("user", 16, admission=tf_ext.embedding.CountAdmission(min_count=3))
 
-* A training lookup counts each of its keys that has no row yet (once per lookup call, duplicates in the batch count
-  once). A key is admitted in the lookup where its count reaches `min_count`: it gets its row (the initializer's
-  draw) and trains from then on, like any key.
-* A key not admitted reads `default_value` (zeros by default) and receives no update: its gradient is dropped, and
-  no optimizer slot is created for it.
-* Inference lookups (eval, predict, serving) count nothing; a key without a row reads `default_value` there too, so
+* Every training lookup (`embedding_lookup`, `embedding_lookup_sparse`, `safe_embedding_lookup_sparse` and the
+  TFRA names built on them) counts each distinct key of its batch that has no row yet once per run,
+  however often the key occurs in the batch (in one example or several). A key is admitted in the lookup where its
+  count reaches `min_count` (1 .. 2^24: counts are exact up to 2^24): it gets its row (the initializer's draw) and
+  trains from then on, like any key.
+* A key not admitted receives no update: its gradient is dropped, and no optimizer slot is created for it.
+  `embedding_lookup` returns `default_value` (a finite float, zeros by default) as its row; the pooled lookups
+  (`embedding_lookup_sparse`, `safe_embedding_lookup_sparse`) leave it out, as if it were absent from the input: it
+  is in no sum and in no `mean` / `sqrtn` denominator (an example left without ids is an empty example). Training
+  is then training on the input without the keys not admitted yet. (Model-parallel Horovod embeddings count on the
+  keys' owners and pool the default rows.)
+* Inference lookups (eval, predict, serving) count nothing; keys without a row are treated as above there too, so
   a model is evaluated as it was trained.
 * Counts are part of the model: `tf.compat.v1.train.Saver()` saves and restores them with the embedding.
+* Counts decay: every eviction of the embedding (its `EvictionPolicy`, `evict()`, `EvictionSaverListener`,
+  `EvictionHook`) halves them, rounded down (`Admission.decay`). A key must therefore reach `min_count` within a
+  few eviction periods, and the policy's memory holds the counts of recent keys only: `CountAdmission` forgets a
+  waiting key whose count reaches 0 (after `min_count.bit_length()` evictions at most without a sighting) and a
+  waiting key that has a row by then (admitted on another data-parallel rank, or restored); `BloomAdmission`'s
+  filter no longer fills up. Without eviction counts never decay: the waiting keys' table grows with the distinct
+  keys, and a Bloom filter that counted many more keys than it has counters admits every key at once.
 
 Two ways of counting:
 
 * `CountAdmission`: exact counts in a side hash table holding only the keys still waiting (8-byte key, one float
-  count and the table's metadata per key, no embedding row); a key leaves it when admitted.
+  count and the table's metadata per key, no embedding row); a key leaves it when admitted, or when decay forgets it.
 * `BloomAdmission`: a counting Bloom filter, `num_counters` int32 counters in a fixed array (memory independent of
-  the number of keys), `num_hashes` counters per key, the count of a key being the minimum of its counters. It never
-  under-counts; a key may be admitted early when all its counters were also raised by other keys. After `n` distinct
-  keys were counted, the probability that a key never seen reads as seen at least once is
-  `(1 - exp(-num_hashes * n / num_counters)) ** num_hashes` (`BloomAdmission.false_positive_rate`), an upper bound
-  for being admitted before its `min_count`-th occurrence.
+  the number of keys: 4 bytes per counter), `num_hashes` counters per key, the count of a key being the minimum of
+  its counters. It never under-counts; a key may be admitted early when all its counters were also raised by other
+  keys. After `n` distinct keys were counted (since counts last decayed), the probability that a key never seen
+  reads as seen at least once is `(1 - exp(-num_hashes * n / num_counters)) ** num_hashes`
+  (`BloomAdmission.false_positive_rate`), an upper bound for being admitted before its `min_count`-th occurrence.
 
 Under Horovod: with model-parallel embeddings the owner of a key counts it (the counts see every rank's lookups);
 with data-parallel ones each rank counts its own lookups, and a key admitted on one rank is inserted on every rank by
@@ -214,7 +227,10 @@ class BloomAdmission(Admission):
     Args:
       min_count: int >= 1: a key is admitted once all of its counters reach min_count.
       num_counters: int32 counters in the filter (memory: 4 bytes each). Size it to >= 10x the distinct keys you
-        expect between two evictions for a false-positive rate below 1% with 3 hashes.
+        expect between two evictions (each eviction halves the counters) for a false-positive rate below 1% with 3
+        hashes. With oneDNN on (TensorFlow's default on x86), TensorFlow's CPU allocator keeps the buffer the
+        filter's zeros were built in as a pool for later tensors, so the process's resident memory right after
+        initialization grows by up to twice the filter (`TF_ENABLE_ONEDNN_OPTS=0`: once).
       num_hashes: counters per key (1..8).
       default_value: what a key without a row reads (a float; default 0).
     """

@@ -16,7 +16,8 @@ update) and how often it was looked up in training (its frequency). An `Eviction
 
 The criteria apply in this order. Removed keys lose their embedding and every optimizer slot; if they come back
 they start again from the initializer (with `CountAdmission`, from a count of zero; `BloomAdmission`'s counters
-keep their counts, so such a key is admitted again at once).
+may still hold part of their count). Every eviction of an embedding with an admission policy also halves its
+admission counts (see admission.py).
 
 When it runs:
 

@@ -417,7 +417,9 @@ class DeltaCheckpointSaverListener(tf.compat.v1.train.CheckpointSaverListener):
                 self._kept_for_deltas.update(rescued)
         # The record names the files this listener manages besides the listed checkpoints, so that a run killed
         # between the save and after_save's clean-up has them deleted by the next run.
-        owned = sorted(self._kept_for_deltas | set(doomed))
+        # (Not the Saver's own doomed checkpoints: it deletes them while saving, or keeps some on purpose with
+        # keep_checkpoint_every_n_hours.)
+        owned = sorted(self._kept_for_deltas)
         record = _format_record("full" if full else "delta", save_id, step, since, links, owned)
         full_record = record if full else _format_record("full", save_id, step, -1, [], owned)
         session.run(

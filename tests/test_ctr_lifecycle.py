@@ -5,8 +5,13 @@ Apart from tests/test_ctr_example.py so that the two files run on different test
 
 import glob
 import os
+import subprocess
+import sys
+import textwrap
 
 from tests.test_ctr_example import _run_ctr
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
 
 def test_days_with_admission_and_eviction_keep_memory_bounded(tmp_path):
@@ -42,8 +47,33 @@ def test_days_with_admission_and_eviction_keep_memory_bounded(tmp_path):
     assert days[-1]["evicted_keys"] > days[0]["evicted_keys"] > 0
     assert days[-1]["table_mib"] <= days[1]["table_mib"] * 1.1, days  # memory bounded across days
     assert os.path.isfile(s["plot"]) and s["plot"].endswith(".png")
-    assert len(glob.glob(os.path.join(model_dir, "export", "*", "saved_model.pb"))) == 3
+    exports = sorted(glob.glob(os.path.join(model_dir, "export", "*", "saved_model.pb")))
+    assert len(exports) == 3
     assert "per day" in log
+    # The exports and the checkpoint's MetaGraph of a model with admission load in a fresh process.
+    code = textwrap.dedent(
+        """
+        import sys
+        import tensorflow as tf
+        import tensorflow_ext
+        tf.compat.v1.disable_v2_behavior()
+        with tf.Graph().as_default(), tf.compat.v1.Session() as sess:
+            tf.compat.v1.saved_model.load(sess, ["serve"], sys.argv[1])
+        with tf.Graph().as_default(), tf.compat.v1.Session() as sess:
+            ckpt = tf.train.latest_checkpoint(sys.argv[2])
+            tf.compat.v1.train.import_meta_graph(ckpt + ".meta").restore(sess, ckpt)
+        print("loaded")
+        """
+    )
+    env = dict(os.environ, PYTHONPATH=ROOT, TF_CPP_MIN_LOG_LEVEL="2")
+    r = subprocess.run(
+        [sys.executable, "-c", code, os.path.dirname(exports[-1]), model_dir],
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=600,
+    )
+    assert r.returncode == 0 and "loaded" in r.stdout, r.stderr[-4000:]
 
 
 def test_static_hashed_baseline(tmp_path):

@@ -886,7 +886,7 @@ def run(args):
         hvd.barrier()  # the others read model_dir once rank 0 has prepared it
     start_step = _checkpoint_step(args.model_dir)
     # The stream's batch where this run starts: the batches consumed so far, at whatever rank counts they were.
-    start_batches = _resume_batches(args.model_dir, start_step, num_ranks)
+    start_batches = 0 if args.data else _resume_batches(args.model_dir, start_step, num_ranks)
 
     stream = None
     if args.data:

@@ -155,9 +155,9 @@ def test_restart_at_another_rank_count_continues_the_stream_exactly(tmp_path):
 
     code, text = horovodrun(2, CTR_WORKER, *dist, *flags, "--fresh", "--steps", "6")
     assert code == 0, text[-6000:]
-    first = _summary(text, "[0]<stdout>:")
-    assert (first["global_step"], first["first_batch"], first["next_batch"]) == (6, 0, 12), first
     assert _stream_starts(text) == {0: (0, 12), 1: (0, 12)}  # rank r trains batches r, r + 2, ... of [0, 12)
+    first = _summary(text, "[0]<stdout>:")
+    assert first["global_step"] == 6, first
 
     r = subprocess.run(
         [sys.executable, CTR_WORKER, *flags, "--steps", "5"],
@@ -167,18 +167,19 @@ def test_restart_at_another_rank_count_continues_the_stream_exactly(tmp_path):
         timeout=TIMEOUT_S,
     )
     assert r.returncode == 0, r.stderr[-6000:]
+    assert _stream_starts(r.stdout) == {0: (12, 5)}  # not batch 6 (the step times 1 rank): 6-11 were trained
     second = _summary(r.stdout)
     assert (second["start_step"], second["global_step"], second["ranks"]) == (6, 11, 1), second
     assert (second["first_batch"], second["next_batch"]) == (12, 17), second
-    assert _stream_starts(r.stdout) == {0: (12, 5)}
 
     code, text = horovodrun(2, CTR_WORKER, *dist, *flags, "--steps", "3")
     assert code == 0, text[-6000:]
+    assert _stream_starts(text) == {0: (17, 6), 1: (17, 6)}  # not batch 22 (the step times 2 ranks): 17-21 skipped
     third = _summary(text, "[0]<stdout>:")
     assert (third["start_step"], third["global_step"], third["ranks"]) == (11, 14, 2), third
     assert (third["first_batch"], third["next_batch"]) == (17, 23), third
-    assert _stream_starts(text) == {0: (17, 6), 1: (17, 6)}
     # The record of the kept checkpoints (the Saver keeps 2): the step of each, with the batches consumed by then.
     with open(os.path.join(model_dir, "ctr_progress.json")) as f:
         progress = json.load(f)
     assert {s: p["batches"] for s, p in progress.items()} == {"11": 17, "14": 23}, progress
+    assert (first["first_batch"], first["next_batch"]) == (0, 12), first

@@ -35,7 +35,6 @@ its clean-up has them deleted by the next run's first save. A record that cannot
 error) deletes nothing: every link is then assumed needed until it can be read.
 """
 
-import glob
 import os
 import uuid
 import weakref
@@ -232,6 +231,18 @@ def _parse_links(record, directory):
     return out
 
 
+def _index_exists(path):
+    """Whether checkpoint `path` exists (its index file), through TF's filesystems (local, gs://, hdfs://, ram://...).
+
+    None when that cannot be told (an error other than "not found"): a transient error is never taken for a deleted
+    checkpoint. (Python's glob sees local files only, and reads an unreadable directory as empty.)
+    """
+    try:
+        return tf.io.gfile.exists(path + ".index")
+    except (tf.errors.OpError, OSError):
+        return None
+
+
 class DeltaCheckpointSaverListener(tf.compat.v1.train.CheckpointSaverListener):
     """Makes the checkpoints of dynamic embeddings full every `full_every` saves and deltas in between.
 
@@ -340,7 +351,7 @@ class DeltaCheckpointSaverListener(tf.compat.v1.train.CheckpointSaverListener):
                     links = [p for _, p in _parse_links(record, directory)]
                     owned = _parse_owned(record, directory)
             except (tf.errors.OpError, ValueError, OSError) as e:
-                if not glob.glob(glob.escape(path) + ".index"):
+                if _index_exists(path) is False:
                     links, owned = [], []  # gone (deleted by hand): it needs nothing
                 else:
                     tf.compat.v1.logging.warning(
@@ -474,7 +485,7 @@ class DeltaCheckpointSaverListener(tf.compat.v1.train.CheckpointSaverListener):
         for p in listed:
             needed.update(self._needs.get(p) or ())
         for p in sorted(known - needed - set(listed)):
-            if glob.glob(glob.escape(p) + ".index"):
+            if _index_exists(p):
                 tf.compat.v1.train.remove_checkpoint(p)
         self._kept_for_deltas = {p for p in needed if p not in listed}
         self._needs = {p: links_of for p, links_of in self._needs.items() if p in listed or p in needed}

@@ -34,8 +34,9 @@ embedding with a policy counts the keys it evicted in a saved int64 variable (`e
 
 Evicting reads the whole shard (its keys and versions, and for `min_l2_norm` its rows); `capacity`, once the
 embedding holds more than C keys, reads the keys and versions of every shard (inside the training step, each shard
-does so after its own update, removing only its own keys): choose N so that this cost is small against N training
-steps.
+does so after its own update, removing only its own keys; keys the other criteria remove do not count, whether or not
+their shard has evicted yet, and with `min_l2_norm` every shard's rows are read): choose N so that this cost is small
+against N training steps.
 
 Every count is an int64 on its way to the kernels; a value out of its range (see `EvictionPolicy`) is a ValueError
 naming the argument and the range.
@@ -183,17 +184,7 @@ class EvictionPolicy(object):
         removed = []
         with tf_ops.colocate_with(shard.handle):
             if self.steps_to_live is not None or self.min_frequency is not None:
-                if self.steps_to_live is not None:
-                    if global_step is None:
-                        global_step = tf.compat.v1.train.get_global_step()
-                    if global_step is None:
-                        raise ValueError("an eviction policy with steps_to_live needs a global step")
-                    # A negative step counts as 0, so that the difference cannot overflow int64.
-                    step = tf.maximum(tf.cast(tf.convert_to_tensor(global_step), tf.int64), 0)
-                    min_version = step - tf.constant(self.steps_to_live, tf.int64)
-                else:
-                    min_version = tf.constant(-1, tf.int64)
-                min_freq = tf.constant(-1 if self.min_frequency is None else self.min_frequency, tf.int64)
+                min_version, min_freq = self._min_version_and_frequency(global_step)
                 removed.append(_ops.op("tf_ext_table_evict")(shard.handle, min_version, min_freq))
             if self.min_l2_norm is not None:
                 with tf.control_dependencies(removed):
@@ -204,24 +195,63 @@ class EvictionPolicy(object):
             return tf.constant(0, tf.int64)
         return tf.add_n(removed)
 
-    def capacity_op(self, emb, shards=None):
+    def _min_version_and_frequency(self, global_step):
+        """The thresholds of `tf_ext_table_evict`: keys with version < min_version (when >= 0) or frequency <
+        min_frequency (when >= 0) go."""
+        if self.steps_to_live is not None:
+            if global_step is None:
+                global_step = tf.compat.v1.train.get_global_step()
+            if global_step is None:
+                raise ValueError("an eviction policy with steps_to_live needs a global step")
+            # A negative step counts as 0, so that the difference cannot overflow int64.
+            step = tf.maximum(tf.cast(tf.convert_to_tensor(global_step), tf.int64), 0)
+            min_version = step - tf.constant(self.steps_to_live, tf.int64)
+        else:
+            min_version = tf.constant(-1, tf.int64)
+        min_freq = tf.constant(-1 if self.min_frequency is None else self.min_frequency, tf.int64)
+        return min_version, min_freq
+
+    def _survives(self, global_step):
+        """A function (values, versions, freqs) -> bool [n]: the rows the per-key criteria keep (exactly what
+        `shard_op` keeps), or None without per-key criteria."""
+        if self.steps_to_live is None and self.min_frequency is None and self.min_l2_norm is None:
+            return None
+        min_version, min_freq = self._min_version_and_frequency(global_step)
+
+        def survives(values, versions, freqs):
+            gone = tf.logical_or(
+                tf.logical_and(min_version >= 0, versions < min_version),
+                tf.logical_and(min_freq >= 0, freqs < min_freq),
+            )
+            if self.min_l2_norm is not None:
+                gone = tf.logical_or(gone, tf.norm(values, axis=1) < tf.constant(self.min_l2_norm, tf.float32))
+            return tf.logical_not(gone)
+
+        return survives
+
+    def capacity_op(self, emb, shards=None, global_step=None):
         """The `capacity` criterion: beyond `capacity` keys over all shards of `emb`, removes the least recently
         trained keys (lowest version; equal versions: lowest key first) from `shards`, so that the keys kept are the
         `capacity` most recent of the whole embedding, whichever shards they are in.
 
         Reads every shard's keys and versions (one int64 pair per key) when the embedding holds more than
-        `capacity` keys; only their sizes otherwise.
+        `capacity` keys; only their sizes otherwise. Keys that the per-key criteria remove do not count, whether or
+        not they were removed yet: the in-step eviction of a shard runs while other shards' may not have (their
+        embeddings are then read too, for `min_l2_norm`).
 
         Args:
           emb: a `DynamicEmbedding`.
           shards: the shards to remove from (default: all; the in-step eviction of one shard passes that shard).
+          global_step: the step of `steps_to_live` (default: the graph's global step).
 
         Returns:
           int64 scalar tensor: the keys removed (0 without capacity).
         """
         if self.capacity is None:
             return tf.constant(0, tf.int64)
-        return _remove_beyond_capacity(emb, self.capacity, emb.shards if shards is None else shards)
+        return _remove_beyond_capacity(
+            emb, self.capacity, emb.shards if shards is None else shards, self._survives(global_step)
+        )
 
     def op(self, emb, global_step=None):
         """The eviction of every shard of `emb`, counted in its evicted-keys variable when it has one.
@@ -234,7 +264,7 @@ class EvictionPolicy(object):
         removed = [self.shard_op(shard, global_step) for shard in emb.shards]
         if self.capacity is not None:
             with tf.control_dependencies(removed):
-                removed.append(self.capacity_op(emb))
+                removed.append(self.capacity_op(emb, global_step=global_step))
         total = _with_admission_decay(emb, tf.add_n(removed) if len(removed) > 1 else removed[0])
         state = emb.eviction_state
         if state is not None:
@@ -256,18 +286,24 @@ def _with_admission_decay(emb, removed):
 _INT64_MIN = -(1 << 63)
 
 
-def _export_keys_and_versions(shard):
+def _export_keys_and_versions(shard, survives=None):
+    """The shard's keys and versions; with `survives`, only those of the rows it keeps."""
     with tf_ops.colocate_with(shard.handle):
-        keys, _, versions, _ = _ops.op("tf_ext_table_export")(shard.handle, col_begin=0, cols=1)
+        cols = 1 if survives is None else shard.dim
+        keys, values, versions, freqs = _ops.op("tf_ext_table_export")(shard.handle, col_begin=0, cols=cols)
+        if survives is not None:
+            kept = survives(values, versions, freqs)
+            keys, versions = tf.boolean_mask(keys, kept), tf.boolean_mask(versions, kept)
     return keys, versions
 
 
-def _remove_beyond_capacity(emb, capacity, targets):
+def _remove_beyond_capacity(emb, capacity, targets, survives=None):
     """Keeps the `capacity` greatest (version, key) pairs of all shards of `emb`; removes the others from `targets`.
 
     Keys are unique over shards, so (version, key) orders all keys strictly: the threshold is the pair of the
     capacity-th greatest, computed from every shard's versions, and each target removes its keys below it. Sizes and
-    the threshold are int64 (capacity may exceed int32).
+    the threshold are int64 (capacity may exceed int32). With `survives` (the per-key criteria), only the keys they
+    keep count, so a shard whose per-key eviction has not run yet does not push the threshold up.
     """
     cap = tf.constant(capacity, tf.int64)
     sizes = []
@@ -277,7 +313,7 @@ def _remove_beyond_capacity(emb, capacity, targets):
     total = tf.add_n(sizes) if len(sizes) > 1 else sizes[0]
 
     def remove():
-        exported = [_export_keys_and_versions(shard) for shard in emb.shards]
+        exported = [_export_keys_and_versions(shard, survives) for shard in emb.shards]
         keys = tf.concat([k for k, _ in exported], 0)
         versions = tf.concat([v for _, v in exported], 0)
         n = tf.size(versions, out_type=tf.int64)
@@ -356,7 +392,7 @@ def in_step_eviction(shard, update_op):
             local = policy.shard_op(shard, step)
             if policy.capacity is not None:
                 with tf.control_dependencies([local]):
-                    local = local + policy.capacity_op(emb, [shard])
+                    local = local + policy.capacity_op(emb, [shard], global_step=step)
             # Admission counts decay once per eviction of the embedding: with its first shard's.
             return _with_admission_decay(emb, local) if shard is emb.shards[0] else local
 

@@ -351,3 +351,21 @@ def test_hook_every_n_steps_takes_numpy_ints_and_names_its_range():
     for bad in (0, 2**63, 1.5, None):
         with pytest.raises(ValueError, match=r"every_n_steps must be an int in \[1, 9223372036854775807\]"):
             tf_ext.embedding.EvictionHook(bad, min_frequency=2)
+
+
+def test_capacity_does_not_count_keys_the_per_key_criteria_remove(graph, sess):
+    """In-step, a shard applies capacity while another shard's per-key eviction may not have run yet: the keys that
+    eviction removes must not count, or the first shard evicts keys that are among the capacity most recent."""
+    policy = tf_ext.embedding.EvictionPolicy(min_frequency=2, capacity=3)
+    gs, ids, emb, train = _policy_model(policy, num_shards=2)
+    keys = _keys_of_shards(emb, [3, 1])
+    shard0, shard1 = emb.shards
+    sess.run(tf.compat.v1.global_variables_initializer())
+    sess.run(train, {ids: keys[0]})
+    sess.run(train, {ids: keys[0]})  # shard 0: 3 keys looked up twice
+    sess.run(train, {ids: keys[1]})  # shard 1: the newest key, looked up once: min_frequency removes it
+    # The order of an in-step eviction where shard 0 runs first: its criteria, its capacity, then shard 1's criteria.
+    assert sess.run(policy.shard_op(shard0)) == 0
+    assert sess.run(policy.capacity_op(emb, [shard0])) == 0
+    assert sess.run(policy.shard_op(shard1)) == 1
+    assert sorted(sess.run(emb.export()).keys.tolist()) == sorted(keys[0])

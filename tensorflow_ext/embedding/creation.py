@@ -147,10 +147,12 @@ def _check_devices(name, devices):
     return devices
 
 
-def _shards_from_partitioner(name, partitioner, initial_capacity, dim, value_dtype):
+def _shards_from_partitioner(name, partitioner, initial_capacity, dim, value_dtype, from_scope=False):
     """num_shards from a TF partitioner: its partition count along axis 0 for an [initial_capacity, dim] variable
     (the table's expected size), or, without initial_capacity, for any size when its count does not depend on the
-    size (as `fixed_size_partitioner`'s does not)."""
+    size (as `fixed_size_partitioner`'s does not). `from_scope`: the variable scope's partitioner (errors say so:
+    the caller passed none)."""
+    what = "the variable scope's partitioner (%r)" % (partitioner,) if from_scope else "partitioner"
 
     def ask(rows):
         parts = partitioner(shape=tf.TensorShape([rows, dim]), dtype=value_dtype)
@@ -158,8 +160,8 @@ def _shards_from_partitioner(name, partitioner, initial_capacity, dim, value_dty
             return int(parts[0])
         except (TypeError, ValueError, IndexError):
             raise TypeError(
-                "partitioner of dynamic embedding %r must return a list of partition counts per axis, got %r"
-                % (name, parts)
+                "%s of dynamic embedding %r must return a list of partition counts per axis, got %r"
+                % (what, name, parts)
             ) from None
 
     if initial_capacity > 0:
@@ -168,17 +170,17 @@ def _shards_from_partitioner(name, partitioner, initial_capacity, dim, value_dty
         small, large = ask(var_lib.MAX_SHARDS), ask(var_lib.MAX_CAPACITY)
         if small != large:
             raise ValueError(
-                "partitioner of dynamic embedding %r gives a shard count that depends on the table's size (%d shards "
+                "%s of dynamic embedding %r gives a shard count that depends on the table's size (%d shards "
                 "for %d keys, %d for %d), and a dynamic embedding has no fixed size: pass initial_capacity (the "
                 "expected number of keys; the partitioner is then asked about an [initial_capacity, dim] table) or "
-                "num_shards" % (name, small, var_lib.MAX_SHARDS, large, var_lib.MAX_CAPACITY)
+                "num_shards" % (what, name, small, var_lib.MAX_SHARDS, large, var_lib.MAX_CAPACITY)
             )
         num_shards = small
     if not 1 <= num_shards <= var_lib.MAX_SHARDS:
         raise ValueError(
-            "partitioner of dynamic embedding %r gives %d shards (for a [%d, %d] table); a dynamic embedding needs 1 "
+            "%s of dynamic embedding %r gives %d shards (for a [%d, %d] table); a dynamic embedding needs 1 "
             "to %d: pass num_shards instead"
-            % (name, num_shards, initial_capacity or var_lib.MAX_SHARDS, dim, var_lib.MAX_SHARDS)
+            % (what, name, num_shards, initial_capacity or var_lib.MAX_SHARDS, dim, var_lib.MAX_SHARDS)
         )
     return num_shards
 
@@ -365,11 +367,12 @@ def get_dynamic_embedding(
 
     if devices is not None:
         devices = _check_devices(name, devices)
-    if num_shards is None and partitioner is None and devices is None and scope.partitioner is not None:
+    from_scope = num_shards is None and partitioner is None and devices is None and scope.partitioner is not None
+    if from_scope:
         partitioner = scope.partitioner
     if num_shards is None:
         if partitioner is not None:
-            num_shards = _shards_from_partitioner(name, partitioner, initial_capacity, dim, value_dtype)
+            num_shards = _shards_from_partitioner(name, partitioner, initial_capacity, dim, value_dtype, from_scope)
         elif devices:
             num_shards = len(devices)
         else:

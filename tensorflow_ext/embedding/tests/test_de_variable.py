@@ -217,6 +217,10 @@ def test_size_based_partitioner_is_asked_about_initial_capacity(graph):
         tf_ext.get_dynamic_embedding("n", 64, partitioner=by_size)
     with tf.compat.v1.variable_scope("scoped", partitioner=tf.compat.v1.fixed_size_partitioner(3)):
         assert tf_ext.get_dynamic_embedding("f", 4).num_shards == 3  # a fixed count needs no size
+    with tf.compat.v1.variable_scope("dense", partitioner=small):  # a scope's partitioner meant for dense variables
+        with pytest.raises(ValueError, match=r"the variable scope's partitioner \(.*\) of dynamic embedding 'd' gives"):
+            tf_ext.get_dynamic_embedding("d", 64)
+        assert tf_ext.get_dynamic_embedding("d", 64, initial_capacity=1 << 14).num_shards == 4
     with pytest.raises(ValueError, match=r"partitioner of dynamic embedding 'z' gives 0 shards .* pass num_shards"):
         tf_ext.get_dynamic_embedding("z", 4, partitioner=lambda shape, dtype: [0, 1])
 

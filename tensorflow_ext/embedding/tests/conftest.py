@@ -1,7 +1,9 @@
 """Test set-up for dynamic embeddings: TF1 graph mode, one graph per test, small sessions."""
 
 import os
+import subprocess
 import sys
+import textwrap
 
 import pytest
 
@@ -12,6 +14,24 @@ if _ROOT not in sys.path:
 import tensorflow as tf  # noqa: E402
 
 tf.compat.v1.disable_v2_behavior()
+
+
+def run_fresh(code, cwd, timeout=300):
+    """Runs `code` (dedented) in a fresh interpreter that imports only what it imports; returns its stdout.
+
+    For the scenarios that happen in a new process (export then load, restore, warm start). The timeout guards
+    against hangs only."""
+    env = dict(os.environ, PYTHONPATH=_ROOT, TF_CPP_MIN_LOG_LEVEL="2")
+    proc = subprocess.run(
+        [sys.executable, "-c", textwrap.dedent(code)],
+        cwd=str(cwd),
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=timeout,
+    )
+    assert proc.returncode == 0, "fresh process failed:\n%s\n%s" % (proc.stdout[-3000:], proc.stderr[-6000:])
+    return proc.stdout
 
 
 def session_config():

@@ -2,9 +2,6 @@
 
 import glob
 import os
-import subprocess
-import sys
-import textwrap
 import uuid
 
 import numpy as np
@@ -13,6 +10,7 @@ import tensorflow as tf
 
 import tensorflow_ext as tf_ext
 from tensorflow_ext.embedding import delta as delta_lib
+from tensorflow_ext.embedding.tests.conftest import run_fresh as _run_fresh
 from tensorflow_ext.embedding.tests.conftest import session_config
 
 DIM = 4
@@ -300,23 +298,6 @@ def test_restore_graph_is_one_chain_op_per_shard():
 
 
 # ---- the whole chain wherever a checkpoint is read; saves that cannot lose keys or delete links ------------------
-
-_ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)))))
-
-
-def _run_fresh(code, cwd):
-    """Runs `code` in a fresh interpreter (nothing imported but what it imports); returns its stdout."""
-    env = dict(os.environ, PYTHONPATH=_ROOT, TF_CPP_MIN_LOG_LEVEL="2")
-    proc = subprocess.run(
-        [sys.executable, "-c", textwrap.dedent(code)],
-        cwd=str(cwd),
-        env=env,
-        capture_output=True,
-        text=True,
-        timeout=300,
-    )
-    assert proc.returncode == 0, "fresh process failed:\n%s\n%s" % (proc.stdout[-3000:], proc.stderr[-6000:])
-    return proc.stdout
 
 
 def _full_then_delta(tmp_path, num_shards=2):

@@ -7,17 +7,14 @@ process that only imports tensorflow_ext loads each SavedModel and looks up ever
 
 import contextlib
 import os
-import subprocess
-import sys
-import textwrap
 
 import numpy as np
 import pytest
 import tensorflow as tf
 
 import tensorflow_ext as tf_ext
+from tensorflow_ext.embedding.tests.conftest import run_fresh
 
-_ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)))))
 DIM = 4
 NUM_SHARDS = 2
 
@@ -126,16 +123,7 @@ def served(trained, tmp_path_factory):
         exports,
         out,
     )
-    env = dict(os.environ, PYTHONPATH=_ROOT, TF_CPP_MIN_LOG_LEVEL="2")
-    proc = subprocess.run(
-        [sys.executable, "-c", textwrap.dedent(code)],
-        cwd=str(base),
-        env=env,
-        capture_output=True,
-        text=True,
-        timeout=300,
-    )
-    assert proc.returncode == 0, proc.stderr[-6000:]
+    run_fresh(code, base)
     return keys, dict(np.load(out)), exports
 
 

@@ -366,10 +366,11 @@ def test_restore_into_another_shard_count_names_both_counts(graph, tmp_path):
                 with pytest.raises(tf.errors.InvalidArgumentError) as info:
                     saver.restore(sess, delta)
         message = str(info.value)
-        assert "num_shards=%d" % num_shards in message, message
-        assert "2" in message and "warm_start" in message, message
-    # More shards than saved: the counts and what to do, not a missing tensor.
-    assert "saved with num_shards=2" in message and "has num_shards=3 here" in message, message
+        assert "warm_start" in message, message
+        if num_shards == 1:
+            assert "has num_shards=1 here" in message and "Checkpoint num_shards: 2" in message, message
+        else:  # more shards than saved: the counts and what to do, not a missing tensor
+            assert "saved with num_shards=2" in message and "has num_shards=3 here" in message, message
 
 
 def test_deltas_at_a_global_step_that_does_not_advance_keep_every_key(graph, tmp_path):
@@ -516,6 +517,7 @@ def test_listener_order_with_eviction_is_irrelevant(tmp_path, eviction_first):
                 sess.run(train, {ids: np.arange(10 * step, 10 * step + 10)})
     assert evict.last_removed > 2
     paths = tf.train.get_checkpoint_state(ckpt_dir).all_model_checkpoint_paths
-    assert paths
+    assert len(paths) >= 3
     for path in paths:
+        assert _kind(path) == "full", path  # each save's eviction overflowed the removal log: full saves
         _assert_same(_restore_state(path), states[int(path.rsplit("-", 1)[1])])

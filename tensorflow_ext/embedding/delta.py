@@ -484,10 +484,14 @@ class DeltaCheckpointSaverListener(tf.compat.v1.train.CheckpointSaverListener):
         needed = set()
         for p in listed:
             needed.update(self._needs.get(p) or ())
+        unknown = set()  # existence unknown (a transient error): kept for a later save's clean-up
         for p in sorted(known - needed - set(listed)):
-            if _index_exists(p):
+            exists = _index_exists(p)
+            if exists:
                 tf.compat.v1.train.remove_checkpoint(p)
-        self._kept_for_deltas = {p for p in needed if p not in listed}
+            elif exists is None:
+                unknown.add(p)
+        self._kept_for_deltas = {p for p in needed if p not in listed} | unknown
         self._needs = {p: links_of for p, links_of in self._needs.items() if p in listed or p in needed}
 
     def save(self, sess, saver, save_path, global_step, write_meta_graph=True):

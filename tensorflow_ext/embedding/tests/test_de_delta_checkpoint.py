@@ -521,3 +521,28 @@ def test_listener_order_with_eviction_is_irrelevant(tmp_path, eviction_first):
     for path in paths:
         assert _kind(path) == "full", path  # each save's eviction overflowed the removal log: full saves
         _assert_same(_restore_state(path), states[int(path.rsplit("-", 1)[1])])
+
+
+def test_a_link_not_deleted_for_a_transient_error_goes_at_a_later_save(graph, tmp_path, monkeypatch):
+    """The clean-up cannot tell whether a link it no longer needs exists (a transient error): it goes later."""
+    prefix = str(tmp_path / "model.ckpt")
+    gs, emb, ids, train, *_ = _build()
+    listener = tf_ext.embedding.delta_checkpoints(full_every=3)
+    saver = tf.compat.v1.train.Saver(max_to_keep=2)
+    original = tf.io.gfile.exists
+    failing = []
+
+    def flaky_exists(path):
+        if failing:
+            raise tf.errors.UnavailableError(None, None, "injected: filesystem unavailable")
+        return original(path)
+
+    monkeypatch.setattr(tf.io.gfile, "exists", flaky_exists)
+    with tf.compat.v1.Session(config=session_config()) as sess:
+        sess.run(tf.compat.v1.global_variables_initializer())
+        for i in range(6):  # full, delta, delta, full, delta (after which links 1-2 are not needed), delta
+            failing[:] = [True] if i == 4 else []
+            sess.run(train, {ids: np.arange(10 * i, 10 * i + 15)})
+            listener.save(sess, saver, prefix, gs)
+        listed = saver.last_checkpoints
+    assert _on_disk(tmp_path) == _listed_and_links(listed)

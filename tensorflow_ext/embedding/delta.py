@@ -342,10 +342,12 @@ class DeltaCheckpointSaverListener(tf.compat.v1.train.CheckpointSaverListener):
                 continue  # read already
             try:
                 reader = tf.compat.v1.train.NewCheckpointReader(path)
-                key = self._shards[0].name + DELTA_SUFFIX
+                # Every shard holds the same record; the first saved one (an embedding kept out of checkpoints,
+                # e.g. TFRA's checkpoint=False, has none).
+                keys = [s.name + DELTA_SUFFIX for s in self._shards if reader.has_tensor(s.name + DELTA_SUFFIX)]
                 links, owned = [], []
-                if reader.has_tensor(key):
-                    record = reader.get_tensor(key)
+                if keys:
+                    record = reader.get_tensor(keys[0])
                     record = record.decode() if isinstance(record, bytes) else str(record)
                     directory = os.path.dirname(path)
                     links = [p for _, p in _parse_links(record, directory)]

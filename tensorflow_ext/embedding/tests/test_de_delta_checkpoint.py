@@ -546,3 +546,37 @@ def test_a_link_not_deleted_for_a_transient_error_goes_at_a_later_save(graph, tm
             listener.save(sess, saver, prefix, gs)
         listed = saver.last_checkpoints
     assert _on_disk(tmp_path) == _listed_and_links(listed)
+
+
+def test_a_later_run_reads_the_record_of_a_saved_embedding_when_the_first_is_not_saved(graph, tmp_path):
+    """The first embedding of the graph is kept out of checkpoints (TFRA's checkpoint=False): a later run finds the
+    records in the saved embedding's tensors, so the links a kept delta needs are kept."""
+    from tensorflow_ext import tfra  # pylint: disable=import-outside-toplevel
+
+    prefix = str(tmp_path / "model.ckpt")
+
+    def build():
+        tfra.get_variable("scratch", dim=DIM, checkpoint=False)  # first in the graph, never saved
+        return _build()
+
+    gs, emb, ids, train, *_ = build()
+    listener = tf_ext.embedding.delta_checkpoints(full_every=4)
+    saver = tf.compat.v1.train.Saver(max_to_keep=2)
+    with tf.compat.v1.Session(config=session_config()) as sess:
+        sess.run(tf.compat.v1.global_variables_initializer())
+        paths = []
+        for i in range(3):  # full, delta, delta
+            sess.run(train, {ids: np.arange(20 * i, 20 * i + 30)})
+            paths.append(listener.save(sess, saver, prefix, gs))
+        state = _state(sess, emb)
+    assert [_kind(p) for p in paths] == ["full", "delta", "delta"]
+    with tf.Graph().as_default():
+        gs, emb, ids, train, *_ = build()
+        listener = tf_ext.embedding.delta_checkpoints(full_every=4)
+        saver = tf.compat.v1.train.Saver(max_to_keep=2)
+        saver.recover_last_checkpoints(paths[1:])
+        with tf.compat.v1.Session(config=session_config()) as sess:
+            saver.restore(sess, paths[2])
+            sess.run(train, {ids: [500, 501]})
+            listener.save(sess, saver, prefix, gs)  # the Saver's max_to_keep drops paths[1], which paths[2] needs
+    _assert_same(_restore_state(paths[2]), state)

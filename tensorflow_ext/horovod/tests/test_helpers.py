@@ -37,7 +37,7 @@ def test_describe_mismatch_names_each_difference():
     assert out[2] == "''"
 
 
-def test_the_model_check_covers_every_setting_that_changes_the_collectives():
+def test_the_model_check_covers_every_setting_that_changes_the_collectives(tmp_path):
     """Admission and eviction policies, variables that are broadcast but not trained, the checkpoint schedule of the
     training hooks and the gradient reduction (compression) are all in what the ranks compare."""
     out = run(
@@ -58,7 +58,7 @@ def test_the_model_check_covers_every_setting_that_changes_the_collectives():
                 loss = tf.reduce_sum(tf_ext.embedding_lookup(emb, tf.constant([1, 2], tf.int64)))
                 opt = tfe_hvd.DistributedOptimizer(tf.compat.v1.train.AdagradOptimizer(0.1), compression=compression)
                 opt.minimize(loss, global_step=gs)
-                tfe_hvd.training_hooks(model_dir="m", save_checkpoints_steps=save_steps)[0].begin()
+                tfe_hvd.training_hooks(model_dir=MODEL_DIR, save_checkpoints_steps=save_steps)[0].begin()
                 return "\\n".join(consistency.config_lines(g))
 
         a = lines(None, None, None, 20)
@@ -70,7 +70,9 @@ def test_the_model_check_covers_every_setting_that_changes_the_collectives():
         )
         for problem in consistency.describe_mismatch([a, b]).split("; "):
             print(problem)
-    """
+    """.replace(
+            "MODEL_DIR", repr(str(tmp_path / "m"))
+        )
     ).splitlines()
     assert (
         "dynamic embedding 'user': admission differs across ranks: rank 0: none, rank 1: CountAdmission(min_count=2)"

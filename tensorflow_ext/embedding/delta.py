@@ -457,7 +457,9 @@ class DeltaCheckpointSaverListener(tf.compat.v1.train.CheckpointSaverListener):
         listed = list(saver.last_checkpoints)
         if not listed:
             raise RuntimeError(
-                "delta checkpoints: the Saver lists no checkpoint after the save (saved with write_state=False?)"
+                "delta checkpoints: the Saver lists no checkpoint after the save, so the listener cannot tell which "
+                "file the save wrote (saved with write_state=False?): save with write_state=True (the default), as "
+                "the hooks and listener.save do"
             )
         path = listed[-1]
         if any(os.path.basename(p) == os.path.basename(path) for _, p in links):

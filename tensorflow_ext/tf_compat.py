@@ -725,6 +725,36 @@ def _make_wrap_restore_error(original):
     return _wrap_restore_error_with_msg
 
 
+@register(
+    "saver_default_var_list",
+    "tensorflow.python.ops.variables",
+    "",
+    "_all_saveable_objects",
+    why="The state of an embedding's admission or eviction policy (the admitted- and evicted-keys counters, "
+    "BloomAdmission's counters) is in variables, which the Saver restores with one RestoreV2 that fails on a tensor "
+    "missing from the checkpoint; so a model given a policy could not restart from a checkpoint saved without one. "
+    "These variables are saved by tensorflow_ext's own saveables (same tensor names), whose restore starts the state "
+    "empty where the checkpoint lacks it; the replacement leaves them out of the Saver's default list (the global "
+    "variables and SAVEABLE_OBJECTS, what Saver(), MonitoredTrainingSession, Estimator and the SavedModel builder "
+    "save) so that they are not saved twice. Other variables and lists are TF's unchanged. TF has no hook for a "
+    "variable's saveable in a TF1 Saver.",
+    test="tensorflow_ext/embedding/tests/test_de_policy_checkpoint.py::"
+    "test_policy_added_to_a_model_restores_its_checkpoint_with_empty_state",
+)
+def _make_all_saveable_objects(original):
+
+    def _all_saveable_objects(scope=None):
+        found = original(scope)
+        from tensorflow_ext.embedding import policy_state  # pylint: disable=import-outside-toplevel
+
+        claimed = policy_state.claimed_variables(tf.compat.v1.get_default_graph())
+        if not claimed:
+            return found
+        return [x for x in found if id(x) not in claimed]
+
+    return _all_saveable_objects
+
+
 # ---- tf.compat.v1.train optimizers train dynamic embeddings; Keras optimizers refuse them --------------------
 
 

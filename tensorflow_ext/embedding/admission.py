@@ -18,7 +18,8 @@ noise that costs a full row (embedding and optimizer slots) until eviction. An a
   keys' owners and pool the default rows.)
 * Inference lookups (eval, predict, serving) count nothing; keys without a row are treated as above there too, so
   a model is evaluated as it was trained.
-* Counts are part of the model: `tf.compat.v1.train.Saver()` saves and restores them with the embedding.
+* Counts are part of the model: `tf.compat.v1.train.Saver()` saves and restores them with the embedding. A
+  checkpoint saved before the embedding had a policy restores with the counts empty (see policy_state.py).
 * Counts decay: every eviction of the embedding (its `EvictionPolicy`, `evict()`, `EvictionSaverListener`,
   `EvictionHook`) halves them, rounded down (`Admission.decay`). A key must therefore reach `min_count` within a
   few eviction periods, and the policy's memory holds the counts of recent keys only: `CountAdmission` forgets a
@@ -53,6 +54,7 @@ from tensorflow.python.framework import ops as tf_ops
 from tensorflow.python.framework import tensor_util
 
 from tensorflow_ext.embedding import _ops
+from tensorflow_ext.embedding import policy_state
 from tensorflow_ext.embedding.keys import HashPartition
 
 __all__ = ["BloomAdmission", "CountAdmission", "admitted_lookup"]
@@ -120,6 +122,17 @@ class Admission(abc.ABC):
                     trainable=False,
                     collections=[tf.compat.v1.GraphKeys.GLOBAL_VARIABLES, ADMITTED_COLLECTION],
                 )
+                # Saved by a saveable of its own (like the policy's other state): a checkpoint written before the
+                # embedding had this policy restores with the state empty (see policy_state.py).
+                policy_state.register(
+                    policy_state.PolicyStateSaveable(
+                        state["admitted"].op.name,
+                        emb,
+                        "admitted-keys counter",
+                        variable=state["admitted"],
+                        zeros=lambda: tf.zeros([], tf.int64),
+                    )
+                )
         return state
 
     @abc.abstractmethod
@@ -186,7 +199,7 @@ class CountAdmission(Admission):
                 "dynamic embedding %s: the graph already has an op named %s (the admission counts' table needs "
                 "that name); rename that op or the embedding" % (emb.name, name)
             )
-        tf.compat.v1.add_to_collection(tf.compat.v1.GraphKeys.SAVEABLE_OBJECTS, HashTable._Saveable(table, name))
+        policy_state.register(policy_state.PolicyStateSaveable(name, emb, "admission counts", table=table))
         return dict(table=table)
 
     def _count(self, state, keys):
@@ -262,6 +275,15 @@ class BloomAdmission(Admission):
 
         counters = tf.compat.v1.get_variable(
             "bloom_counters", [self.num_counters], tf.int32, initializer=zeros, trainable=False
+        )
+        policy_state.register(
+            policy_state.PolicyStateSaveable(
+                counters.op.name,
+                emb,
+                "BloomAdmission counters",
+                variable=counters,
+                zeros=lambda: zeros([self.num_counters], tf.int32),
+            )
         )
         return dict(counters=counters)
 

@@ -49,6 +49,7 @@ import tensorflow as tf
 from tensorflow.python.framework import ops as tf_ops
 
 from tensorflow_ext.embedding import _ops
+from tensorflow_ext.embedding import policy_state
 from tensorflow_ext.embedding import variable as var_lib
 
 __all__ = ["EvictionHook", "EvictionPolicy", "EvictionSaverListener", "evict", "restrict"]
@@ -167,6 +168,17 @@ class EvictionPolicy(object):
                     initializer=tf.compat.v1.zeros_initializer(),
                     trainable=False,
                     collections=[tf.compat.v1.GraphKeys.GLOBAL_VARIABLES, EVICTED_COLLECTION],
+                )
+                # Saved by a saveable of its own: a checkpoint written before the embedding had this policy
+                # restores with the counter at 0 (see policy_state.py).
+                policy_state.register(
+                    policy_state.PolicyStateSaveable(
+                        evicted.op.name,
+                        emb,
+                        "evicted-keys counter",
+                        variable=evicted,
+                        zeros=lambda: tf.zeros([], tf.int64),
+                    )
                 )
         return dict(evicted=evicted)
 

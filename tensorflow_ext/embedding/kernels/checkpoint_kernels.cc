@@ -195,6 +195,77 @@ REGISTER_KERNEL_BUILDER(Name("TfExtCheckpointReadOptionalString").Device(tensorf
                         CheckpointReadOptionalStringOp);
 
 // ---------------------------------------------------------------------------
+// TfExtCheckpointReadOptional(prefix) -> (value, found)
+//
+// One tensor of any dtype from the checkpoint at `prefix`, if it holds it:
+// value = the tensor and found = true; else value = an empty [0] tensor and
+// found = false. The state of a feature-admission or eviction policy
+// (admission.py, eviction.py) is restored with it, so that a model given a
+// policy restores a checkpoint written before it had one (the state then
+// starts empty), where the Saver's RestoreV2 fails on the missing tensor.
+// A tensor of another dtype, or stored outside its data file (a truncated
+// file), is an error naming the checkpoint and the tensor.
+REGISTER_OP("TfExtCheckpointReadOptional")
+    .Input("prefix: string")
+    .Attr("tensor_name: string")
+    .Attr("dtype: type")
+    .Output("value: dtype")
+    .Output("found: bool")
+    .SetIsStateful()
+    .SetShapeFn([](InferenceContext* c) {
+      ShapeHandle unused;
+      TF_RETURN_IF_ERROR(c->WithRank(c->input(0), 0, &unused));
+      c->set_output(0, c->UnknownShape());
+      c->set_output(1, c->Scalar());
+      return tensorflow::OkStatus();
+    });
+
+class CheckpointReadOptionalOp : public OpKernel {
+ public:
+  explicit CheckpointReadOptionalOp(OpKernelConstruction* ctx) : OpKernel(ctx) {
+    OP_REQUIRES_OK(ctx, ctx->GetAttr("tensor_name", &tensor_name_));
+    OP_REQUIRES_OK(ctx, ctx->GetAttr("dtype", &dtype_));
+  }
+
+  void Compute(OpKernelContext* ctx) override {
+    const Tensor& prefix = ctx->input(0);
+    OP_REQUIRES(
+        ctx, prefix.dtype() == tensorflow::DT_STRING && prefix.NumElements() == 1,
+        InvalidArgument("prefix must be a scalar string (a checkpoint prefix), got ",
+                        tensorflow::DataTypeString(prefix.dtype()), " of shape ", prefix.shape().DebugString()));
+    const std::string path = prefix.flat<tensorflow::tstring>()(0);
+    Tensor* found = nullptr;
+    OP_REQUIRES_OK(ctx, ctx->allocate_output(1, TensorShape({}), &found));
+    found->scalar<bool>()() = false;
+    tensorflow::BundleReader reader(ctx->env(), path);
+    OP_REQUIRES_OK(ctx, reader.status());
+    if (!reader.Contains(tensor_name_)) {
+      Tensor* value = nullptr;
+      OP_REQUIRES_OK(ctx, ctx->allocate_output(0, TensorShape({0}), &value));
+      return;
+    }
+    OP_REQUIRES_OK(ctx, CheckInDataFile(ctx, &reader, path, tensor_name_));
+    Tensor t;
+    const Status read = reader.Lookup(tensor_name_, &t);
+    OP_REQUIRES(ctx, read.ok(),
+                Status(read.code(), tensorflow::strings::StrCat("checkpoint ", path, ": cannot read tensor ",
+                                                                tensor_name_, ": ", read.message())));
+    OP_REQUIRES(
+        ctx, t.dtype() == dtype_,
+        InvalidArgument("checkpoint tensor ", tensor_name_, " of ", path, " is ", tensorflow::DataTypeString(t.dtype()),
+                        ", but the graph restores it as ", tensorflow::DataTypeString(dtype_)));
+    ctx->set_output(0, t);
+    found->scalar<bool>()() = true;
+  }
+
+ private:
+  std::string tensor_name_;
+  tensorflow::DataType dtype_;
+};
+
+REGISTER_KERNEL_BUILDER(Name("TfExtCheckpointReadOptional").Device(tensorflow::DEVICE_CPU), CheckpointReadOptionalOp);
+
+// ---------------------------------------------------------------------------
 // TfExtCheckpointRestoreRows(prefix, keys, values, slots, versions, freqs)
 //     -> (keys, values, slots, versions, freqs)
 //

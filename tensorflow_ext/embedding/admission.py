@@ -20,13 +20,18 @@ noise that costs a full row (embedding and optimizer slots) until eviction. An a
   a model is evaluated as it was trained.
 * Counts are part of the model: `tf.compat.v1.train.Saver()` saves and restores them with the embedding. A
   checkpoint saved before the embedding had a policy restores with the counts empty (see policy_state.py).
-* Counts decay: every eviction of the embedding (its `EvictionPolicy`, `evict()`, `EvictionSaverListener`,
-  `EvictionHook`) halves them, rounded down (`Admission.decay`). A key must therefore reach `min_count` within a
-  few eviction periods, and the policy's memory holds the counts of recent keys only: `CountAdmission` forgets a
-  waiting key whose count reaches 0 (after `min_count.bit_length()` evictions at most without a sighting) and a
-  waiting key that has a row by then (admitted on another data-parallel rank, or restored); `BloomAdmission`'s
-  filter no longer fills up. Without eviction counts never decay: the waiting keys' table grows with the distinct
-  keys, and a Bloom filter that counted many more keys than it has counters admits every key at once.
+* Counts decay at every eviction of the embedding (its `EvictionPolicy`, `evict()`, `EvictionSaverListener`,
+  `EvictionHook`; `Admission.decay`), so the policy's memory holds the counts of recent keys only.
+  `CountAdmission` halves (rounded down) the count of each waiting key not counted since the previous eviction and
+  forgets it at 0 (a key seen once is forgotten at the second eviction after its sighting; any waiting key after
+  at most `1 + (min_count - 1).bit_length()` evictions without a sighting), and forgets a waiting key that has a
+  row by then (admitted on another data-parallel rank, or restored); a key counted in every eviction period keeps
+  its count and is admitted at its `min_count`-th sighting however often evictions run. `BloomAdmission` cannot
+  tell keys apart in its counters: it halves every counter, so its filter no longer fills up, but a key seen `s`
+  times per eviction period never reads more than `2 * s - 1`: it is admitted only if `min_count <= 2 * s - 1`
+  (e.g. with `EvictionPolicy(every_n_steps=N)` and one lookup per step, `min_count` below `2 * N`). Without
+  eviction counts never decay: the waiting keys' table grows with the distinct keys, and a Bloom filter that
+  counted many more keys than it has counters admits every key at once.
 
 Two ways of counting:
 
@@ -152,12 +157,12 @@ class Admission(abc.ABC):
         return emb.admission_state["admitted"]
 
     def decay(self, emb):
-        """An op that halves the counts of `emb` (rounded down); every eviction of `emb` runs it.
+        """An op that decays the counts of `emb`; every eviction of `emb` runs it.
 
-        `CountAdmission` also forgets the waiting keys whose count reaches 0 and those that have a row by now
-        (admitted on another data-parallel rank, or restored), so its table holds only keys counted in the last few
-        eviction periods. `BloomAdmission` halves every counter, so that the filter holds the counts of recent keys
-        and does not fill up.
+        `CountAdmission` halves (rounded down) the counts of the waiting keys not counted since its previous decay,
+        forgets those that reach 0 and those that have a row by now (admitted on another data-parallel rank, or
+        restored), so its table holds only keys counted in the last few eviction periods. `BloomAdmission` halves
+        every counter, so that the filter holds the counts of recent keys and does not fill up.
         """
         with tf.name_scope("admission_decay"), tf.device(emb.shards[0].handle.device):
             return self._decay(emb, emb.admission_state)
@@ -205,7 +210,8 @@ class CountAdmission(Admission):
     def _count(self, state, keys):
         table = state["table"]
         ones = tf.ones([tf.size(keys), 1], tf.float32)
-        add = table.accumulate(keys, ones, insert_missing=True)
+        # Version 1: counted since the last decay (decay sets it back to 0).
+        add = table.accumulate(keys, ones, step=1, insert_missing=True)
         with tf.control_dependencies([add]):
             counts = table.find(keys, default_value=0.0)
         return tf.cast(tf.reshape(counts, [-1]), tf.int64)
@@ -215,15 +221,18 @@ class CountAdmission(Admission):
 
     def _decay(self, emb, state):
         table = state["table"]
-        keys, counts, _, _ = table.export()
-        halved = tf.floor(counts * 0.5)
-        drop = tf.logical_or(tf.reshape(halved, [-1]) < 1.0, _has_row(emb, keys))
+        keys, counts, versions, _ = table.export()
+        # Keys counted since the last decay keep their count (a key seen in every period reaches min_count however
+        # often evictions run); the others are halved, and forgotten at 0.
+        seen = tf.expand_dims(versions > 0, 1)
+        decayed = tf.where(seen, counts, tf.floor(counts * 0.5))
+        drop = tf.logical_or(tf.reshape(decayed, [-1]) < 1.0, _has_row(emb, keys))
         removed = table.remove(tf.boolean_mask(keys, drop))
         keep = tf.logical_not(drop)
         # Subtracting what halving takes off (rather than writing the halves) keeps a count added meanwhile.
         with tf.control_dependencies([removed]):
             return table.accumulate(
-                tf.boolean_mask(keys, keep), tf.boolean_mask(halved - counts, keep), insert_missing=False
+                tf.boolean_mask(keys, keep), tf.boolean_mask(decayed - counts, keep), step=0, insert_missing=False
             )
 
     def pending_keys(self, emb):

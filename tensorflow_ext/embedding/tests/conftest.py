@@ -16,12 +16,12 @@ import tensorflow as tf  # noqa: E402
 tf.compat.v1.disable_v2_behavior()
 
 
-def run_fresh(code, cwd, timeout=300):
+def run_fresh(code, cwd, timeout=300, env=None):
     """Runs `code` (dedented) in a fresh interpreter that imports only what it imports; returns its stdout.
 
     For the scenarios that happen in a new process (export then load, restore, warm start). The timeout guards
-    against hangs only."""
-    env = dict(os.environ, PYTHONPATH=_ROOT, TF_CPP_MIN_LOG_LEVEL="2")
+    against hangs only. `env`: variables added to the interpreter's environment."""
+    env = dict(os.environ, PYTHONPATH=_ROOT, TF_CPP_MIN_LOG_LEVEL="2", **(env or {}))
     proc = subprocess.run(
         [sys.executable, "-c", textwrap.dedent(code)],
         cwd=str(cwd),

@@ -1,12 +1,11 @@
 """tensorflow_ext.horovod.allreduce: compression, 2D allreduce and Top-K under `horovodrun --gloo -np 4`, the four
 local ranks treated as 2 nodes x 2 (see allreduce_worker.py for the checks of each launch)."""
 
+import json
 import os
 import subprocess
 import sys
 import textwrap
-
-import pytest
 
 from tensorflow_ext.horovod.tests.test_horovod import HERE
 from tensorflow_ext.horovod.tests.test_horovod import TIMEOUT_S
@@ -95,36 +94,43 @@ def test_bad_settings_are_named():
     ), out[11]
 
 
-@pytest.mark.parametrize(
-    "env,node_size",
-    [({"HOROVOD_SIZE": "abc"}, None), ({"HOROVOD_SIZE": "abc"}, 2), ({"HOROVOD_SIZE": "2", "HOROVOD_RANK": "-1"}, 2)],
-)
-def test_malformed_launch_variables_are_named(env, node_size):
-    """A rank-layout variable that is not an int: the error names it and its value (not "start with horovodrun")."""
+def test_malformed_launch_variables_are_named():
+    """A rank-layout variable that is not an int: the error names it and its value (not "start with horovodrun").
+    One process for the cases: init checks the variables before it starts Horovod."""
+    cases = [
+        ({"HOROVOD_SIZE": "abc"}, None),
+        ({"HOROVOD_SIZE": "abc"}, 2),
+        ({"HOROVOD_SIZE": "2", "HOROVOD_RANK": "-1"}, 2),
+    ]
     code = textwrap.dedent(
         """
+        import json
+        import os
         import sys
         import tensorflow_ext.horovod as tfe_hvd
-        node_size = None if sys.argv[1] == "None" else int(sys.argv[1])
-        try:
-            tfe_hvd.init(node_size=node_size)
-        except ValueError as e:
-            print("ValueError", e)
-        else:
-            print("NO ERROR")
+        for env, node_size in json.loads(sys.argv[1]):
+            for name in ("HOROVOD_SIZE", "HOROVOD_RANK"):
+                os.environ.pop(name, None)
+            os.environ.update(env)
+            try:
+                tfe_hvd.init(node_size=node_size)
+            except ValueError as e:
+                print("ValueError", e)
+            else:
+                print("NO ERROR")
         """
     )
+    env = {k: v for k, v in _env().items() if k not in ("HOROVOD_SIZE", "HOROVOD_RANK")}
     r = subprocess.run(
-        [sys.executable, "-c", code, str(node_size)],
-        env=dict(_env(), **env),
-        capture_output=True,
-        text=True,
-        timeout=TIMEOUT_S,
+        [sys.executable, "-c", code, json.dumps(cases)], env=env, capture_output=True, text=True, timeout=TIMEOUT_S
     )
     assert r.returncode == 0, (r.stdout + r.stderr)[-5000:]
-    name, value = list(env.items())[-1]
-    assert r.stdout.startswith("ValueError environment variable %s=%r is not an int" % (name, value)), r.stdout
-    assert "start the job with horovodrun" not in r.stdout, r.stdout
+    lines = r.stdout.splitlines()
+    assert len(lines) == len(cases), r.stdout
+    for (case_env, _), line in zip(cases, lines):
+        name, value = list(case_env.items())[-1]
+        assert line.startswith("ValueError environment variable %s=%r is not an int" % (name, value)), line
+        assert "start the job with horovodrun" not in line, line
 
 
 def test_top_k_selection_of_large_gradients_is_exact():

@@ -152,6 +152,10 @@ class Admission(abc.ABC):
         """Admitted keys need no count any more (an op, or None)."""
         return None
 
+    def _default_repr(self):
+        """The repr's default_value argument (left out at its default, 0)."""
+        return ", default_value=%r" % self.default_value if self.default_value else ""
+
     def admitted_keys_total(self, emb):
         """int64 variable: keys of `emb` admitted so far (saved with the model)."""
         return emb.admission_state["admitted"]
@@ -188,7 +192,7 @@ class CountAdmission(Admission):
         super().__init__(min_count, default_value)
 
     def __repr__(self):
-        return "CountAdmission(min_count=%d)" % self.min_count
+        return "CountAdmission(min_count=%d%s)" % (self.min_count, self._default_repr())
 
     def _build(self, emb):
         from tensorflow_ext.table.table_ops import HashTable  # pylint: disable=import-outside-toplevel
@@ -263,10 +267,11 @@ class BloomAdmission(Admission):
         self.num_hashes = _check_int("num_hashes", num_hashes, 1, 8)
 
     def __repr__(self):
-        return "BloomAdmission(min_count=%d, num_counters=%d, num_hashes=%d)" % (
+        return "BloomAdmission(min_count=%d, num_counters=%d, num_hashes=%d%s)" % (
             self.min_count,
             self.num_counters,
             self.num_hashes,
+            self._default_repr(),
         )
 
     @staticmethod

@@ -509,3 +509,18 @@ def test_count_admission_admits_a_key_seen_in_every_eviction_period(every_n_step
     assert [s for s, _ in sizes[: min_count - 1]] == [0] * (min_count - 1), sizes
     assert sizes[min_count - 1][0] == 1, sizes  # 7, at its min_count-th sighting
     assert max(p for _, p in sizes) <= 2 * every_n_steps + 1, sizes  # fresh keys still expire
+
+
+@pytest.mark.parametrize("cls", ["CountAdmission", "BloomAdmission"])
+def test_policies_that_differ_in_their_default_row_are_told_apart(cls):
+    """The repr names every argument that differs (the Horovod model check and the reuse error compare and print
+    it): two policies with other default rows are not shown as the same policy."""
+    policy = getattr(tf_ext.embedding, cls)
+    assert repr(policy(2)) != repr(policy(2, default_value=0.5))
+    assert "default_value=0.5" in repr(policy(2, default_value=0.5))
+    assert "default_value" not in repr(policy(2))
+    with tf.Graph().as_default():
+        with tf.compat.v1.variable_scope("s", reuse=tf.compat.v1.AUTO_REUSE):
+            tf_ext.get_dynamic_embedding("e", 2, admission=policy(2))
+            with pytest.raises(ValueError, match=r"default_value=0\.5\).*but it has .*\(min_count=2[,)]"):
+                tf_ext.get_dynamic_embedding("e", 2, admission=policy(2, default_value=0.5))

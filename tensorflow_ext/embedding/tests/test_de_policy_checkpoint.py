@@ -253,13 +253,25 @@ class Report(tf.compat.v1.train.SessionRunHook):
 
 est = tf.estimator.Estimator(model_fn, model_dir=MODEL_DIR,
                              config=tf.estimator.RunConfig(save_checkpoints_steps=2, log_step_count_steps=1000))
-est.train(input_fn, steps=STEPS, hooks=[Report()])
+listeners = [E.delta_checkpoints(full_every=3)] if DELTA else []
+est.train(input_fn, steps=STEPS, hooks=[Report()], saving_listeners=listeners)
 """
 
 
-def _estimator_day(tmp_path, policies, steps, offset):
+def _latest_kind(tmp_path):
+    """ "full" or "delta": what the model_dir's latest checkpoint is for embedding user."""
+    reader = tf.train.load_checkpoint(tf.train.latest_checkpoint(str(tmp_path / "model_dir")))
+    names = reader.get_variable_to_dtype_map()
+    if "user/part_0-delta" not in names:
+        return "full"
+    record = reader.get_tensor("user/part_0-delta").decode()
+    return [line for line in record.split("\n") if line.startswith("kind=")][0][len("kind=") :]
+
+
+def _estimator_day(tmp_path, policies, steps, offset, delta):
     code = (
         _ESTIMATOR.replace("POLICIES", repr(policies))
+        .replace("DELTA", repr(delta))
         .replace("OFFSET", str(offset))
         .replace("MODEL_DIR", repr(str(tmp_path / "model_dir")))
         .replace("STEPS", str(steps))
@@ -269,19 +281,23 @@ def _estimator_day(tmp_path, policies, steps, offset):
     return json.loads(lines["RESTORED"]), json.loads(lines["END"]), err
 
 
-def test_estimator_restarts_with_policies_added_from_its_checkpoint(tmp_path):
+@pytest.mark.parametrize("delta", [False, True], ids=["full", "delta_checkpoints"])
+def test_estimator_restarts_with_policies_added_from_its_checkpoint(tmp_path, delta):
     # Day 1 without policies; day 2 adds them and warm-restarts from day 1's checkpoint; day 3 restores day 2's
-    # state exactly; day 4 drops the policies again.
+    # state exactly; day 4 drops the policies again. With delta checkpoints, each day restores a delta (saves at
+    # the start, every 2nd step and the end; every 3rd save and the first of a run full).
     # Each day brings new keys (ids + 100 after day 1).
-    _, day1, _ = _estimator_day(tmp_path, "none", 3, 0)
+    _, day1, _ = _estimator_day(tmp_path, "none", 3, 0, delta)
+    assert _latest_kind(tmp_path) == ("delta" if delta else "full")
     assert day1[0] > 0
-    restored, day2, err = _estimator_day(tmp_path, "all", 3, 100)
+    restored, day2, err = _estimator_day(tmp_path, "all", 3, 100, delta)
+    assert _latest_kind(tmp_path) == ("delta" if delta else "full")
     assert restored == [day1[0], 0, 0, 0]
     assert "has no admission counts of dynamic embedding user" in err, err[-3000:]
     assert "has no evicted-keys counter of dynamic embedding user" in err
     assert day2[1] > 0 and day2[2] > 0  # keys waiting, keys admitted
-    restored, day3, err = _estimator_day(tmp_path, "all", 1, 100)
+    restored, day3, err = _estimator_day(tmp_path, "all", 1, 100, delta)
     assert restored == day2
     assert "has no" not in err
-    restored, _, _ = _estimator_day(tmp_path, "none", 1, 0)
+    restored, _, _ = _estimator_day(tmp_path, "none", 1, 0, delta)
     assert restored == [day3[0]]

@@ -198,6 +198,40 @@ def test_flags():
         assert e.value.code == 2
 
 
+def test_stream_progress_records_follow_the_checkpoints(tmp_path):
+    """The stream position recorded with each checkpoint: a record written for a save that a kill interrupted (no
+    index file) is never read back (the restart resumes from the checkpoint before it, whose record is kept) and goes
+    at the next save; records of checkpoints the Saver deleted go after the save."""
+    from tensorflow_ext.examples import ctr
+
+    d = str(tmp_path)
+
+    def checkpoint(step):
+        open(os.path.join(d, "model.ckpt-%d.index" % step), "w").close()
+
+    first = ctr._StreamProgressListener(d, 0, 0, 2, 64)  # 2 ranks from the start
+    first.before_save(None, 4)
+    checkpoint(4)
+    first.after_save(None, 4)
+    first.before_save(None, 8)  # killed here: checkpoint 8 never written
+    assert ctr._read_progress(d) == {
+        4: dict(batches=8, ranks=2, batch_size=64),
+        8: dict(batches=16, ranks=2, batch_size=64),
+    }
+    assert ctr._resume_batches(d, 4, 1) == 8  # the restart (1 rank) continues after batch 7
+    second = ctr._StreamProgressListener(d, 4, 8, 1, 64)
+    second.before_save(None, 8)  # step 8 again, at 1 rank: 4 batches later
+    checkpoint(8)
+    os.remove(os.path.join(d, "model.ckpt-4.index"))  # the Saver's max_to_keep
+    second.after_save(None, 8)
+    assert {s: r["batches"] for s, r in ctr._read_progress(d).items()} == {8: 12}
+    second.before_save(None, 10)  # killed again
+    assert ctr._resume_batches(d, 8, 2) == 12
+    ctr._StreamProgressListener(d, 8, 12, 2, 64).before_save(None, 12)
+    assert {s: r["batches"] for s, r in ctr._read_progress(d).items()} == {8: 12, 12: 20}  # 10's record is gone
+    assert not [f for f in os.listdir(d) if f.endswith(".tmp")]
+
+
 def test_quiet_tf_logs_are_scoped_to_the_run():
     """main() turns TF's deprecation warnings and INFO log off for its run only."""
     import tensorflow as tf

@@ -395,8 +395,10 @@ def embedding_lookup_sparse(
         if admitted is not None:
             # Ids not admitted yet weigh 0: left out of the sums and of the mean/sqrtn denominators (an example
             # left with none reads zeros, as an empty one).
-            kept = tf.cast(admitted, tf.float32)
-            weights = kept if sp_weights is None else sp_weights.values * kept
+            if sp_weights is None:
+                weights = tf.cast(admitted, tf.float32)
+            else:  # in the weights' own dtype (TensorFlow casts them to the rows' dtype, e.g. from float64)
+                weights = sp_weights.values * tf.cast(admitted, sp_weights.values.dtype)
             sp_weights = tf.SparseTensor(sp_ids.indices, weights, sp_ids.dense_shape)
         return tf.compat.v1.nn.embedding_lookup_sparse(rows, remapped, sp_weights, combiner=combiner, max_norm=max_norm)
 

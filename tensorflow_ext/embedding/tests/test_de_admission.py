@@ -524,3 +524,22 @@ def test_policies_that_differ_in_their_default_row_are_told_apart(cls):
             tf_ext.get_dynamic_embedding("e", 2, admission=policy(2))
             with pytest.raises(ValueError, match=r"default_value=0\.5\).*but it has .*\(min_count=2[,)]"):
                 tf_ext.get_dynamic_embedding("e", 2, admission=policy(2, default_value=0.5))
+
+
+@pytest.mark.parametrize("lookup", ["embedding_lookup_sparse", "safe_embedding_lookup_sparse"])
+def test_pooled_lookups_with_admission_take_weights_of_any_float_dtype(lookup):
+    """float64 weights (a tf.data pipeline's) pool as without admission (TensorFlow casts them to the rows' dtype);
+    the not-admitted mask must not require float32 weights."""
+    got = []
+    for admission in (None, tf_ext.embedding.CountAdmission(2)):
+        with tf.Graph().as_default():
+            emb = tf_ext.get_dynamic_embedding("e", 2, initializer=0.5, admission=admission)
+            sp = tf.SparseTensor([[0, 0], [0, 1], [1, 0]], tf.constant([1, 2, 3], tf.int64), [2, 2])
+            w = tf.SparseTensor([[0, 0], [0, 1], [1, 0]], tf.constant([1.0, 3.0, 2.0], tf.float64), [2, 2])
+            out = getattr(tf_ext, lookup)(emb, sp, w, combiner="mean", is_training=True)
+            with tf.compat.v1.Session(config=session_config()) as sess:
+                sess.run(tf.compat.v1.global_variables_initializer())
+                if admission is not None:
+                    sess.run(out)  # first sighting: nothing admitted yet
+                got.append(sess.run(out))
+    np.testing.assert_allclose(got[1], got[0])

@@ -22,6 +22,10 @@ does. The optimizer must be built before a Session runs the graph (refused
 otherwise). `is_training=True/False` fixes the mode.
 """
 
+import math
+import numbers
+
+import numpy as np
 import tensorflow as tf
 from tensorflow.core.framework import attr_value_pb2
 from tensorflow.python.framework import ops as tf_ops
@@ -250,6 +254,80 @@ def _use_fused_ids(emb):
     )
 
 
+def _check_max_norm(fn, max_norm):
+    """max_norm: None, a finite number > 0 or a float tensor (checked when it runs). TensorFlow's clip_by_norm
+    returns NaN rows (zero rows) and reversed ones for max_norm <= 0, and leaves NaN/inf to the rows: refused."""
+    if max_norm is None:
+        return None
+    if isinstance(max_norm, (tf.Tensor, tf.Variable)):
+        if not (max_norm.dtype.is_floating or max_norm.dtype.is_integer):
+            raise TypeError(
+                "%s(max_norm=%r): max_norm must be a number > 0 (or None), got a %s tensor"
+                % (fn, max_norm, max_norm.dtype.name)
+            )
+        bound = tf.cast(max_norm, tf.float32)
+        ok = tf.logical_and(tf.math.is_finite(bound), bound > 0)
+        check = tf.debugging.Assert(
+            tf.reduce_all(ok),
+            ["%s: max_norm must be a finite number > 0 (the L2 norm rows are clipped to), got" % fn, bound],
+        )
+        with tf.control_dependencies([check]):
+            return tf.identity(bound)
+    if isinstance(max_norm, (bool, np.bool_)) or not isinstance(max_norm, numbers.Real):
+        raise TypeError(
+            "%s(max_norm=%r): max_norm must be a number > 0 (or None), the L2 norm rows are clipped to; got a %s"
+            % (fn, max_norm, type(max_norm).__name__)
+        )
+    if not (math.isfinite(float(max_norm)) and max_norm > 0):
+        raise ValueError(
+            "%s(max_norm=%r): max_norm must be a finite number > 0 (the L2 norm rows are clipped to), or None "
+            "for no clipping; got %r" % (fn, max_norm, max_norm)
+        )
+    return max_norm
+
+
+def _check_weights(fn, sp_ids, sp_weights, ids_name, weights_name):
+    """sp_weights must have sp_ids' indices and dense_shape (one weight per id): checked statically where the shapes
+    are known, else when the lookup runs. Returns sp_weights (its values depend on the run-time check)."""
+    if sp_weights is None:
+        return None
+    problem = "%s: %s must have the indices and dense_shape of %s (one weight per id)" % (fn, weights_name, ids_name)
+    for what, a, b in (
+        ("indices", sp_ids.indices, sp_weights.indices),
+        ("dense_shape", sp_ids.dense_shape, sp_weights.dense_shape),
+        ("values", sp_ids.values, sp_weights.values),
+    ):
+        if not a.shape.is_compatible_with(b.shape):
+            raise ValueError(
+                "%s; %s.%s has shape %s, %s.%s %s" % (problem, ids_name, what, a.shape, weights_name, what, b.shape)
+            )
+    if sp_weights.indices is sp_ids.indices and sp_weights.dense_shape is sp_ids.dense_shape:
+        return sp_weights
+
+    def same(a, b):  # a and b of one rank (indices: 2, dense_shape: 1; a SparseTensor's)
+        same_shape = tf.reduce_all(tf.equal(tf.shape(a), tf.shape(b)))
+        return tf.cond(
+            same_shape,
+            lambda: tf.reduce_all(tf.equal(a, tf.reshape(b, tf.shape(a)))),
+            lambda: tf.constant(False),
+        )
+
+    ok = tf.logical_and(same(sp_ids.dense_shape, sp_weights.dense_shape), same(sp_ids.indices, sp_weights.indices))
+    check = tf.debugging.Assert(
+        ok,
+        [
+            problem + "; shapes of the indices:",
+            tf.shape(sp_ids.indices),
+            tf.shape(sp_weights.indices),
+            "dense_shapes:",
+            sp_ids.dense_shape,
+            sp_weights.dense_shape,
+        ],
+    )
+    with tf.control_dependencies([check]):
+        return tf.SparseTensor(sp_weights.indices, tf.identity(sp_weights.values), sp_weights.dense_shape)
+
+
 def _refuse_return_trainable(fn, return_trainable):
     """TFRA's lookups can return their TrainableWrapper; there is none here: say what replaces it."""
     if return_trainable:
@@ -286,6 +364,7 @@ def embedding_lookup(params, ids, name=None, is_training=None, max_norm=None, re
     _refuse_return_trainable("embedding_lookup", return_trainable)
     emb = _as_embedding(params, "embedding_lookup")
     with tf.name_scope(name or "embedding_lookup"):
+        max_norm = _check_max_norm("embedding_lookup", max_norm)
         ids_t = (
             ids
             if isinstance(ids, (tf.Tensor, tf.Variable))
@@ -389,6 +468,8 @@ def embedding_lookup_sparse(
     if sp_weights is not None:
         sp_weights = _check_sparse(sp_weights, "sp_weights")
     with tf.name_scope(name or "embedding_lookup_sparse"):
+        max_norm = _check_max_norm("embedding_lookup_sparse", max_norm)
+        sp_weights = _check_weights("embedding_lookup_sparse", sp_ids, sp_weights, "sp_ids", "sp_weights")
         if _use_fused_sparse(emb, sp_weights, max_norm):
             return _lookup_sparse_fused(emb, sp_ids, combiner, is_training)
         rows, remapped, _, admitted = _remap(emb, sp_ids, is_training)
@@ -453,6 +534,10 @@ def safe_embedding_lookup_sparse(
     if sparse_weights is not None:
         sparse_weights = _check_sparse(sparse_weights, "sparse_weights")
     with tf.name_scope(name or "safe_embedding_lookup_sparse"):
+        max_norm = _check_max_norm("safe_embedding_lookup_sparse", max_norm)
+        sparse_weights = _check_weights(
+            "safe_embedding_lookup_sparse", sparse_ids, sparse_weights, "sparse_ids", "sparse_weights"
+        )
         original_shape = sparse_ids.dense_shape
         rank = tf.size(original_shape)
         rank_static = tf.compat.dimension_value(sparse_ids.dense_shape.shape[0])

@@ -543,3 +543,27 @@ def test_pooled_lookups_with_admission_take_weights_of_any_float_dtype(lookup):
                     sess.run(out)  # first sighting: nothing admitted yet
                 got.append(sess.run(out))
     np.testing.assert_allclose(got[1], got[0])
+
+
+@pytest.mark.parametrize("min_count,admitted", [(3, True), (4, False)])
+def test_bloom_admission_needs_min_count_below_twice_the_sightings_per_eviction_period(min_count, admitted):
+    """As documented: the filter halves every counter at each eviction, so a key seen s times per eviction period
+    counts at most 2 * s - 1 (here s = 2: eviction every 2 steps, the key in every step)."""
+    with tf.Graph().as_default():
+        gs = tf.compat.v1.train.get_or_create_global_step()
+        emb = tf_ext.get_dynamic_embedding(
+            "e",
+            2,
+            initializer=0.5,
+            admission=tf_ext.embedding.BloomAdmission(min_count, num_counters=1 << 12),
+            eviction=tf_ext.embedding.EvictionPolicy(steps_to_live=1 << 40, every_n_steps=2),
+        )
+        ids = tf.compat.v1.placeholder(tf.int64, [None])
+        train = tf.compat.v1.train.GradientDescentOptimizer(0.1).minimize(
+            tf.reduce_sum(tf_ext.embedding_lookup(emb, ids)), global_step=gs
+        )
+        with tf.compat.v1.Session(config=session_config()) as sess:
+            sess.run(tf.compat.v1.global_variables_initializer())
+            for _ in range(12):
+                sess.run(train, {ids: [7]})
+            assert sess.run(emb.size()) == int(admitted)

@@ -27,6 +27,7 @@ import numpy as np
 import tensorflow as tf
 
 from tensorflow_ext import errors as _errors
+from tensorflow_ext.embedding import _ops
 from tensorflow_ext.embedding import eviction as _eviction
 from tensorflow_ext.embedding import keys as _keys
 from tensorflow_ext.embedding import lookup as _lookup
@@ -417,7 +418,8 @@ def enable_inference_mode():
 
 
 def enable_train_mode():
-    """Lookups built afterwards through this module insert new keys once an optimizer trains the embedding."""
+    """Lookups built afterwards through this module follow tensorflow_ext's rule: a lookup inserts new keys only
+    when an optimizer applies a gradient that flows through it."""
     ModelMode.CURRENT_SETTING = ModelMode.TRAIN
 
 
@@ -427,7 +429,7 @@ def get_model_mode():
 
 
 def _is_training():
-    # None: tensorflow_ext's own rule (insert once an optimizer is applied in this graph).
+    # None: tensorflow_ext's own rule (a lookup inserts only when an optimizer applies a gradient through it).
     return False if ModelMode.CURRENT_SETTING == ModelMode.INFERENCE else None
 
 
@@ -620,9 +622,10 @@ _TOP_LEVEL_INSTEAD = dict(
         "embedding (Estimator eval/predict, an export for serving) only reads it and never "
         "inserts keys; tf_ext.embedding_lookup(..., is_training=False) forces that per lookup "
         "(tensorflow_ext.tfra.enable_inference_mode exists for ported code).",
-        "enable_train_mode": "tensorflow_ext needs no model mode: lookups insert new keys once an optimizer is applied "
-        "to the embedding in the same graph; tf_ext.embedding_lookup(..., is_training=True) forces "
-        "it.",
+        "enable_train_mode": "tensorflow_ext needs no model mode: a lookup built with is_training=None (the default) "
+        "inserts new keys only when an optimizer applies a gradient that flows through it (minimize / "
+        "apply_gradients in the same graph), so an eval or export lookup in a training graph stays "
+        "find-only; tf_ext.embedding_lookup(..., is_training=True) forces inserting for one lookup.",
         "get_model_mode": "tensorflow_ext needs no model mode (see tf_ext.embedding_lookup's is_training).",
         "ModelMode": "tensorflow_ext needs no model mode (see tf_ext.embedding_lookup's is_training).",
         "Variable": "tf_ext.DynamicEmbedding (created by tf_ext.get_dynamic_embedding).",
@@ -642,3 +645,92 @@ def _not_provided(module, name):
 
 def __getattr__(name):
     raise _not_provided(__name__, name)
+
+
+# ---- TFRA's Variable attributes on a DynamicEmbedding ----------------------------------------------------------------
+# DynamicEmbedding has TFRA's size, upsert, lookup, remove, restrict and export itself; its __getattr__ sends the other
+# names here.
+
+
+def _clear(emb):
+    def clear(name=None):
+        """Removes every key of the embedding, with its row and optimizer slots (TFRA's `Variable.clear`).
+
+        Admission counts and eviction state are kept. Returns the op (a group of one clear per shard).
+        """
+        emb._check_writable("clear")  # pylint: disable=protected-access
+        with tf.name_scope(name or (emb.name.split("/")[-1] + "_clear")):
+            ops = []
+            for shard in emb.shards:
+                with tf.compat.v1.colocate_with(shard.handle):
+                    ops.append(_ops.op("tf_ext_table_clear")(shard.handle))
+            return tf.group(*ops)
+
+    return clear
+
+
+def _embedding_lookup_method(emb):
+    def embedding_lookup_method(ids, name=None, max_norm=None):
+        """TFRA's `Variable.embedding_lookup`: `(values, emb)` (the embedding stands in for the TrainableWrapper)."""
+        return embedding_lookup(
+            emb, ids, name=(name + "/embedding_lookup") if name else None, max_norm=max_norm, return_trainable=True
+        )
+
+    return embedding_lookup_method
+
+
+def _devices(emb):
+    # The device each shard was placed on, as given (get_variable's devices: one shard per device), else the table's.
+    given = emb._devices  # pylint: disable=protected-access
+    return [given[i % len(given)] if given else shard.device for i, shard in enumerate(emb.shards)]
+
+
+_EMBEDDING_EQUIVALENTS = {
+    "clear": _clear,
+    "embedding_lookup": _embedding_lookup_method,
+    "shard_num": lambda emb: emb.num_shards,
+    "devices": _devices,
+    "init_size": lambda emb: emb._initial_capacity,  # pylint: disable=protected-access
+    "partition_fn": lambda emb: default_partition_fn,
+}
+
+_SAVE_INSTEAD = (
+    "tensorflow_ext saves dynamic embeddings with tf.compat.v1.train.Saver / Estimator checkpoints (atomic; restore "
+    "re-partitions keys for another number of shards or Horovod ranks); to move keys and rows yourself, "
+    "emb.export() and emb.upsert(keys, values)."
+)
+
+_EMBEDDING_INSTEAD = {
+    "tables": "the embedding's tables are its shards, emb.shards (one DynamicEmbeddingShard per device); read and "
+    "write keys through the embedding: lookup, upsert, remove, size(index), export().",
+    "accum": "tensorflow_ext's optimizers update each key's row in place in one kernel (what accum serves for "
+    "TFRA's bp_v2), so there is no delta to accumulate; to write rows yourself use emb.upsert(keys, values).",
+    "get_slot_variables": "optimizer slots live in the embedding's table rows: optimizer.get_slot(shard, name) for "
+    "shard in emb.shards returns a DynamicEmbeddingSlot view of a slot's columns, emb.slot_names(optimizer) lists "
+    "the slots, emb.slot_values(optimizer, name, ids) reads them.",
+    "save_to_file_system": _SAVE_INSTEAD,
+    "load_from_file_system": _SAVE_INSTEAD,
+    "load_from_file_system_with_restore_function": _SAVE_INSTEAD,
+    "export_keys_and_scores": "TFRA's HKV tables only: emb.export() returns every key with its row, versions (the "
+    "step of its last update) and frequencies (ExportedEmbedding(keys, values, slots, versions, frequencies)).",
+    "get_trainable_by_name": "tensorflow_ext supports TF1 graph mode, where there are no shadow variables: "
+    "optimizers train the embedding's shards (tf.compat.v1.trainable_variables()) directly.",
+    "trainable_store": "tensorflow_ext supports TF1 graph mode, where there are no TrainableWrappers to store: "
+    "optimizers train the embedding's shards (tf.compat.v1.trainable_variables()) directly.",
+    "kv_creator": "tensorflow_ext has one table engine (a concurrent CPU hash table that grows on demand).",
+    "size_ops": "emb.size(index) returns the size of shard `index` (emb.size() the total).",
+}
+
+
+def embedding_attribute(emb, name):
+    """`emb.<name>` for a TFRA `Variable` attribute that `DynamicEmbedding` has no method for: the equivalent, or a
+    NotProvidedError saying what to use; any other name is a plain AttributeError."""
+    if name in _EMBEDDING_EQUIVALENTS:
+        return _EMBEDDING_EQUIVALENTS[name](emb)
+    if name in _EMBEDDING_INSTEAD:
+        raise _errors.NotProvidedError(
+            "DynamicEmbedding.%s (TFRA's Variable.%s) is not provided: %s" % (name, name, _EMBEDDING_INSTEAD[name]),
+            name=name,
+            instead=_EMBEDDING_INSTEAD[name],
+        )
+    raise AttributeError("'DynamicEmbedding' object has no attribute %r" % name)

@@ -196,6 +196,7 @@ def test_native_api_answers_tfra_habits_with_what_to_use():
             tf_ext.embedding_lookup(emb, tf.constant([1], tf.int64), return_trainable=True)
         for name, hint in (
             ("enable_inference_mode", "is_training=False"),
+            ("enable_train_mode", "inserts new keys only when an optimizer applies a gradient that flows through it"),
             ("TrainableWrapper", "optimizers"),
             ("get_variable", "get_dynamic_embedding"),
         ):
@@ -418,3 +419,66 @@ def test_tfra_default_initializer_is_zeros_as_in_tfra():
                 keys, values = sess.run(emb.export()[:2])
                 assert sorted(keys) == [-6, 5, 7]
                 np.testing.assert_array_equal(values, np.zeros([3, 3], np.float32))
+
+
+def test_tfra_variable_methods_work_or_say_what_to_use():
+    """TFRA's Variable methods and attributes on a tensorflow_ext embedding: each either works as in TFRA or raises
+    a NotProvidedError (an AttributeError) saying what to use; unknown names stay plain AttributeErrors."""
+    from tensorflow_ext import errors  # pylint: disable=import-outside-toplevel
+
+    devices = ["/job:localhost/replica:0/task:0/CPU:0"] * 3
+    with tf.Graph().as_default() as g:
+        emb = de.get_variable("m", dim=2, devices=devices, init_size=30, initializer=0.5)
+        assert emb.shard_num == 3 and emb.devices == devices and emb.init_size == 30
+        assert emb.partition_fn is de.default_partition_fn
+        native = tf_ext.get_dynamic_embedding("n", 2, num_shards=2)
+        assert native.shard_num == 2 and native.init_size == 0 and len(native.devices) == 2
+        ids = tf.constant([1, 2, 3, -4, 5], tf.int64)
+        upsert = emb.upsert(ids, np.ones([5, 2], np.float32))
+        values, trainable = emb.embedding_lookup(ids, name="user")  # TFRA: return_trainable=True
+        assert trainable is emb and values.name.startswith("user/embedding_lookup/")
+        clipped, _ = emb.embedding_lookup(ids, max_norm=0.5)
+        clear = emb.clear()
+        size = emb.size()
+        with tf.compat.v1.Session(graph=g) as sess:
+            sess.run(upsert)
+            assert sess.run(size) == 5
+            np.testing.assert_allclose(sess.run(values), np.ones([5, 2]))
+            np.testing.assert_allclose(np.linalg.norm(sess.run(clipped), axis=1), [0.5] * 5, rtol=1e-6)
+            sess.run(clear)
+            assert sess.run(size) == 0
+            np.testing.assert_allclose(sess.run(emb.lookup(ids)), np.full([5, 2], 0.5))  # the initializer again
+        for name, hint in (
+            ("tables", "emb.shards"),
+            ("accum", "in place"),
+            ("get_slot_variables", r"optimizer.get_slot\(shard, name\)"),
+            ("save_to_file_system", "Saver"),
+            ("load_from_file_system", "Saver"),
+            ("load_from_file_system_with_restore_function", "Saver"),
+            ("export_keys_and_scores", r"export\(\)"),
+            ("get_trainable_by_name", "TF1 graph mode"),
+            ("trainable_store", "TF1 graph mode"),
+            ("kv_creator", "one table engine"),
+            ("size_ops", r"size\(index\)"),
+        ):
+            with pytest.raises(
+                errors.NotProvidedError,
+                match=r"DynamicEmbedding\.%s \(TFRA's Variable\.%s\) is not provided: .*%s" % (name, name, hint),
+            ) as e:
+                getattr(emb, name)
+            assert e.value.name == name and e.value.instead and isinstance(e.value, AttributeError)
+            assert not hasattr(emb, name)
+        with pytest.raises(AttributeError, match="has no attribute 'no_such_name'") as e:
+            emb.no_such_name  # pylint: disable=pointless-statement
+        assert not isinstance(e.value, errors.NotProvidedError)
+        assert getattr(native, "restrict_policy", None) is None
+
+
+def test_tfra_clear_refuses_a_serving_table():
+    from tensorflow_ext import serving  # pylint: disable=import-outside-toplevel
+
+    with tf.Graph().as_default():
+        with serving.freeze_for_serving():
+            emb = de.get_variable("frozen", dim=2)
+        with pytest.raises(ValueError, match=r"frozen\.clear\(\): .*read-only serving table"):
+            emb.clear()

@@ -350,7 +350,8 @@ def embedding_lookup(params, ids, name=None, is_training=None, max_norm=None, re
       is_training: None (default: find-only until an optimizer applies a
         gradient flowing through this lookup, in this graph), True (insert
         missing keys with their initial rows), False (never insert).
-      max_norm: if set, rows are clipped to this L2 norm.
+      max_norm: None, or a finite number > 0 (or a float scalar tensor, checked
+        when the lookup runs): rows are clipped to this L2 norm.
       return_trainable: TFRA's flag; must be False (ValueError naming what to
         use instead).
 
@@ -358,8 +359,9 @@ def embedding_lookup(params, ids, name=None, is_training=None, max_norm=None, re
       float32 Tensor of shape `ids.shape + [dim]`.
 
     Raises:
-      TypeError: params is not a DynamicEmbedding, or ids have the wrong dtype.
-      ValueError: return_trainable=True.
+      TypeError: params is not a DynamicEmbedding, ids have the wrong dtype, or
+        max_norm is not a number.
+      ValueError: return_trainable=True, or max_norm <= 0, NaN or infinite.
     """
     _refuse_return_trainable("embedding_lookup", return_trainable)
     emb = _as_embedding(params, "embedding_lookup")
@@ -446,20 +448,24 @@ def embedding_lookup_sparse(
     Args:
       params: a `DynamicEmbedding`.
       sp_ids: `SparseTensor` [batch, k] of ids (key dtype).
-      sp_weights: `SparseTensor` of float weights with the same indices, or
-        None (all weights 1).
+      sp_weights: `SparseTensor` of float weights with the indices and
+        dense_shape of sp_ids, or None (all weights 1). Checked statically where
+        the shapes are known, else when the lookup runs (InvalidArgumentError).
       partition_strategy: ignored (for signature compatibility).
       name: optional name scope.
       combiner: "mean" (default), "sqrtn" or "sum".
-      max_norm: if set, embeddings are l2-clipped to this norm before combining.
+      max_norm: None, or a finite number > 0 (see `embedding_lookup`):
+        embeddings are l2-clipped to this norm before combining.
       is_training: see `embedding_lookup`.
 
     Returns:
       float32 Tensor [rows, dim].
 
     Raises:
-      TypeError: bad params, sp_ids not a SparseTensor, ids of the wrong dtype.
-      ValueError: unknown combiner.
+      TypeError: bad params, sp_ids not a SparseTensor, ids of the wrong dtype,
+        max_norm not a number.
+      ValueError: unknown combiner, max_norm out of range, sp_weights of
+        another shape than sp_ids.
     """
     del partition_strategy
     emb = _as_embedding(params, "embedding_lookup_sparse")
@@ -512,13 +518,14 @@ def safe_embedding_lookup_sparse(
     Args:
       embedding_weights: a `DynamicEmbedding`.
       sparse_ids: `SparseTensor` [d_0, ..., d_n, k] of ids.
-      sparse_weights: `SparseTensor` of float weights with the same indices, or
-        None.
+      sparse_weights: `SparseTensor` of float weights with the indices and
+        dense_shape of sparse_ids, or None.
       combiner: "mean" (default), "sqrtn" or "sum".
       default_id: an id (key dtype) whose embedding empty rows get, or None.
       name: optional name scope.
       partition_strategy: ignored.
-      max_norm: if set, embeddings are l2-clipped before combining.
+      max_norm: None, or a finite number > 0: embeddings are l2-clipped before
+        combining.
       is_training: see `embedding_lookup`.
 
     Returns:

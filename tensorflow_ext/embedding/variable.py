@@ -462,6 +462,7 @@ class DynamicEmbedding(object):
         self._initializer = initializer.pinned_for(name)
         self._trainable = trainable
         self._devices = list(devices) if devices else None
+        self._initial_capacity = int(initial_capacity or 0)  # TFRA's init_size (tensorflow_ext.tfra)
         self._distribution = None  # set by tensorflow_ext.horovod for model-parallel embeddings
         self._admission = None  # an admission policy and its state (see admission.py), set by get_dynamic_embedding
         self._admission_state = None
@@ -603,6 +604,15 @@ class DynamicEmbedding(object):
     def saveables(self):
         """The shards' SaveableObjects (for `tf.compat.v1.train.Saver(var_list=...)`)."""
         return [s.saveable for s in self._shards]
+
+    def __getattr__(self, name):
+        # Only for names the class does not have: TFRA's Variable attributes get tensorflow_ext.tfra's answer (the
+        # equivalent, or a NotProvidedError saying what to use); other names are plain AttributeErrors.
+        if name.startswith("_"):
+            raise AttributeError("%r object has no attribute %r" % (type(self).__name__, name))
+        from tensorflow_ext import tfra  # pylint: disable=import-outside-toplevel
+
+        return tfra.embedding_attribute(self, name)
 
     def __repr__(self):
         return "<tf_ext.DynamicEmbedding %r dim=%d key_dtype=%s shards=%d>" % (

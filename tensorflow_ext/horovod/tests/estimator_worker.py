@@ -48,7 +48,11 @@ def parse():
     p.add_argument("--parallelism", default="model")
     p.add_argument("--optimizer", default="Adagrad")
     p.add_argument("--num-shards", type=int, default=2)
-    p.add_argument("--rank1", default="", help="on rank 1 only: dim=N, parallelism=P, optimizer=O or elements=N")
+    p.add_argument(
+        "--rank1",
+        default="",
+        help="on rank 1 only: dim=N, parallelism=P, optimizer=O and/or elements=N (comma-separated)",
+    )
     p.add_argument("--die-at-step", type=int, default=None, help="rank 1 exits with status 3 after this step")
     p.add_argument("--export-dir", default=None)
     return p.parse_args()
@@ -64,8 +68,9 @@ else:
     hvd.init()
     RANK, SIZE = hvd.rank(), hvd.size()
 if RANK == 1 and ARGS.rank1:
-    key, value = ARGS.rank1.split("=")
-    setattr(ARGS, key, int(value) if key in ("dim", "elements") else value)
+    for setting in ARGS.rank1.split(","):
+        key, value = setting.split("=")
+        setattr(ARGS, key, int(value) if key in ("dim", "elements") else value)
 
 
 def batch(i):

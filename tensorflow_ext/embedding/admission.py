@@ -29,9 +29,10 @@ noise that costs a full row (embedding and optimizer slots) until eviction. An a
   its count and is admitted at its `min_count`-th sighting however often evictions run. `BloomAdmission` cannot
   tell keys apart in its counters: it halves every counter, so its filter no longer fills up, but a key seen `s`
   times per eviction period never reads more than `2 * s - 1`: it is admitted only if `min_count <= 2 * s - 1`
-  (e.g. with `EvictionPolicy(every_n_steps=N)` and one lookup per step, `min_count` below `2 * N`). Without
-  eviction counts never decay: the waiting keys' table grows with the distinct keys, and a Bloom filter that
-  counted many more keys than it has counters admits every key at once.
+  (e.g. with `EvictionPolicy(every_n_steps=N)` and one lookup per step, `min_count` below `2 * N`; building the
+  training graph logs a warning otherwise). Without eviction counts never decay: the waiting keys' table grows
+  with the distinct keys, and a Bloom filter that counted many more keys than it has counters admits every key at
+  once.
 
 Two ways of counting:
 
@@ -302,7 +303,14 @@ class BloomAdmission(Admission):
         return dict(counters=counters)
 
     def _decay(self, emb, state):
-        del emb
+        every = emb.eviction.every_n_steps if emb.eviction is not None else None
+        if every is not None and self.min_count >= 2 * every:
+            tf.compat.v1.logging.warning(
+                "dynamic embedding %s: %r halves its counters at every eviction (EvictionPolicy(every_n_steps=%d)), "
+                "so a key looked up once per step counts at most %d and will never reach min_count=%d; use "
+                "CountAdmission (it halves only the keys that stopped coming), a min_count below %d or a larger "
+                "every_n_steps" % (emb.name, self, every, 2 * every - 1, self.min_count, 2 * every)
+            )
         counters = state["counters"]
         return tf.compat.v1.assign(counters, tf.bitwise.right_shift(counters, 1), use_locking=True)
 

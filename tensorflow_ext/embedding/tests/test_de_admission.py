@@ -567,3 +567,24 @@ def test_bloom_admission_needs_min_count_below_twice_the_sightings_per_eviction_
             for _ in range(12):
                 sess.run(train, {ids: [7]})
             assert sess.run(emb.size()) == int(admitted)
+
+
+@pytest.mark.parametrize("min_count,warned", [(3, False), (4, True)])
+def test_bloom_admission_that_in_step_eviction_keeps_out_is_warned_about(caplog, min_count, warned):
+    """BloomAdmission(min_count >= 2 * every_n_steps) with an in-step EvictionPolicy: a key looked up once per step
+    can never be admitted; the graph's build says so (a warning: several lookups per step count more)."""
+    with tf.Graph().as_default():
+        gs = tf.compat.v1.train.get_or_create_global_step()
+        emb = tf_ext.get_dynamic_embedding(
+            "e",
+            2,
+            admission=tf_ext.embedding.BloomAdmission(min_count, num_counters=1 << 12),
+            eviction=tf_ext.embedding.EvictionPolicy(steps_to_live=100, every_n_steps=2),
+        )
+        loss = tf.reduce_sum(tf_ext.embedding_lookup(emb, tf.constant([1], tf.int64)))
+        with caplog.at_level("WARNING", logger="tensorflow"):
+            tf.compat.v1.train.GradientDescentOptimizer(0.1).minimize(loss, global_step=gs)
+    messages = [r.getMessage() for r in caplog.records if "never reach" in r.getMessage()]
+    assert len(messages) == int(warned), messages
+    if warned:
+        assert "dynamic embedding e" in messages[0] and "CountAdmission" in messages[0], messages

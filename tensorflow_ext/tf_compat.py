@@ -875,7 +875,7 @@ def _make_apply_gradients(original):
         step = global_step if global_step is not None else tf.compat.v1.train.get_global_step()
         # Per call (a thread may build another graph with the same optimizer meanwhile): TF's apply_gradients
         # finds this call's _create_slots and the shard updates this call's step.
-        with opts.apply_call(self, _create_slots, step):
+        with opts.apply_call(self, _create_slots, step, shards):
             result = original(self, grads_and_vars, global_step=global_step, name=name, **kwargs)
         for shard in shards:
             shard.lookups.train_lookups_feeding(ancestors)

@@ -21,8 +21,9 @@ admission counts (see admission.py).
 
 When it runs:
 
-* given to `get_dynamic_embedding(eviction=...)` with `every_n_steps=N`: inside the training step, right after the
-  embedding's optimizer update, at every global step that is a multiple of N (needs a global step);
+* given to `get_dynamic_embedding(eviction=...)` with `every_n_steps=N`: inside the training step, at every global
+  step that is a multiple of N (needs a global step): each shard's per-key criteria right after that shard's
+  optimizer update, then `capacity` once for the whole embedding, after every shard's update and per-key eviction;
 * before every checkpoint save, with `EvictionSaverListener()` (pass it to `Estimator.train(saving_listeners=...)`
   or a `CheckpointSaverHook`): checkpoints never carry evicted keys;
 * every N `session.run` calls with `EvictionHook(N)`, or whenever you run the op of `evict()`.
@@ -33,10 +34,8 @@ embedding with a policy counts the keys it evicted in a saved int64 variable (`e
 `tf_ext.embedding.add_summaries()` writes to TensorBoard.
 
 Evicting reads the whole shard (its keys and versions, and for `min_l2_norm` its rows); `capacity`, once the
-embedding holds more than C keys, reads the keys and versions of every shard (inside the training step, each shard
-does so after its own update, removing only its own keys; keys the other criteria remove do not count, whether or not
-their shard has evicted yet, and with `min_l2_norm` every shard's rows are read): choose N so that this cost is small
-against N training steps.
+embedding holds more than C keys, reads the keys and versions of every shard once more (and with the per-key criteria
+their rows too, so that keys they remove never count): choose N so that this cost is small against N training steps.
 
 Every count is an int64 on its way to the kernels; a value out of its range (see `EvictionPolicy`) is a ValueError
 naming the argument and the range.
@@ -248,12 +247,11 @@ class EvictionPolicy(object):
 
         Reads every shard's keys and versions (one int64 pair per key) when the embedding holds more than
         `capacity` keys; only their sizes otherwise. Keys that the per-key criteria remove do not count, whether or
-        not they were removed yet: the in-step eviction of a shard runs while other shards' may not have (their
-        embeddings are then read too, for `min_l2_norm`).
+        not they were removed yet (their rows are then read too, for `min_l2_norm`).
 
         Args:
           emb: a `DynamicEmbedding`.
-          shards: the shards to remove from (default: all; the in-step eviction of one shard passes that shard).
+          shards: the shards to remove from (default: all).
           global_step: the step of `steps_to_live` (default: the graph's global step).
 
         Returns:
@@ -367,17 +365,60 @@ def _remove_beyond_capacity(emb, capacity, targets, survives=None):
     return tf.cond(total > cap, remove, lambda: tf.constant(0, tf.int64))
 
 
-def in_step_eviction(shard, update_op):
+class InStepEvictions(object):
+    """The in-step evictions of one `apply_gradients` call (built by the optimizer support, one per call): which
+    shards of each embedding the call updates, and the per-key evictions built so far.
+
+    Args:
+      shards: the shards the call updates.
+    """
+
+    def __init__(self, shards=()):
+        self._expected = {}  # id(embedding) -> [its shards in the call]
+        for shard in shards:
+            self._expected.setdefault(id(shard.embedding), []).append(shard)
+        self._done = {}  # id(embedding) -> [(shard, its update and per-key eviction)]
+        self._built = set()  # id(embedding) whose capacity step is built
+
+    def add(self, shard, op):
+        """Records the shard's update and per-key eviction.
+
+        Returns:
+          (ops, whole): once every shard of the embedding in the call is recorded, their ops and True (the
+          embedding's step is to be built now, once); before that, None and True. A shard the call did not
+          announce (a processor used outside `apply_gradients`, or the same shard again): [op] and False (its
+          capacity step is its own, removing only its keys).
+        """
+        key = id(shard.embedding)
+        expected = self._expected.get(key, ())
+        if key in self._built or not any(s is shard for s in expected):
+            return [op], False
+        done = self._done.setdefault(key, [])
+        done.append((shard, op))
+        if {id(s) for s, _ in done} != {id(s) for s in expected}:
+            return None, True
+        self._built.add(key)
+        return [o for _, o in done], True
+
+
+def _due(policy, step):
+    return tf.logical_and(step > 0, tf.equal(step % tf.constant(policy.every_n_steps, tf.int64), 0))
+
+
+def in_step_eviction(shard, update_op, call=None):
     """The shard's optimizer update followed, at global steps that are multiples of the policy's every_n_steps, by
     the eviction of the shard (called by the optimizer support for embeddings with such a policy).
 
-    The per-key criteria apply to the shard's keys; `capacity` applies to the whole embedding: the shard reads every
-    shard's versions and removes its own keys that are not among the `capacity` most recent of the embedding (other
-    shards remove theirs after their own update).
+    The per-key criteria apply to the shard's keys right after its update. `capacity` (and the decay of the
+    admission counts) applies to the whole embedding once per step: after the update and per-key eviction of every
+    shard of the embedding that the `apply_gradients` call updates (`call`), so that it reads every shard once and
+    only after its update. The processor of the last of those shards returns the embedding's step with its own.
 
     Args:
       shard: a `DynamicEmbeddingShard`.
       update_op: its optimizer update.
+      call: the `InStepEvictions` of the `apply_gradients` call, or None (a processor used on its own: capacity
+        then removes only this shard's keys, after its update).
 
     Returns:
       An op.
@@ -389,27 +430,37 @@ def in_step_eviction(shard, update_op):
     policy = emb.eviction
     if policy is None or policy.every_n_steps is None:
         return update_op
-    step = tf.compat.v1.train.get_global_step()
-    if step is None:
+    global_step = tf.compat.v1.train.get_global_step()
+    if global_step is None:
         raise ValueError(
             "dynamic embedding %s: EvictionPolicy(every_n_steps=%d) evicts at global steps that are multiples of "
             "every_n_steps; create a global step first (tf.compat.v1.train.get_or_create_global_step())"
             % (emb.name, policy.every_n_steps)
         )
-    with tf.name_scope("tf_ext_eviction"), tf.control_dependencies([update_op]):
-        step = tf.cast(tf.convert_to_tensor(step), tf.int64)
-        due = tf.logical_and(step > 0, tf.equal(step % tf.constant(policy.every_n_steps, tf.int64), 0))
+    evicted = emb.eviction_state["evicted"]
+    with tf.name_scope("tf_ext_eviction"):
+        with tf.control_dependencies([update_op]):
+            step = tf.cast(tf.convert_to_tensor(global_step), tf.int64)
+            removed = tf.cond(
+                _due(policy, step), lambda: policy.shard_op(shard, step), lambda: tf.constant(0, tf.int64)
+            )
+            local = evicted.assign_add(removed, read_value=False)
+        if policy.capacity is None and emb.admission is None:
+            return local
+        shard_ops, whole = (call if call is not None else InStepEvictions()).add(shard, local)
+        if shard_ops is None:
+            return local  # the last shard of the embedding in this call builds its step
 
-        def evict_shard():
-            local = policy.shard_op(shard, step)
-            if policy.capacity is not None:
-                with tf.control_dependencies([local]):
-                    local = local + policy.capacity_op(emb, [shard], global_step=step)
-            # Admission counts decay once per eviction of the embedding: with its first shard's.
-            return _with_admission_decay(emb, local) if shard is emb.shards[0] else local
+        def evict_embedding():
+            beyond = policy.capacity_op(emb, emb.shards if whole else [shard], global_step=step)
+            # Admission counts decay once per eviction of the embedding (a shard alone: with the first shard's).
+            return _with_admission_decay(emb, beyond) if whole or shard is emb.shards[0] else beyond
 
-        removed = tf.cond(due, evict_shard, lambda: tf.constant(0, tf.int64))
-        return emb.eviction_state["evicted"].assign_add(removed, read_value=False)
+        with tf.control_dependencies(shard_ops):
+            step = tf.cast(tf.convert_to_tensor(global_step), tf.int64)
+            removed = tf.cond(_due(policy, step), evict_embedding, lambda: tf.constant(0, tf.int64))
+            counted = evicted.assign_add(removed, read_value=False)
+        return tf.group(local, counted)
 
 
 def evict(embeddings=None, steps_to_live=None, min_frequency=None, global_step=None, name=None):

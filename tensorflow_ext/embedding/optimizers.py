@@ -360,7 +360,7 @@ def _insert_missing_keys(shard, keys, step):
 
 # ---- per-call state of the apply_gradients patch (tf_compat): per thread, never on the optimizer -------------
 
-_calls = threading.local()  # .stack: [(optimizer, create_slots, step)], innermost call last
+_calls = threading.local()  # .stack: [(optimizer, create_slots, step, in-step eviction state)], innermost call last
 _dispatch_lock = threading.Lock()
 _dispatchers = {}  # id(optimizer) -> (calls in flight, the _SlotsDispatch installed on it)
 
@@ -400,9 +400,11 @@ def original_create_slots(opt):
 
 
 @contextlib.contextmanager
-def apply_call(opt, create_slots, step):
+def apply_call(opt, create_slots, step, shards=()):
     """The state of one apply_gradients call with shards: while it runs, in this thread, `opt._create_slots(...)`
-    is `create_slots` and the shard updates use `step`. Other threads' calls with the same optimizer keep theirs."""
+    is `create_slots` and the shard updates use `step`. Other threads' calls with the same optimizer keep theirs.
+    `shards`: the shards the call updates (the in-step eviction of an embedding runs once all of its are updated;
+    see eviction.in_step_eviction)."""
     stack = _calls.__dict__.setdefault("stack", [])
     with _dispatch_lock:
         count, dispatch = _dispatchers.get(id(opt), (0, None))
@@ -410,7 +412,7 @@ def apply_call(opt, create_slots, step):
             dispatch = _SlotsDispatch(opt, vars(opt).get("_create_slots"))
             opt._create_slots = dispatch
         _dispatchers[id(opt)] = (count + 1, dispatch)
-    stack.append((opt, create_slots, step))
+    stack.append((opt, create_slots, step, eviction.InStepEvictions(shards)))
     try:
         yield
     finally:
@@ -514,8 +516,11 @@ class ShardProcessor(object):
         return self._v.handle
 
     def update_op(self, optimizer, g):
-        # An embedding created with EvictionPolicy(every_n_steps=N) evicts right after its update, every N steps.
-        return eviction.in_step_eviction(self._v, _apply_to_shard(optimizer, self._v, g))
+        # An embedding created with EvictionPolicy(every_n_steps=N) evicts in the training step, every N steps: each
+        # shard's per-key criteria after its update, capacity once all of the call's shards of the embedding are.
+        update = _apply_to_shard(optimizer, self._v, g)
+        call = _current_call(optimizer)
+        return eviction.in_step_eviction(self._v, update, None if call is None else call[3])
 
 
 # ---- patches of TF (defined in tf_compat, the one registry of changes to TF objects) --------------------------

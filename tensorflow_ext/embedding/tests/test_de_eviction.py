@@ -369,3 +369,95 @@ def test_capacity_does_not_count_keys_the_per_key_criteria_remove(graph, sess):
     assert sess.run(policy.capacity_op(emb, [shard0])) == 0
     assert sess.run(policy.shard_op(shard1)) == 1
     assert sorted(sess.run(emb.export()).keys.tolist()) == sorted(keys[0])
+
+
+# ---- in-step capacity: once per embedding, after every shard's update ------------------------------------------
+
+
+def _record_shard_updates(monkeypatch):
+    """Records, in build order, each shard's optimizer update op and what its processor returned (the update plus
+    what the in-step eviction adds to it)."""
+    from tensorflow_ext.embedding import optimizers  # pylint: disable=import-outside-toplevel
+
+    applies, results = [], []
+    apply_to_shard, update_op = optimizers._apply_to_shard, optimizers.ShardProcessor.update_op
+
+    def recording_apply(opt, shard, grad):
+        op = apply_to_shard(opt, shard, grad)
+        applies.append((shard, getattr(op, "op", op)))
+        return op
+
+    def recording_update_op(self, opt, grad):
+        op = update_op(self, opt, grad)
+        results.append((self._v, getattr(op, "op", op)))
+        return op
+
+    monkeypatch.setattr(optimizers, "_apply_to_shard", recording_apply)
+    monkeypatch.setattr(optimizers.ShardProcessor, "update_op", recording_update_op)
+    return applies, results
+
+
+def _norm_and_capacity_model(monkeypatch):
+    """Two shards, rows of 1.0; a weight of 1 moves a key's row to 0.4 (below min_l2_norm 0.5), a weight of 0 keeps
+    it. Eviction runs at every step (from global step 1)."""
+    applies, results = _record_shard_updates(monkeypatch)
+    policy = tf_ext.embedding.EvictionPolicy(min_l2_norm=0.5, capacity=1, every_n_steps=1)
+    gs = tf.compat.v1.train.get_or_create_global_step()
+    ids = tf.compat.v1.placeholder(tf.int64, [None])
+    weights = tf.compat.v1.placeholder(tf.float32, [None])
+    emb = tf_ext.get_dynamic_embedding("e", 1, initializer=1.0, num_shards=2, eviction=policy)
+    loss = tf.reduce_sum(tf.squeeze(tf_ext.embedding_lookup(emb, ids), 1) * weights)
+    train = tf.compat.v1.train.GradientDescentOptimizer(0.6).minimize(loss, global_step=gs)
+    assert [s for s, _ in applies] == [s for s, _ in results] and len(applies) == 2
+    return gs, ids, weights, emb, train, applies, results
+
+
+def _keys_for_order(emb, first, last):
+    """b in shard `first`, a in shard `last`, a > b."""
+    keys = _keys_of_shards(emb, [4, 4])
+    b = min(keys[emb.shards.index(first)])
+    a = min(k for k in keys[emb.shards.index(last)] if k > b)
+    return a, b
+
+
+def test_in_step_capacity_waits_for_every_shards_update(graph, monkeypatch):
+    """With min_l2_norm and capacity, the capacity step must see every shard after its update: a row read before
+    its update still has its old norm, counts among the kept, and pushes a key that should stay out. The bad
+    order is forced: the last shard's update runs only after everything the first shard's processor built (before
+    the fix, that held the first shard's capacity eviction, which read the last shard before its update)."""
+    gs, ids, weights, emb, train, applies, results = _norm_and_capacity_model(monkeypatch)
+    (first, _), (last, last_apply) = applies
+    a, b = _keys_for_order(emb, first, last)
+    last_apply._add_control_input(results[0][1])  # pylint: disable=protected-access
+    with tf.compat.v1.Session(graph=graph, config=session_config()) as sess:
+        sess.run(tf.compat.v1.global_variables_initializer())
+        sess.run(gs.assign(1))
+        # Step 1: a and b are inserted with version 1; a's update takes its norm to 0.4, so min_l2_norm removes it,
+        # and capacity 1 keeps b. Counting a as it was before its update (norm 1, and a > b) would remove b too.
+        sess.run(train, {ids: [b, a], weights: [0.0, 1.0]})
+        assert sess.run(emb.export()).keys.tolist() == [b]
+        assert sess.run(emb.eviction_state["evicted"]) == 1
+
+
+def test_in_step_capacity_reads_each_shard_once(graph):
+    """The in-step eviction reads every shard once per step (its per-key criteria and capacity share nothing to
+    read twice only when they are in one step: here capacity alone), not once per shard and shard."""
+    policy = tf_ext.embedding.EvictionPolicy(capacity=5, every_n_steps=1)
+    before = len(graph.get_operations())
+    gs, ids, emb, train = _policy_model(policy, num_shards=3)
+    built = graph.get_operations()[before:]
+    exports = [op for op in built if op.type == "TfExtTableExport"]
+    assert len(exports) == 3, [op.name for op in exports]
+    # Every read is downstream of every shard's update.
+    update_types = [op for op in built if op.type.startswith("TfExtEmbeddingSparseApply")]
+    assert len(update_types) == 3
+    for export in exports:
+        seen, todo = set(), [export]
+        while todo:
+            op = todo.pop()
+            if op in seen:
+                continue
+            seen.add(op)
+            todo.extend(i.op for i in op.inputs)
+            todo.extend(op.control_inputs)
+        assert all(u in seen for u in update_types), export.name

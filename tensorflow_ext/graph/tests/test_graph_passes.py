@@ -478,3 +478,49 @@ def test_a_fed_lookup_is_not_fused():
     assert total_on > 800.0  # the fed 3x3 block of 100s counts
     # The other two still fuse.
     assert ops_on.count(POOLED_MULTI) == 1 and ops_on.count(POOLED) == 0
+
+
+def _train_with_in_step_eviction(passes):
+    """Two embeddings of two shards and one of one, each with an in-step eviction by norm and capacity: returns the
+    tables after each step, the op types the first step ran and the passes' counters' change."""
+    before = tf_ext.graph.pass_stats()
+    with tf.Graph().as_default():
+        tf.compat.v1.set_random_seed(11)
+        gs = tf.compat.v1.train.get_or_create_global_step()
+        ids = tf.compat.v1.placeholder(tf.int64, [None])
+        tables = [
+            tf_ext.get_dynamic_embedding(
+                "evicting%d" % i,
+                3,
+                num_shards=shards,
+                initializer=tf.compat.v1.random_normal_initializer(seed=i + 1),
+                eviction=tf_ext.embedding.EvictionPolicy(min_l2_norm=0.8, capacity=12, every_n_steps=2),
+            )
+            for i, shards in enumerate((2, 2, 1))
+        ]
+        loss = tf.add_n([tf.reduce_sum(tf.square(tf_ext.embedding_lookup(t, ids) - 0.5)) for t in tables])
+        train = tf.compat.v1.train.AdagradOptimizer(0.3).minimize(loss, global_step=gs)
+        exports = _exports()
+        snapshots = []
+        md = tf.compat.v1.RunMetadata()
+        with tf.compat.v1.Session(config=_config(passes)) as sess:
+            sess.run(tf.compat.v1.global_variables_initializer())
+            for step in range(6):
+                kw = dict(options=tf.compat.v1.RunOptions(output_partition_graphs=True), run_metadata=md)
+                sess.run(train, {ids: np.arange(step * 5, step * 5 + 10)}, **(kw if step == 0 else {}))
+                snapshots.append(sess.run(exports))
+    after = tf_ext.graph.pass_stats()
+    return snapshots, _op_types(md), {k: after[k] - before[k] for k in after}
+
+
+def test_in_step_eviction_with_fused_updates():
+    """An embedding's capacity eviction runs after all its shards' updates, which the passes fuse into one
+    multi-table update: same tables bit for bit, and the updates are still fused."""
+    on, ops_on, delta_on = _train_with_in_step_eviction(True)
+    off, ops_off, _ = _train_with_in_step_eviction(False)
+    for a, b in zip(on, off):
+        _assert_same_tables(a, b)
+    sizes = [sum(len(s[0]) for s in snapshot.values()) for snapshot in off]
+    assert sizes[2] <= 3 * 12 and sizes[4] <= 3 * 12 < sizes[5]  # evicted at global steps 2 and 4
+    assert ops_off.count("TfExtEmbeddingSparseApplyAdagrad") == 5
+    assert ops_on.count("TfExtEmbeddingSparseApplyAdagradMulti") == 1 and delta_on["applies_fused"] >= 5

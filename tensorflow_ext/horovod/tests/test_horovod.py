@@ -82,6 +82,53 @@ def test_unseeded_initializer_with_plain_horovod_is_refused(tmp_path):
     assert "REFUSED 0" in out and "REFUSED 1" in out, out[-4000:]
 
 
+def test_model_parallel_capacity_is_per_rank(tmp_path):
+    """A model-parallel embedding's in-step capacity eviction keeps, on each rank, the `capacity` most recent of the
+    keys that rank owns (over its shards), after the rank's update."""
+    script = tmp_path / "worker.py"
+    script.write_text(
+        textwrap.dedent(
+            """
+        import numpy as np
+        import tensorflow as tf
+        tf.compat.v1.disable_v2_behavior()
+        import tensorflow_ext as tf_ext
+        import tensorflow_ext.horovod as tfe_hvd
+        from tensorflow_ext.horovod.embedding import owner_of_numpy
+        import horovod.tensorflow as hvd
+        hvd.init()
+        rank, size = hvd.rank(), hvd.size()
+        gs = tf.compat.v1.train.get_or_create_global_step()
+        ids = tf.compat.v1.placeholder(tf.int64, [None])
+        emb = tfe_hvd.get_dynamic_embedding(
+            "e", 2, parallelism="model", num_shards=2, initializer=tf.compat.v1.constant_initializer(0.5),
+            eviction=tf_ext.embedding.EvictionPolicy(capacity=3, every_n_steps=1))
+        loss = tf.reduce_sum(tf.square(tf_ext.embedding_lookup(emb, ids) - 1.0))
+        train = tfe_hvd.DistributedOptimizer(tf.compat.v1.train.AdagradOptimizer(0.1)).minimize(loss, global_step=gs)
+        keys = emb.export()[0]
+        steps = [np.arange(1, 21), np.arange(15, 25)]  # step 0: no eviction; step 1: version 1, then eviction
+        version = {}
+        for step, batch in enumerate(steps):
+            for k in batch:
+                version[int(k)] = step
+        mine = [k for k in version if owner_of_numpy(np.array([k], np.int64), size)[0] == rank]
+        want = sorted(sorted(mine, key=lambda k: (version[k], k))[-3:])
+        with tf.compat.v1.Session() as sess:
+            sess.run(tf.compat.v1.global_variables_initializer())
+            for step, batch in enumerate(steps):
+                part = np.array_split(batch, size)[rank]  # each rank's slice of the global batch
+                sess.run(train, {ids: part})
+            got = sorted(sess.run(keys).tolist())
+        assert got == want, (rank, got, want)
+        print("CAPACITY OK", rank, flush=True)
+    """
+        )
+    )
+    code, out = horovodrun(2, str(script), cwd=str(tmp_path))
+    assert code == 0, out[-4000:]
+    assert "CAPACITY OK 0" in out and "CAPACITY OK 1" in out, out[-4000:]
+
+
 def test_import_without_horovod_names_the_install_step(tmp_path):
     fake = tmp_path / "nohvd" / "horovod"
     fake.mkdir(parents=True)

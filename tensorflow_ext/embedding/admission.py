@@ -14,8 +14,8 @@ noise that costs a full row (embedding and optimizer slots) until eviction. An a
   `embedding_lookup` returns `default_value` (a finite float, zeros by default) as its row; the pooled lookups
   (`embedding_lookup_sparse`, `safe_embedding_lookup_sparse`) leave it out, as if it were absent from the input: it
   is in no sum and in no `mean` / `sqrtn` denominator (an example left without ids is an empty example). Training
-  is then training on the input without the keys not admitted yet. (Model-parallel Horovod embeddings count on the
-  keys' owners and pool the default rows.)
+  is then training on the input without the keys not admitted yet, also for model-parallel Horovod embeddings
+  (each key's owner counts it and sends back whether it has a row with the row).
 * Inference lookups (eval, predict, serving) count nothing; keys without a row are treated as above there too, so
   a model is evaluated as it was trained.
 * Counts are part of the model: `tf.compat.v1.train.Saver()` saves and restores them with the embedding. A

@@ -147,18 +147,26 @@ def _lookup_unique_admitted(emb, unique_keys, is_training):
     admission policy a bool [n] saying which keys have a row (the others read the policy's default row), else None.
 
     Pooled lookups leave the keys not admitted out of their combination (as if absent from the input). The mask
-    is known where the keys are counted: on this process (an embedding split across Horovod processes returns
-    None: its pooled lookups combine the default rows).
+    is known where the keys are counted: on this process, or for an embedding split across Horovod processes on
+    each key's owner, which sends it back with the row (one more column).
     """
-    if emb.admission is not None and emb.distribution is None:
+    if emb.admission is None:
+        return _lookup_unique(emb, unique_keys, is_training), None
+
+    def local(e, keys):
         return admission_lib.admitted_lookup(
-            emb,
-            unique_keys,
-            is_training,
-            lambda keys: _lookup_unique_rows(emb, keys, is_training),
-            return_admitted=True,
+            e, keys, is_training, lambda k: _lookup_unique_rows(e, k, is_training), return_admitted=True
         )
-    return _lookup_unique(emb, unique_keys, is_training), None
+
+    if emb.distribution is None:
+        return local(emb, unique_keys)
+
+    def local_with_mask(e, keys):
+        rows, admitted = local(e, keys)
+        return tf.concat([rows, tf.expand_dims(tf.cast(admitted, rows.dtype), 1)], 1)
+
+    out = emb.distribution.lookup_unique(emb, unique_keys, local_with_mask, width=emb.dim + 1)
+    return out[:, : emb.dim], out[:, emb.dim] > 0.5
 
 
 def _lookup_unique_rows(emb, unique_keys, is_training):

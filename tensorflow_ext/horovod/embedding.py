@@ -120,16 +120,17 @@ class ModelParallel(object):
         """The rank that owns each key (see `owner_of`)."""
         return self.partition.part_ids(keys)
 
-    def lookup_unique(self, emb, unique_keys, lookup_local):
+    def lookup_unique(self, emb, unique_keys, lookup_local, width=None):
         """Rows [n, dim] of unique int64 keys [n], read from their owners.
 
         Args:
           emb: the `DynamicEmbedding` (this rank's partition).
           unique_keys: int64 [n], unique.
           lookup_local: callable(emb, keys) -> rows [m, dim] of unique local keys (the single-process lookup).
+          width: the columns lookup_local returns, when not dim (e.g. a row and what the owner knows of the key).
 
         Returns:
-          float32 [n, dim], differentiable: the gradient reaches each key's owner.
+          float32 [n, width or dim], differentiable: the gradient reaches each key's owner.
         """
         hvd = _hvd.require_horovod()
         n = self.num_ranks()
@@ -150,7 +151,7 @@ class ModelParallel(object):
             back, _ = hvd.alltoall(
                 rows, splits=recv_splits, process_set=self._process_set, name=emb.name.replace("/", "_") + "_rows"
             )
-            back = tf.reshape(back, [-1, emb.dim])
+            back = tf.reshape(back, [-1, width or emb.dim])
             return tf.gather(back, tf.math.invert_permutation(order))
 
 

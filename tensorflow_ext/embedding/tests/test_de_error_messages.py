@@ -128,7 +128,9 @@ def test_other_restore_errors_keep_tensorflow_first_line(tmp_path):
             sess.run(v.initializer)
             saver.save(sess, prefix)
     with tf.Graph().as_default():
-        tf.compat.v1.get_variable("v", initializer=[1.0, 2.0])
+        # Another dtype: RestoreV2 refuses it whatever the variable kind (a resource variable would take another
+        # shape silently).
+        tf.compat.v1.get_variable("v", initializer=[1, 2], dtype=tf.int32)
         saver = tf.compat.v1.train.Saver()
         with tf.compat.v1.Session(config=session_config()) as sess:
             with pytest.raises(tf.errors.InvalidArgumentError) as info:

@@ -179,22 +179,7 @@ def get_variable(
     Raises:
       ValueError: an argument with no equivalent here (kv_creator, bp_v2=True, a custom partitioner).
     """
-    return _build(
-        "get_variable",
-        name,
-        key_dtype,
-        value_dtype,
-        dim,
-        devices,
-        partitioner,
-        initializer,
-        trainable,
-        checkpoint,
-        init_size,
-        kv_creator,
-        restrict_policy,
-        bp_v2,
-    )
+    return _build("get_variable", **locals())  # every argument, by name
 
 
 def _build(
@@ -205,6 +190,7 @@ def _build(
     dim,
     devices,
     partitioner,
+    shared_name,
     initializer,
     trainable,
     checkpoint,
@@ -212,9 +198,14 @@ def _build(
     kv_creator,
     restrict_policy,
     bp_v2,
+    short_file_name,
     reuse=None,
 ):
-    """get_variable and Variable: TFRA's arguments -> get_dynamic_embedding's (`caller` names the error's source)."""
+    """get_variable and Variable: TFRA's arguments -> get_dynamic_embedding's (`caller` names the error's source).
+
+    shared_name and short_file_name are accepted and ignored (see `get_variable`).
+    """
+    del shared_name, short_file_name
     if kv_creator is not None:
         raise ValueError(
             "%s(kv_creator=...): tensorflow_ext has one table engine (a concurrent CPU hash table that "
@@ -335,7 +326,8 @@ class Variable(metaclass=_VariableType):
         bp_v2=False,
         short_file_name=False,
     ):
-        del cls, shared_name, short_file_name
+        tfra_args = dict(locals())  # every argument, by name (taken before any other local exists)
+        del tfra_args["cls"]
         if isinstance(key_dtype, str):
             try:
                 tf.as_dtype(key_dtype)
@@ -356,23 +348,7 @@ class Variable(metaclass=_VariableType):
                     "always creates a new one. Pick another name, or share it with get_variable(%r, ...) under "
                     "tf.compat.v1.variable_scope(..., reuse=tf.compat.v1.AUTO_REUSE)." % (name, full_name, name)
                 )
-        return _build(
-            "Variable",
-            name,
-            key_dtype,
-            value_dtype,
-            dim,
-            devices,
-            partitioner,
-            initializer,
-            trainable,
-            checkpoint,
-            init_size,
-            kv_creator,
-            restrict_policy,
-            bp_v2,
-            reuse=False,
-        )
+        return _build("Variable", reuse=False, **tfra_args)
 
 
 def restrict(var, num_reserved, trigger=None, name=None):

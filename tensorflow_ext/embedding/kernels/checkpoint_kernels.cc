@@ -95,6 +95,37 @@ Status CheckInDataFile(OpKernelContext* ctx, tensorflow::BundleReader* reader, c
   return tensorflow::OkStatus();
 }
 
+// Input 0 of the read ops, the checkpoint prefix: a scalar string.
+Status GetPrefix(OpKernelContext* ctx, std::string* path) {
+  const Tensor& prefix = ctx->input(0);
+  if (prefix.dtype() != tensorflow::DT_STRING || prefix.NumElements() != 1) {
+    return InvalidArgument("prefix must be a scalar string (a checkpoint prefix), got ",
+                           tensorflow::DataTypeString(prefix.dtype()), " of shape ", prefix.shape().DebugString());
+  }
+  *path = prefix.flat<tensorflow::tstring>()(0);
+  return tensorflow::OkStatus();
+}
+
+// Reads tensor `name` of the checkpoint at `path`; an error keeps its code and
+// names the checkpoint and the tensor (a damaged data file: a checksum
+// mismatch, a short read).
+Status LookupTensor(tensorflow::BundleReader* reader, const std::string& path, const std::string& name, Tensor* t) {
+  const Status read = reader->Lookup(name, t);
+  if (read.ok()) return tensorflow::OkStatus();
+  return Status(read.code(),
+                tensorflow::strings::StrCat("checkpoint ", path, ": cannot read tensor ", name, ": ", read.message()));
+}
+
+// The shapes of the optional-read ops: a scalar prefix in; `value` and a
+// scalar `found` out.
+Status ReadOptionalShape(InferenceContext* c, ShapeHandle value) {
+  ShapeHandle unused;
+  TF_RETURN_IF_ERROR(c->WithRank(c->input(0), 0, &unused));
+  c->set_output(0, value);
+  c->set_output(1, c->Scalar());
+  return tensorflow::OkStatus();
+}
+
 REGISTER_OP("TfExtCheckpointReadOptionalString")
     .Input("prefix: string")
     .Attr("tensor_name: string")
@@ -104,13 +135,7 @@ REGISTER_OP("TfExtCheckpointReadOptionalString")
     .Output("value: string")
     .Output("found: bool")
     .SetIsStateful()
-    .SetShapeFn([](InferenceContext* c) {
-      ShapeHandle unused;
-      TF_RETURN_IF_ERROR(c->WithRank(c->input(0), 0, &unused));
-      c->set_output(0, c->Scalar());
-      c->set_output(1, c->Scalar());
-      return tensorflow::OkStatus();
-    });
+    .SetShapeFn([](InferenceContext* c) { return ReadOptionalShape(c, c->Scalar()); });
 
 class CheckpointReadOptionalStringOp : public OpKernel {
  public:
@@ -122,12 +147,8 @@ class CheckpointReadOptionalStringOp : public OpKernel {
   }
 
   void Compute(OpKernelContext* ctx) override {
-    const Tensor& prefix = ctx->input(0);
-    OP_REQUIRES(
-        ctx, prefix.dtype() == tensorflow::DT_STRING && prefix.NumElements() == 1,
-        InvalidArgument("prefix must be a scalar string (a checkpoint prefix), got ",
-                        tensorflow::DataTypeString(prefix.dtype()), " of shape ", prefix.shape().DebugString()));
-    const std::string path = prefix.flat<tensorflow::tstring>()(0);
+    std::string path;
+    OP_REQUIRES_OK(ctx, GetPrefix(ctx, &path));
     Tensor* value = nullptr;
     Tensor* found = nullptr;
     OP_REQUIRES_OK(ctx, ctx->allocate_output(0, TensorShape({}), &value));
@@ -144,12 +165,7 @@ class CheckpointReadOptionalStringOp : public OpKernel {
     }
     if (!reader.Contains(tensor_name_)) return;
     Tensor t;
-    const Status read = reader.Lookup(tensor_name_, &t);
-    // The same error code, naming the checkpoint and the tensor (a damaged
-    // data file: a checksum mismatch, a short read).
-    OP_REQUIRES(ctx, read.ok(),
-                Status(read.code(), tensorflow::strings::StrCat("checkpoint ", path, ": cannot read tensor ",
-                                                                tensor_name_, ": ", read.message())));
+    OP_REQUIRES_OK(ctx, LookupTensor(&reader, path, tensor_name_, &t));
     OP_REQUIRES(ctx, t.dtype() == tensorflow::DT_STRING && t.NumElements() == 1,
                 InvalidArgument("checkpoint tensor ", tensor_name_, " of ", path, " must be a scalar string, got ",
                                 tensorflow::DataTypeString(t.dtype()), " of shape ", t.shape().DebugString()));
@@ -212,13 +228,7 @@ REGISTER_OP("TfExtCheckpointReadOptional")
     .Output("value: dtype")
     .Output("found: bool")
     .SetIsStateful()
-    .SetShapeFn([](InferenceContext* c) {
-      ShapeHandle unused;
-      TF_RETURN_IF_ERROR(c->WithRank(c->input(0), 0, &unused));
-      c->set_output(0, c->UnknownShape());
-      c->set_output(1, c->Scalar());
-      return tensorflow::OkStatus();
-    });
+    .SetShapeFn([](InferenceContext* c) { return ReadOptionalShape(c, c->UnknownShape()); });
 
 class CheckpointReadOptionalOp : public OpKernel {
  public:
@@ -228,12 +238,8 @@ class CheckpointReadOptionalOp : public OpKernel {
   }
 
   void Compute(OpKernelContext* ctx) override {
-    const Tensor& prefix = ctx->input(0);
-    OP_REQUIRES(
-        ctx, prefix.dtype() == tensorflow::DT_STRING && prefix.NumElements() == 1,
-        InvalidArgument("prefix must be a scalar string (a checkpoint prefix), got ",
-                        tensorflow::DataTypeString(prefix.dtype()), " of shape ", prefix.shape().DebugString()));
-    const std::string path = prefix.flat<tensorflow::tstring>()(0);
+    std::string path;
+    OP_REQUIRES_OK(ctx, GetPrefix(ctx, &path));
     Tensor* found = nullptr;
     OP_REQUIRES_OK(ctx, ctx->allocate_output(1, TensorShape({}), &found));
     found->scalar<bool>()() = false;
@@ -246,10 +252,7 @@ class CheckpointReadOptionalOp : public OpKernel {
     }
     OP_REQUIRES_OK(ctx, CheckInDataFile(ctx, &reader, path, tensor_name_));
     Tensor t;
-    const Status read = reader.Lookup(tensor_name_, &t);
-    OP_REQUIRES(ctx, read.ok(),
-                Status(read.code(), tensorflow::strings::StrCat("checkpoint ", path, ": cannot read tensor ",
-                                                                tensor_name_, ": ", read.message())));
+    OP_REQUIRES_OK(ctx, LookupTensor(&reader, path, tensor_name_, &t));
     OP_REQUIRES(
         ctx, t.dtype() == dtype_,
         InvalidArgument("checkpoint tensor ", tensor_name_, " of ", path, " is ", tensorflow::DataTypeString(t.dtype()),
@@ -477,11 +480,7 @@ class CheckpointRestoreRowsOp : public OpKernel {
  private:
   static Status ReadTensor(tensorflow::BundleReader* reader, const std::string& path, const std::string& name,
                            tensorflow::DataType dtype, Tensor* t) {
-    const Status read = reader->Lookup(name, t);
-    if (!read.ok()) {
-      return Status(read.code(), tensorflow::strings::StrCat("checkpoint ", path, ": cannot read tensor ", name, ": ",
-                                                             read.message()));
-    }
+    TF_RETURN_IF_ERROR(LookupTensor(reader, path, name, t));
     if (t->dtype() != dtype) {
       return InvalidArgument("checkpoint ", path, ": tensor ", name, " is ", tensorflow::DataTypeString(t->dtype()),
                              ", expected ", tensorflow::DataTypeString(dtype));

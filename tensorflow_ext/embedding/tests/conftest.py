@@ -16,11 +16,12 @@ import tensorflow as tf  # noqa: E402
 tf.compat.v1.disable_v2_behavior()
 
 
-def run_fresh(code, cwd, timeout=300, env=None):
+def run_fresh(code, cwd, timeout=300, env=None, with_stderr=False):
     """Runs `code` (dedented) in a fresh interpreter that imports only what it imports; returns its stdout.
 
     For the scenarios that happen in a new process (export then load, restore, warm start). The timeout guards
-    against hangs only. `env`: variables added to the interpreter's environment."""
+    against hangs only. `env`: variables added to the interpreter's environment. `with_stderr`: return
+    (stdout, stderr), for tests of what it logs."""
     env = dict(os.environ, PYTHONPATH=_ROOT, TF_CPP_MIN_LOG_LEVEL="2", **(env or {}))
     proc = subprocess.run(
         [sys.executable, "-c", textwrap.dedent(code)],
@@ -31,7 +32,7 @@ def run_fresh(code, cwd, timeout=300, env=None):
         timeout=timeout,
     )
     assert proc.returncode == 0, "fresh process failed:\n%s\n%s" % (proc.stdout[-3000:], proc.stderr[-6000:])
-    return proc.stdout
+    return (proc.stdout, proc.stderr) if with_stderr else proc.stdout
 
 
 def session_config():

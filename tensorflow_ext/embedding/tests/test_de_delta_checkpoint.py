@@ -406,6 +406,21 @@ def _listed_and_links(listed):
     return sorted(out)
 
 
+def _save_full_delta_delta(gs, emb, ids, train, prefix):
+    """Trains and saves 3 times (full, delta, delta; max_to_keep=2); returns (the 3 paths, the state saved last)."""
+    listener = tf_ext.embedding.delta_checkpoints(full_every=4)
+    saver = tf.compat.v1.train.Saver(max_to_keep=2)
+    with tf.compat.v1.Session(config=session_config()) as sess:
+        sess.run(tf.compat.v1.global_variables_initializer())
+        paths = []
+        for i in range(3):
+            sess.run(train, {ids: np.arange(20 * i, 20 * i + 30)})
+            paths.append(listener.save(sess, saver, prefix, gs))
+        state = _state(sess, emb)
+    assert [_kind(p) for p in paths] == ["full", "delta", "delta"]
+    return paths, state
+
+
 @pytest.mark.parametrize("filesystem", ["local", "ram"])
 def test_a_record_that_cannot_be_read_deletes_no_link(graph, tmp_path, monkeypatch, filesystem):
     """A transient read error on a kept delta's record: its links stay (and go once it can be read).
@@ -418,17 +433,8 @@ def test_a_record_that_cannot_be_read_deletes_no_link(graph, tmp_path, monkeypat
         tf.io.gfile.makedirs(tmp_path)
     prefix = os.path.join(str(tmp_path), "model.ckpt")
     gs, emb, ids, train, *_ = _build()
-    listener = tf_ext.embedding.delta_checkpoints(full_every=4)
-    saver = tf.compat.v1.train.Saver(max_to_keep=2)
-    with tf.compat.v1.Session(config=session_config()) as sess:
-        sess.run(tf.compat.v1.global_variables_initializer())
-        paths = []
-        for i in range(3):  # full, delta, delta
-            sess.run(train, {ids: np.arange(20 * i, 20 * i + 30)})
-            paths.append(listener.save(sess, saver, prefix, gs))
-        state = _state(sess, emb)
+    paths, state = _save_full_delta_delta(gs, emb, ids, train, prefix)
     full, delta1, delta2 = paths
-    assert [_kind(p) for p in paths] == ["full", "delta", "delta"]
     # A later run (a new graph and listener) lists the last two; reading delta2's record fails once.
     original = tf.compat.v1.train.NewCheckpointReader
     failing = {delta2}
@@ -560,16 +566,7 @@ def test_a_later_run_reads_the_record_of_a_saved_embedding_when_the_first_is_not
         return _build()
 
     gs, emb, ids, train, *_ = build()
-    listener = tf_ext.embedding.delta_checkpoints(full_every=4)
-    saver = tf.compat.v1.train.Saver(max_to_keep=2)
-    with tf.compat.v1.Session(config=session_config()) as sess:
-        sess.run(tf.compat.v1.global_variables_initializer())
-        paths = []
-        for i in range(3):  # full, delta, delta
-            sess.run(train, {ids: np.arange(20 * i, 20 * i + 30)})
-            paths.append(listener.save(sess, saver, prefix, gs))
-        state = _state(sess, emb)
-    assert [_kind(p) for p in paths] == ["full", "delta", "delta"]
+    paths, state = _save_full_delta_delta(gs, emb, ids, train, prefix)
     with tf.Graph().as_default():
         gs, emb, ids, train, *_ = build()
         listener = tf_ext.embedding.delta_checkpoints(full_every=4)

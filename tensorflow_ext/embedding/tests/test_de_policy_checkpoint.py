@@ -3,9 +3,6 @@ starts empty, with a log line); a checkpoint that holds the state restores it ex
 restores a checkpoint that holds it."""
 
 import json
-import os
-import subprocess
-import sys
 import textwrap
 
 import numpy as np
@@ -13,24 +10,7 @@ import pytest
 import tensorflow as tf
 
 import tensorflow_ext as tf_ext
-
-_ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)))))
-
-
-def _fresh(code, cwd):
-    """Runs `code` in a new interpreter; returns (stdout, stderr)."""
-    env = dict(os.environ, PYTHONPATH=_ROOT, TF_CPP_MIN_LOG_LEVEL="2")
-    r = subprocess.run(
-        [sys.executable, "-c", textwrap.dedent(code)],
-        cwd=str(cwd),
-        env=env,
-        capture_output=True,
-        text=True,
-        timeout=300,
-    )
-    assert r.returncode == 0, "fresh process failed:\n%s\n%s" % (r.stdout[-3000:], r.stderr[-6000:])
-    return r.stdout, r.stderr
-
+from tensorflow_ext.embedding.tests.conftest import run_fresh
 
 # One model, with or without policies (POLICIES: "none" or "all"): embedding "user" (CountAdmission and an
 # EvictionPolicy) and "item" (BloomAdmission). Prints its state as JSON on the last line.
@@ -76,7 +56,7 @@ def state(sess):
 
 def _run_model(tmp_path, policies, body):
     code = _MODEL.replace("POLICIES", repr(policies)) + textwrap.dedent(body)
-    out, err = _fresh(code, tmp_path)
+    out, err = run_fresh(code, tmp_path, with_stderr=True)
     states = [json.loads(l) for l in out.splitlines() if l.startswith("{")]
     return (states[0] if len(states) == 1 else states), err
 
@@ -276,7 +256,7 @@ def _estimator_day(tmp_path, policies, steps, offset, delta):
         .replace("MODEL_DIR", repr(str(tmp_path / "model_dir")))
         .replace("STEPS", str(steps))
     )
-    out, err = _fresh(code, tmp_path)
+    out, err = run_fresh(code, tmp_path, with_stderr=True)
     lines = dict(l.split(" ", 1) for l in out.splitlines() if l.startswith(("RESTORED ", "END ")))
     return json.loads(lines["RESTORED"]), json.loads(lines["END"]), err
 

@@ -1,4 +1,4 @@
-"""The patches of TensorFlow internals (tensorflow_ext/tf_compat.py): each is listed, guarded and tested."""
+"""The patches of TensorFlow internals (tensorflow_ext/tf_compat/): each is listed, guarded and tested."""
 
 import ast
 import os

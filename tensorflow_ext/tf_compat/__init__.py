@@ -660,7 +660,8 @@ def _make_session_run(original):
 
 # ---- restore errors raised by tensorflow_ext's own checks -------------------------------------------------------
 
-_PACKAGE_DIR = __import__("os").path.dirname(__import__("os").path.abspath(__file__))
+# The tensorflow_ext package directory (this file is tensorflow_ext/tf_compat/__init__.py).
+_PACKAGE_DIR = __import__("os").path.dirname(__import__("os").path.dirname(__import__("os").path.abspath(__file__)))
 _TF_DIRS = tuple(
     __import__("os").path.dirname(__import__("os").path.abspath(m.__file__))
     for m in (tf, sys.modules.get("tensorflow.python"), sys.modules.get("keras"))

@@ -6,6 +6,10 @@ values: `[embedding (dim) | optimizer slot columns]`, with per-key metadata
 (`lookup`, `insert`, `remove`, `size`, `export`, `resource_handle`), so TF's own
 `LookupTable*V2` ops work on its handle, and adds batched row operations
 (`find`, `find_or_insert`, `accumulate`, `evict`, ...). See docs/table.md.
+
+A `HashTable` checks and converts user input (key and value dtypes, integer
+scalars) and hands it to its `refs.MutableTableRef`, which holds the handle
+and the layout and adds the ops.
 """
 
 import numpy as np
@@ -13,7 +17,7 @@ import tensorflow as tf
 from tensorflow.python.ops import lookup_ops
 from tensorflow.python.training.saving import saveable_object
 
-from tensorflow_ext.utils import loader
+from tensorflow_ext.table import refs
 
 __all__ = ["HashTable", "MAX_CAPACITY"]
 
@@ -21,10 +25,6 @@ __all__ = ["HashTable", "MAX_CAPACITY"]
 # the handle op enforces too; Python's one copy of it. 2^40 rows is far above any machine's memory, so a larger
 # value is a mistake (e.g. a vocabulary size in bytes or a partitioner's 2^63 shape).
 MAX_CAPACITY = 1 << 40
-
-
-def _invalid(msg):
-    return tf.errors.InvalidArgumentError(None, None, msg)
 
 
 def check_preallocate(preallocate, initial_capacity, what):
@@ -70,10 +70,10 @@ def _int64_scalar(x, what):
     """
     if isinstance(x, (tf.Tensor, tf.Variable)):
         if not x.dtype.is_integer:
-            raise _invalid("%s must be an integer scalar, got a %s tensor" % (what, x.dtype.name))
+            raise refs.invalid_argument("%s must be an integer scalar, got a %s tensor" % (what, x.dtype.name))
         return tf.cast(x, tf.int64) if x.dtype != tf.int64 else x
     if np.asarray(x).dtype.kind not in "iu":
-        raise _invalid("%s must be an integer scalar, got %r" % (what, x))
+        raise refs.invalid_argument("%s must be an integer scalar, got %r" % (what, x))
     return tf.convert_to_tensor(x, dtype=tf.int64)
 
 
@@ -147,25 +147,14 @@ class HashTable(lookup_ops.LookupInterface):
           TypeError, ValueError: preallocate not a bool, or True without an
             initial_capacity.
         """
-        dim = int(dim)
-        width = dim if width is None else int(width)
-        column_defaults = [] if column_defaults is None else [float(v) for v in column_defaults]
-        if dim < 1:
-            raise _invalid("dim must be >= 1, got %d" % dim)
-        if width < dim:
-            raise _invalid("width must be >= dim (%d), got %d" % (dim, width))
-        if column_defaults and len(column_defaults) != width:
-            raise _invalid(
-                "column_defaults must be empty or have width (%d) entries, got %d" % (width, len(column_defaults))
-            )
+        layout = refs.TableLayout(dim, width, column_defaults)
         initial_capacity = int(initial_capacity)
         if initial_capacity < 0:
-            raise _invalid("initial_capacity must be >= 0, got %d" % initial_capacity)
+            raise refs.invalid_argument("initial_capacity must be >= 0, got %d" % initial_capacity)
         if initial_capacity > MAX_CAPACITY:
-            raise _invalid("initial_capacity is absurdly large: %d > 2^40" % initial_capacity)
-        self._dim = dim
-        self._width = width
-        self._column_defaults = column_defaults
+            raise refs.invalid_argument("initial_capacity is absurdly large: %d > 2^40" % initial_capacity)
+        self._layout = layout
+        self._table_ref = None
         self._initial_capacity = initial_capacity
         self._shard_bits = int(shard_bits)
         self._huge_pages = bool(huge_pages)
@@ -183,11 +172,8 @@ class HashTable(lookup_ops.LookupInterface):
             )
 
     def _create_resource(self):
-        ops = loader.load_ops()
-        handle = ops.tf_ext_table_handle(
-            dim=self._dim,
-            width=self._width,
-            column_defaults=self._column_defaults,
+        self._table_ref = refs.MutableTableRef.create(
+            self._layout,
             initial_capacity=self._initial_capacity,
             shard_bits=self._shard_bits,
             huge_pages=self._huge_pages,
@@ -197,6 +183,7 @@ class HashTable(lookup_ops.LookupInterface):
             use_node_name_sharing=self._shared_name is None,
             name=self._name,
         )
+        handle = self._table_ref.handle
         if not tf.executing_eagerly():
             self._table_name = handle.op.name.split("/")[-1]
         return handle
@@ -211,27 +198,22 @@ class HashTable(lookup_ops.LookupInterface):
     @property
     def dim(self):
         """Embedding columns per row."""
-        return self._dim
+        return self._layout.dim
 
     @property
     def width(self):
         """Floats per row (dim + slot columns)."""
-        return self._width
+        return self._layout.width
 
     @property
     def column_defaults(self):
         """The values of a new key's columns that an op does not provide (width floats)."""
-        return list(self._column_defaults) or [0.0] * self._width
+        return self._layout.column_defaults
 
     @property
     def default_value(self):
         """The float32 value `lookup` returns for missing keys (TF's `LookupInterface` contract)."""
         return self._default_value
-
-    def _cols(self, col_begin, cols):
-        col_begin = int(col_begin)
-        cols = self._dim if cols is None else int(cols)
-        return col_begin, cols
 
     # ---- row operations -----------------------------------------------------
 
@@ -254,14 +236,8 @@ class HashTable(lookup_ops.LookupInterface):
           tf.errors.InvalidArgumentError (at run time): wrong dtypes, bad
             default_value shape, column range out of the row.
         """
-        col_begin, cols = self._cols(col_begin, cols)
-        values, found = loader.load_ops().tf_ext_table_find(
-            self.resource_handle,
-            _keys_tensor(keys),
-            _float_tensor(default_value),
-            col_begin=col_begin,
-            cols=cols,
-            name=name,
+        values, found = self._table_ref.find(
+            _keys_tensor(keys), _float_tensor(default_value), col_begin=col_begin, cols=cols, name=name
         )
         return (values, found) if return_found else values
 
@@ -305,19 +281,18 @@ class HashTable(lookup_ops.LookupInterface):
             construction) for a step that is not an integer (e.g. 1.5).
           tf.errors.ResourceExhaustedError (at run time): out of memory.
         """
-        col_begin, cols = self._cols(col_begin, cols)
         keys = _keys_tensor(keys)
         if callable(init_values):
             n = tf.size(keys, out_type=tf.int64)
-            init_values = init_values(tf.stack([n, tf.constant(cols, tf.int64)]), dtype=tf.float32)
-        return loader.load_ops().tf_ext_table_find_or_insert(
-            self.resource_handle,
+            range_cols = self._layout.columns(col_begin, cols)[1]
+            init_values = init_values(tf.stack([n, tf.constant(range_cols, tf.int64)]), dtype=tf.float32)
+        return self._table_ref.find_or_insert(
             keys,
             _float_tensor(init_values),
             _int64_scalar(step, "step"),
+            count=bool(count),
             col_begin=col_begin,
             cols=cols,
-            count=bool(count),
             name=name,
         )
 
@@ -342,15 +317,13 @@ class HashTable(lookup_ops.LookupInterface):
             dtypes, non-scalar step; at once for a step that is not an integer.
           tf.errors.ResourceExhaustedError (at run time): out of memory.
         """
-        col_begin, cols = self._cols(col_begin, cols)
-        return loader.load_ops().tf_ext_table_insert(
-            self.resource_handle,
+        return self._table_ref.insert(
             _keys_tensor(keys),
             _float_tensor(values),
             _int64_scalar(step, "step"),
+            count=bool(count),
             col_begin=col_begin,
             cols=cols,
-            count=bool(count),
             name=name,
         )
 
@@ -375,9 +348,7 @@ class HashTable(lookup_ops.LookupInterface):
           tf.errors.InvalidArgumentError: as for insert.
           tf.errors.ResourceExhaustedError (at run time): out of memory.
         """
-        col_begin, cols = self._cols(col_begin, cols)
-        return loader.load_ops().tf_ext_table_accumulate(
-            self.resource_handle,
+        return self._table_ref.accumulate(
             _keys_tensor(keys),
             _float_tensor(deltas),
             _int64_scalar(step, "step"),
@@ -401,7 +372,7 @@ class HashTable(lookup_ops.LookupInterface):
         Raises:
           InvalidArgumentError (at run time): keys are not int64.
         """
-        return loader.load_ops().tf_ext_table_remove(self.resource_handle, _keys_tensor(keys), name=name)
+        return self._table_ref.remove(_keys_tensor(keys), name=name)
 
     def size(self, name=None):
         """The number of keys in the table.
@@ -412,7 +383,7 @@ class HashTable(lookup_ops.LookupInterface):
         Returns:
           int64 scalar tensor.
         """
-        return loader.load_ops().tf_ext_table_size(self.resource_handle, name=name)
+        return self._table_ref.size(name=name)
 
     def memory_bytes(self, name=None):
         """Bytes held by the table (index + rows + bookkeeping).
@@ -423,7 +394,7 @@ class HashTable(lookup_ops.LookupInterface):
         Returns:
           int64 scalar tensor.
         """
-        return loader.load_ops().tf_ext_table_memory_bytes(self.resource_handle, name=name)
+        return self._table_ref.memory_bytes(name=name)
 
     def clear(self, name=None):
         """Removes every key.
@@ -434,7 +405,7 @@ class HashTable(lookup_ops.LookupInterface):
         Returns:
           The clear op (no outputs).
         """
-        return loader.load_ops().tf_ext_table_clear(self.resource_handle, name=name)
+        return self._table_ref.clear(name=name)
 
     def export(self, col_begin=0, cols=None, full_rows=False, name=None):
         """Snapshot of the table.
@@ -449,10 +420,7 @@ class HashTable(lookup_ops.LookupInterface):
           (keys [n] int64, values [n, cols] float32, versions [n] int64,
           frequencies [n] int64), in an unspecified order.
         """
-        if full_rows:
-            col_begin, cols = 0, self._width
-        col_begin, cols = self._cols(col_begin, cols)
-        return loader.load_ops().tf_ext_table_export(self.resource_handle, col_begin=col_begin, cols=cols, name=name)
+        return self._table_ref.export(col_begin=col_begin, cols=cols, full_rows=full_rows, name=name)
 
     def import_(
         self,
@@ -489,24 +457,21 @@ class HashTable(lookup_ops.LookupInterface):
             mismatch, versions/frequencies of the wrong length.
           tf.errors.ResourceExhaustedError (at run time): out of memory.
         """
-        if full_rows:
-            col_begin, cols = 0, self._width
-        col_begin, cols = self._cols(col_begin, cols)
         keys = _keys_tensor(keys)
         if keys.shape.rank is not None and keys.shape.rank != 1:
             raise ValueError("import_: keys must be a vector [n] (as export() returns them), got shape %s" % keys.shape)
         empty = tf.zeros([0], tf.int64)
         versions = empty if versions is None else tf.cast(versions, tf.int64)
         frequencies = empty if frequencies is None else tf.cast(frequencies, tf.int64)
-        return loader.load_ops().tf_ext_table_import(
-            self.resource_handle,
+        return self._table_ref.import_(
             keys,
             _float_tensor(values),
             versions,
             frequencies,
+            clear_first=bool(clear_first),
             col_begin=col_begin,
             cols=cols,
-            clear_first=bool(clear_first),
+            full_rows=full_rows,
             name=name,
         )
 
@@ -523,8 +488,7 @@ class HashTable(lookup_ops.LookupInterface):
         Returns:
           int64 scalar: the number of keys removed.
         """
-        return loader.load_ops().tf_ext_table_evict(
-            self.resource_handle,
+        return self._table_ref.evict(
             _int64_scalar(min_version, "min_version"),
             _int64_scalar(min_frequency, "min_frequency"),
             name=name,

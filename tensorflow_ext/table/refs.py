@@ -1,0 +1,399 @@
+"""Typed references to tf_ext tables: what a table handle allows, by kind.
+
+A table is a resource in the session's resource manager, reached through a scalar `resource` handle tensor. There
+are two kinds, told apart by type (as cuCollections' ``MutableView``/``ReadView`` and the table core's views):
+
+- `MutableTableRef`: a training table (``TfExtTableHandle``): int64 keys -> rows of `width` float32
+  ``[embedding (dim) | extra columns]`` with per-key metadata (version = last-update step, frequency). Every row
+  operation takes a column range ``[col_begin, col_begin + cols)``; `TableLayout.columns` resolves it (default: the
+  embedding ``[0, dim)``).
+- `FrozenTableRef`: a read-only serving table (``TfExtFrozenTableHandle``): keys -> ``dim`` floats, no extra
+  columns, no metadata. It is filled once (`FrozenTableRef.build`) and then only read.
+
+Both kinds answer `find`, `contains`, `export_split`, `size` and `memory_bytes` with the same signatures, so code
+that only reads a table needs no branch on its kind; writes exist only on `MutableTableRef`.
+
+A ref adds no conversion or check of its own beyond the column range: its arguments go to the op as given (the
+public `HashTable` checks and converts user input before it reaches its ref). Refs are graph-construction objects:
+each method adds one op (two for `export_split`'s padding) and returns its outputs.
+"""
+
+import tensorflow as tf
+from tensorflow.core.framework import attr_value_pb2
+
+from tensorflow_ext.utils import loader
+
+__all__ = ["TableLayout", "MutableTableRef", "FrozenTableRef", "release_free_memory"]
+
+
+def invalid_argument(msg):
+    """A `tf.errors.InvalidArgumentError` with `msg`, for checks made at graph construction."""
+    return tf.errors.InvalidArgumentError(None, None, msg)
+
+
+class TableLayout(object):
+    """The columns of a table's rows: `dim` embedding columns, `width` columns in all, and new keys' values.
+
+    Invariants: 1 <= dim <= width; the stored defaults are empty (all zeros) or exactly `width` floats. A subclass
+    may widen the layout (`_widen`), keeping them.
+
+    Args:
+      dim: int >= 1, the embedding columns `[0, dim)`.
+      width: floats per row, >= dim (default: dim).
+      column_defaults: None/empty (zeros) or `width` floats: the values of a new key's columns that the inserting
+        op does not provide.
+
+    Raises:
+      tf.errors.InvalidArgumentError: dim < 1, width < dim, or column_defaults of another length than width.
+    """
+
+    def __init__(self, dim, width=None, column_defaults=None):
+        dim = int(dim)
+        width = dim if width is None else int(width)
+        column_defaults = [] if column_defaults is None else [float(v) for v in column_defaults]
+        if dim < 1:
+            raise invalid_argument("dim must be >= 1, got %d" % dim)
+        if width < dim:
+            raise invalid_argument("width must be >= dim (%d), got %d" % (dim, width))
+        if column_defaults and len(column_defaults) != width:
+            raise invalid_argument(
+                "column_defaults must be empty or have width (%d) entries, got %d" % (width, len(column_defaults))
+            )
+        self._dim = dim
+        self._width = width
+        self._defaults = column_defaults
+
+    @property
+    def dim(self):
+        """The embedding columns per row (an int)."""
+        return self._dim
+
+    @property
+    def width(self):
+        """Floats per row: dim + the extra (optimizer slot) columns."""
+        return self._width
+
+    @property
+    def column_defaults(self):
+        """The `width` values a new key's columns start with (a new list)."""
+        return list(self._defaults) or [0.0] * self._width
+
+    @property
+    def column_defaults_attr(self):
+        """The handle op's `column_defaults` attr: empty for all zeros (a new list)."""
+        return list(self._defaults)
+
+    def columns(self, col_begin=0, cols=None, full_rows=False):
+        """The column range `(col_begin, cols)` of a row operation, as the ops take it.
+
+        Args:
+          col_begin: first column (default 0).
+          cols: number of columns (default: dim).
+          full_rows: all `width` columns (overrides col_begin/cols).
+
+        Returns:
+          (int, int). The op checks that the range lies in the row.
+        """
+        if full_rows:
+            return 0, self._width
+        return int(col_begin), (self._dim if cols is None else int(cols))
+
+    def _widen(self, width, column_defaults):
+        """Sets a larger width and its defaults (empty = zeros); for layouts that grow before the graph runs."""
+        self._width = int(width)
+        self._defaults = [float(v) for v in column_defaults]
+
+
+class MutableTableRef(object):
+    """A training table's handle with its layout: every row operation, metadata, eviction, change log.
+
+    Args:
+      handle: the scalar `resource` tensor of a ``TfExtTableHandle`` op.
+      layout: its `TableLayout` (the layout the handle op carries; see `set_handle_layout`).
+    """
+
+    writable = True
+
+    def __init__(self, handle, layout):
+        self._handle = handle
+        self._layout = layout
+
+    @classmethod
+    def create(
+        cls,
+        layout,
+        initial_capacity=0,
+        shard_bits=-1,
+        huge_pages=True,
+        preallocate=False,
+        container="",
+        shared_name="",
+        use_node_name_sharing=False,
+        name=None,
+    ):
+        """Adds a ``TfExtTableHandle`` op for `layout` (the table is created when it first runs).
+
+        Args:
+          layout: the `TableLayout`.
+          initial_capacity, shard_bits, huge_pages, preallocate: the table's sizing (see `HashTable`).
+          container, shared_name, use_node_name_sharing: the resource's sharing (as TF's resource ops).
+          name: the op's name.
+
+        Returns:
+          The `MutableTableRef`.
+        """
+        handle = loader.load_ops().tf_ext_table_handle(
+            dim=layout.dim,
+            width=layout.width,
+            column_defaults=layout.column_defaults_attr,
+            initial_capacity=initial_capacity,
+            shard_bits=shard_bits,
+            huge_pages=huge_pages,
+            preallocate=preallocate,
+            container=container,
+            shared_name=shared_name,
+            use_node_name_sharing=use_node_name_sharing,
+            name=name,
+        )
+        return cls(handle, layout)
+
+    @property
+    def handle(self):
+        """The table resource (a scalar `resource` tensor)."""
+        return self._handle
+
+    @property
+    def layout(self):
+        """The `TableLayout` of the rows."""
+        return self._layout
+
+    @property
+    def dim(self):
+        """The embedding columns per row."""
+        return self._layout.dim
+
+    @property
+    def width(self):
+        """Floats per row."""
+        return self._layout.width
+
+    def set_handle_layout(self):
+        """Writes the layout's current width and column defaults into the handle op's attrs.
+
+        For a layout that grew after the handle op was built (optimizer slot columns): the table is created with
+        the attrs the op carries when it first runs, so this must happen before that (graph construction time).
+        """
+        op = self._handle.op
+        op._set_attr("width", attr_value_pb2.AttrValue(i=int(self._layout.width)))  # pylint: disable=protected-access
+        op._set_attr(  # pylint: disable=protected-access
+            "column_defaults",
+            attr_value_pb2.AttrValue(
+                list=attr_value_pb2.AttrValue.ListValue(f=[float(v) for v in self._layout.column_defaults])
+            ),
+        )
+
+    # ---- reads ---------------------------------------------------------------
+
+    def find(self, keys, default_value, col_begin=0, cols=None, name=None):
+        """(values `keys.shape + [cols]`, found bool `keys.shape`): the rows of keys; `default_value` (scalar or
+        `[cols]`) for missing ones."""
+        col_begin, cols = self._layout.columns(col_begin, cols)
+        return loader.load_ops().tf_ext_table_find(
+            self._handle, keys, default_value, col_begin=col_begin, cols=cols, name=name
+        )
+
+    def contains(self, keys, name=None):
+        """bool `keys.shape`: which keys have a row (reads one column; no insert, no count)."""
+        return self.find(keys, tf.constant(0.0), cols=1, name=name)[1]
+
+    def size(self, name=None):
+        """int64 scalar: the number of keys."""
+        return loader.load_ops().tf_ext_table_size(self._handle, name=name)
+
+    def memory_bytes(self, name=None):
+        """int64 scalar: bytes held by the table (index + rows + bookkeeping)."""
+        return loader.load_ops().tf_ext_table_memory_bytes(self._handle, name=name)
+
+    def export(self, col_begin=0, cols=None, full_rows=False, name=None):
+        """(keys [n], values [n, cols], versions [n], frequencies [n]): a snapshot, in an unspecified order."""
+        col_begin, cols = self._layout.columns(col_begin, cols, full_rows)
+        return loader.load_ops().tf_ext_table_export(self._handle, col_begin=col_begin, cols=cols, name=name)
+
+    def export_split(self, full_rows=False, name=None):
+        """(keys, values [n, dim], extra columns [n, width - dim] or [n, 0] unless full_rows, versions,
+        frequencies): a snapshot with the embedding and the extra columns apart."""
+        if full_rows:
+            keys, rows, versions, freqs = self.export(full_rows=True, name=name)
+            return keys, rows[:, : self.dim], rows[:, self.dim :], versions, freqs
+        keys, values, versions, freqs = self.export(name=name)
+        return keys, values, tf.zeros(tf.stack([tf.size(keys), 0]), tf.float32), versions, freqs
+
+    def export_since(self, min_version, col_begin=0, cols=None, full_rows=False, name=None):
+        """As `export`, of the rows whose version >= min_version (int64 scalar; -1: all rows)."""
+        col_begin, cols = self._layout.columns(col_begin, cols, full_rows)
+        return loader.load_ops().tf_ext_table_export_since(
+            self._handle, min_version, col_begin=col_begin, cols=cols, name=name
+        )
+
+    # ---- writes --------------------------------------------------------------
+
+    def find_or_insert(self, keys, init_values, step, count=True, col_begin=0, cols=None, name=None):
+        """values `keys.shape + [cols]`: the rows of keys, missing ones inserted first from `init_values`
+        ([n, cols]); `step` (int64 scalar, >= 0) becomes their version; `count` bumps frequencies."""
+        col_begin, cols = self._layout.columns(col_begin, cols)
+        return loader.load_ops().tf_ext_table_find_or_insert(
+            self._handle, keys, init_values, step, col_begin=col_begin, cols=cols, count=count, name=name
+        )
+
+    def insert(self, keys, values, step, count=False, col_begin=0, cols=None, name=None):
+        """The op that inserts or overwrites the column range of keys (duplicates: the last one wins)."""
+        col_begin, cols = self._layout.columns(col_begin, cols)
+        return loader.load_ops().tf_ext_table_insert(
+            self._handle, keys, values, step, col_begin=col_begin, cols=cols, count=count, name=name
+        )
+
+    def accumulate(self, keys, deltas, step, insert_missing=True, count=False, col_begin=0, cols=None, name=None):
+        """The op that adds deltas to the column range of keys (duplicates: every occurrence)."""
+        col_begin, cols = self._layout.columns(col_begin, cols)
+        return loader.load_ops().tf_ext_table_accumulate(
+            self._handle,
+            keys,
+            deltas,
+            step,
+            col_begin=col_begin,
+            cols=cols,
+            insert_missing=insert_missing,
+            count=count,
+            name=name,
+        )
+
+    def remove(self, keys, name=None):
+        """int64 scalar: the number of keys removed (absent ones are ignored)."""
+        return loader.load_ops().tf_ext_table_remove(self._handle, keys, name=name)
+
+    def clear(self, name=None):
+        """The op that removes every key."""
+        return loader.load_ops().tf_ext_table_clear(self._handle, name=name)
+
+    def import_(
+        self, keys, values, versions, frequencies, clear_first=True, col_begin=0, cols=None, full_rows=False, name=None
+    ):
+        """The op that imports entries with their metadata (keys [n]; versions/frequencies [n] or [0] = zeros);
+        `clear_first` removes every key first (restore semantics)."""
+        col_begin, cols = self._layout.columns(col_begin, cols, full_rows)
+        return loader.load_ops().tf_ext_table_import(
+            self._handle,
+            keys,
+            values,
+            versions,
+            frequencies,
+            col_begin=col_begin,
+            cols=cols,
+            clear_first=clear_first,
+            name=name,
+        )
+
+    def evict(self, min_version, min_frequency, name=None):
+        """int64 scalar: the number of keys removed with version < min_version or frequency < min_frequency
+        (int64 scalars; negative: no test)."""
+        return loader.load_ops().tf_ext_table_evict(self._handle, min_version, min_frequency, name=name)
+
+    # ---- change log (delta checkpoints) -----------------------------------------
+
+    def change_log_start(self, capacity, name=None):
+        """The op that starts (or restarts) logging removed keys, up to `capacity` (int64 scalar)."""
+        return loader.load_ops().tf_ext_table_change_log_start(self._handle, capacity, name=name)
+
+    def change_log(self, read_keys=True, name=None):
+        """(removed keys int64 [m] (empty unless read_keys), enabled, untracked, overflow bools): the log's state."""
+        return loader.load_ops().tf_ext_table_change_log(self._handle, read_keys=read_keys, name=name)
+
+    def change_log_commit(self, name=None):
+        """The op that empties the removal log after a save that read it."""
+        return loader.load_ops().tf_ext_table_change_log_commit(self._handle, name=name)
+
+
+class FrozenTableRef(object):
+    """A read-only serving table's handle: keys -> `dim` floats, no extra columns, no metadata.
+
+    The read methods match `MutableTableRef`'s (column ranges aside: a frozen row is its embedding); `build` fills
+    the table once (a restore), and nothing else writes it.
+
+    Args:
+      handle: the scalar `resource` tensor of a ``TfExtFrozenTableHandle`` op.
+      dim: the embedding columns per row.
+    """
+
+    writable = False
+
+    def __init__(self, handle, dim):
+        self._handle = handle
+        self._dim = int(dim)
+
+    @classmethod
+    def create(cls, dim, container="", shared_name="", use_node_name_sharing=False, name=None):
+        """Adds a ``TfExtFrozenTableHandle`` op (the table is created empty when it first runs).
+
+        Returns:
+          The `FrozenTableRef`.
+        """
+        handle = loader.load_ops().tf_ext_frozen_table_handle(
+            dim=int(dim),
+            container=container,
+            shared_name=shared_name,
+            use_node_name_sharing=use_node_name_sharing,
+            name=name,
+        )
+        return cls(handle, dim)
+
+    @property
+    def handle(self):
+        """The table resource (a scalar `resource` tensor)."""
+        return self._handle
+
+    @property
+    def dim(self):
+        """The embedding columns per row."""
+        return self._dim
+
+    @property
+    def width(self):
+        """Floats per row: dim (a frozen table holds no extra columns)."""
+        return self._dim
+
+    def build(self, keys, values, name=None):
+        """The op that fills the table with keys [n] and values [n, dim] (replacing what it held)."""
+        return loader.load_ops().tf_ext_frozen_table_build(self._handle, keys, values, name=name)
+
+    def find(self, keys, default_value, name=None):
+        """(values `keys.shape + [dim]`, found bool `keys.shape`); `default_value` (`[dim]`) for missing keys."""
+        return loader.load_ops().tf_ext_frozen_table_find(self._handle, keys, default_value, dim=self._dim, name=name)
+
+    def contains(self, keys, name=None):
+        """bool `keys.shape`: which keys have a row."""
+        return self.find(keys, tf.zeros([self._dim], tf.float32), name=name)[1]
+
+    def size(self, name=None):
+        """int64 scalar: the number of keys."""
+        return loader.load_ops().tf_ext_frozen_table_size(self._handle, name=name)
+
+    def memory_bytes(self, name=None):
+        """int64 scalar: bytes held by the table."""
+        return loader.load_ops().tf_ext_frozen_table_memory_bytes(self._handle, name=name)
+
+    def export(self, name=None):
+        """(keys [n], values [n, dim]): the table's contents, in an unspecified order."""
+        return loader.load_ops().tf_ext_frozen_table_export(self._handle, dim=self._dim, name=name)
+
+    def export_split(self, full_rows=False, name=None):
+        """As `MutableTableRef.export_split`: (keys, values, extra columns [n, 0], versions, frequencies), the
+        metadata zeros (a frozen table keeps none). `full_rows` changes nothing (a row is its embedding)."""
+        del full_rows  # a frozen row has no columns past dim
+        keys, values = self.export(name=name)
+        zeros = tf.zeros_like(keys)
+        return keys, values, tf.zeros(tf.stack([tf.size(keys), 0]), tf.float32), zeros, zeros
+
+
+def release_free_memory(name=None):
+    """The op that gives the allocator's freed memory back to the OS (after a large restore or build)."""
+    return loader.load_ops().tf_ext_release_free_memory(name=name)

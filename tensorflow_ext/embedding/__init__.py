@@ -33,9 +33,8 @@ from tensorflow_ext.embedding.creation import get_dynamic_embedding
 from tensorflow_ext.embedding.creation import get_dynamic_embeddings
 from tensorflow_ext.embedding.keys import string_to_key
 
-from tensorflow_ext.embedding import warm_start as _warm_start
-from tensorflow_ext.embedding.warm_start import warm_start_from_checkpoint
-from tensorflow_ext.embedding.warm_start import warm_start_op
+from tensorflow_ext.embedding.checkpoint.warm_start import warm_start_from_checkpoint
+from tensorflow_ext.embedding.checkpoint.warm_start import warm_start_op
 
 from tensorflow_ext import tf_compat as _tf_compat
 
@@ -58,8 +57,8 @@ from tensorflow_ext.embedding.eviction import restrict
 from tensorflow_ext.embedding.summaries import add_summaries
 from tensorflow_ext.embedding.admission import BloomAdmission
 from tensorflow_ext.embedding.admission import CountAdmission
-from tensorflow_ext.embedding.delta import DeltaCheckpointSaverListener
-from tensorflow_ext.embedding.delta import delta_checkpoints
+from tensorflow_ext.embedding.checkpoint.delta import DeltaCheckpointSaverListener
+from tensorflow_ext.embedding.checkpoint.delta import delta_checkpoints
 
 __all__ = [
     "BloomAdmission",

@@ -60,7 +60,7 @@ from tensorflow.python.framework import ops as tf_ops
 from tensorflow.python.framework import tensor_util
 
 from tensorflow_ext.embedding import _ops
-from tensorflow_ext.embedding import policy_state
+from tensorflow_ext.embedding.checkpoint import policy_state
 from tensorflow_ext.embedding.keys import HashPartition
 
 __all__ = ["BloomAdmission", "CountAdmission", "admitted_lookup"]

@@ -48,7 +48,7 @@ import tensorflow as tf
 from tensorflow.python.framework import ops as tf_ops
 
 from tensorflow_ext.embedding import _ops
-from tensorflow_ext.embedding import policy_state
+from tensorflow_ext.embedding.checkpoint import policy_state
 from tensorflow_ext.embedding import variable as var_lib
 
 __all__ = ["EvictionHook", "EvictionPolicy", "EvictionSaverListener", "evict", "restrict"]

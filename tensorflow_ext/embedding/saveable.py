@@ -71,7 +71,7 @@ from tensorflow.python.training.saving import saveable_object
 from tensorflow_ext import serving
 from tensorflow_ext import tf_compat
 from tensorflow_ext.embedding import _ops
-from tensorflow_ext.embedding import delta as delta_lib
+from tensorflow_ext.embedding.checkpoint import delta as delta_lib
 
 __all__ = ["FrozenShardSaveable", "ShardSaveable", "layout_record", "restore_values_only"]
 

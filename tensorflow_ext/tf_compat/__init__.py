@@ -456,7 +456,7 @@ def _make_ps_ops(original):
 
 
 def _warm_start_lib():
-    from tensorflow_ext.embedding import warm_start  # pylint: disable=import-outside-toplevel
+    from tensorflow_ext.embedding.checkpoint import warm_start  # pylint: disable=import-outside-toplevel
 
     return warm_start
 
@@ -746,7 +746,7 @@ def _make_all_saveable_objects(original):
 
     def _all_saveable_objects(scope=None):
         found = original(scope)
-        from tensorflow_ext.embedding import policy_state  # pylint: disable=import-outside-toplevel
+        from tensorflow_ext.embedding.checkpoint import policy_state  # pylint: disable=import-outside-toplevel
 
         claimed = policy_state.claimed_variables(tf.compat.v1.get_default_graph())
         if not claimed:

@@ -41,7 +41,7 @@ from tensorflow.python.training import checkpoint_utils
 from tensorflow.python.training import warm_starting_util
 
 from tensorflow_ext.embedding import _ops
-from tensorflow_ext.embedding import delta as delta_lib
+from tensorflow_ext.embedding.checkpoint import delta as delta_lib
 from tensorflow_ext.embedding import variable as var_lib
 
 __all__ = ["warm_start_from_checkpoint", "warm_start_op", "matching_shards", "ShardTarget", "warm_start_shard"]

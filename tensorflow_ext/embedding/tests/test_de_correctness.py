@@ -12,7 +12,7 @@ from tensorflow_ext.embedding.tests.conftest import session_config
 
 import tensorflow_ext as tf_ext
 from tensorflow_ext.embedding import feature_column as dfc
-from tensorflow_ext.embedding import warm_start as warm_start_lib
+from tensorflow_ext.embedding.checkpoint import warm_start as warm_start_lib
 
 fc_v1 = tf.compat.v1.feature_column
 _ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)))))

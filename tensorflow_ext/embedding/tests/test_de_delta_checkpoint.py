@@ -9,7 +9,7 @@ import pytest
 import tensorflow as tf
 
 import tensorflow_ext as tf_ext
-from tensorflow_ext.embedding import delta as delta_lib
+from tensorflow_ext.embedding.checkpoint import delta as delta_lib
 from tensorflow_ext.embedding.tests.conftest import run_fresh as _run_fresh
 from tensorflow_ext.embedding.tests.conftest import session_config
 

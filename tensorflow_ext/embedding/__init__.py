@@ -10,15 +10,14 @@
     train_op = tf.compat.v1.train.AdagradOptimizer(0.1).minimize(loss)   # stock optimizer
 
 Importing this package patches ``tf.compat.v1.train.Optimizer`` so that stock
-optimizers train dynamic embeddings (see optimizers.py). docs/embedding.md
-has the concepts and examples.
+optimizers train dynamic embeddings (see optimizers.py and tf_patches.py).
+docs/embedding.md has the concepts and examples.
 """
 
 from tensorflow_ext.embedding.initializers import InitSpec
 from tensorflow_ext.embedding.lookup import embedding_lookup
 from tensorflow_ext.embedding.lookup import embedding_lookup_sparse
 from tensorflow_ext.embedding.lookup import safe_embedding_lookup_sparse
-from tensorflow_ext.embedding import optimizers as _optimizers
 from tensorflow_ext.embedding.optimizers import supported_optimizers
 from tensorflow_ext.embedding.saveable import ShardSaveable
 from tensorflow_ext.embedding.saveable import restore_values_only
@@ -36,17 +35,9 @@ from tensorflow_ext.embedding.keys import string_to_key
 from tensorflow_ext.embedding.checkpoint.warm_start import warm_start_from_checkpoint
 from tensorflow_ext.embedding.checkpoint.warm_start import warm_start_op
 
-from tensorflow_ext import tf_compat as _tf_compat
+from tensorflow_ext.embedding import tf_patches as _tf_patches
 
-_optimizers.install()
-_tf_compat.install(
-    "optimizer_get_slot",
-    "optimizer_get_slot_names",
-    "moving_average_apply",
-    "warm_start_grouped_variables",
-    "warm_start_var_info",
-    "init_from_checkpoint",
-)
+_tf_patches.install()
 
 from tensorflow_ext.embedding.eviction import EvictionHook
 from tensorflow_ext.embedding.eviction import EvictionPolicy

@@ -1,8 +1,9 @@
 """Stock `tf.compat.v1.train` optimizers train dynamic embeddings, unwrapped.
 
 Importing `tensorflow_ext.embedding` teaches `tf.compat.v1.train.Optimizer`
-about dynamic embedding shards through three patches registered in
-`tensorflow_ext.tf_compat` (each entry there says what it replaces and why):
+about dynamic embedding shards through three patches registered from
+`tensorflow_ext.embedding.tf_patches` with `tensorflow_ext.tf_compat` (each
+entry there says what it replaces and why):
 
 * `optimizer._get_processor` returns, for a shard, a processor whose target is
   the shard's table handle (so `compute_gradients` differentiates the loss
@@ -41,7 +42,6 @@ dynamic embedding only updates the rows of the batch (like LazyAdam).
 
 import abc
 import contextlib
-import importlib.util
 import sys
 import threading
 import weakref
@@ -49,14 +49,13 @@ import weakref
 import tensorflow as tf
 from tensorflow.python.framework import indexed_slices
 
-from tensorflow_ext import tf_compat
 from tensorflow_ext.embedding import _ops
 from tensorflow_ext.embedding import embedding_ops
 from tensorflow_ext.embedding import eviction
 from tensorflow_ext.embedding import optimizer_spec
 from tensorflow_ext.embedding import variable as var_lib
 
-__all__ = ["supported_optimizers", "install", "slot_names"]
+__all__ = ["supported_optimizers", "slot_names"]
 
 _Shard = var_lib.DynamicEmbeddingShard
 
@@ -358,7 +357,7 @@ def _insert_missing_keys(shard, keys, step):
         ).op
 
 
-# ---- per-call state of the apply_gradients patch (tf_compat): per thread, never on the optimizer -------------
+# ---- per-call state of the apply_gradients patch (tf_patches): per thread, never on the optimizer ------------
 
 _calls = threading.local()  # .stack: [(optimizer, create_slots, step, in-step eviction state)], innermost call last
 _dispatch_lock = threading.Lock()
@@ -521,45 +520,3 @@ class ShardProcessor(object):
         update = _apply_to_shard(optimizer, self._v, g)
         call = _current_call(optimizer)
         return eviction.in_step_eviction(self._v, update, None if call is None else call[3])
-
-
-# ---- patches of TF (defined in tf_compat, the one registry of changes to TF objects) --------------------------
-
-_TF_PATCHES = (
-    "optimizer_get_processor",
-    "optimizer_compute_gradients",
-    "optimizer_apply_gradients",
-    "session_extend_graph",
-    "session_run_feeds",
-    "saver_restore_error",
-)
-_KERAS_PATCHES = (
-    "keras_optimizer_minimize",
-    "keras_optimizer_apply_gradients",
-    "keras_legacy_optimizer_minimize",
-    "keras_legacy_optimizer_apply_gradients",
-)
-
-
-def install():
-    """Teaches tf.compat.v1.train.Optimizer about dynamic embeddings, and makes Keras optimizers refuse them.
-
-    Installs this module's tf_compat patches (idempotent). The Keras guards are advisory (they only give a clearer
-    error): one that does not fit the installed Keras (e.g. Keras 3, which has no legacy optimizers) is skipped
-    with a warning.
-
-    Raises:
-      tf_compat.PatchError: a patched TF attribute moved (another TensorFlow than the supported ones).
-    """
-    tf_compat.install(*_TF_PATCHES)
-    if importlib.util.find_spec("keras") is None:  # no Keras, no Keras optimizer to guard
-        return
-    for name in _KERAS_PATCHES:
-        try:
-            tf_compat.install(name)
-        except tf_compat.PatchError as e:
-            tf.compat.v1.logging.warning(
-                "tensorflow_ext: Keras optimizers will not refuse dynamic embeddings with a clear error (the "
-                "installed Keras does not have what the guard patches: %s); train dynamic embeddings with "
-                "tf.compat.v1.train optimizers" % e
-            )

@@ -13,6 +13,7 @@ from tensorflow.core.framework import attr_value_pb2
 from tensorflow.python.util import object_identity
 
 from tensorflow_ext.embedding import _ops
+from tensorflow_ext.embedding import export_mode
 from tensorflow_ext.embedding import layout as layout_lib
 from tensorflow_ext.embedding import shard_lookups
 
@@ -59,10 +60,8 @@ class DynamicEmbeddingShard(object):
             self._dim, embedding.initializer.embedding_column_defaults(self._dim), embedding.name
         )
         self._lookups = shard_lookups.ShardLookups(name)
-        from tensorflow_ext import serving  # pylint: disable=import-outside-toplevel
-
         # Created inside tf_ext.serving.freeze_for_serving(): a read-only serving table (no slots, no metadata).
-        self._frozen = serving.freezing()
+        self._frozen = export_mode.freezing()
         with tf.control_dependencies(None), tf.compat.v1.name_scope(None):
             with tf.compat.v1.name_scope(embedding.name + "/"):
                 ctx = tf.device(device) if device is not None else contextlib.nullcontext()

@@ -48,11 +48,7 @@ def ancestor_ops(tensors):
 
 def _refuse_edits_a_session_ignores(shard_name, ops):
     """Raises LookupModeError if an open Session already holds one of `ops` (it would ignore their change)."""
-    if not ops:
-        return
-    graph = ops[0].graph
-    held = tf_compat.ops_held_by_open_sessions(graph)
-    late = [op for op in ops if op._id <= held]  # pylint: disable=protected-access
+    late = [op for op in ops if tf_compat.held_by_an_open_session(op)]
     if late:
         raise LookupModeError(
             "An optimizer is applied to dynamic embedding %s after a Session ran its graph, so its lookup %s "

@@ -225,6 +225,3 @@ def register(saveable):
     """Adds `saveable` to the default graph's SAVEABLE_OBJECTS; returns it."""
     tf.compat.v1.add_to_collection(tf.compat.v1.GraphKeys.SAVEABLE_OBJECTS, saveable)
     return saveable
-
-
-tf_compat.install("saver_default_var_list")

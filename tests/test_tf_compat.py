@@ -1,4 +1,5 @@
-"""The patches of TensorFlow internals (tensorflow_ext/tf_compat/): each is listed, guarded and tested."""
+"""The patches of TensorFlow internals, caller probes and graph edits (tensorflow_ext/tf_compat/): each is listed,
+guarded and tested."""
 
 import ast
 import os
@@ -9,6 +10,7 @@ import tensorflow as tf
 
 import tensorflow_ext as tf_ext
 from tensorflow_ext import tf_compat
+from tensorflow_ext.tf_compat import graph_edits
 
 tf.compat.v1.disable_v2_behavior()
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
@@ -298,6 +300,26 @@ def test_caller_probe_guard_refuses_a_renamed_function(monkeypatch):
     other = tf_compat.CallerProbe(
         "old_tf", "tensorflow.python.training.saver", ("BaseSaverBuilder.restore_op",), why="-", test="-"
     )
+    monkeypatch.setattr(tf, "__version__", "2.17.0")
+    with pytest.raises(tf_compat.PatchError, match=r"old_tf.*2\.17\.0"):
+        other.check_guard()
+
+
+def test_every_graph_edit_is_documented_guarded_and_has_a_test():
+    edits = graph_edits.edits()
+    assert {e.name for e in edits} >= {"op_attr", "op_control_input", "optimizer_create_slots"}
+    for e in edits:
+        e.check_guard()  # the private member it uses exists in this TensorFlow
+        assert len(e.why) > 60, "%s: say what it edits and why no public API does it" % e.name
+        path, func = e.test.split("::")
+        assert func in _test_functions(path), "%s names a missing test %s" % (e.name, e.test)
+
+
+def test_graph_edit_guard_refuses_a_missing_member_or_another_tensorflow(monkeypatch):
+    gone = graph_edits.GraphEdit("gone", "tensorflow.python.framework.ops", "Operation._no_such_member", "-", "-")
+    with pytest.raises(tf_compat.PatchError, match="gone.*_no_such_member"):
+        gone.check_guard()
+    other = graph_edits.GraphEdit("old_tf", "tensorflow.python.framework.ops", "Operation._set_attr", "-", "-")
     monkeypatch.setattr(tf, "__version__", "2.17.0")
     with pytest.raises(tf_compat.PatchError, match=r"old_tf.*2\.17\.0"):
         other.check_guard()

@@ -28,10 +28,13 @@ BENCH_ARGS ?=
 PYTEST_ARGS ?=
 OPS_SO     := tensorflow_ext/_tf_ext_ops.so
 BUILD_INFO := tensorflow_ext/_build_info.py
-# The CUDA table's harness (nvcc) and the CPU core it compares with (host C++).
-GPU_SRCS   := tensorflow_ext/table/gpu/gpu_table_harness.cu.cc tensorflow_ext/table/core/hash_table.cc
-# Headers the CUDA sources include: the table's, the core's header-only base, the shared row and optimizer math.
-GPU_HDRS   := $(wildcard tensorflow_ext/table/gpu/*.h tensorflow_ext/table/core/*.h) \
+# The CUDA table's harness (nvcc: the table with the embedding layer's initializers and optimizer steps on it) and
+# the CPU core it compares with (host C++).
+GPU_SRCS   := tensorflow_ext/embedding/kernels/gpu/gpu_table_harness.cu.cc tensorflow_ext/table/core/hash_table.cc
+# Headers the CUDA sources include: the table's, the core's header-only base, the embedding layer's GPU operations
+# and the row and optimizer math they share with the CPU kernels.
+GPU_HDRS   := $(wildcard tensorflow_ext/table/gpu/*.h tensorflow_ext/table/core/*.h \
+                tensorflow_ext/embedding/kernels/gpu/*.h) \
               tensorflow_ext/embedding/kernels/optimizer_functors.h tensorflow_ext/embedding/kernels/row_initializer.h
 # Every C++ and CUDA source (*.h, *.cc, *.cu.cc): one format, .clang-format at the root.
 CC_FORMAT_SRCS = $(shell find tensorflow_ext -name '*.h' -o -name '*.cc' | sort)
@@ -184,7 +187,7 @@ $(TF_GPU_LIB): $(TF_GPU_SRC) $(GPU_HDRS) tensorflow_ext/table/kernels/column_ran
 # The same through Bazel's --config=cuda (nvcc genrules, static cudart). The op library does not link the CUDA
 # table (no kernel calls it), so there is no CUDA build of the op library to make.
 cuda-bazel: bazel venv
-	$(BAZEL) build $(BAZEL_FLAGS) --config=cuda //tensorflow_ext/table/gpu:all
+	$(BAZEL) build $(BAZEL_FLAGS) --config=cuda //tensorflow_ext/table/gpu:all //tensorflow_ext/embedding/kernels/gpu:all
 
 clean:
 	-$(BAZEL) clean

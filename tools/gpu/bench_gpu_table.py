@@ -1,6 +1,7 @@
 #!/usr/bin/env python3
 """Throughput of the CUDA table (tensorflow_ext/table/gpu) on the GPU, next to the CPU core on the same keys,
-through the ctypes harness (gpu_table_harness.cu.cc). Needs only python3 and numpy (no TensorFlow):
+through the ctypes harness (tensorflow_ext/embedding/kernels/gpu/gpu_table_harness.cu.cc). Needs only python3 and
+numpy (no TensorFlow):
 
     make cuda && python3 tools/gpu/bench_gpu_table.py --json bench_gpu.json
     python3 tools/gpu/bench_gpu_table.py --quick                  # one small configuration

@@ -1,14 +1,14 @@
 #!/usr/bin/env python3
-"""Checks the CUDA table (tensorflow_ext/table/gpu) against numpy references, through the ctypes harness
-(gpu_table_harness.cu.cc).
+"""Checks the CUDA table (tensorflow_ext/table/gpu) and the embedding layer's initializers and optimizer steps on it
+against numpy references, through the ctypes harness (tensorflow_ext/embedding/kernels/gpu/gpu_table_harness.cu.cc).
 
 Run on a machine with an NVIDIA GPU (sm_80 / sm_90); needs only python3 and numpy (no TensorFlow):
 
     make cuda && python3 tools/gpu/test_gpu_table.py            # build/cuda/libtfext_gpu_table.so
     python3 tools/gpu/test_gpu_table.py --lib path/to/libtfext_gpu_table.so
 
-Without --lib it takes $TFEXT_GPU_LIB, build/cuda/, bazel-bin/tensorflow_ext/table/gpu/ and, failing those, builds
-the harness with the commands of `make cuda` into a temporary directory. Prints one line per check ("PASS name" or
+Without --lib it takes $TFEXT_GPU_LIB, build/cuda/, bazel-bin/tensorflow_ext/embedding/kernels/gpu/ and, failing
+those, builds the harness with the commands of `make cuda` into a temporary directory. Prints one line per check ("PASS name" or
 "FAIL name: why"); exit status 1 if any check failed.
 """
 
@@ -49,7 +49,7 @@ def build_like_make(out_dir):
         [nvcc, "-std=c++17", "-O3", "--fmad=false", "-Werror", "all-warnings", "-Xcompiler", "-fPIC", "-Xcompiler"]
         + ["-pthread", "-I" + ROOT]
         + gencode
-        + ["-c", "-o", harness_o, "-x", "cu", "tensorflow_ext/table/gpu/gpu_table_harness.cu.cc"],
+        + ["-c", "-o", harness_o, "-x", "cu", "tensorflow_ext/embedding/kernels/gpu/gpu_table_harness.cu.cc"],
         [nvcc, "-shared", "-Xcompiler", "-pthread", "-o", lib, harness_o, hash_o],
     ]
     for cmd in cmds:
@@ -63,7 +63,7 @@ def find_lib(arg=None):
         arg,
         os.environ.get("TFEXT_GPU_LIB"),
         os.path.join(ROOT, "build", "cuda", LIB_NAME),
-        os.path.join(ROOT, "bazel-bin", "tensorflow_ext", "table", "gpu", LIB_NAME),
+        os.path.join(ROOT, "bazel-bin", "tensorflow_ext", "embedding", "kernels", "gpu", LIB_NAME),
     ]:
         if cand and os.path.exists(cand):
             return cand

@@ -17,7 +17,12 @@
 //  * Batches: duplicates within a batch are handled as in the CPU core: Insert keeps the last occurrence's row,
 //    FindOrInsert inserts once (the first occurrence reports inserted) and every occurrence reads the row,
 //    frequency counts every occurrence. Accumulate adds every occurrence, in an unspecified order (float sums of
-//    duplicates may differ from the CPU core's batch order in the last bits). Apply takes unique keys only.
+//    duplicates may differ from the CPU core's batch order in the last bits). Update takes unique keys only.
+//  * What rows hold is the caller's: the table knows nothing of embeddings. New keys' initial columns come from an
+//    initializer the caller passes to FindOrInsertWith, and per-element row updates from the function it passes to
+//    Update, as functors that run in device code (as the CPU core's FindOrInsertWith and Update take callbacks).
+//    The embedding layer's initializers and fused optimizer steps are such functors
+//    (embedding/kernels/gpu/gpu_embedding.h); nothing here includes the embedding layer.
 //  * Concurrency: every operation of a table runs on the table's stream, in call order; a reader never overlaps a
 //    writer. Device code sees the table through two types: ReadView (const pointers: probe and read only) and
 //    MutableView (claims, removes, writes). Kernels of read-only operations are given a ReadView, so a read path
@@ -67,8 +72,6 @@
 #include <string>
 #include <type_traits>
 
-#include "tensorflow_ext/embedding/kernels/optimizer_functors.h"
-#include "tensorflow_ext/embedding/kernels/row_initializer.h"
 #include "tensorflow_ext/table/core/host_device.h"
 #include "tensorflow_ext/table/core/mix.h"
 #include "tensorflow_ext/table/core/table_limits.h"
@@ -701,18 +704,17 @@ TFEXT_HOST_DEVICE inline void WriteDefaultColumns(float* row, int64_t width, con
   }
 }
 
-// FindOrInsert, pass 1 (representatives): find or claim. The initial row of a new key (from its initializer, which
-// draws each key's values in sequence, or from init_rows) goes to the key's own output row, contiguous for the
+// FindOrInsert, pass 1 (representatives): find or claim. The initial row of a new key (init: the caller's
+// initializer, or the given rows of RowOfFirstOccurrence) goes to the key's own output row, contiguous for the
 // thread; pass 2 (WriteColumns) copies it into the table a warp-wide row at a time.
+template <class InitRow>
 struct FindOrInsert {
   MutableView t;
   const int64_t* keys;
   const long long* rep;
   const long long* first;
   const uint32_t* mult;
-  embedding::RowInitParams init;
-  bool use_init;           // else init_rows
-  const float* init_rows;  // [n, cols] or null
+  InitRow init;
   int64_t cols;
   bool count;
   int64_t version;
@@ -723,19 +725,21 @@ struct FindOrInsert {
   TFEXT_HOST_DEVICE void operator()(int64_t i) const {
     if (rep[i] != i) return;
     const int64_t key = keys[i];
-    const float* src = use_init ? nullptr : init_rows + first[i] * cols;
     bool inserted = false;
     const int64_t s = t.FindOrClaimTouched(key, epoch, count ? mult[i] : 0, version, &inserted);
-    if (s < 0 || inserted) {
-      float* dst = out + i * cols;
-      if (src) {
-        for (int64_t c = 0; c < cols; ++c) dst[c] = src[c];
-      } else {
-        embedding::FillInitialRow(init, key, dst, cols, embedding::InlineBoxMuller());
-      }
-    }
+    if (s < 0 || inserted) init(first[i], key, out + i * cols);
     slot_of[i] = s >= 0 ? s : kRowInOutput;
     rep_inserted[i] = inserted ? 1 : 0;
+  }
+};
+
+// FindOrInsert's initial rows given as data: a new key's row is rows[first occurrence] ([n, cols]).
+struct RowOfFirstOccurrence {
+  const float* rows;
+  int64_t cols;
+  TFEXT_HOST_DEVICE void operator()(int64_t first, int64_t /*key*/, float* dst) const {
+    const float* src = rows + first * cols;
+    for (int64_t c = 0; c < cols; ++c) dst[c] = src[c];
   }
 };
 
@@ -774,9 +778,9 @@ struct Gather {
 };
 
 // Writes take two passes: one thread per key finds or claims the slot (ClaimSlots, FindOrInsert), then one thread
-// per element writes the row (WriteColumns, ApplyColumns), so that a warp's loads and stores cover consecutive columns
-// of one row. With one thread writing a whole row, each access of a warp touched 32 rows: on an H100, 86% of the
-// sectors a fused Adam apply moved were wasted and it ran 30x slower than a find of the same keys.
+// per element writes the row (WriteColumns, UpdateElements), so that a warp's loads and stores cover consecutive
+// columns of one row. With one thread writing a whole row, each access of a warp touched 32 rows: on an H100, 86% of
+// the sectors a fused Adam apply moved were wasted and it ran 30x slower than a find of the same keys.
 
 // Pass 1 (one key per call; representatives only when rep is non-null): the slot of each key, claimed if absent,
 // its metadata reset (new keys) and touched. slot_of[i] = -1 for a key that could not be stored.
@@ -877,26 +881,25 @@ struct Remove {
   }
 };
 
-// A fused sparse optimizer step, pass 2 (one element per call: e = i * dim + j; the keys are distinct): var =
-// row[0, dim), slot k = row[dim + k * dim, ... + dim); a new row (ClaimSlots) gets column_defaults first, as in
-// the CPU kernels.
-template <class Opt>
-struct ApplyColumns {
+// Update, pass 2 (one element per call: e = i * cols + j; the keys are distinct): a new row (ClaimSlots) gets
+// column_defaults in the columns x = j (mod cols) first, as the CPU core's Update does before fn, then fn(i, j, row).
+// Every column this thread writes is congruent to j modulo cols, so the threads of one row never write the same column.
+template <class ElementFn>
+struct UpdateElements {
   MutableView t;
   const long long* slot_of;
   const uint8_t* rep_inserted;
-  const float* grads;  // [n, dim]
-  Opt opt;
-  int64_t dim;
+  int64_t cols;
   const float* defaults;
+  ElementFn fn;
   TFEXT_HOST_DEVICE void operator()(int64_t e) const {
     int64_t i, j;
-    SplitIndex(e, dim, &i, &j);
+    SplitIndex(e, cols, &i, &j);
     const int64_t s = slot_of[i];
     if (s < 0) return;
     float* row = t.Row(s);
-    if (rep_inserted[i]) WriteDefaultColumns(row, t.width(), defaults, j, dim, 0, 0);
-    opt.ApplyElement(row, row + dim, dim, grads + i * dim, j, dim);
+    if (rep_inserted[i]) WriteDefaultColumns(row, t.width(), defaults, j, cols, 0, 0);
+    fn(i, j, row);
   }
 };
 
@@ -1011,42 +1014,39 @@ class BucketTable {
     return b_.ForEach(n * cols, g);
   }
 
-  // Missing keys are inserted: columns [col_begin, col_begin + cols) from init (the per-key initializer) or
-  // init_rows[first occurrence], the other columns from column_defaults (null: zeros). out[i] gets the key's
-  // columns; inserted[i] (may be null) is 1 for the first occurrence of a key this call inserted.
-  std::string FindOrInsert(const int64_t* keys, int64_t n, int64_t col_begin, int64_t cols,
-                           const embedding::RowInitParams* init, const float* init_rows, const float* column_defaults,
-                           float* out, uint8_t* inserted, bool count, int64_t version) {
+  // Missing keys are inserted: columns [col_begin, col_begin + cols) from init_rows[first occurrence] ([n, cols]),
+  // the other columns from column_defaults (null: zeros). out[i] gets the key's columns; inserted[i] (may be null)
+  // is 1 for the first occurrence of a key this call inserted.
+  std::string FindOrInsert(const int64_t* keys, int64_t n, int64_t col_begin, int64_t cols, const float* init_rows,
+                           const float* column_defaults, float* out, uint8_t* inserted, bool count, int64_t version) {
+    if (init_rows == nullptr) return "FindOrInsert: init_rows must not be null";
+    return FindOrInsertWith(keys, n, col_begin, cols, kernels::RowOfFirstOccurrence{init_rows, cols}, column_defaults,
+                            out, inserted, count, version);
+  }
+
+  // FindOrInsert with the columns [col_begin, col_begin + cols) of new keys from an initializer (as the CPU core's
+  // FindOrInsertWith): init(i, key, dst) writes the cols initial columns of key, whose first occurrence is batch
+  // entry i, to dst (device code: one thread per new key, many at once). Keys a capped table cannot store get
+  // init's row in out too.
+  template <class InitRow>
+  std::string FindOrInsertWith(const int64_t* keys, int64_t n, int64_t col_begin, int64_t cols, const InitRow& init,
+                               const float* column_defaults, float* out, uint8_t* inserted, bool count,
+                               int64_t version) {
+    static_assert(std::is_trivially_copyable<InitRow>::value,
+                  "init travels to the device by value, in a kernel's parameters: it may hold device pointers and "
+                  "plain values only");
+    static_assert(std::is_invocable_r<void, const InitRow&, int64_t, int64_t, float*>::value,
+                  "init(i, key, dst) writes the initial columns of a new key");
     std::string err = CheckBatch("FindOrInsert", n, col_begin, cols);
-    if (err.empty() && (init == nullptr) == (init_rows == nullptr)) {
-      err = "FindOrInsert: give exactly one of init and init_rows";
-    }
     if (err.empty() && out == nullptr) err = "FindOrInsert: out must not be null";
-    if (err.empty() && init &&
-        (init->kind < embedding::RowInitParams::kConstant || init->kind > embedding::RowInitParams::kUniform)) {
-      err = "FindOrInsert: unknown initializer kind " + std::to_string(static_cast<int>(init->kind));
-    }
     if (!err.empty() || n == 0) return err;
     uint32_t epoch = 0;
     if ((err = Dedup(keys, n, kFirst | (count ? kMult : 0))) != "" || (err = EnsureRoom(keys, n)) != "" ||
         (err = BeginWrite(keys, n, &epoch)) != "") {
       return err;
     }
-    kernels::FindOrInsert f{mutable_view(),
-                            keys,
-                            s_.rep,
-                            s_.first,
-                            s_.mult,
-                            init ? *init : embedding::RowInitParams(),
-                            init != nullptr,
-                            init_rows,
-                            cols,
-                            count,
-                            version,
-                            epoch,
-                            s_.slot_of,
-                            s_.rep_inserted,
-                            out};
+    kernels::FindOrInsert<InitRow> f{mutable_view(), keys,    s_.rep, s_.first,   s_.mult,         init, cols,
+                                     count,          version, epoch,  s_.slot_of, s_.rep_inserted, out};
     if ((err = b_.ForEach(n, f)) != "" || (err = CountClaims(n, s_.rep)) != "") return err;
     kernels::WriteColumns w{mutable_view(), s_.rep, s_.slot_of, s_.rep_inserted, nullptr, out, column_defaults,
                             col_begin,      cols,   true};
@@ -1104,28 +1104,36 @@ class BucketTable {
     return err;
   }
 
-  // One fused optimizer step for distinct keys: Opt is one of optimizer_functors.h (prepared on the host).
-  template <class Opt>
-  std::string Apply(const int64_t* keys, int64_t n, const float* grads, int64_t dim, int64_t num_slots, const Opt& opt,
-                    const float* column_defaults, int64_t version) {
-    if (n < 0) return "Apply: n must be >= 0, got " + std::to_string(n);
-    if (dim < 1 || dim * (1 + num_slots) > a_.width) {
-      return "Apply: dim " + std::to_string(dim) + " with " + std::to_string(num_slots) +
-             " slots does not fit rows of width " + std::to_string(a_.width);
+  // Updates the rows of distinct keys element by element (as the CPU core's Update, a key at a time): each key's
+  // slot is found or claimed (a new row gets column_defaults, null: zeros; version as in Insert), then
+  // fn(i, j, row) runs once for each batch entry i and each j in [0, cols), one thread per element, the elements of
+  // a row at once: fn may read and write only the columns x of row with x % cols == j (the fused optimizer steps
+  // keep column j of the variable and of each slot there). A batch that names a key twice is refused, whole.
+  template <class ElementFn>
+  std::string Update(const int64_t* keys, int64_t n, int64_t cols, const ElementFn& fn, const float* column_defaults,
+                     int64_t version) {
+    static_assert(std::is_trivially_copyable<ElementFn>::value,
+                  "fn travels to the device by value, in a kernel's parameters: it may hold device pointers and plain "
+                  "values only");
+    static_assert(std::is_invocable_r<void, const ElementFn&, int64_t, int64_t, float*>::value,
+                  "fn(i, j, row) updates element j of batch entry i's row");
+    if (n < 0) return "Update: n must be >= 0, got " + std::to_string(n);
+    if (cols < 1 || cols > a_.width) {
+      return "Update: cols must be in [1, " + std::to_string(a_.width) + "], got " + std::to_string(cols);
     }
     if (n == 0) return "";
     std::string err = Dedup(keys, n, kFlagDuplicates);
     TableCounters c;
     if (err.empty()) err = b_.CopyToHost(&c, counters_, sizeof(c));
     if (!err.empty()) return err;
-    if (c.duplicates) return "Apply: keys must be distinct (sum the gradients of a key first)";
+    if (c.duplicates) return "Update: keys must be distinct (combine the entries of a key first)";
     uint32_t epoch = 0;
     if ((err = EnsureRoom(keys, n, &c)) != "" || (err = BeginWrite(keys, n, &epoch)) != "") return err;
     kernels::ClaimSlots claim{mutable_view(), keys,  nullptr,    nullptr,        false,
                               version,        epoch, s_.slot_of, s_.rep_inserted};
     if ((err = b_.ForEach(n, claim)) != "" || (err = CountClaims(n, nullptr)) != "") return err;
-    kernels::ApplyColumns<Opt> f{mutable_view(), s_.slot_of, s_.rep_inserted, grads, opt, dim, column_defaults};
-    return b_.ForEach(n * dim, f);
+    return b_.ForEach(n * cols, kernels::UpdateElements<ElementFn>{mutable_view(), s_.slot_of, s_.rep_inserted, cols,
+                                                                   column_defaults, fn});
   }
 
   // Writes up to max_n entries (keys, rows of the column range, versions, frequencies; any may be null) and their

@@ -1,122 +1,79 @@
 // The CUDA table's per-key code (bucket_table.h) run on host threads (HostBackend) and checked against the CPU
-// core (hash_table.h) and plain references: the same claims, probes, dedup, eviction, growth and optimizer
-// applies that the device runs, with real concurrency, in the CPU test suite.
+// core (hash_table.h) and plain references: the same claims, probes, dedup, eviction, growth and element-wise
+// updates that the device runs, with real concurrency, in the CPU test suite. New rows and updates come from the
+// test functors below (the embedding layer's initializers and optimizers are checked in
+// embedding/kernels/gpu/gpu_embedding_host_test.cc).
 #include <algorithm>
 #include <cmath>
 #include <cstdint>
-#include <limits>
 #include <map>
 #include <random>
 #include <set>
 #include <string>
 #include <vector>
 
-#include "tensorflow_ext/embedding/kernels/optimizer_functors.h"
-#include "tensorflow_ext/embedding/kernels/row_initializer.h"
 #include "tensorflow_ext/table/core/hash_table.h"
 #include "tensorflow_ext/table/core/test_util.h"
 #include "tensorflow_ext/table/gpu/bucket_table.h"
+#include "tensorflow_ext/table/gpu/bucket_table_test_util.h"
 #include "tensorflow_ext/table/gpu/host_backend.h"
 
 namespace {
 
-using tfext::embedding::AdagradOpt;
-using tfext::embedding::AdamOpt;
-using tfext::embedding::FillInitialRow;
-using tfext::embedding::FtrlOpt;
-using tfext::embedding::InlineBoxMuller;
-using tfext::embedding::OptimizerFlags;
-using tfext::embedding::RowInitParams;
 using tfext::table::HashTable;
 using tfext::table::InlineParallelFor;
 using tfext::table::KeyMeta;
 using tfext::table::SplitMix64;
 using tfext::table::TableOptions;
-using tfext::table::gpu::BucketTable;
 using tfext::table::gpu::EvictPolicy;
 using tfext::table::gpu::GpuTableOptions;
 using tfext::table::gpu::GpuTableStats;
 using tfext::table::gpu::HostBackend;
+using tfext::table::gpu::testing::Options;
+using tfext::table::gpu::testing::RandomKeys;
+using tfext::table::gpu::testing::Snapshot;
 
-using Table = BucketTable<HostBackend>;
+using Table = tfext::table::gpu::testing::HostTable;
 
-constexpr int64_t kMinKey = std::numeric_limits<int64_t>::min();
-constexpr int64_t kMaxKey = std::numeric_limits<int64_t>::max();
-
-struct Entry {
-  std::vector<float> row;
-  int64_t version = 0;
-  uint32_t frequency = 0;
-  bool operator==(const Entry& o) const { return row == o.row && version == o.version && frequency == o.frequency; }
+// New keys' initial columns (FindOrInsertWith's init): a function of the key and the seed alone, as an embedding
+// initializer's, different in every column (multiples of 2^-20 in [-8, 8): exact floats).
+struct KeyRow {
+  uint64_t seed;
+  int64_t cols;
+  void operator()(int64_t /*first*/, int64_t key, float* dst) const {
+    for (int64_t c = 0; c < cols; ++c) {
+      const uint64_t bits = SplitMix64(static_cast<uint64_t>(key) + 31 * seed + static_cast<uint64_t>(c)) >> 40;
+      dst[c] = static_cast<float>(bits) / 1048576.0f - 8.0f;
+    }
+  }
 };
 
-std::map<int64_t, Entry> Snapshot(Table& t) {
-  GpuTableStats s;
-  CHECK_EQ(t.Stats(&s), "");
-  const int64_t w = t.width();
-  std::vector<int64_t> keys(s.size), versions(s.size);
-  std::vector<float> rows(s.size * w);
-  std::vector<uint32_t> freqs(s.size);
-  int64_t n = -1;
-  CHECK_EQ(t.Export(0, w, s.size, keys.data(), rows.data(), versions.data(), freqs.data(), &n), "");
-  CHECK_EQ(n, s.size);
-  std::map<int64_t, Entry> out;
-  for (int64_t i = 0; i < n; ++i) {
-    Entry e{std::vector<float>(rows.begin() + i * w, rows.begin() + (i + 1) * w), versions[i], freqs[i]};
-    CHECK(out.emplace(keys[i], e).second);  // no key twice
+// The same rows for the CPU core's FindOrInsertWith.
+HashTable::InitRows CpuInit(const KeyRow& init, const int64_t* keys) {
+  return [init, keys](const int64_t* index, float* const* dst, int64_t count) {
+    for (int64_t j = 0; j < count; ++j) init(index[j], keys[index[j]], dst[j]);
+  };
+}
+
+struct ConstantRow {
+  float value;
+  int64_t cols;
+  void operator()(int64_t /*first*/, int64_t /*key*/, float* dst) const {
+    for (int64_t c = 0; c < cols; ++c) dst[c] = value;
   }
-  return out;
-}
+};
 
-std::map<int64_t, Entry> Snapshot(const HashTable& t) {
-  std::vector<int64_t> keys, versions;
-  std::vector<float> rows;
-  std::vector<uint32_t> freqs;
-  const int64_t w = t.width();
-  t.Export(0, w, [&](int64_t n) {
-    keys.resize(n);
-    rows.resize(n * w);
-    versions.resize(n);
-    freqs.resize(n);
-    return HashTable::ExportBuffers{keys.data(), rows.data(), versions.data(), freqs.data()};
-  });
-  std::map<int64_t, Entry> out;
-  for (size_t i = 0; i < keys.size(); ++i) {
-    out[keys[i]] = Entry{std::vector<float>(rows.begin() + i * w, rows.begin() + (i + 1) * w), versions[i], freqs[i]};
+// An element-wise update (Update's fn) that reads and writes two columns of its own (j and j + cols), as a fused
+// optimizer step with one slot: slot += g * g; var -= g * slot.
+struct SquareAndStep {
+  const float* grads;  // [n, cols]
+  int64_t cols;
+  void operator()(int64_t i, int64_t j, float* row) const {
+    const float g = grads[i * cols + j];
+    row[cols + j] += g * g;
+    row[j] -= g * row[cols + j];
   }
-  return out;
-}
-
-GpuTableOptions Options(int64_t width, int64_t initial = 0, int64_t cap_limit = 0,
-                        EvictPolicy policy = EvictPolicy::kLru) {
-  GpuTableOptions o;
-  o.width = width;
-  o.initial_capacity = initial;
-  o.capacity_limit = cap_limit;
-  o.policy = policy;
-  return o;
-}
-
-RowInitParams Normal(uint64_t seed) {
-  RowInitParams p;
-  p.kind = RowInitParams::kTruncatedNormal;
-  p.a = 0.5f;
-  p.b = 0.1f;
-  p.seed_mix = SplitMix64(seed);
-  p.seed2_mix = SplitMix64(seed + 1);
-  return p;
-}
-
-// Keys from a small pool (so batches repeat keys and hit earlier ones), with the values a table might reserve.
-std::vector<int64_t> RandomKeys(std::mt19937_64& rng, int64_t n, int64_t pool) {
-  const int64_t special[] = {kMinKey, kMaxKey, -1, 0, kMinKey + 1, 1};
-  std::vector<int64_t> keys(n);
-  for (auto& k : keys) {
-    const uint64_t r = rng();
-    k = (r % 17 == 0) ? special[r % 6] : static_cast<int64_t>(SplitMix64(r % pool));
-  }
-  return keys;
-}
+};
 
 // Every operation of a growing table against the CPU core, on random batches with duplicates and the
 // reserved-looking keys, from a tiny table (many rehashes under load) to a few thousand keys.
@@ -129,7 +86,7 @@ TFEXT_TEST(RandomOperationsMatchTheCpuCore) {
   HashTable c(co);
   const auto pf = InlineParallelFor();
   std::mt19937_64 rng(7);
-  const RowInitParams init = Normal(11);
+  const uint64_t init_seed = 11;
   const std::vector<float> defaults = {-1, -2, -3, -4, -5, -6};
   int64_t version = 0;
   for (int round = 0; round < 60; ++round) {
@@ -138,19 +95,16 @@ TFEXT_TEST(RandomOperationsMatchTheCpuCore) {
     const int64_t col_begin = static_cast<int64_t>(rng() % 3), cols = 1 + static_cast<int64_t>(rng() % (w - col_begin));
     ++version;
     const int op = static_cast<int>(rng() % 5);
-    if (op == 0) {  // FindOrInsert with the initializer
+    if (op == 0) {  // FindOrInsert with an initializer
       std::vector<float> go(n * cols), co_out(n * cols);
       std::vector<uint8_t> gi(n);
       std::vector<char> ci(n);
-      CHECK_EQ(g.FindOrInsert(keys.data(), n, col_begin, cols, &init, nullptr, defaults.data(), go.data(), gi.data(),
-                              true, version),
+      const KeyRow row_init{init_seed, cols};
+      CHECK_EQ(g.FindOrInsertWith(keys.data(), n, col_begin, cols, row_init, defaults.data(), go.data(), gi.data(),
+                                  true, version),
                "");
-      c.FindOrInsertWith(
-          keys.data(), n, col_begin, cols,
-          [&](const int64_t* index, float* const* dst, int64_t count) {
-            for (int64_t j = 0; j < count; ++j) FillInitialRow(init, keys[index[j]], dst[j], cols, InlineBoxMuller());
-          },
-          defaults.data(), co_out.data(), reinterpret_cast<bool*>(ci.data()), true, version, pf);
+      c.FindOrInsertWith(keys.data(), n, col_begin, cols, CpuInit(row_init, keys.data()), defaults.data(),
+                         co_out.data(), reinterpret_cast<bool*>(ci.data()), true, version, pf);
       CHECK(go == co_out);
       for (int64_t i = 0; i < n; ++i) CHECK_EQ(static_cast<int>(gi[i]), static_cast<int>(ci[i]));
     } else if (op == 1) {  // Insert: the last occurrence wins
@@ -232,18 +186,15 @@ TFEXT_TEST(CountsFollowClaimsRemovalsAndRehash) {
   CHECK_EQ(s.size, 4);
   CHECK_EQ(s.used, 4);
   std::vector<float> out(keys.size() * 4);
-  const RowInitParams init = Normal(3);
   std::vector<int64_t> more = {8, 9, 9, 10};  // 2 new
-  CHECK_EQ(g.FindOrInsert(more.data(), more.size(), 0, 4, &init, nullptr, nullptr, out.data(), nullptr, false, -1), "");
+  CHECK_EQ(g.FindOrInsertWith(more.data(), more.size(), 0, 4, KeyRow{3, 4}, nullptr, out.data(), nullptr, false, -1),
+           "");
   CHECK_EQ(g.Accumulate(more.data(), more.size(), 0, 4, vals.data(), nullptr, true, false, -1), "");  // none new
   std::vector<int64_t> acc = {11, 11};  // 1 new through accumulate's insert_missing
   CHECK_EQ(g.Accumulate(acc.data(), acc.size(), 0, 4, vals.data(), nullptr, true, false, -1), "");
-  AdagradOpt opt;
-  const float lr = 0.1f;
-  CHECK_EQ(opt.Prepare(&lr, OptimizerFlags()), "");
-  std::vector<int64_t> applied = {12, 5};  // 1 new through the apply
+  std::vector<int64_t> applied = {12, 5};  // 1 new through the update
   std::vector<float> grads(2 * 2, 0.5f);
-  CHECK_EQ(g.Apply(applied.data(), 2, grads.data(), 2, 1, opt, nullptr, -1), "");
+  CHECK_EQ(g.Update(applied.data(), 2, 2, SquareAndStep{grads.data(), 2}, nullptr, -1), "");
   CHECK_EQ(g.Stats(&s), "");
   CHECK_EQ(s.size, 8);
   CHECK_EQ(s.used, 8);
@@ -269,14 +220,10 @@ TFEXT_TEST(ConcurrentClaimsStoreEachKeyOnce) {
   std::vector<int64_t> keys(n);
   for (auto& k : keys) k = static_cast<int64_t>(rng() % 50000) - 25000;
   const std::set<int64_t> distinct(keys.begin(), keys.end());
-  RowInitParams init;
-  init.kind = RowInitParams::kUniform;
-  init.a = -1;
-  init.b = 1;
-  init.seed_mix = SplitMix64(5);
+  const KeyRow init{5, 2};
   std::vector<float> out(n * 2);
   std::vector<uint8_t> inserted(n);
-  CHECK_EQ(g.FindOrInsert(keys.data(), n, 0, 2, &init, nullptr, nullptr, out.data(), inserted.data(), true, 1), "");
+  CHECK_EQ(g.FindOrInsertWith(keys.data(), n, 0, 2, init, nullptr, out.data(), inserted.data(), true, 1), "");
   GpuTableStats s;
   CHECK_EQ(g.Stats(&s), "");
   CHECK_EQ(s.size, static_cast<int64_t>(distinct.size()));
@@ -286,7 +233,7 @@ TFEXT_TEST(ConcurrentClaimsStoreEachKeyOnce) {
     flagged += inserted[i];
     if (first.emplace(keys[i], i).second) CHECK_EQ(static_cast<int>(inserted[i]), 1);
     float want[2];
-    FillInitialRow(init, keys[i], want, 2, InlineBoxMuller());
+    init(i, keys[i], want);
     CHECK_EQ(out[2 * i], want[0]);
     CHECK_EQ(out[2 * i + 1], want[1]);
   }
@@ -333,17 +280,16 @@ TFEXT_TEST(CappedTableEvictsByPolicy) {
     std::vector<int64_t> batch;
     for (const auto& [k, e] : snap) batch.push_back(k);
     batch.push_back(777);
-    RowInitParams init = Normal(2);
+    const KeyRow init{2, 1};
     std::vector<float> out(batch.size());
     std::vector<uint8_t> ins(batch.size());
-    CHECK_EQ(
-        g.FindOrInsert(batch.data(), batch.size(), 0, 1, &init, nullptr, nullptr, out.data(), ins.data(), false, 600),
-        "");
+    CHECK_EQ(g.FindOrInsertWith(batch.data(), batch.size(), 0, 1, init, nullptr, out.data(), ins.data(), false, 600),
+             "");
     CHECK_EQ(g.Stats(&s), "");
     CHECK_EQ(s.failed, 1);
     CHECK_EQ(s.size, 128);
     float want = 0;
-    FillInitialRow(init, 777, &want, 1, InlineBoxMuller());
+    init(batch.size() - 1, 777, &want);
     CHECK_EQ(out.back(), want);
     CHECK_EQ(static_cast<int>(ins.back()), 0);
     const auto after = Snapshot(g);
@@ -363,12 +309,9 @@ TFEXT_TEST(CappedTableNeverEvictsAKeyOfTheSameBatch) {
     CHECK_EQ(g.Insert(&k, 1, 0, 1, &v, nullptr, false, i + 1), "");  // key 1000 is the oldest
   }
   const int64_t batch[] = {5, 1000};
-  RowInitParams init;
-  init.kind = RowInitParams::kConstant;
-  init.a = 42.0f;
   float out[2];
   uint8_t ins[2];
-  CHECK_EQ(g.FindOrInsert(batch, 2, 0, 1, &init, nullptr, nullptr, out, ins, false, 500), "");
+  CHECK_EQ(g.FindOrInsertWith(batch, 2, 0, 1, ConstantRow{42.0f, 1}, nullptr, out, ins, false, 500), "");
   CHECK_EQ(out[0], 42.0f);
   CHECK_EQ(static_cast<int>(ins[0]), 1);
   CHECK_EQ(out[1], 0.0f);  // key 1000's own row, not a fresh one
@@ -414,19 +357,16 @@ TFEXT_TEST(CappedTableUnderChurnKeepsRowsRight) {
   CHECK_LE(s.used, 1024);
 }
 
-// The fused optimizer apply of the table equals the CPU core's Update with the same functor, new keys included.
-template <class Opt>
-void CheckApply(const float* hypers, int num_slots, const OptimizerFlags& flags) {
-  const int64_t dim = 5, w = dim * (1 + num_slots);
-  Opt opt;
-  CHECK_EQ(opt.Prepare(hypers, flags), "");
+// Update equals the CPU core's Update with the same step, new keys included (they get column_defaults first).
+TFEXT_TEST(UpdatesMatchTheCpuCore) {
+  const int64_t cols = 5, w = 2 * cols + 1;  // the last column: fn leaves it alone, new rows get its default
   Table g(HostBackend{4});
   CHECK_EQ(g.Init(Options(w)), "");
   TableOptions co;
   co.width = w;
   HashTable c(co);
   std::vector<float> defaults(w, 0.0f);
-  for (int64_t j = dim; j < w; ++j) defaults[j] = 0.1f;  // accumulators start positive
+  for (int64_t j = cols; j < w; ++j) defaults[j] = 0.1f;
   std::mt19937_64 rng(1);
   for (int step = 0; step < 5; ++step) {
     std::vector<int64_t> keys;
@@ -435,32 +375,25 @@ void CheckApply(const float* hypers, int num_slots, const OptimizerFlags& flags)
       const int64_t k = static_cast<int64_t>(rng() % 400) - 200;
       if (seen.insert(k).second) keys.push_back(k);
     }
-    std::vector<float> grads(keys.size() * dim);
+    std::vector<float> grads(keys.size() * cols);
     std::normal_distribution<float> nd;
     for (auto& x : grads) x = nd(rng);
-    CHECK_EQ(g.Apply(keys.data(), keys.size(), grads.data(), dim, num_slots, opt, defaults.data(), step), "");
+    const SquareAndStep fn{grads.data(), cols};
+    CHECK_EQ(g.Update(keys.data(), keys.size(), cols, fn, defaults.data(), step), "");
     c.Update(
         keys.data(), keys.size(), defaults.data(),
         [&](int64_t i, float* row, KeyMeta* meta) {
-          opt.Apply(row, row + dim, dim, grads.data() + i * dim, dim);
+          for (int64_t j = 0; j < cols; ++j) fn(i, j, row);
           meta->version = step;
         },
         InlineParallelFor());
   }
   CHECK(Snapshot(g) == Snapshot(c));
-  // Keys given twice are refused, not applied twice.
+  // Keys given twice are refused, not updated twice.
   const int64_t dup[] = {3, 3};
-  std::vector<float> g2(2 * dim, 1.0f);
-  CHECK(g.Apply(dup, 2, g2.data(), dim, num_slots, opt, defaults.data(), 9).find("distinct") != std::string::npos);
-}
-
-TFEXT_TEST(FusedAppliesMatchTheCpuCore) {
-  const float adagrad[] = {0.05f};
-  CheckApply<AdagradOpt>(adagrad, 1, OptimizerFlags());
-  const float adam[] = {0.9f, 0.999f, 0.001f, 0.9f, 0.999f, 1e-7f};
-  CheckApply<AdamOpt>(adam, 2, OptimizerFlags());
-  const float ftrl[] = {0.1f, 0.01f, 0.02f, 0.0f, -0.5f};
-  CheckApply<FtrlOpt>(ftrl, 2, OptimizerFlags());
+  std::vector<float> g2(2 * cols, 1.0f);
+  CHECK(g.Update(dup, 2, cols, SquareAndStep{g2.data(), cols}, defaults.data(), 9).find("distinct") !=
+        std::string::npos);
 }
 
 TFEXT_TEST(BadArgumentsAreNamed) {
@@ -476,8 +409,9 @@ TFEXT_TEST(BadArgumentsAreNamed) {
   float out[4];
   CHECK(t.Find(&k, 1, 2, 3, out, nullptr, nullptr).find("columns [2, 5)") != std::string::npos);
   CHECK(t.Find(&k, -1, 0, 4, out, nullptr, nullptr).find("n must be >= 0") != std::string::npos);
-  CHECK(t.FindOrInsert(&k, 1, 0, 4, nullptr, nullptr, nullptr, out, nullptr, false, -1).find("exactly one") !=
-        std::string::npos);
+  CHECK(t.FindOrInsert(&k, 1, 0, 4, nullptr, nullptr, out, nullptr, false, -1).find("init_rows") != std::string::npos);
+  const float grad[5] = {};
+  CHECK(t.Update(&k, 1, 5, SquareAndStep{grad, 5}, nullptr, -1).find("cols must be in [1, 4]") != std::string::npos);
   int64_t n = 0;
   const float v[4] = {1, 2, 3, 4};
   CHECK_EQ(t.Insert(&k, 1, 0, 4, v, nullptr, false, -1), "");

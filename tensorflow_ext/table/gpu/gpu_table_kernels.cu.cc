@@ -258,7 +258,7 @@ class GpuTableFindOrInsertOp : public GpuTableUpdateOpBase {
     if (keys.NumElements() == 0) return;
     OP_REQUIRES_OK(
         ctx, ToStatus(t->table(ctx)->FindOrInsert(keys.flat<int64_t>().data(), keys.NumElements(), col_begin_, cols,
-                                                  nullptr, rows.flat<float>().data(), t->device_defaults(),
+                                                  rows.flat<float>().data(), t->device_defaults(),
                                                   values->flat<float>().data(), nullptr, count_, step)));
   }
 };

@@ -1,6 +1,7 @@
-// extern "C" harness over the CUDA table (BucketTable<DeviceBackend>) and, for side-by-side figures, the CPU core,
-// for ctypes: tools/gpu/test_gpu_table.py (correctness against numpy and the CPU core) and
-// tools/gpu/bench_gpu_table.py (throughput). Needs no TensorFlow.
+// extern "C" harness over the CUDA table (BucketTable<DeviceBackend>) with the embedding layer's initializers and
+// fused optimizer steps on it (gpu_embedding.h) and, for side-by-side figures, the CPU core, for ctypes:
+// tools/gpu/test_gpu_table.py (correctness against numpy and the CPU core) and tools/gpu/bench_gpu_table.py
+// (throughput). Needs no TensorFlow.
 //
 // Calls taking host arrays copy them in and out. The tfext_gpu_time_* calls take device arrays (from
 // tfext_gpu_upload) and return the device time of one operation in milliseconds (CUDA events), so that figures
@@ -16,6 +17,9 @@
 #include <thread>
 #include <vector>
 
+#include "tensorflow_ext/embedding/kernels/gpu/gpu_embedding.h"
+#include "tensorflow_ext/embedding/kernels/optimizer_functors.h"
+#include "tensorflow_ext/embedding/kernels/row_initializer.h"
 #include "tensorflow_ext/table/core/hash_table.h"
 #include "tensorflow_ext/table/gpu/bucket_table.h"
 #include "tensorflow_ext/table/gpu/device_backend.h"
@@ -28,6 +32,8 @@ using tfext::embedding::MomentumOpt;
 using tfext::embedding::OptimizerFlags;
 using tfext::embedding::RMSPropOpt;
 using tfext::embedding::RowInitParams;
+using tfext::embedding::gpu::FindOrInitialize;
+using tfext::embedding::gpu::SparseApply;
 using tfext::table::SplitMix64;
 using tfext::table::gpu::BucketTable;
 using tfext::table::gpu::DeviceBackend;
@@ -227,10 +233,13 @@ int tfext_gpu_table_find_or_insert(void* t, const int64_t* keys, int64_t n, int6
   if (err.empty() && init_kind < 0) err = ir.From(init_rows, n * cols * sizeof(float));
   if (err.empty() && column_defaults) err = def.From(column_defaults, table->width() * sizeof(float));
   const RowInitParams p = InitParams(init_kind < 0 ? 0 : init_kind, a, b, seed, seed2);
-  if (err.empty()) {
-    err = table->FindOrInsert(k.as<int64_t>(), n, col_begin, cols, init_kind < 0 ? nullptr : &p,
-                              init_kind < 0 ? ir.as<float>() : nullptr, column_defaults ? def.as<float>() : nullptr,
-                              o.as<float>(), ins.as<uint8_t>(), count != 0, version);
+  const float* defaults = column_defaults ? def.as<float>() : nullptr;
+  if (err.empty() && init_kind < 0) {
+    err = table->FindOrInsert(k.as<int64_t>(), n, col_begin, cols, ir.as<float>(), defaults, o.as<float>(),
+                              ins.as<uint8_t>(), count != 0, version);
+  } else if (err.empty()) {
+    err = FindOrInitialize(table, k.as<int64_t>(), n, col_begin, cols, p, defaults, o.as<float>(), ins.as<uint8_t>(),
+                           count != 0, version);
   }
   if (err.empty()) err = o.To(out, n * cols * sizeof(float));
   if (err.empty() && inserted) err = ins.To(inserted, n);
@@ -288,8 +297,8 @@ int tfext_gpu_table_apply(void* t, const char* optimizer, const float* hypers, i
   if (err.empty() && column_defaults) err = def.From(column_defaults, table->width() * sizeof(float));
   if (err.empty()) {
     err = WithOptimizer(optimizer, hypers, [&](const auto& opt, int num_slots) {
-      return table->Apply(k.as<int64_t>(), n, g.as<float>(), dim, num_slots, opt,
-                          column_defaults ? def.as<float>() : nullptr, version);
+      return SparseApply(table, k.as<int64_t>(), n, g.as<float>(), dim, num_slots, opt,
+                         column_defaults ? def.as<float>() : nullptr, version);
     });
   }
   if (err.empty()) err = Synchronize("apply");
@@ -346,7 +355,7 @@ int tfext_gpu_initial_rows(int kind, float a, float b, uint64_t seed, uint64_t s
   if (err.empty()) err = k.From(keys, n * sizeof(int64_t));
   if (err.empty()) err = out.Alloc(n * dim * sizeof(float));
   if (err.empty()) {
-    err = table.FindOrInsert(k.as<int64_t>(), n, 0, dim, &p, nullptr, nullptr, out.as<float>(), nullptr, false, -1);
+    err = FindOrInitialize(&table, k.as<int64_t>(), n, 0, dim, p, nullptr, out.as<float>(), nullptr, false, -1);
   }
   if (err.empty()) err = out.To(device_out, n * dim * sizeof(float));
   return err.empty() ? 0 : Fail(err);
@@ -396,11 +405,11 @@ double tfext_gpu_time(void* t, const char* op, const int64_t* d_keys, int64_t n,
   } else if (name == "insert") {
     err = table->Insert(d_keys, n, 0, cols, d_values, nullptr, false, -1);
   } else if (name == "find_or_insert") {
-    err = table->FindOrInsert(d_keys, n, 0, cols, &init, nullptr, nullptr, d_out, nullptr, false, -1);
+    err = FindOrInitialize(table, d_keys, n, 0, cols, init, nullptr, d_out, nullptr, false, -1);
   } else if (name == "accumulate") {
     err = table->Accumulate(d_keys, n, 0, cols, d_values, nullptr, false, false, -1);
   } else if (name == "apply_adam") {
-    err = table->Apply(d_keys, n, d_values, cols, 2, adam_opt, nullptr, -1);
+    err = SparseApply(table, d_keys, n, d_values, cols, 2, adam_opt, nullptr, -1);
   } else {
     err = "unknown op '" + name + "'";
   }

@@ -62,6 +62,7 @@ from tensorflow.python.framework import tensor_util
 from tensorflow_ext.embedding import _ops
 from tensorflow_ext.embedding.checkpoint import policy_state
 from tensorflow_ext.embedding.keys import HashPartition
+from tensorflow_ext.tf_compat import graph_edits
 
 __all__ = ["BloomAdmission", "CountAdmission", "admitted_lookup"]
 
@@ -342,7 +343,7 @@ def _training_flag(emb, is_training):
 
         def activate():
             value = tensor_util.make_tensor_proto(True, tf.bool)
-            flag.op._set_attr("value", attr_value_pb2.AttrValue(tensor=value))  # pylint: disable=protected-access
+            graph_edits.set_attr(flag.op, "value", attr_value_pb2.AttrValue(tensor=value))
 
         emb.shards[0].lookups.when_training(activate, [flag.op])
     return flag

@@ -34,6 +34,7 @@ from tensorflow_ext.embedding import _ops
 from tensorflow_ext.embedding import admission as admission_lib
 from tensorflow_ext.embedding import embedding_ops
 from tensorflow_ext.embedding import variable as var_lib
+from tensorflow_ext.tf_compat import graph_edits
 
 __all__ = ["embedding_lookup", "embedding_lookup_sparse", "safe_embedding_lookup_sparse"]
 
@@ -63,7 +64,7 @@ def _insert_once_training(shard, lookup_op):
     run; see shard_lookups)."""
 
     def activate():
-        lookup_op._set_attr("insert_missing", attr_value_pb2.AttrValue(b=True))  # pylint: disable=protected-access
+        graph_edits.set_attr(lookup_op, "insert_missing", attr_value_pb2.AttrValue(b=True))
 
     shard.lookups.when_training(activate, [lookup_op])
 
@@ -114,7 +115,7 @@ def _lookup_shard(shard, keys, is_training, step):
                     )
 
                     def activate():
-                        find_op._add_control_input(insert.op)  # pylint: disable=protected-access
+                        graph_edits.add_control_input(find_op, insert.op)
 
                     shard.lookups.when_training(activate, [find_op])
         values = embedding_ops.with_handle_gradient(values, handle, keys)

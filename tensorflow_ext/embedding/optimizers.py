@@ -54,6 +54,7 @@ from tensorflow_ext.embedding import embedding_ops
 from tensorflow_ext.embedding import eviction
 from tensorflow_ext.embedding import optimizer_spec
 from tensorflow_ext.embedding import variable as var_lib
+from tensorflow_ext.tf_compat import graph_edits
 
 __all__ = ["supported_optimizers", "slot_names"]
 
@@ -409,7 +410,7 @@ def apply_call(opt, create_slots, step, shards=()):
         count, dispatch = _dispatchers.get(id(opt), (0, None))
         if count == 0:
             dispatch = _SlotsDispatch(opt, vars(opt).get("_create_slots"))
-            opt._create_slots = dispatch
+            graph_edits.set_create_slots(opt, dispatch)
         _dispatchers[id(opt)] = (count + 1, dispatch)
     stack.append((opt, create_slots, step, eviction.InStepEvictions(shards)))
     try:
@@ -420,10 +421,8 @@ def apply_call(opt, create_slots, step, shards=()):
             count, dispatch = _dispatchers.pop(id(opt))
             if count > 1:
                 _dispatchers[id(opt)] = (count - 1, dispatch)
-            elif dispatch.previous is not None:
-                opt._create_slots = dispatch.previous
-            else:
-                del opt._create_slots
+            else:  # what the optimizer had before (None: its class's method)
+                graph_edits.set_create_slots(opt, dispatch.previous)
 
 
 def _step_for(opt):

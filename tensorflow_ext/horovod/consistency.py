@@ -35,6 +35,7 @@ from tensorflow.python.framework import tensor_util
 
 from tensorflow_ext.embedding import variable as var_lib
 from tensorflow_ext.horovod import _hvd
+from tensorflow_ext.tf_compat import graph_edits
 
 __all__ = ["check_op", "config_lines", "declare", "describe_mismatch", "gate", "refresh"]
 
@@ -235,9 +236,7 @@ class _Check(object):
         value = tensor_util.make_tensor_proto(_fingerprint(config_lines(graph)), tf.int64)
         # The constant was built with the configuration known at the first collective; later builds (optimizer slot
         # columns, more embeddings) update it before the graph runs.
-        self.fingerprint.op._set_attr(
-            "value", attr_value_pb2.AttrValue(tensor=value)
-        )  # pylint: disable=protected-access
+        graph_edits.set_attr(self.fingerprint.op, "value", attr_value_pb2.AttrValue(tensor=value))
 
 
 def _raise_mismatch(texts, lengths):

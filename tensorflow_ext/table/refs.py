@@ -21,6 +21,7 @@ each method adds one op (two for `export_split`'s padding) and returns its outpu
 import tensorflow as tf
 from tensorflow.core.framework import attr_value_pb2
 
+from tensorflow_ext.tf_compat import graph_edits
 from tensorflow_ext.utils import loader
 
 __all__ = ["TableLayout", "MutableTableRef", "FrozenTableRef", "release_free_memory"]
@@ -184,8 +185,9 @@ class MutableTableRef(object):
         the attrs the op carries when it first runs, so this must happen before that (graph construction time).
         """
         op = self._handle.op
-        op._set_attr("width", attr_value_pb2.AttrValue(i=int(self._layout.width)))  # pylint: disable=protected-access
-        op._set_attr(  # pylint: disable=protected-access
+        graph_edits.set_attr(op, "width", attr_value_pb2.AttrValue(i=int(self._layout.width)))
+        graph_edits.set_attr(
+            op,
             "column_defaults",
             attr_value_pb2.AttrValue(
                 list=attr_value_pb2.AttrValue.ListValue(f=[float(v) for v in self._layout.column_defaults])

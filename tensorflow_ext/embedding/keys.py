@@ -8,7 +8,7 @@ key lives.
 import numpy as np
 import tensorflow as tf
 
-from tensorflow_ext.embedding import _ops
+from tensorflow_ext.embedding import embedding_ops
 
 __all__ = ["HashPartition", "hash_key_shard_ids", "hash_key_numpy", "string_to_key"]
 
@@ -123,7 +123,7 @@ class HashPartition(object):
         if self._num_parts == 1:
             return tf.zeros_like(keys, dtype=tf.int32)
         if not self._salt:
-            return _ops.op("tf_ext_shard_index")(keys, tf.constant(self._num_parts, tf.int32))
+            return embedding_ops.shard_index(keys, tf.constant(self._num_parts, tf.int32))
         return hash_key_shard_ids(self._salted(keys), self._num_parts)
 
     def part_ids_numpy(self, keys):

@@ -12,7 +12,7 @@ import weakref
 import tensorflow as tf
 from tensorflow.python.framework import ops as tf_ops
 
-from tensorflow_ext.embedding import _ops
+from tensorflow_ext.table import refs
 
 __all__ = ["SlotGroup", "RowLayout", "DynamicEmbeddingSlot"]
 
@@ -42,8 +42,10 @@ class SlotGroup(object):
         return self.offset + self.slot_names.index(slot_name) * self.dim
 
 
-class RowLayout(object):
-    """The columns of a table's rows and their initial values (thread-safe).
+class RowLayout(refs.TableLayout):
+    """The columns of a dynamic embedding table's rows and their initial values (thread-safe).
+
+    A `refs.TableLayout` that grows by whole slot groups (`add_slot_columns`) until it is frozen (`freeze`).
 
     Args:
       dim: the embedding dimension (the first `dim` columns).
@@ -53,35 +55,13 @@ class RowLayout(object):
     """
 
     def __init__(self, dim, embedding_defaults, owner_name):
-        self._dim = int(dim)
-        self._width = int(dim)
-        self._defaults = None  # None: all zeros
-        if embedding_defaults is not None and any(v != 0.0 for v in embedding_defaults):
-            self._defaults = [float(v) for v in embedding_defaults]
+        if embedding_defaults is None or all(v == 0.0 for v in embedding_defaults):
+            embedding_defaults = None  # all zeros: the handle op's empty column_defaults
+        super(RowLayout, self).__init__(dim, dim, embedding_defaults)
         self._groups = []
         self._frozen_by = None
         self._owner_name = owner_name
         self._lock = threading.Lock()
-
-    @property
-    def dim(self):
-        """The embedding dimension."""
-        return self._dim
-
-    @property
-    def width(self):
-        """Floats per row: dim + every slot column."""
-        return self._width
-
-    @property
-    def column_defaults(self):
-        """The `width` values a new key's columns start with (a new list)."""
-        return [0.0] * self._width if self._defaults is None else list(self._defaults)
-
-    @property
-    def column_defaults_attr(self):
-        """The handle op's `column_defaults` attr: empty for all zeros."""
-        return [] if self._defaults is None else list(self._defaults)
 
     @property
     def groups(self):
@@ -133,8 +113,7 @@ class RowLayout(object):
             defaults = self.column_defaults
             for value in group.initial_values:
                 defaults.extend([value] * self._dim)
-            self._width += self._dim * len(slot_names)
-            self._defaults = defaults
+            self._widen(self._width + self._dim * len(slot_names), defaults)
             self._groups.append(group)
             return group, True
 
@@ -205,8 +184,7 @@ class DynamicEmbeddingSlot(object):
         col, default = self._column()
         dim = self._shard.dim
         with tf.name_scope(name or "slot_lookup"), tf_ops.colocate_with(self._shard.handle):
-            values, _ = _ops.op("tf_ext_table_find")(
-                self._shard.handle,
+            values, _ = self._shard.table.find(
                 tf.convert_to_tensor(keys, tf.int64),
                 tf.fill([dim], tf.constant(default, tf.float32)),
                 col_begin=col,

@@ -34,7 +34,9 @@ from tensorflow_ext.embedding import _ops
 from tensorflow_ext.embedding import admission as admission_lib
 from tensorflow_ext.embedding import embedding_ops
 from tensorflow_ext.embedding import variable as var_lib
+from tensorflow_ext.table import refs
 from tensorflow_ext.tf_compat import graph_edits
+from tensorflow_ext.utils import loader
 
 __all__ = ["embedding_lookup", "embedding_lookup_sparse", "safe_embedding_lookup_sparse"]
 
@@ -80,20 +82,31 @@ def _frozen_find_grad(op, *grads):
 
 
 def _lookup_shard(shard, keys, is_training, step):
-    """Rows [n, dim] of unique int64 keys [n] in one shard."""
+    """Rows [n, dim] of unique int64 keys [n] in one shard: a find in a serving table, else a training lookup."""
+    if isinstance(shard.table, refs.FrozenTableRef):
+        return _find_in_serving_table(shard, keys, is_training)
+    return _lookup_training_table(shard, keys, is_training, step)
+
+
+def _find_in_serving_table(shard, keys, is_training):
+    """Rows [n, dim] of keys [n] in a read-only serving table: no insert, no count, no gradient."""
+    if is_training:
+        shard.check_writable("embedding_lookup(is_training=True)")
+    with tf_ops.colocate_with(shard.handle):
+        values, _ = shard.table.find(keys, tf.constant(shard.embedding.initializer.missing_row(shard.dim)))
+    return values
+
+
+def _lookup_training_table(shard, keys, is_training, step):
+    """Rows [n, dim] of unique int64 keys [n] in a training table, inserting missing keys in training (see the
+    module docstring), with the gradient for the table."""
     spec = shard.embedding.initializer
     dim = shard.dim
     handle = shard.handle
-    if shard.frozen:
-        if is_training:
-            shard.check_writable("embedding_lookup(is_training=True)")
-        # A read-only serving table: no insert, no count, no gradient.
-        with tf_ops.colocate_with(handle):
-            values, _ = _ops.op("tf_ext_frozen_table_find")(handle, keys, tf.constant(spec.missing_row(dim)), dim=dim)
-        return values
+    table = shard.table
     with tf_ops.colocate_with(handle):
         if spec.in_kernel and _ops.use_fused():
-            values = _ops.op("tf_ext_embedding_lookup")(
+            values = loader.load_ops().tf_ext_embedding_lookup(
                 handle, keys, step, dim=dim, insert_missing=bool(is_training), count=True, **spec.kernel_attrs()
             )
             if is_training is None:
@@ -101,18 +114,12 @@ def _lookup_shard(shard, keys, is_training, step):
         else:
             n = tf.size(keys)
             if is_training:
-                values = _ops.op("tf_ext_table_find_or_insert")(
-                    handle, keys, spec.make_rows(n, dim), step, col_begin=0, cols=dim, count=True
-                )
+                values = table.find_or_insert(keys, spec.make_rows(n, dim), step, count=True)
             else:
-                values, _ = _ops.op("tf_ext_table_find")(
-                    handle, keys, tf.constant(spec.missing_row(dim)), col_begin=0, cols=dim
-                )
+                values, _ = table.find(keys, tf.constant(spec.missing_row(dim)))
                 if is_training is None:
                     find_op = values.op
-                    insert = _ops.op("tf_ext_table_find_or_insert")(
-                        handle, keys, spec.make_rows(n, dim), step, col_begin=0, cols=dim, count=True
-                    )
+                    insert = table.find_or_insert(keys, spec.make_rows(n, dim), step, count=True)
 
                     def activate():
                         graph_edits.add_control_input(find_op, insert.op)
@@ -184,16 +191,16 @@ def _lookup_unique_rows(emb, unique_keys, is_training):
     return tf.reshape(out, [-1, emb.dim])
 
 
-def _one_shard_kernel(emb, op_name, inputs, is_training, **attrs):
-    """Runs the fused lookup kernel `op_name` on a one-shard embedding: (table handle, *inputs, global step) with the
-    lookup attrs (dim, insert_missing, count, initializer) and `attrs`; a find-only op (is_training=None) turns
-    inserting once an optimizer is applied. Returns (shard, the op's outputs)."""
+def _one_shard_kernel(emb, kernel, inputs, is_training, **attrs):
+    """Runs the fused lookup kernel `kernel` (an op of the library) on a one-shard embedding: (table handle,
+    *inputs, global step) with the lookup attrs (dim, insert_missing, count, initializer) and `attrs`; a find-only
+    op (is_training=None) turns inserting once an optimizer is applied. Returns (shard, the op's outputs)."""
     shard = emb.shards[0]
     if is_training is None and shard.is_training:
         is_training = True
     step = _global_step_tensor()
     with tf_ops.colocate_with(shard.handle):
-        outputs = _ops.op(op_name)(
+        outputs = kernel(
             shard.handle,
             *inputs,
             step,
@@ -213,7 +220,9 @@ def _lookup_ids_fused(emb, flat_keys, is_training):
     embedding through TfExtEmbeddingLookupIds (dedup + lookup + gather in one
     kernel). Its gradient w.r.t. the table handle is IndexedSlices(per unique key
     sum, unique keys): see embedding_ops._lookup_ids_grad."""
-    shard, (values, unique_keys, idx) = _one_shard_kernel(emb, "tf_ext_embedding_lookup_ids", [flat_keys], is_training)
+    shard, (values, unique_keys, idx) = _one_shard_kernel(
+        emb, loader.load_ops().tf_ext_embedding_lookup_ids, [flat_keys], is_training
+    )
     # The rows of the unique keys, for the shard's value as a tensor: every occurrence of a key holds the same
     # row, so the segment mean is that row, and its gradient (grad / count per occurrence) sums back to grad.
     shard.lookups.record_read(unique_keys, lambda: tf.math.unsorted_segment_mean(values, idx, tf.size(unique_keys)))
@@ -228,7 +237,7 @@ def _lookup_sparse_fused(emb, sp_ids, combiner, is_training, fill_empty_rows=Fal
     default = tf.zeros([0], tf.int64) if default_key is None else default_key
     shard, (values, unique_keys, _, _, _, unique_rows) = _one_shard_kernel(
         emb,
-        "tf_ext_embedding_lookup_sparse",
+        loader.load_ops().tf_ext_embedding_lookup_sparse,
         [sp_ids.indices, keys, sp_ids.dense_shape, default],
         is_training,
         combiner=combiner,
@@ -249,13 +258,17 @@ def _use_fused_sparse(emb, sp_weights, max_norm):
 
 
 def _use_frozen(emb):
-    return emb.distribution is None and emb.admission is None and all(s.frozen for s in emb.shards)
+    return (
+        emb.distribution is None
+        and emb.admission is None
+        and all(isinstance(s.table, refs.FrozenTableRef) for s in emb.shards)
+    )
 
 
 def _use_fused_ids(emb):
     return (
         len(emb.shards) == 1
-        and not emb.shards[0].frozen
+        and isinstance(emb.shards[0].table, refs.MutableTableRef)
         and emb.distribution is None
         and emb.admission is None
         and emb.initializer.in_kernel

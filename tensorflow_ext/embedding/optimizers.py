@@ -53,12 +53,13 @@ from tensorflow_ext.embedding import _ops
 from tensorflow_ext.embedding import embedding_ops
 from tensorflow_ext.embedding import eviction
 from tensorflow_ext.embedding import optimizer_spec
-from tensorflow_ext.embedding import variable as var_lib
+from tensorflow_ext.embedding import shard as shard_lib
 from tensorflow_ext.tf_compat import graph_edits
+from tensorflow_ext.utils import loader
 
 __all__ = ["supported_optimizers", "slot_names"]
 
-_Shard = var_lib.DynamicEmbeddingShard
+_Shard = shard_lib.DynamicEmbeddingShard
 
 
 def _f32(x):
@@ -344,18 +345,11 @@ def _insert_missing_keys(shard, keys, step):
     _check_replicas_draw_alike(shard, spec)
     with tf.name_scope("insert_missing"):
         if spec.in_kernel:
-            return _ops.op("tf_ext_embedding_lookup")(
-                shard.handle,
-                keys,
-                step,
-                dim=shard.dim,
-                insert_missing=True,
-                count=False,
-                **spec.kernel_attrs(),
-            ).op
-        return _ops.op("tf_ext_table_find_or_insert")(
-            shard.handle, keys, spec.make_rows(tf.size(keys), shard.dim), step, col_begin=0, cols=shard.dim, count=False
-        ).op
+            rows = loader.load_ops().tf_ext_embedding_lookup(
+                shard.handle, keys, step, dim=shard.dim, insert_missing=True, count=False, **spec.kernel_attrs()
+            )
+            return rows.op
+        return shard.table.find_or_insert(keys, spec.make_rows(tf.size(keys), shard.dim), step, count=False).op
 
 
 # ---- per-call state of the apply_gradients patch (tf_patches): per thread, never on the optimizer ------------
@@ -437,19 +431,18 @@ def _apply_generic(handler, opt, shard, group, keys, grad, step):
     """Reads embedding + slot columns, applies the formula, writes them back."""
     dim = shard.dim
     nslots = len(group.slot_names)
-    find = _ops.op("tf_ext_table_find")
-    insert = _ops.op("tf_ext_table_insert")
+    find = shard.table.find
+    insert = shard.table.insert
     defaults = shard.column_defaults
     contiguous = nslots == 0 or group.offset == dim
     if contiguous:
         cols = dim * (1 + nslots)
-        rows, _ = find(shard.handle, keys, tf.constant(defaults[:cols], tf.float32), col_begin=0, cols=cols)
+        rows, _ = find(keys, tf.constant(defaults[:cols], tf.float32), col_begin=0, cols=cols)
         var = rows[:, :dim]
         slots = [rows[:, dim * (1 + k) : dim * (2 + k)] for k in range(nslots)]
     else:
-        var, _ = find(shard.handle, keys, tf.constant(defaults[:dim], tf.float32), col_begin=0, cols=dim)
+        var, _ = find(keys, tf.constant(defaults[:dim], tf.float32), col_begin=0, cols=dim)
         srows, _ = find(
-            shard.handle,
             keys,
             tf.constant(defaults[group.offset : group.offset + nslots * dim], tf.float32),
             col_begin=group.offset,
@@ -459,7 +452,6 @@ def _apply_generic(handler, opt, shard, group, keys, grad, step):
     new_var, new_slots = handler.generic(opt, var, slots, grad)
     if contiguous:
         return insert(
-            shard.handle,
             keys,
             tf.concat([new_var] + list(new_slots), 1),
             step,
@@ -467,10 +459,8 @@ def _apply_generic(handler, opt, shard, group, keys, grad, step):
             cols=dim * (1 + nslots),
             count=False,
         )
-    w1 = insert(shard.handle, keys, new_var, step, col_begin=0, cols=dim, count=False)
-    w2 = insert(
-        shard.handle, keys, tf.concat(list(new_slots), 1), step, col_begin=group.offset, cols=nslots * dim, count=False
-    )
+    w1 = insert(keys, new_var, step, col_begin=0, cols=dim, count=False)
+    w2 = insert(keys, tf.concat(list(new_slots), 1), step, col_begin=group.offset, cols=nslots * dim, count=False)
     return tf.group(w1, w2)
 
 

@@ -3,29 +3,23 @@
 A shard stands in for a variable (name, dtype, shape, device, `handle` as the
 gradient target, conversion to a tensor) while its rows live in a hash table.
 It owns its row layout (`layout.RowLayout`: embedding columns then optimizer
-slot columns) and this graph's lookups of it (`shard_lookups.ShardLookups`).
+slot columns), its table as a typed ref (`table`: a `refs.MutableTableRef`
+for training, a `refs.FrozenTableRef` for a read-only serving table; the
+ref's type is what makes a shard frozen) and this graph's lookups of it
+(`shard_lookups.ShardLookups`).
 """
 
 import contextlib
 
 import tensorflow as tf
-from tensorflow.core.framework import attr_value_pb2
 from tensorflow.python.util import object_identity
 
-from tensorflow_ext.embedding import _ops
 from tensorflow_ext.embedding import export_mode
 from tensorflow_ext.embedding import layout as layout_lib
 from tensorflow_ext.embedding import shard_lookups
+from tensorflow_ext.table import refs
 
 __all__ = ["DynamicEmbeddingShard"]
-
-
-def _int_attr(value):
-    return attr_value_pb2.AttrValue(i=int(value))
-
-
-def _float_list_attr(values):
-    return attr_value_pb2.AttrValue(list=attr_value_pb2.AttrValue.ListValue(f=[float(v) for v in values]))
 
 
 class DynamicEmbeddingShard(object):
@@ -60,29 +54,18 @@ class DynamicEmbeddingShard(object):
             self._dim, embedding.initializer.embedding_column_defaults(self._dim), embedding.name
         )
         self._lookups = shard_lookups.ShardLookups(name)
-        # Created inside tf_ext.serving.freeze_for_serving(): a read-only serving table (no slots, no metadata).
-        self._frozen = export_mode.freezing()
         with tf.control_dependencies(None), tf.compat.v1.name_scope(None):
             with tf.compat.v1.name_scope(embedding.name + "/"):
-                ctx = tf.device(device) if device is not None else contextlib.nullcontext()
-                with ctx:
-                    if self._frozen:
-                        self._handle = _ops.op("tf_ext_frozen_table_handle")(
-                            dim=self._dim,
-                            container="",
-                            shared_name=name,
-                            use_node_name_sharing=False,
-                            name="part_%d" % index,
-                        )
-                    else:
-                        self._handle = self._mutable_handle(name, index, initial_capacity, preallocate)
+                with tf.device(device) if device is not None else contextlib.nullcontext():
+                    self._table = self._create_table(name, index, initial_capacity, preallocate)
         self._saveable = None
 
-    def _mutable_handle(self, name, index, initial_capacity, preallocate):
-        return _ops.op("tf_ext_table_handle")(
-            dim=self._dim,
-            width=self._layout.width,
-            column_defaults=self._layout.column_defaults_attr,
+    def _create_table(self, name, index, initial_capacity, preallocate):
+        if export_mode.freezing():
+            # Created inside tf_ext.serving.freeze_for_serving(): a read-only serving table (no slots, no metadata).
+            return refs.FrozenTableRef.create(self._dim, shared_name=name, name="part_%d" % index)
+        return refs.MutableTableRef.create(
+            self._layout,
             initial_capacity=int(initial_capacity),
             shard_bits=-1,
             # Training tables grow every step; on kernels that compact memory
@@ -90,9 +73,7 @@ class DynamicEmbeddingShard(object):
             # slower (docs/benchmarks.md). TF_EXT_TABLE_HUGE_PAGES=1 overrides.
             huge_pages=False,
             preallocate=bool(preallocate),
-            container="",
             shared_name=name,
-            use_node_name_sharing=False,
             name="part_%d" % index,
         )
 
@@ -106,16 +87,22 @@ class DynamicEmbeddingShard(object):
     @property
     def handle(self):
         """The table resource (a scalar `resource` tensor)."""
-        return self._handle
+        return self._table.handle
+
+    @property
+    def table(self):
+        """The table as a typed ref: a `refs.MutableTableRef`, or a `refs.FrozenTableRef` for a read-only serving
+        table (created inside `tf_ext.serving.freeze_for_serving()`)."""
+        return self._table
 
     @property
     def frozen(self):
         """True for a read-only serving table (created inside `tf_ext.serving.freeze_for_serving()`)."""
-        return self._frozen
+        return not self._table.writable
 
     def check_writable(self, what):
         """Raises a ValueError naming `what` when the shard is a frozen (read-only) serving table."""
-        if self._frozen:
+        if not self._table.writable:
             raise ValueError(
                 "%s: dynamic embedding %r was created inside tf_ext.serving.freeze_for_serving() and is a read-only "
                 "serving table (lookups only); build training and table updates outside that scope"
@@ -125,17 +112,17 @@ class DynamicEmbeddingShard(object):
     @property
     def op(self):
         """The `TfExtTableHandle` op."""
-        return self._handle.op
+        return self._table.handle.op
 
     @property
     def device(self):
         """The device string of the table resource (may be empty)."""
-        return self._handle.device
+        return self._table.handle.device
 
     @property
     def graph(self):
         """The `tf.Graph` the table resource lives in."""
-        return self._handle.graph
+        return self._table.handle.graph
 
     @property
     def dtype(self):
@@ -260,11 +247,7 @@ class DynamicEmbeddingShard(object):
         self.check_writable("an optimizer (%s)" % type(optimizer).__name__)
         group, changed = self._layout.add_slot_columns(optimizer, slot_names, initial_values)
         if changed:
-            op = self._handle.op
-            op._set_attr("width", _int_attr(self._layout.width))  # pylint: disable=protected-access
-            op._set_attr(
-                "column_defaults", _float_list_attr(self._layout.column_defaults)
-            )  # pylint: disable=protected-access
+            self._table.set_handle_layout()
         return group
 
     def freeze_layout(self, reason):
@@ -339,7 +322,7 @@ class DynamicEmbeddingShard(object):
         # as_ref: the table handle, as for a resource variable (tf.gradients(loss, shard) differentiates
         # w.r.t. the handle and gets IndexedSlices of keys, the gradient optimizers apply).
         if as_ref:
-            return self._handle
+            return self._table.handle
         rows = self.read_keys_and_rows()[1]
         if dtype is not None and not tf.as_dtype(dtype).is_compatible_with(rows.dtype):
             raise ValueError(

@@ -34,6 +34,12 @@ class DynamicEmbeddingShard(object):
     Shards are created by `DynamicEmbedding` (through `get_dynamic_embedding`);
     do not construct them directly.
 
+    Invariants: the table's kind (the type of `table`) is fixed at creation; a
+    frozen shard's rows are its embedding (no slot columns) and every write to
+    it is refused (`check_writable`); a mutable shard's handle op carries its
+    layout's width and column defaults (updated when slot columns are added,
+    before the graph first runs).
+
     Args:
       embedding: the `DynamicEmbedding` this shard belongs to.
       index: int, the shard index in `[0, embedding.num_shards)`.
@@ -43,6 +49,8 @@ class DynamicEmbeddingShard(object):
         device functions.
       initial_capacity: expected number of keys in this shard (the table grows
         on demand).
+      preallocate: allocate the memory of `initial_capacity` keys when the
+        table is created (see `tf_ext.HashTable`).
     """
 
     def __init__(self, embedding, index, name, device, initial_capacity, preallocate=False):

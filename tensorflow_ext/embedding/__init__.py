@@ -19,8 +19,8 @@ from tensorflow_ext.embedding.lookup import embedding_lookup
 from tensorflow_ext.embedding.lookup import embedding_lookup_sparse
 from tensorflow_ext.embedding.lookup import safe_embedding_lookup_sparse
 from tensorflow_ext.embedding.optimizers import supported_optimizers
-from tensorflow_ext.embedding.saveable import ShardSaveable
-from tensorflow_ext.embedding.saveable import restore_values_only
+from tensorflow_ext.embedding.checkpoint.save import ShardSaveable
+from tensorflow_ext.embedding.checkpoint.restore import restore_values_only
 from tensorflow_ext.embedding.variable import DynamicEmbedding
 from tensorflow_ext.embedding.variable import DynamicEmbeddingShard
 from tensorflow_ext.embedding.layout import DynamicEmbeddingSlot

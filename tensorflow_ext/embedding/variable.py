@@ -20,6 +20,7 @@ from tensorflow.python.framework import ops as tf_ops
 
 from tensorflow_ext import tf_compat
 from tensorflow_ext.embedding import _ops
+from tensorflow_ext.embedding.checkpoint import save as save_lib
 from tensorflow_ext.embedding.shard import DynamicEmbeddingShard
 from tensorflow_ext.embedding.keys import HashPartition
 from tensorflow_ext.embedding.keys import string_to_key
@@ -127,11 +128,8 @@ class DynamicEmbedding(object):
             device = self._devices[i % len(self._devices)] if self._devices else None
             shard = DynamicEmbeddingShard(self, i, "%s/part_%d" % (name, i), device, per_shard_capacity, preallocate)
             self._shards.append(shard)
-        from tensorflow_ext.embedding import saveable as saveable_lib  # pylint: disable=import-outside-toplevel
-
-        for shard in self._shards:
-            saveable_cls = saveable_lib.FrozenShardSaveable if shard.frozen else saveable_lib.ShardSaveable
-            shard._saveable = saveable_cls(shard)  # pylint: disable=protected-access
+        for shard, saveable in zip(self._shards, save_lib.shard_saveables(self._shards)):
+            shard._saveable = saveable  # pylint: disable=protected-access
             graph.add_to_collection(tf.compat.v1.GraphKeys.SAVEABLE_OBJECTS, shard.saveable)
             graph.add_to_collection(GraphKeys.DYNAMIC_EMBEDDINGS, shard)
             if trainable:

@@ -21,43 +21,44 @@ import weakref
 
 import tensorflow as tf
 from tensorflow.python.framework import ops as tf_ops
-from tensorflow.python.training.saving import saveable_object
 
 from tensorflow_ext.embedding import _ops
-from tensorflow_ext.embedding import saveable as saveable_lib
+from tensorflow_ext.embedding.checkpoint import save as save_lib
 from tensorflow_ext.horovod import _hvd
 
 __all__ = ["ModelParallelShardSaveable", "gather_op", "model_parallel_saveables"]
-
-_SUFFIXES = ("-keys", "-values", "-slots", "-versions", "-freqs", "-num_shards")
 
 # graph -> the group op that runs every model-parallel saveable's gather (see gather_op).
 _gather_ops = weakref.WeakKeyDictionary()
 
 
-class ModelParallelShardSaveable(saveable_lib.ShardSaveable):
+class ModelParallelShardSaveable(save_lib.ShardSaveable):
     """The saveable of one local shard of a model-parallel embedding (see the module docstring).
+
+    Its checkpoints are always full (the gather writes every rank's rows), never deltas.
 
     Args:
       shard: the `DynamicEmbeddingShard`.
+      restores: the `SaverRestores` of the embedding's saveables (the one its single-process saveables share).
       distribution: the embedding's `ModelParallel`.
     """
 
-    def __init__(self, shard, distribution):
-        super().__init__(shard)
+    supports_deltas = False
+
+    def __init__(self, shard, restores, distribution):
+        super().__init__(shard, restores)
         self._distribution = distribution
         self._gathered = None
 
     @property
     def gathered(self):
         """The tensors the save gathers from every rank (building them, and freezing the layout, on first use)."""
-        self.specs  # pylint: disable=pointless-statement
+        self.specs_for(save_lib.SpecMode.FULL)
         return self._gathered
 
-    def _build_specs(self):
+    def _row_tensors(self):
         shard = self._shard
         hvd = _hvd.require_horovod()
-        shard.freeze_layout("a Saver (checkpoint tensors %s-*)" % shard.name)
         tag = shard.name.replace("/", "_")
         with tf.control_dependencies(None), tf_ops.colocate_with(shard.handle, ignore_existing=True):
             with tf.name_scope(tag + "_gather_for_checkpoint"):
@@ -83,8 +84,7 @@ class ModelParallelShardSaveable(saveable_lib.ShardSaveable):
                 rows = tf.reshape(rows, [-1, shard.width])
                 num_shards = tf.constant(shard.embedding.num_shards, tf.int64, name="num_shards")
         self._gathered = (ints, rows)
-        tensors = (ints[:, 0], rows[:, : shard.dim], rows[:, shard.dim :], ints[:, 1], ints[:, 2], num_shards)
-        return [saveable_object.SaveSpec(t, "", self.name + suffix) for t, suffix in zip(tensors, _SUFFIXES)]
+        return ints[:, 0], rows[:, : shard.dim], rows[:, shard.dim :], ints[:, 1], ints[:, 2], num_shards
 
     def select_rows(self, rows):
         """Keeps the checkpoint rows of the keys this rank owns.
@@ -118,7 +118,7 @@ def use_model_parallel_saveables(emb, distribution):
         old = shard.saveable
         if isinstance(old, ModelParallelShardSaveable):
             continue
-        new = ModelParallelShardSaveable(shard, distribution)
+        new = ModelParallelShardSaveable(shard, old.restores, distribution)
         shard._saveable = new  # pylint: disable=protected-access
         for i, s in enumerate(saveables):
             if s is old:

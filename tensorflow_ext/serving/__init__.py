@@ -19,49 +19,8 @@ keys and the initializer's constant (zeros for random initializers) for other ke
 remove a key of a frozen table, and applying an optimizer to one is a ValueError.
 """
 
-import contextlib
-import threading
-
-from tensorflow_ext import tf_compat
+from tensorflow_ext.embedding.export_mode import freeze_for_serving
+from tensorflow_ext.embedding.export_mode import freezing
+from tensorflow_ext.embedding.export_mode import in_saved_model_export
 
 __all__ = ["freeze_for_serving", "freezing", "in_saved_model_export"]
-
-_state = threading.local()
-
-
-@contextlib.contextmanager
-def freeze_for_serving():
-    """Dynamic embeddings created inside this scope (in this thread) are frozen read-only serving tables.
-
-    Use it around `Estimator.export_saved_model(...)`, or around the building of an inference graph that a
-    `tf.compat.v1.saved_model.Builder` exports. The export's restore builds each frozen table from the checkpoint's
-    keys and embedding values; the SavedModel then loads into frozen tables in any process that imported
-    tensorflow_ext.
-
-    Yields:
-      None.
-    """
-    _state.depth = getattr(_state, "depth", 0) + 1
-    try:
-        yield
-    finally:
-        _state.depth -= 1
-
-
-def freezing():
-    """True inside `freeze_for_serving()` (in this thread).
-
-    Returns:
-      bool.
-    """
-    return getattr(_state, "depth", 0) > 0
-
-
-def in_saved_model_export():
-    """True when called (at any depth) from TF's SavedModel export: the Builder's `add_meta_graph*` or the
-    Estimator's export of a mode. Savers built there are lean (see the module docstring).
-
-    Returns:
-      bool.
-    """
-    return tf_compat.probe("saved_model_export").active() or tf_compat.probe("estimator_export").active()

@@ -4,10 +4,10 @@
     estimator.train(input_fn, saving_listeners=[listener])
 
 How it fits TF's checkpoints. Every checkpoint is an ordinary TF checkpoint written by the stock Saver; for each
-shard of a dynamic embedding it holds the usual tensors (`ShardSaveable`) plus
+shard of a dynamic embedding it holds the usual tensors (`save.ShardSaveable`) plus
 
   <shard>-removed  int64 [m]   keys removed since the previous save (empty in a full save)
-  <shard>-delta    string []   the delta record (see below)
+  <shard>-delta    string []   the delta record (`format.delta_record`)
 
 In a delta save `-keys`, `-values`, `-slots`, `-versions` and `-freqs` hold only the rows whose version (the global
 step of the key's last training update or lookup) is at least the graph's global step at the previous save: every
@@ -43,12 +43,10 @@ import tensorflow as tf
 from tensorflow.python.framework import ops as tf_ops
 
 from tensorflow_ext.embedding import _ops
+from tensorflow_ext.embedding import state as state_lib
+from tensorflow_ext.embedding.checkpoint import format as ckpt_format
 
 __all__ = ["DeltaCheckpointSaverListener", "delta_checkpoints"]
-
-REMOVED_SUFFIX = "-removed"
-DELTA_SUFFIX = "-delta"
-_HEADER = "tf_ext delta checkpoint 1"
 
 # Graph -> _DeltaState, for the graphs whose Savers write delta checkpoints.
 _STATES = weakref.WeakKeyDictionary()
@@ -104,18 +102,12 @@ def _install(graph):
 
 def _delta_shards(graph):
     """The shards of `graph` whose saveables write delta checkpoints (all but Horovod model-parallel and frozen)."""
-    from tensorflow_ext.embedding import creation  # pylint: disable=import-outside-toplevel
-    from tensorflow_ext.embedding import saveable  # pylint: disable=import-outside-toplevel
-
-    out = []
-    for emb in creation.get_dynamic_embeddings(graph):
-        for shard in emb.shards:
-            s = shard.saveable
-            if s is None or getattr(shard, "frozen", False):
-                continue
-            if type(s)._build_specs is saveable.ShardSaveable._build_specs:  # pylint: disable=protected-access
-                out.append(shard)
-    return out
+    return [
+        shard
+        for emb in state_lib.get_dynamic_embeddings(graph)
+        for shard in emb.shards
+        if shard.saveable is not None and shard.saveable.supports_deltas
+    ]
 
 
 def _decision(state, shard):
@@ -171,7 +163,7 @@ def save_tensors(shard, state):
     return keys, rows, versions, freqs, removed, record
 
 
-def restore_rows(name, prefix, restore_op, rows, row_suffixes, with_slots=True):
+def restore_rows(name, prefix, restore_op, rows, with_slots=True):
     """The rows a restore of shard `name` from `prefix` imports: `rows` themselves unless `prefix` is a delta.
 
     For a delta, the rows of its chain applied in order (see the module docstring); a missing, foreign or truncated
@@ -182,8 +174,7 @@ def restore_rows(name, prefix, restore_op, rows, row_suffixes, with_slots=True):
       name: the shard's checkpoint name (e.g. "user/part_0").
       prefix: the string tensor the Saver restores from.
       restore_op: the Saver's Restore op.
-      rows: (keys, values, slots, versions, freqs) read from `prefix`.
-      row_suffixes: the checkpoint names of those five tensors, after `name` (the saveable's own).
+      rows: (keys, values, slots, versions, freqs) read from `prefix` (tensors `name` + `format.ROW_SUFFIXES`).
       with_slots: False where only the embedding is wanted (serving exports, warm start): the links' slots are not
         read, `rows`' slots are ignored, and the slots returned have 0 columns.
 
@@ -200,35 +191,13 @@ def restore_rows(name, prefix, restore_op, rows, row_suffixes, with_slots=True):
                 tf.cast(slots, tf.float32),
                 versions,
                 freqs,
-                record_tensor=name + DELTA_SUFFIX,
-                removed_tensor=name + REMOVED_SUFFIX,
-                row_tensors=[name + suffix for suffix in row_suffixes],
+                record_tensor=name + ckpt_format.DELTA_SUFFIX,
+                removed_tensor=name + ckpt_format.REMOVED_SUFFIX,
+                row_tensors=[name + suffix for suffix in ckpt_format.ROW_SUFFIXES],
                 with_slots=with_slots,
                 name=name.replace("/", "_") + "_delta_chain",
             )
         )
-
-
-def _format_record(kind, save_id, step, since, links, owned=()):
-    lines = [_HEADER, "kind=" + kind, "id=" + save_id, "step=%d" % step, "since_step=%d" % since]
-    lines += ["link=%s %s" % (link_id, os.path.basename(path)) for link_id, path in links]
-    lines += ["owned=" + os.path.basename(path) for path in owned]
-    return "\n".join(lines) + "\n"
-
-
-def _parse_owned(record, directory):
-    """The paths of the files a save kept for deltas (its record's "owned=" lines)."""
-    return [os.path.join(directory, line[len("owned=") :]) for line in record.split("\n") if line.startswith("owned=")]
-
-
-def _parse_links(record, directory):
-    """(id, path) of each link of a record read in Python."""
-    out = []
-    for line in record.split("\n"):
-        if line.startswith("link="):
-            link_id, _, base = line[len("link=") :].partition(" ")
-            out.append((link_id, os.path.join(directory, base)))
-    return out
 
 
 def _index_exists(path):
@@ -278,15 +247,13 @@ class DeltaCheckpointSaverListener(tf.compat.v1.train.CheckpointSaverListener):
 
     def begin(self):
         """Installs the delta save tensors into the default graph; call before its Saver is built."""
-        from tensorflow_ext.embedding import creation  # pylint: disable=import-outside-toplevel
-
         graph = tf.compat.v1.get_default_graph()
         if graph is self._graph:
             return
         self._graph = graph
         self._reset()
         self._state = _install(graph)
-        self._shards = [s for emb in creation.get_dynamic_embeddings(graph) for s in emb.shards]
+        self._shards = [s for emb in state_lib.get_dynamic_embeddings(graph) for s in emb.shards]
         with graph.as_default(), tf_ops.init_scope(), tf.name_scope("tf_ext_delta_checkpoint/"):
             starts, flags, commits = [], [], []
             for shard in self._shards:
@@ -344,14 +311,15 @@ class DeltaCheckpointSaverListener(tf.compat.v1.train.CheckpointSaverListener):
                 reader = tf.compat.v1.train.NewCheckpointReader(path)
                 # Every shard holds the same record; the first saved one (an embedding kept out of checkpoints,
                 # e.g. TFRA's checkpoint=False, has none).
-                keys = [s.name + DELTA_SUFFIX for s in self._shards if reader.has_tensor(s.name + DELTA_SUFFIX)]
+                names = [s.name + ckpt_format.DELTA_SUFFIX for s in self._shards]
+                keys = [n for n in names if reader.has_tensor(n)]
                 links, owned = [], []
                 if keys:
                     record = reader.get_tensor(keys[0])
                     record = record.decode() if isinstance(record, bytes) else str(record)
                     directory = os.path.dirname(path)
-                    links = [p for _, p in _parse_links(record, directory)]
-                    owned = _parse_owned(record, directory)
+                    links = [p for _, p in ckpt_format.delta_record_links(record, directory)]
+                    owned = ckpt_format.delta_record_owned(record, directory)
             except (tf.errors.OpError, ValueError, OSError) as e:
                 if _index_exists(path) is False:
                     links, owned = [], []  # gone (deleted by hand): it needs nothing
@@ -433,8 +401,8 @@ class DeltaCheckpointSaverListener(tf.compat.v1.train.CheckpointSaverListener):
         # (Not the Saver's own doomed checkpoints: it deletes them while saving, or keeps some on purpose with
         # keep_checkpoint_every_n_hours.)
         owned = sorted(self._kept_for_deltas)
-        record = _format_record("full" if full else "delta", save_id, step, since, links, owned)
-        full_record = record if full else _format_record("full", save_id, step, -1, [], owned)
+        record = ckpt_format.delta_record("full" if full else "delta", save_id, step, since, links, owned)
+        full_record = record if full else ckpt_format.delta_record("full", save_id, step, -1, [], owned)
         session.run(
             self._state.assign,
             {
@@ -547,8 +515,6 @@ def delta_checkpoints(full_every, saver=None, max_removed_keys=2**22):
       ValueError / TypeError: a bad argument.
     """
     listener = DeltaCheckpointSaverListener(full_every, saver=saver, max_removed_keys=max_removed_keys)
-    from tensorflow_ext.embedding import creation  # pylint: disable=import-outside-toplevel
-
-    if creation.get_dynamic_embeddings():
+    if state_lib.get_dynamic_embeddings():
         listener.begin()  # a graph already built (plain Sessions): install before its Saver
     return listener

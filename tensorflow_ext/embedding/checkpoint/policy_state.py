@@ -29,29 +29,11 @@ import tensorflow as tf
 from tensorflow.python.framework import ops as tf_ops
 from tensorflow.python.training.saving import saveable_object
 
-from tensorflow_ext import tf_compat
 from tensorflow_ext.embedding import _ops
+from tensorflow_ext.embedding import export_mode
+from tensorflow_ext.embedding.checkpoint import restore as restore_lib
 
 __all__ = ["PolicyStateSaveable", "claimed_variables"]
-
-_RESTORE_OPS = ("RestoreV2", "Restore", "RestoreSlice")
-
-
-def _in_saver_restore_build():
-    """True when `specs` is read by TF's Saver to build its restore ops (not its save ops)."""
-    return tf_compat.probe("saver_restore_build").active()
-
-
-def _checkpoint_prefix(restored_tensor):
-    """The prefix tensor of the Restore op that produced `restored_tensor` (None when it comes from none)."""
-    t = restored_tensor
-    for _ in range(8):
-        if t.op.type in _RESTORE_OPS:
-            return t.op.inputs[0]
-        if not t.op.inputs:
-            return None
-        t = t.op.inputs[0]
-    return None
 
 
 class PolicyStateSaveable(saveable_object.SaveableObject):
@@ -103,7 +85,8 @@ class PolicyStateSaveable(saveable_object.SaveableObject):
 
     @property
     def specs(self):
-        if _in_saver_restore_build():
+        saver_build = export_mode.saver_build()
+        if saver_build is not None and saver_build.restoring:
             return [self._anchor_spec()]
         return self._full_specs
 
@@ -124,7 +107,7 @@ class PolicyStateSaveable(saveable_object.SaveableObject):
 
     def restore(self, restored_tensors, restored_shapes):
         del restored_shapes
-        prefix = _checkpoint_prefix(restored_tensors[0]) if len(restored_tensors) == 1 else None
+        prefix = restore_lib.checkpoint_source(restored_tensors[0])[0] if len(restored_tensors) == 1 else None
         if prefix is None:
             # Not the Saver's restore (all tensors given): restore them as they are.
             return self._assign(restored_tensors, tf.constant(True))

@@ -41,12 +41,13 @@ from tensorflow.python.training import checkpoint_utils
 from tensorflow.python.training import warm_starting_util
 
 from tensorflow_ext.embedding import _ops
+from tensorflow_ext.embedding import state as state_lib
 from tensorflow_ext.embedding.checkpoint import delta as delta_lib
-from tensorflow_ext.embedding import variable as var_lib
+from tensorflow_ext.embedding.checkpoint import format as ckpt_format
+from tensorflow_ext.embedding.shard import DynamicEmbeddingShard
 
 __all__ = ["warm_start_from_checkpoint", "warm_start_op", "matching_shards", "ShardTarget", "warm_start_shard"]
 
-_Shard = var_lib.DynamicEmbeddingShard
 _COLLECTION = "tf_ext_warm_start_ops"
 _DIM_MISMATCH = ("error", "truncate", "pad")
 # The dim_mismatch policy of the warm_start_from_checkpoint call in progress
@@ -63,14 +64,16 @@ class ShardTarget(object):
 
 
 def matching_shards(vars_to_warm_start, graph):
-    shards = [s for s in graph.get_collection(var_lib.GraphKeys.DYNAMIC_EMBEDDINGS) if isinstance(s, _Shard)]
+    shards = [
+        s for s in graph.get_collection(state_lib.GraphKeys.DYNAMIC_EMBEDDINGS) if isinstance(s, DynamicEmbeddingShard)
+    ]
     if vars_to_warm_start is None or isinstance(vars_to_warm_start, str):
         pattern = vars_to_warm_start
         return [s for s in shards if s.trainable and (pattern is None or re.match(pattern, s.name))]
     if isinstance(vars_to_warm_start, list):
         if all(isinstance(v, str) for v in vars_to_warm_start):
             return [s for s in shards if any(re.match(p, s.name) for p in vars_to_warm_start)]
-        return [v for v in vars_to_warm_start if isinstance(v, _Shard)]
+        return [v for v in vars_to_warm_start if isinstance(v, DynamicEmbeddingShard)]
     return []
 
 
@@ -155,7 +158,7 @@ def _read_previous(ckpt, prev_name, shard, dim_mismatch):
     )
     restored = list(restored)
     for i, part in enumerate(parts):
-        if part + delta_lib.DELTA_SUFFIX in shapes:
+        if part + ckpt_format.DELTA_SUFFIX in shapes:
             # A delta checkpoint: the part's rows are those of its chain (the full save and the deltas up to it).
             keys, values, versions, freqs = restored[4 * i : 4 * i + 4]
             no_slots = tf.zeros(tf.stack([tf.size(keys), 0]), tf.float32)
@@ -164,7 +167,6 @@ def _read_previous(ckpt, prev_name, shard, dim_mismatch):
                 tf.constant(path),
                 restored[0].op,
                 (keys, values, no_slots, versions, freqs),
-                ("-keys", "-values", "-slots", "-versions", "-freqs"),
                 with_slots=False,
             )
             restored[4 * i : 4 * i + 4] = [keys, values, versions, freqs]

@@ -9,7 +9,7 @@ import pytest
 import tensorflow as tf
 
 import tensorflow_ext as tf_ext
-from tensorflow_ext.embedding.checkpoint import delta as delta_lib
+from tensorflow_ext.embedding.checkpoint import format as ckpt_format
 from tensorflow_ext.embedding.tests.conftest import run_fresh as _run_fresh
 from tensorflow_ext.embedding.tests.conftest import session_config
 
@@ -402,7 +402,7 @@ def _listed_and_links(listed):
     """The checkpoints `listed` and every link their records name."""
     out = set(listed)
     for path in listed:
-        out.update(p for _, p in delta_lib._parse_links(_record(path), os.path.dirname(path)))
+        out.update(p for _, p in ckpt_format.delta_record_links(_record(path), os.path.dirname(path)))
     return sorted(out)
 
 

@@ -15,12 +15,15 @@ A Session that already holds an op ignores these edits (TensorFlow logs a warnin
 of such an op first (`tf_compat.held_by_an_open_session`).
 """
 
+import contextlib
 import functools
 import threading
 
+from tensorflow.python.util import deprecation as _deprecation
+
 from tensorflow_ext import tf_compat
 
-__all__ = ["GraphEdit", "add_control_input", "edits", "set_attr", "set_create_slots"]
+__all__ = ["GraphEdit", "add_control_input", "deprecation_warnings_silenced", "edits", "set_attr", "set_create_slots"]
 
 
 class GraphEdit(object):
@@ -142,3 +145,25 @@ def set_create_slots(opt, create_slots):
         del opt._create_slots  # pylint: disable=protected-access
     else:
         opt._create_slots = create_slots  # pylint: disable=protected-access
+
+
+@_register(
+    "deprecation_warnings",
+    "tensorflow.python.util.deprecation",
+    "_PRINT_DEPRECATION_WARNINGS",
+    why="Turns TensorFlow's deprecation warnings off for a block and back to what they were after it, also when "
+    "it raises: the CTR example uses TF1 APIs on purpose (Estimator, feature columns), each of which logs a "
+    "deprecation warning on first use, and keeps its output to its own lines unless --verbose. TF's only switch "
+    "is this module flag; its deprecation.silence() is not exported and does not restore the flag after an "
+    "exception.",
+    test="tests/test_ctr_example.py::test_quiet_tf_logs_are_scoped_to_the_run",
+)
+@contextlib.contextmanager
+def deprecation_warnings_silenced():
+    """A context in which TensorFlow prints no deprecation warning; the previous setting comes back after."""
+    previous = _deprecation._PRINT_DEPRECATION_WARNINGS  # pylint: disable=protected-access
+    _deprecation._PRINT_DEPRECATION_WARNINGS = False  # pylint: disable=protected-access
+    try:
+        yield
+    finally:
+        _deprecation._PRINT_DEPRECATION_WARNINGS = previous  # pylint: disable=protected-access

@@ -22,7 +22,6 @@ import weakref
 import tensorflow as tf
 from tensorflow.python.framework import ops as tf_ops
 
-from tensorflow_ext.embedding import _ops
 from tensorflow_ext.embedding.checkpoint import save as save_lib
 from tensorflow_ext.horovod import _hvd
 
@@ -62,9 +61,7 @@ class ModelParallelShardSaveable(save_lib.ShardSaveable):
         tag = shard.name.replace("/", "_")
         with tf.control_dependencies(None), tf_ops.colocate_with(shard.handle, ignore_existing=True):
             with tf.name_scope(tag + "_gather_for_checkpoint"):
-                keys, rows, versions, freqs = _ops.op("tf_ext_table_export")(
-                    shard.handle, col_begin=0, cols=shard.width
-                )
+                keys, rows, versions, freqs = shard.table.export(full_rows=True)
                 # Two collectives per shard: the int64 columns together, the float rows (embedding and slots) together.
                 # Horovod matches collectives across ranks by these names. The specs are built by whatever asks
                 # first (a Saver, the hooks), in its name scope: the names must not depend on it.

@@ -42,9 +42,9 @@ import weakref
 import tensorflow as tf
 from tensorflow.python.framework import ops as tf_ops
 
-from tensorflow_ext.embedding import _ops
 from tensorflow_ext.embedding import state as state_lib
 from tensorflow_ext.embedding.checkpoint import format as ckpt_format
+from tensorflow_ext.utils import loader
 
 __all__ = ["DeltaCheckpointSaverListener", "delta_checkpoints"]
 
@@ -128,7 +128,7 @@ def _decision(state, shard):
             logs, flags = {}, []
             for s in shards:
                 with tf_ops.colocate_with(s.handle, ignore_existing=True):
-                    removed, enabled, untracked, overflow = _ops.op("tf_ext_table_change_log")(s.handle)
+                    removed, enabled, untracked, overflow = s.table.change_log()
                     flags.append(tf.logical_and(enabled, tf.logical_not(tf.logical_or(untracked, overflow))))
                     logs[s.handle.name] = removed
             is_delta = tf.logical_and(tf.greater_equal(since, 0), tf.reduce_all(tf.stack(flags)))
@@ -156,9 +156,7 @@ def save_tensors(shard, state):
     """
     removed, since, record = _decision(state, shard)
     with tf_ops.colocate_with(shard.handle, ignore_existing=True):
-        keys, rows, versions, freqs = _ops.op("tf_ext_table_export_since")(
-            shard.handle, since, col_begin=0, cols=shard.width
-        )
+        keys, rows, versions, freqs = shard.table.export_since(since, full_rows=True)
         record = tf.identity(record)
     return keys, rows, versions, freqs, removed, record
 
@@ -184,7 +182,7 @@ def restore_rows(name, prefix, restore_op, rows, with_slots=True):
     keys, values, slots, versions, freqs = rows
     with tf_ops.colocate_with(restore_op, ignore_existing=True):
         return tuple(
-            _ops.op("tf_ext_checkpoint_restore_rows")(
+            loader.load_ops().tf_ext_checkpoint_restore_rows(
                 prefix,
                 keys,
                 tf.cast(values, tf.float32),
@@ -258,14 +256,10 @@ class DeltaCheckpointSaverListener(tf.compat.v1.train.CheckpointSaverListener):
             starts, flags, commits = [], [], []
             for shard in self._shards:
                 with tf_ops.colocate_with(shard.handle, ignore_existing=True):
-                    starts.append(
-                        _ops.op("tf_ext_table_change_log_start")(
-                            shard.handle, tf.constant(self._max_removed_keys, tf.int64)
-                        )
-                    )
-                    _, enabled, untracked, overflow = _ops.op("tf_ext_table_change_log")(shard.handle, read_keys=False)
+                    starts.append(shard.table.change_log_start(tf.constant(self._max_removed_keys, tf.int64)))
+                    _, enabled, untracked, overflow = shard.table.change_log(read_keys=False)
                     flags.append(tf.logical_and(enabled, tf.logical_not(tf.logical_or(untracked, overflow))))
-                    commits.append(_ops.op("tf_ext_table_change_log_commit")(shard.handle))
+                    commits.append(shard.table.change_log_commit())
             self._start = tf.group(*starts, name="start")
             self._tracked = tf.reduce_all(tf.stack(flags)) if flags else tf.constant(True)
             self._commit = tf.group(*commits, name="commit")

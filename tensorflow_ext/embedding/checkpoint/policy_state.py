@@ -29,9 +29,9 @@ import tensorflow as tf
 from tensorflow.python.framework import ops as tf_ops
 from tensorflow.python.training.saving import saveable_object
 
-from tensorflow_ext.embedding import _ops
 from tensorflow_ext.embedding import export_mode
 from tensorflow_ext.embedding.checkpoint import restore as restore_lib
+from tensorflow_ext.utils import loader
 
 __all__ = ["PolicyStateSaveable", "claimed_variables"]
 
@@ -116,7 +116,7 @@ class PolicyStateSaveable(saveable_object.SaveableObject):
             for spec in self._full_specs:
                 with tf.control_dependencies(None), tf_ops.colocate_with(prefix.op, ignore_existing=True):
                     reads.append(
-                        _ops.op("tf_ext_checkpoint_read_optional")(
+                        loader.load_ops().tf_ext_checkpoint_read_optional(
                             prefix, tensor_name=spec.name, dtype=spec.dtype, name="read_optional"
                         )
                     )

@@ -34,10 +34,11 @@ import sys
 import tensorflow as tf
 from tensorflow.python.framework import ops as tf_ops
 
-from tensorflow_ext.embedding import _ops
 from tensorflow_ext.embedding import state as state_lib
 from tensorflow_ext.embedding.checkpoint import delta as delta_lib
 from tensorflow_ext.embedding.checkpoint import format as ckpt_format
+from tensorflow_ext.table import refs
+from tensorflow_ext.utils import loader
 from tensorflow_ext.tf_compat import graph_edits
 
 __all__ = [
@@ -45,6 +46,7 @@ __all__ = [
     "SaverRestores",
     "checkpoint_source",
     "import_rows",
+    "own_rows",
     "read_and_check",
     "release_free_memory_after",
     "restore_values_only",
@@ -109,7 +111,7 @@ def restore_values_only(embeddings=None):
 def release_free_memory_after(op):
     """`op`, then the freed read buffers given back to the OS (a served process's memory is its tables)."""
     with tf.control_dependencies([op]):
-        return _ops.op("tf_ext_release_free_memory")()
+        return refs.release_free_memory()
 
 
 def import_rows(shard, rows, clear_first, with_slots):
@@ -122,12 +124,8 @@ def import_rows(shard, rows, clear_first, with_slots):
     slot_width = shard.width - shard.dim
     if with_slots and slot_width > 0:
         rows = tf.concat([values, tf.reshape(slots, [-1, slot_width])], axis=1)
-        cols = shard.width
-    else:
-        rows, cols = values, shard.dim
-    return _ops.op("tf_ext_table_import")(
-        shard.handle, keys, rows, versions, freqs, col_begin=0, cols=cols, clear_first=clear_first
-    )
+        return shard.table.import_(keys, rows, versions, freqs, clear_first=clear_first, full_rows=True)
+    return shard.table.import_(keys, values, versions, freqs, clear_first=clear_first)
 
 
 def _read_layout(shard, name, restored_tensors):
@@ -147,7 +145,7 @@ def _read_layout(shard, name, restored_tensors):
     # No control dependencies (the restored tensors' checks would make a cycle with the RestoreV2), and where
     # the RestoreV2 runs: the process that reads the checkpoint files.
     with tf.control_dependencies(None), tf_ops.colocate_with(restore_op, ignore_existing=True):
-        record, found = _ops.op("tf_ext_checkpoint_read_optional_string")(
+        record, found = loader.load_ops().tf_ext_checkpoint_read_optional_string(
             prefix,
             tensor_name=name + ckpt_format.LAYOUT_SUFFIX,
             check_tensors=[name + suffix for suffix in ckpt_format.SUFFIXES + (ckpt_format.LAYOUT_SUFFIX,)],
@@ -284,14 +282,23 @@ def read_and_check(shard, name, restored_tensors, lean, with_slots):
     return (keys, values, slots, versions, freqs), checks
 
 
-def own_rows(shard, keys, rows):
-    """The rows of `rows` whose keys the current partition gives to `shard` (`rows` itself when all are its own,
-    without a copy)."""
-    emb = shard.embedding
-    own = tf.equal(emb.shard_ids(keys), shard.shard_index)
-    own_idx = tf.reshape(tf.where(own), [-1])
+def _own_rows(shard, rows):
+    """(the rows whose keys the current partition gives to `shard`, each key's shard, which keys are its own).
+
+    The own rows are `rows` themselves, passed through without a copy, when every key is its own (the usual case).
+    """
+    sid = shard.embedding.shard_ids(rows[0])
+    own = tf.equal(sid, shard.shard_index)
     all_own = tf.reduce_all(own)
-    return tuple(tf.cond(all_own, lambda t=t: tf.identity(t), lambda t=t: tf.gather(t, own_idx)) for t in rows)
+    own_idx = tf.reshape(tf.where(own), [-1])
+    own_rows = tuple(tf.cond(all_own, lambda t=t: tf.identity(t), lambda t=t: tf.gather(t, own_idx)) for t in rows)
+    return own_rows, sid, own
+
+
+def own_rows(shard, rows):
+    """Step 2 where other shards' keys are dropped (a read-only serving table): the rows of `rows` (keys first) that
+    the current partition gives to `shard`."""
+    return _own_rows(shard, rows)[0]
 
 
 class EmbeddingRestore(object):
@@ -315,21 +322,12 @@ class EmbeddingRestore(object):
           The import ops built (the shard's own import first).
         """
         emb = shard.embedding
-        n = emb.num_shards
-        keys = rows[0]
-        sid = emb.shard_ids(keys)
-        own = tf.equal(sid, shard.shard_index)
-        all_own = tf.reduce_all(own)
-        own_idx = tf.reshape(tf.where(own), [-1])
-        others_idx = tf.reshape(tf.where(tf.logical_not(own)), [-1])
-
-        def _own(t):
-            return tf.cond(all_own, lambda: tf.identity(t), lambda: tf.gather(t, own_idx))
-
-        own_import = import_rows(shard, tuple(_own(t) for t in rows), clear_first=True, with_slots=with_slots)
+        own, sid, is_own = _own_rows(shard, rows)
+        own_import = import_rows(shard, own, clear_first=True, with_slots=with_slots)
         ops = [own_import]
+        others_idx = tf.reshape(tf.where(tf.logical_not(is_own)), [-1])
         others_sid = tf.gather(sid, others_idx)
-        parts = [tf.dynamic_partition(tf.gather(t, others_idx), others_sid, n) for t in rows]
+        parts = [tf.dynamic_partition(tf.gather(t, others_idx), others_sid, emb.num_shards) for t in rows]
         for j, other in enumerate(emb.shards):
             if j == shard.shard_index:
                 continue

@@ -27,11 +27,11 @@ import tensorflow as tf
 from tensorflow.python.framework import ops as tf_ops
 from tensorflow.python.training.saving import saveable_object
 
-from tensorflow_ext.embedding import _ops
 from tensorflow_ext.embedding import export_mode
 from tensorflow_ext.embedding.checkpoint import delta as delta_lib
 from tensorflow_ext.embedding.checkpoint import format as ckpt_format
 from tensorflow_ext.embedding.checkpoint import restore as restore_lib
+from tensorflow_ext.table import refs
 
 __all__ = ["FrozenShardSaveable", "ShardSaveable", "SpecMode", "shard_saveables"]
 
@@ -54,10 +54,11 @@ class SpecMode(enum.Enum):
 
 
 def shard_saveables(shards):
-    """The saveables of one embedding's shards, sharing one `restore.SaverRestores`: a frozen (read-only serving)
-    shard's is a `FrozenShardSaveable`, any other's a `ShardSaveable`."""
+    """The saveables of one embedding's shards, sharing one `restore.SaverRestores`: by the kind of the shard's
+    table, a `ShardSaveable` (a `refs.MutableTableRef`) or a `FrozenShardSaveable` (a `refs.FrozenTableRef`, a
+    read-only serving table)."""
     restores = restore_lib.SaverRestores()
-    return [(FrozenShardSaveable if s.frozen else ShardSaveable)(s, restores) for s in shards]
+    return [_SAVEABLE_OF_TABLE[type(s.table)](s, restores) for s in shards]
 
 
 class ShardSaveable(saveable_object.SaveableObject):
@@ -163,7 +164,8 @@ class ShardSaveable(saveable_object.SaveableObject):
         return self._lean
 
     def _export_embedding(self):
-        keys, values, _, _ = _ops.op("tf_ext_table_export")(self._shard.handle, col_begin=0, cols=self._shard.dim)
+        # Both kinds of table export (keys, embeddings, ...) first.
+        keys, values = self._shard.table.export()[:2]
         return keys, values
 
     def _row_tensors(self):
@@ -171,11 +173,9 @@ class ShardSaveable(saveable_object.SaveableObject):
         shard = self._shard
         with tf_ops.colocate_with(shard.handle, ignore_existing=True):
             with tf.name_scope(shard.name.replace("/", "_") + "_export"):
-                keys, rows, versions, freqs = _ops.op("tf_ext_table_export")(
-                    shard.handle, col_begin=0, cols=shard.width
-                )
+                rows = shard.table.export_split(full_rows=True)
                 num_shards = tf.constant(shard.embedding.num_shards, tf.int64, name="num_shards")
-        return keys, rows[:, : shard.dim], rows[:, shard.dim :], versions, freqs, num_shards
+        return rows + (num_shards,)
 
     def _delta_row_tensors(self, state):
         """As `_row_tensors`, of the rows a delta save writes, and (removed keys, delta record)."""
@@ -237,9 +237,6 @@ class FrozenShardSaveable(ShardSaveable):
     def spec_mode(self):
         return SpecMode.LEAN_EXPORT  # a frozen table holds the embedding only, whoever asks
 
-    def _export_embedding(self):
-        return _ops.op("tf_ext_frozen_table_export")(self._shard.handle, dim=self._shard.dim)
-
     def restore(self, restored_tensors, restored_shapes):
         del restored_shapes
         shard = self._shard
@@ -251,6 +248,9 @@ class FrozenShardSaveable(ShardSaveable):
         with tf_ops.colocate_with(shard.handle, ignore_existing=True):
             if shard.embedding.num_shards > 1:
                 # Keys are placed by the current partition; a key of another shard's tensors is not looked up here.
-                keys, values = restore_lib.own_rows(shard, keys, (keys, values))
-            build = _ops.op("tf_ext_frozen_table_build")(shard.handle, keys, tf.cast(values, tf.float32))
+                keys, values = restore_lib.own_rows(shard, (keys, values))
+            build = shard.table.build(keys, tf.cast(values, tf.float32))
         return restore_lib.release_free_memory_after(build)
+
+
+_SAVEABLE_OF_TABLE = {refs.MutableTableRef: ShardSaveable, refs.FrozenTableRef: FrozenShardSaveable}

@@ -40,7 +40,6 @@ from tensorflow.python.ops import resources
 from tensorflow.python.training import checkpoint_utils
 from tensorflow.python.training import warm_starting_util
 
-from tensorflow_ext.embedding import _ops
 from tensorflow_ext.embedding import state as state_lib
 from tensorflow_ext.embedding.checkpoint import delta as delta_lib
 from tensorflow_ext.embedding.checkpoint import format as ckpt_format
@@ -195,9 +194,7 @@ def warm_start_shard(ckpt, prev_tensor_name, shard):
                 % (shard.name, ckpt, prev)
             )
         keys, values, versions, freqs = data
-        op = _ops.op("tf_ext_table_import")(
-            shard.handle, keys, values, versions, freqs, col_begin=0, cols=shard.dim, clear_first=True
-        )
+        op = shard.table.import_(keys, values, versions, freqs, clear_first=True)
     resources.register_resource(shard.handle, op, tf.constant(True), is_shared=True)
     tf.compat.v1.add_to_collection(_COLLECTION, op)
     tf.compat.v1.logging.info("Warm-starting dynamic embedding shard %s from %s (%s)", shard.name, ckpt, prev)

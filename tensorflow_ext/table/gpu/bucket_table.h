@@ -882,8 +882,9 @@ struct Remove {
 };
 
 // Update, pass 2 (one element per call: e = i * cols + j; the keys are distinct): a new row (ClaimSlots) gets
-// column_defaults in the columns x = j (mod cols) first, as the CPU core's Update does before fn, then fn(i, j, row).
-// Every column this thread writes is congruent to j modulo cols, so the threads of one row never write the same column.
+// column_defaults in its columns x with x % cols == j first, as the CPU core's Update does before fn, then
+// fn(i, j, row). Every column this thread writes has x % cols == j, so the threads of one row never write the same
+// column.
 template <class ElementFn>
 struct UpdateElements {
   MutableView t;

@@ -22,9 +22,9 @@
 //  * The initializer runs one thread per new key (a key's values are drawn in sequence: the truncated normal skips
 //    values in stream order); the optimizer one thread per element, so that a warp reads and writes consecutive
 //    columns of a row.
-//  * Column ownership: the table's Update lets the thread of element j touch only the columns of the row that are
-//    congruent to j modulo cols. An optimizer's ApplyElement(var, slots, dim, g, j, dim) touches var[j] and slots[k *
-//    dim + j], i.e. row columns j + m * dim: with cols = dim, exactly its own.
+//  * Column ownership: the table's Update lets the thread of element j touch only the row's columns x with
+//    x % cols == j. An optimizer's ApplyElement(var, slots, dim, g, j, dim) touches var[j] and slots[k * dim + j],
+//    i.e. row columns j + m * dim: with cols = dim, exactly its own.
 
 #ifndef TENSORFLOW_EXT_EMBEDDING_KERNELS_GPU_GPU_EMBEDDING_H_
 #define TENSORFLOW_EXT_EMBEDDING_KERNELS_GPU_GPU_EMBEDDING_H_

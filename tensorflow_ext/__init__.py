@@ -84,6 +84,10 @@ def _check_tf_at_import():
 _check_tf_at_import()
 
 
+def _tfra_attribute(embedding, name):
+    return _importlib.import_module("tensorflow_ext.tfra").embedding_attribute(embedding, name)
+
+
 def _register_ops_at_import():
     """Loads the op library now: TF needs the op defs and kernels before it reads a graph that uses them.
 
@@ -95,6 +99,9 @@ def _register_ops_at_import():
 
     loader.load_ops()
     _importlib.import_module("tensorflow_ext.embedding.embedding_ops")
+    # TFRA's Variable attributes on a DynamicEmbedding (emb.upsert, emb.lookup, ...) are tensorflow_ext.tfra's,
+    # imported when first asked for: the embedding layer does not import the TFRA module above it.
+    _importlib.import_module("tensorflow_ext.embedding.variable").resolve_other_attributes_with(_tfra_attribute)
     # replica_device_setters created from now on place tf_ext tables on parameter servers.
     _importlib.import_module("tensorflow_ext.tf_compat").install("replica_device_setter_ps_ops")
 

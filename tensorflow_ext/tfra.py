@@ -22,12 +22,14 @@ docs/migrating_from_tfra.md has the full map and the semantic differences.
 """
 
 import numbers
+import weakref
 
 import numpy as np
 import tensorflow as tf
 
 from tensorflow_ext import errors as _errors
 from tensorflow_ext.embedding import _ops
+from tensorflow_ext.embedding import creation as _creation
 from tensorflow_ext.embedding import eviction as _eviction
 from tensorflow_ext.embedding import keys as _keys
 from tensorflow_ext.embedding import lookup as _lookup
@@ -113,6 +115,11 @@ def default_partition_fn(keys, shard_num):
     elif dtype != tf.int64:
         raise TypeError("default_partition_fn: keys must be int64, int32 or strings, got %s" % dtype.name)
     return _keys.HashPartition(int(shard_num)).part_ids(keys)
+
+
+# The restrict policy ("timestamp" or "frequency") that get_variable / Variable gave each embedding: TFRA's
+# `Variable.restrict` reads it, and `emb.restrict_policy` returns it. Embeddings made otherwise have none.
+_restrict_policies = weakref.WeakKeyDictionary()
 
 
 def _policy_name(restrict_policy):
@@ -247,7 +254,7 @@ def _build(
         if not isinstance(value, (bool, np.bool_)):
             raise TypeError("%s(%s=%r): %s must be True or False" % (caller, flag, value, flag))
     policy = _policy_name(restrict_policy)
-    emb = _variable.get_dynamic_embedding(
+    emb = _creation.get_dynamic_embedding(
         name,
         dim=dim,
         key_dtype=key_dtype,
@@ -264,7 +271,7 @@ def _build(
         for s in emb.saveables:
             if s in saveables:
                 saveables.remove(s)
-    emb.restrict_policy = policy
+    _restrict_policies[emb] = policy
     return emb
 
 
@@ -341,7 +348,7 @@ class Variable(metaclass=_VariableType):
             raise ValueError("Variable(name=%r): name must be a non-empty string" % (name,))
         scope = tf.compat.v1.get_variable_scope().name
         full_name = scope + "/" + name if scope else name
-        for emb in _variable.get_dynamic_embeddings():
+        for emb in _creation.get_dynamic_embeddings():
             if emb.name == full_name:
                 raise ValueError(
                     "Variable(name=%r): dynamic embedding %s exists in this graph; TFRA's Variable constructor "
@@ -366,7 +373,7 @@ def restrict(var, num_reserved, trigger=None, name=None):
     Raises:
       ValueError: the embedding has no restrict policy.
     """
-    policy = getattr(var, "restrict_policy", None)
+    policy = _restrict_policies.get(var)
     if policy is None:
         raise ValueError(
             "dynamic embedding %r has no restrict policy: create it with "
@@ -624,8 +631,99 @@ def __getattr__(name):
 
 
 # ---- TFRA's Variable attributes on a DynamicEmbedding ----------------------------------------------------------------
-# DynamicEmbedding has TFRA's size, upsert, lookup, remove, restrict and export itself; its __getattr__ sends the other
-# names here.
+# DynamicEmbedding has TFRA's size, remove and export itself; for the names it does not have, the package sends
+# `emb.<name>` to `embedding_attribute` (tensorflow_ext/__init__.py registers it with
+# `variable.resolve_other_attributes_with`).
+
+
+def _upsert(emb):
+    def upsert(keys, values, name=None):
+        """TFRA's name for `insert`: inserts/overwrites the embeddings of keys.
+
+        Args:
+          keys: ids of any shape (key dtype), n elements.
+          values: float32 `[n, dim]` (or `keys.shape + [dim]`).
+          name: optional name scope.
+
+        Returns:
+          The insert op.
+        """
+        return emb.insert(keys, values, name=name or "upsert")
+
+    return upsert
+
+
+def _lookup_method(emb):
+    def lookup(keys, return_exists=False, name=None):
+        """Reads the embeddings of keys without inserting any (TFRA's `Variable.lookup`).
+
+        Missing keys read the initializer's constant (zeros for random
+        initializers). Not differentiable: train through `tf_ext.embedding_lookup`.
+
+        Args:
+          keys: ids of any shape (key dtype).
+          return_exists: also return a bool tensor of keys' shape, True where
+            the key is in the table.
+          name: optional name scope.
+
+        Returns:
+          float32 `keys.shape + [dim]`, and the bool tensor if return_exists.
+        """
+        with tf.name_scope(name or "lookup"):
+            keys = emb.to_keys(keys)
+            flat = tf.reshape(keys, [-1])
+            parts, positions = emb.partition.split(flat)
+            rows, found = [], []
+            missing_row = tf.constant(emb.initializer.missing_row(emb.dim), tf.float32)
+            for shard, part in zip(emb.shards, parts):
+                with tf.compat.v1.colocate_with(shard.handle):
+                    if shard.frozen:
+                        v, f = _ops.op("tf_ext_frozen_table_find")(shard.handle, part, missing_row, dim=emb.dim)
+                    else:
+                        v, f = _ops.op("tf_ext_table_find")(shard.handle, part, missing_row, col_begin=0, cols=emb.dim)
+                rows.append(v)
+                found.append(f)
+            if positions is None:
+                values, exists = rows[0], found[0]
+            else:
+                values, exists = tf.dynamic_stitch(positions, rows), tf.dynamic_stitch(positions, found)
+            shape = tf.shape(keys)
+            values = tf.reshape(values, tf.concat([shape, [emb.dim]], 0))
+            if return_exists:
+                return values, tf.reshape(exists, shape)
+            return values
+
+    return lookup
+
+
+def _restrict_method(emb):
+    def restrict_method(num_reserved, trigger=None, policy=None, name=None):
+        """Keeps at most `num_reserved` keys (TFRA's `Variable.restrict`).
+
+        See `tf_ext.embedding.restrict`. The policy defaults to the one given to
+        `tensorflow_ext.tfra.get_variable(restrict_policy=...)`, else "timestamp".
+
+        Args:
+          num_reserved: keys kept.
+          trigger: restrict only above this many keys (default num_reserved).
+          policy: "timestamp" or "frequency" (default: see above).
+          name: optional name scope.
+
+        Returns:
+          int64 scalar tensor: keys removed.
+        """
+        emb.check_writable("restrict")
+        policy = policy or _restrict_policies.get(emb) or "timestamp"
+        return _eviction.restrict(emb, num_reserved, trigger=trigger, policy=policy, name=name)
+
+    return restrict_method
+
+
+def _restrict_policy(emb):
+    policy = _restrict_policies.get(emb)
+    if policy is None:
+        raise AttributeError("'DynamicEmbedding' object has no attribute 'restrict_policy'")
+    return policy
 
 
 def _clear(emb):
@@ -634,7 +732,7 @@ def _clear(emb):
 
         Admission counts and eviction state are kept. Returns the op (a group of one clear per shard).
         """
-        emb._check_writable("clear")  # pylint: disable=protected-access
+        emb.check_writable("clear")
         with tf.name_scope(name or (emb.name.split("/")[-1] + "_clear")):
             ops = []
             for shard in emb.shards:
@@ -657,16 +755,20 @@ def _embedding_lookup_method(emb):
 
 def _devices(emb):
     # The device each shard was placed on, as given (get_variable's devices: one shard per device), else the table's.
-    given = emb._devices  # pylint: disable=protected-access
+    given = emb.config.devices
     return [given[i % len(given)] if given else shard.device for i, shard in enumerate(emb.shards)]
 
 
 _EMBEDDING_EQUIVALENTS = {
+    "upsert": _upsert,
+    "lookup": _lookup_method,
+    "restrict": _restrict_method,
+    "restrict_policy": _restrict_policy,
     "clear": _clear,
     "embedding_lookup": _embedding_lookup_method,
     "shard_num": lambda emb: emb.num_shards,
     "devices": _devices,
-    "init_size": lambda emb: emb._initial_capacity,  # pylint: disable=protected-access
+    "init_size": lambda emb: emb.config.initial_capacity,
     "partition_fn": lambda emb: default_partition_fn,
 }
 

@@ -149,7 +149,7 @@ def test_tsv_data(tmp_path):
 def test_wide_deep_model_fn_in_process():
     """The Wide&Deep model_fn (52 tables: 26 wide dim-1, 26 deep), here with Ftrl."""
     import tensorflow as tf
-    from tensorflow_ext.embedding import variable
+    from tensorflow_ext.embedding import creation
     from tensorflow_ext.examples import ctr, synthetic
 
     params = dict(
@@ -168,7 +168,7 @@ def test_wide_deep_model_fn_in_process():
         ds = synthetic.CriteoLikeStream(max_ids=1000).dataset(64, 4)
         features, labels = tf.compat.v1.data.make_one_shot_iterator(ds).get_next()
         spec = ctr.model_fn(features, labels, tf.estimator.ModeKeys.TRAIN, params)
-        embs = variable.get_dynamic_embeddings()
+        embs = creation.get_dynamic_embeddings()
         assert len(embs) == 52
         assert sorted(e.dim for e in embs) == [1] * 26 + [2] * 26
         total = tf.add_n([e.size() for e in embs])

@@ -83,14 +83,51 @@ def _check_int(what, value, lo, hi=None, why=""):
     return int(value)
 
 
+class AdmitEveryKey(object):
+    """The do-nothing admission policy of an embedding created without one: every key gets its row at its first
+    training lookup. It has no state and nothing to decay; all of them are equal (use `ADMIT_EVERY_KEY`)."""
+
+    admits_every_key = True
+
+    def build(self, emb):
+        """No state: an empty dict."""
+        del emb
+        return {}
+
+    def decayed_after(self, emb, removed):
+        """`removed` as it is: there are no counts to decay."""
+        del emb
+        return removed
+
+    def __eq__(self, other):
+        return type(other) is type(self)
+
+    def __hash__(self):
+        return hash(type(self).__name__)
+
+    def __repr__(self):
+        return "AdmitEveryKey()"
+
+
+ADMIT_EVERY_KEY = AdmitEveryKey()
+
+
 class Admission(abc.ABC):
     """What both policies share: the threshold, the default row, the admitted-keys counter, the lookup.
 
-    A policy supplies `_build` (its state), `_count` (count and read) and `memory_bytes`.
+    A policy is an immutable value: two policies of one class with the same arguments are equal (so an embedding
+    reused under `tf.compat.v1.AUTO_REUSE` accepts an equal policy built again). Its state in a graph is built by
+    `build` when an embedding is created and kept by the embedding (`DynamicEmbedding.admission_state`).
+
+    A policy supplies `_FIELDS` (its arguments, in constructor order), `_build` (its state), `_count` (count and
+    read) and `memory_bytes`.
     """
 
+    _FIELDS = ("min_count", "default_value")
+    admits_every_key = False
+
     def __init__(self, min_count, default_value):
-        self.min_count = _check_int(
+        min_count = _check_int(
             "min_count",
             min_count,
             1,
@@ -106,7 +143,32 @@ class Admission(abc.ABC):
                 "default_value must be a finite float32 number (what keys not admitted yet read; a NaN or Inf "
                 "row makes the loss NaN from the first step), got %r" % (default_value,)
             )
-        self.default_value = value
+        object.__setattr__(self, "min_count", min_count)
+        object.__setattr__(self, "default_value", value)
+
+    def __setattr__(self, name, value):
+        raise AttributeError("an admission policy cannot be changed (%s): create a new one" % name)
+
+    def __delattr__(self, name):
+        raise AttributeError("an admission policy cannot be changed (%s): create a new one" % name)
+
+    def _key(self):
+        return tuple(getattr(self, k) for k in self._FIELDS)
+
+    def __eq__(self, other):
+        if type(other) is not type(self):
+            return NotImplemented
+        return self._key() == other._key()
+
+    def __ne__(self, other):
+        eq = self.__eq__(other)
+        return eq if eq is NotImplemented else not eq
+
+    def __hash__(self):
+        return hash((type(self).__name__,) + self._key())
+
+    def __reduce__(self):
+        return (type(self), self._key())
 
     def build(self, emb):
         """Creates the policy's state for a new embedding (called by `get_dynamic_embedding`, in its variable scope).
@@ -160,7 +222,7 @@ class Admission(abc.ABC):
 
     def admitted_keys_total(self, emb):
         """int64 variable: keys of `emb` admitted so far (saved with the model)."""
-        return emb.admission_state["admitted"]
+        return emb.state.admission["admitted"]
 
     def decay(self, emb):
         """An op that decays the counts of `emb`; every eviction of `emb` runs it.
@@ -171,7 +233,14 @@ class Admission(abc.ABC):
         every counter, so that the filter holds the counts of recent keys and does not fill up.
         """
         with tf.name_scope("admission_decay"), tf.device(emb.shards[0].handle.device):
-            return self._decay(emb, emb.admission_state)
+            return self._decay(emb, emb.state.admission)
+
+    def decayed_after(self, emb, removed):
+        """`removed` (the keys an eviction of `emb` removed), once the counts of `emb` decayed after that eviction."""
+        with tf.control_dependencies([removed]):
+            decay = self.decay(emb)
+        with tf.control_dependencies([decay]):
+            return tf.identity(removed)
 
     @abc.abstractmethod
     def _decay(self, emb, state):
@@ -243,10 +312,10 @@ class CountAdmission(Admission):
 
     def pending_keys(self, emb):
         """int64 scalar: keys of `emb` counted but not admitted yet."""
-        return emb.admission_state["table"].size()
+        return emb.state.admission["table"].size()
 
     def memory_bytes(self, emb):
-        return emb.admission_state["table"].memory_bytes()
+        return emb.state.admission["table"].memory_bytes()
 
 
 class BloomAdmission(Admission):
@@ -263,10 +332,12 @@ class BloomAdmission(Admission):
       default_value: what a key without a row reads (a float; default 0).
     """
 
+    _FIELDS = ("min_count", "num_counters", "num_hashes", "default_value")
+
     def __init__(self, min_count, num_counters=1 << 22, num_hashes=3, default_value=0.0):
         super().__init__(min_count, default_value)
-        self.num_counters = _check_int("num_counters", num_counters, 16, 1 << 31)
-        self.num_hashes = _check_int("num_hashes", num_hashes, 1, 8)
+        object.__setattr__(self, "num_counters", _check_int("num_counters", num_counters, 16, 1 << 31))
+        object.__setattr__(self, "num_hashes", _check_int("num_hashes", num_hashes, 1, 8))
 
     def __repr__(self):
         return "BloomAdmission(min_count=%d, num_counters=%d, num_hashes=%d%s)" % (
@@ -304,7 +375,7 @@ class BloomAdmission(Admission):
         return dict(counters=counters)
 
     def _decay(self, emb, state):
-        every = emb.eviction.every_n_steps if emb.eviction is not None else None
+        every = emb.config.eviction.every_n_steps
         if every is not None and self.min_count >= 2 * every:
             tf.compat.v1.logging.warning(
                 "dynamic embedding %s: %r halves its counters at every eviction (EvictionPolicy(every_n_steps=%d)), "
@@ -369,7 +440,7 @@ def admitted_lookup(emb, unique_keys, is_training, lookup, return_admitted=False
     """Rows [n, dim] of unique int64 keys [n] under the embedding's admission policy.
 
     Args:
-      emb: the `DynamicEmbedding` (its `admission` is not None).
+      emb: the `DynamicEmbedding` (with an admission policy).
       unique_keys: int64 [n], unique.
       is_training: as in the lookups (True, False or None).
       lookup: callable(keys) -> rows [m, dim] of unique keys (the lookup without admission; it inserts in training).
@@ -379,7 +450,7 @@ def admitted_lookup(emb, unique_keys, is_training, lookup, return_admitted=False
       float32 [n, dim]: the rows of admitted keys (differentiable, their gradients reach the table) and
       `default_value` rows for the others (no gradient); with return_admitted, (rows, bool [n]: admitted).
     """
-    policy, state = emb.admission, emb.admission_state
+    policy, state = emb.config.admission, emb.state.admission
     with tf.name_scope("admission"):
         n = tf.size(unique_keys)
         has_row = _has_row(emb, unique_keys)

@@ -49,7 +49,7 @@ from tensorflow.python.framework import ops as tf_ops
 
 from tensorflow_ext.embedding import _ops
 from tensorflow_ext.embedding.checkpoint import policy_state
-from tensorflow_ext.embedding import variable as var_lib
+from tensorflow_ext.embedding import state as state_lib
 
 __all__ = ["EvictionHook", "EvictionPolicy", "EvictionSaverListener", "evict", "restrict"]
 
@@ -74,6 +74,32 @@ def _check_count(what, value, lo, hi=INT64_MAX):
     return int(value)
 
 
+class NeverEvict(object):
+    """The do-nothing eviction policy of an embedding created without one: it keeps every key (until `evict()` or
+    a hook is given criteria). It has no state; all of them are equal (use `NEVER_EVICT`)."""
+
+    evicts = False
+    every_n_steps = None
+    capacity = None
+
+    def build(self, emb):
+        """No state: an empty dict."""
+        del emb
+        return {}
+
+    def __eq__(self, other):
+        return type(other) is type(self)
+
+    def __hash__(self):
+        return hash(type(self).__name__)
+
+    def __repr__(self):
+        return "NeverEvict()"
+
+
+NEVER_EVICT = NeverEvict()
+
+
 class EvictionPolicy(object):
     """Which keys an embedding loses, and how often (see the module docstring).
 
@@ -95,6 +121,7 @@ class EvictionPolicy(object):
 
     _FIELDS = ("steps_to_live", "min_frequency", "capacity", "min_l2_norm", "every_n_steps")
     __slots__ = _FIELDS
+    evicts = True
 
     def __init__(self, steps_to_live=None, min_frequency=None, capacity=None, min_l2_norm=None, every_n_steps=None):
         steps_to_live = _check_count("steps_to_live", steps_to_live, 0)
@@ -275,22 +302,8 @@ class EvictionPolicy(object):
         if self.capacity is not None:
             with tf.control_dependencies(removed):
                 removed.append(self.capacity_op(emb, global_step=global_step))
-        total = _with_admission_decay(emb, tf.add_n(removed) if len(removed) > 1 else removed[0])
-        state = emb.eviction_state
-        if state is not None:
-            with tf.control_dependencies([state["evicted"].assign_add(total)]):
-                return tf.identity(total)
-        return total
-
-
-def _with_admission_decay(emb, removed):
-    """`removed`, once the admission counts of `emb` (if it has a policy) decayed with this eviction."""
-    if emb.admission is None:
-        return removed
-    with tf.control_dependencies([removed]):
-        decay = emb.admission.decay(emb)
-    with tf.control_dependencies([decay]):
-        return tf.identity(removed)
+        total = emb.config.admission.decayed_after(emb, tf.add_n(removed) if len(removed) > 1 else removed[0])
+        return emb.state.count_evicted(total)
 
 
 _INT64_MIN = -(1 << 63)
@@ -427,8 +440,8 @@ def in_step_eviction(shard, update_op, call=None):
       ValueError: the graph has no global step.
     """
     emb = shard.embedding
-    policy = emb.eviction
-    if policy is None or policy.every_n_steps is None:
+    policy = emb.config.eviction
+    if policy.every_n_steps is None:
         return update_op
     global_step = tf.compat.v1.train.get_global_step()
     if global_step is None:
@@ -437,7 +450,7 @@ def in_step_eviction(shard, update_op, call=None):
             "every_n_steps; create a global step first (tf.compat.v1.train.get_or_create_global_step())"
             % (emb.name, policy.every_n_steps)
         )
-    evicted = emb.eviction_state["evicted"]
+    evicted = emb.state.eviction["evicted"]
     with tf.name_scope("tf_ext_eviction"):
         with tf.control_dependencies([update_op]):
             step = tf.cast(tf.convert_to_tensor(global_step), tf.int64)
@@ -445,7 +458,7 @@ def in_step_eviction(shard, update_op, call=None):
                 _due(policy, step), lambda: policy.shard_op(shard, step), lambda: tf.constant(0, tf.int64)
             )
             local = evicted.assign_add(removed, read_value=False)
-        if policy.capacity is None and emb.admission is None:
+        if policy.capacity is None and emb.config.admission.admits_every_key:
             return local
         shard_ops, whole = (call if call is not None else InStepEvictions()).add(shard, local)
         if shard_ops is None:
@@ -454,7 +467,7 @@ def in_step_eviction(shard, update_op, call=None):
         def evict_embedding():
             beyond = policy.capacity_op(emb, emb.shards if whole else [shard], global_step=step)
             # Admission counts decay once per eviction of the embedding (a shard alone: with the first shard's).
-            return _with_admission_decay(emb, beyond) if whole or shard is emb.shards[0] else beyond
+            return emb.config.admission.decayed_after(emb, beyond) if whole or shard is emb.shards[0] else beyond
 
         with tf.control_dependencies(shard_ops):
             step = tf.cast(tf.convert_to_tensor(global_step), tf.int64)
@@ -484,11 +497,11 @@ def evict(embeddings=None, steps_to_live=None, min_frequency=None, global_step=N
         a policy.
     """
     if embeddings is None:
-        embeddings = var_lib.get_dynamic_embeddings()
-    elif isinstance(embeddings, var_lib.DynamicEmbedding):
+        embeddings = state_lib.get_dynamic_embeddings()
+    elif state_lib.is_embedding(embeddings):
         embeddings = [embeddings]
     if steps_to_live is None and min_frequency is None:
-        pairs = [(emb, emb.eviction) for emb in embeddings if emb.eviction is not None]
+        pairs = [(emb, emb.config.eviction) for emb in embeddings if emb.config.eviction.evicts]
         if not pairs:
             raise ValueError(
                 "an eviction policy needs steps_to_live and/or min_frequency (or embeddings created with "
@@ -532,7 +545,7 @@ def restrict(embedding, num_reserved, trigger=None, policy="timestamp", name=Non
     Raises:
       ValueError: bad num_reserved, trigger or policy.
     """
-    if not isinstance(embedding, var_lib.DynamicEmbedding):
+    if not state_lib.is_embedding(embedding):
         raise TypeError("restrict needs a tf_ext DynamicEmbedding, got %r" % (embedding,))
     num_reserved = _check_count("num_reserved", num_reserved, 0)
     if trigger is None:

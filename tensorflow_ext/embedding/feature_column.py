@@ -97,9 +97,9 @@ def _api():
       ``embedding_lookup_sparse`` and ``safe_embedding_lookup_sparse``.
     """
     from tensorflow_ext.embedding import lookup as _lookup  # pylint: disable=g-import-not-at-top
-    from tensorflow_ext.embedding import variable as _variable  # pylint: disable=g-import-not-at-top
+    from tensorflow_ext.embedding import creation as _creation  # pylint: disable=g-import-not-at-top
 
-    return _Api(_variable.get_dynamic_embedding, _lookup.embedding_lookup_sparse, _lookup.safe_embedding_lookup_sparse)
+    return _Api(_creation.get_dynamic_embedding, _lookup.embedding_lookup_sparse, _lookup.safe_embedding_lookup_sparse)
 
 
 def _default_initializer(dim):

@@ -20,6 +20,7 @@ import numpy as np
 import tensorflow as tf
 from tensorflow.python.ops import gen_logging_ops
 
+from tensorflow_ext.embedding import creation
 from tensorflow_ext.embedding import variable as variable_lib
 
 __all__ = ["add_summaries", "summary_tags"]
@@ -57,7 +58,7 @@ def summary_tags(embedding):
 
 def _as_embedding_list(embeddings):
     if embeddings is None:
-        return list(variable_lib.get_dynamic_embeddings())
+        return list(creation.get_dynamic_embeddings())
     if isinstance(embeddings, variable_lib.DynamicEmbedding):
         return [embeddings]
     if isinstance(embeddings, (str, bytes)) or not hasattr(embeddings, "__iter__"):

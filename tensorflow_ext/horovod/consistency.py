@@ -33,6 +33,7 @@ import tensorflow as tf
 from tensorflow.core.framework import attr_value_pb2
 from tensorflow.python.framework import tensor_util
 
+from tensorflow_ext.embedding import creation
 from tensorflow_ext.embedding import variable as var_lib
 from tensorflow_ext.horovod import _hvd
 from tensorflow_ext.tf_compat import graph_edits
@@ -79,7 +80,7 @@ def config_lines(graph):
       list of str.
     """
     lines = []
-    for emb in var_lib.get_dynamic_embeddings(graph):
+    for emb in creation.get_dynamic_embeddings(graph):
         dist = emb.distribution
         init = emb.initializer
         seeds = init.seeds() if hasattr(init, "seeds") else None

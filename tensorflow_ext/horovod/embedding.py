@@ -18,7 +18,6 @@ import tensorflow as tf
 
 from tensorflow_ext.embedding import creation
 from tensorflow_ext.embedding import initializers as init_lib
-from tensorflow_ext.embedding import variable as var_lib
 from tensorflow_ext.embedding.keys import HashPartition
 from tensorflow_ext.horovod import _hvd
 from tensorflow_ext.horovod import checkpoint as ckpt_lib
@@ -198,7 +197,7 @@ def get_dynamic_embedding(name, dim, parallelism="data", process_set=None, **kwa
     _check_parallelism(parallelism)
     # Every rank must draw the same initial row for a key (replicas; re-partitioned restores).
     init_lib.require_deterministic_seeds(True)
-    emb = var_lib.get_dynamic_embedding(name, dim, **kwargs)
+    emb = creation.get_dynamic_embedding(name, dim, **kwargs)
     _set_parallelism(emb, parallelism, process_set)
     return emb
 

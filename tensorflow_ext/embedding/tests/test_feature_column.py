@@ -5,7 +5,7 @@ import pytest
 import tensorflow as tf
 
 from tensorflow_ext.embedding import feature_column as dfc
-from tensorflow_ext.embedding import variable
+from tensorflow_ext.embedding import creation
 
 fc_v1 = tf.compat.v1.feature_column
 
@@ -195,7 +195,7 @@ def test_keras_dense_features_graph_mode():
         layer = tf.compat.v1.keras.layers.DenseFeatures([col, tf.feature_column.numeric_column("x")])
         out = layer({"ids": tf.constant([[1], [2], [-1]], tf.int64), "x": tf.constant([[1.0], [2.0], [3.0]])})
         train = tf.compat.v1.train.AdagradOptimizer(0.5).minimize(tf.reduce_sum(tf.square(out - 1.0)))
-        names = [e.name for e in variable.get_dynamic_embeddings()]
+        names = [e.name for e in creation.get_dynamic_embeddings()]
         assert names == ["dense_features/ids_embedding/embedding_weights"], names
         with tf.compat.v1.Session() as sess:
             sess.run(tf.compat.v1.global_variables_initializer())
@@ -279,7 +279,7 @@ def _model_fn(features, labels, mode, params):
     loss = tf.reduce_mean(tf.nn.sigmoid_cross_entropy_with_logits(labels=labels, logits=logits))
     if mode == tf.estimator.ModeKeys.EVAL:
         metrics = {"auc": tf.compat.v1.metrics.auc(labels, tf.sigmoid(logits))}
-        (emb,) = variable.get_dynamic_embeddings()
+        (emb,) = creation.get_dynamic_embeddings()
         metrics["keys"] = (emb.size(), tf.no_op())
         return tf.estimator.EstimatorSpec(mode, loss=loss, eval_metric_ops=metrics)
     gs = tf.compat.v1.train.get_or_create_global_step()
@@ -334,7 +334,7 @@ def test_columns_accept_exactly_the_lookup_combiners():
     with pytest.raises(ValueError, match="combiner must be one of"):
         dfc.embedding_column(ids, 2, combiner="max")
     with tf.Graph().as_default():
-        emb = variable.get_dynamic_embedding("e", 2)
+        emb = creation.get_dynamic_embedding("e", 2)
         sp = _sp_tensor(_sparse([[1, 2]]))
         with pytest.raises(ValueError, match="combiner must be one of 'mean', 'sqrtn' or 'sum', got 'max'"):
             lookup.embedding_lookup_sparse(emb, sp, None, combiner="max")

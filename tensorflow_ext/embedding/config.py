@@ -1,0 +1,266 @@
+"""The configuration of a dynamic embedding: one frozen value, checked once.
+
+`EmbeddingConfig` is everything fixed when a `DynamicEmbedding` is created: its name, dimension, dtypes,
+initializer, shards and their devices, capacity, preallocation and its admission and eviction policies.
+`EmbeddingConfig.from_arguments` is the one place where `get_dynamic_embedding`'s arguments are checked and
+completed (variable-scope defaults, a partitioner's shard count); every error names the embedding and says what
+to pass. A config is a value: it cannot change after it is built, and two configs with equal fields are equal.
+
+Invariants of a built config:
+
+* `name` is the embedding's full (variable-scope prefixed) name; `1 <= dim <= MAX_DIM`;
+* `key_dtype` is int64, int32 or string; `value_dtype` is float32;
+* `initializer` is an `InitSpec` whose kernel seeds are pinned for `name` (a key's initial row depends only on the
+  seeds and the key, whichever op inserts it);
+* `1 <= num_shards <= MAX_SHARDS`; `devices` is None or a non-empty tuple (shard i on `devices[i % len]`);
+* `0 <= initial_capacity <= MAX_CAPACITY`; `preallocate` only with `initial_capacity > 0`;
+* `admission` is an admission policy (`ADMIT_EVERY_KEY` when none was given) and `eviction` an eviction policy
+  (`NEVER_EVICT` when none was given): both are frozen values compared by value, so an equal policy built again
+  for an embedding reused under `AUTO_REUSE` is the same policy.
+"""
+
+import dataclasses
+
+import numpy as np
+import tensorflow as tf
+
+from tensorflow_ext.embedding import admission as admission_lib
+from tensorflow_ext.embedding import eviction as eviction_lib
+from tensorflow_ext.embedding import initializers as init_lib
+from tensorflow_ext.table import table_ops
+
+MAX_DIM = 1 << 20
+MAX_SHARDS = 1 << 16
+MAX_CAPACITY = table_ops.MAX_CAPACITY  # the table core's limit, kMaxCapacity in table_limits.h
+
+
+@dataclasses.dataclass(frozen=True)
+class EmbeddingConfig(object):
+    """What a dynamic embedding is, fixed at its creation (see the module docstring for the invariants).
+
+    Build one with `from_arguments`, which checks every field; the constructor checks nothing.
+    """
+
+    name: str
+    dim: int
+    key_dtype: tf.DType
+    value_dtype: tf.DType
+    initializer: init_lib.InitSpec
+    num_shards: int
+    devices: tuple
+    trainable: bool
+    initial_capacity: int
+    preallocate: bool
+    admission: object = admission_lib.ADMIT_EVERY_KEY
+    eviction: object = eviction_lib.NEVER_EVICT
+
+    @property
+    def shard_capacity(self):
+        """The expected number of keys per shard: initial_capacity split evenly, rounded up (every shard of a
+        preallocated embedding gets memory, even below one key per shard)."""
+        return -(-self.initial_capacity // self.num_shards) if self.initial_capacity else 0
+
+    def shard_device(self, index):
+        """The device of shard `index`: `devices[index % len(devices)]`, or None (the active device functions)."""
+        return self.devices[index % len(self.devices)] if self.devices else None
+
+    @classmethod
+    def from_arguments(
+        cls,
+        name,
+        dim,
+        key_dtype,
+        value_dtype,
+        initializer,
+        num_shards,
+        devices,
+        partitioner,
+        trainable,
+        initial_capacity,
+        preallocate,
+        admission,
+        eviction,
+        scope,
+        capacity_from="initial_capacity",
+    ):
+        """`get_dynamic_embedding`'s arguments, checked and completed: the config of the embedding they describe.
+
+        Args:
+          name: the name as the caller passed it (errors name the embedding by it); the config's name is the
+            current variable scope's name + "/" + name.
+          dim, key_dtype, value_dtype, initializer, num_shards, devices, partitioner, trainable, initial_capacity,
+            preallocate, admission, eviction: as `get_dynamic_embedding` takes them (None: the default).
+          scope: the current `tf.compat.v1.VariableScope` (its partitioner and initializer are the defaults).
+          capacity_from: how errors about initial_capacity name it ("init_size" when it came from TFRA's init_size).
+
+        Returns:
+          An `EmbeddingConfig`.
+
+        Raises:
+          TypeError, ValueError: an argument of the wrong type or out of its range (the message names it, the
+            embedding and what to pass).
+        """
+        if not isinstance(name, str) or not name:
+            raise ValueError("name must be a non-empty string, got %r" % (name,))
+        full_name = scope.name + "/" + name if scope.name else name
+        if isinstance(dim, tf.DType) or isinstance(key_dtype, (int, np.integer)) and not isinstance(key_dtype, bool):
+            raise TypeError(
+                "get_dynamic_embedding(name, dim, key_dtype, value_dtype, ...) takes dim second; got dim=%r, "
+                "key_dtype=%r. This looks like TFRA's get_variable(name, key_dtype, value_dtype, dim) order: pass "
+                "keywords (get_dynamic_embedding(name, dim=..., key_dtype=...)) or use tensorflow_ext.tfra.get_variable, "
+                "which keeps TFRA's order." % (dim, key_dtype)
+            )
+        dim = _check_int("dim of dynamic embedding %r" % name, dim, 1, MAX_DIM)
+        key_dtype = tf.as_dtype(key_dtype)
+        if key_dtype not in (tf.int64, tf.int32, tf.string):
+            raise ValueError(
+                "key_dtype of dynamic embedding %r must be tf.int64, tf.int32 or tf.string, got %s"
+                % (name, key_dtype.name)
+            )
+        value_dtype = tf.as_dtype(value_dtype)
+        if value_dtype != tf.float32:
+            raise ValueError(
+                "value_dtype of dynamic embedding %r must be tf.float32, got %s" % (name, value_dtype.name)
+            )
+        initial_capacity = _check_initial_capacity(name, initial_capacity, capacity_from)
+        preallocate = table_ops.check_preallocate(preallocate, initial_capacity, "dynamic embedding %r" % name)
+        if devices is not None:
+            devices = _check_devices(name, devices)
+        from_scope = num_shards is None and partitioner is None and devices is None and scope.partitioner is not None
+        if from_scope:
+            partitioner = scope.partitioner
+        if num_shards is None:
+            if partitioner is not None:
+                num_shards = _shards_from_partitioner(name, partitioner, initial_capacity, dim, value_dtype, from_scope)
+            elif devices:
+                num_shards = len(devices)
+            else:
+                num_shards = 1
+        num_shards = _check_int("num_shards of dynamic embedding %r" % name, num_shards, 1, MAX_SHARDS)
+        if initializer is None and scope.initializer is not None:
+            initializer = scope.initializer
+        spec = init_lib.resolve(initializer, dim)
+        if admission is None:
+            admission = admission_lib.ADMIT_EVERY_KEY
+        elif not isinstance(admission, admission_lib.Admission):
+            raise TypeError(
+                "admission of dynamic embedding %r must be a tf_ext.embedding.CountAdmission or BloomAdmission, got "
+                "%r" % (name, admission)
+            )
+        if eviction is None:
+            eviction = eviction_lib.NEVER_EVICT
+        elif not isinstance(eviction, eviction_lib.EvictionPolicy):
+            raise TypeError(
+                "eviction of dynamic embedding %r must be a tf_ext.embedding.EvictionPolicy, got %r" % (name, eviction)
+            )
+        return cls(
+            name=full_name,
+            dim=dim,
+            key_dtype=key_dtype,
+            value_dtype=value_dtype,
+            # One seed pair per embedding, fixed now: a key's initial row depends only on (seeds, key).
+            initializer=spec.pinned_for(full_name),
+            num_shards=num_shards,
+            devices=tuple(devices) if devices else None,
+            trainable=trainable,
+            initial_capacity=initial_capacity,
+            preallocate=preallocate,
+            admission=admission,
+            eviction=eviction,
+        )
+
+
+def _check_int(what, value, lo, hi):
+    if isinstance(value, (bool, np.bool_)) or not isinstance(value, (int, np.integer)):
+        raise TypeError("%s must be an int, got %r" % (what, value))
+    value = int(value)
+    if value < lo or value > hi:
+        raise ValueError("%s must be in [%d, %s], got %d" % (what, lo, hi, value))
+    return value
+
+
+def _check_initial_capacity(name, initial_capacity, capacity_from):
+    what = "initial_capacity%s of dynamic embedding %r" % (
+        " (TFRA's init_size)" if capacity_from == "init_size" else "",
+        name,
+    )
+    if isinstance(initial_capacity, (bool, np.bool_)) or not isinstance(initial_capacity, (int, np.integer)):
+        raise TypeError(
+            "%s must be an int (the expected number of keys, 0 if unknown), got %r" % (what, initial_capacity)
+        )
+    if not 0 <= initial_capacity <= MAX_CAPACITY:
+        raise ValueError(
+            "%s must be in [0, 2^40] (the expected number of keys over all shards, a sizing hint: tables grow on "
+            "demand; pass 0 if unknown), got %d" % (what, initial_capacity)
+        )
+    return int(initial_capacity)
+
+
+def _check_devices(name, devices):
+    """The shards' devices: a non-empty list (or tuple) of device strings, `tf.DeviceSpec`s or device functions."""
+    if isinstance(devices, (str, bytes, tf.DeviceSpec)) or callable(devices):
+        raise TypeError(
+            "devices of dynamic embedding %r must be a list of devices (one per shard, reused round robin), got "
+            "%r: pass [%r] for one device" % (name, devices, devices)
+        )
+    try:
+        devices = list(devices)
+    except TypeError:
+        raise TypeError(
+            "devices of dynamic embedding %r must be a list of device strings, got %r" % (name, devices)
+        ) from None
+    if not devices:
+        raise ValueError("devices of dynamic embedding %r must be a non-empty list or None" % name)
+    for device in devices:
+        if isinstance(device, tf.DeviceSpec) or callable(device):
+            continue
+        if not isinstance(device, str):
+            raise TypeError(
+                "devices of dynamic embedding %r must be device strings such as '/job:ps/task:0' or '/cpu:0', got "
+                "%r in %r" % (name, device, devices)
+            )
+        try:
+            tf.DeviceSpec.from_string(device)
+        except ValueError as e:
+            raise ValueError(
+                "devices of dynamic embedding %r: %r is not a device string (%s); use TensorFlow's device names, "
+                "e.g. '/job:ps/task:0', '/cpu:0' or '/device:GPU:0'" % (name, device, e)
+            ) from None
+    return devices
+
+
+def _shards_from_partitioner(name, partitioner, initial_capacity, dim, value_dtype, from_scope=False):
+    """num_shards from a TF partitioner: its partition count along axis 0 for an [initial_capacity, dim] variable
+    (the table's expected size), or, without initial_capacity, for any size when its count does not depend on the
+    size (as `fixed_size_partitioner`'s does not). `from_scope`: the variable scope's partitioner (errors say so:
+    the caller passed none)."""
+    what = "the variable scope's partitioner (%r)" % (partitioner,) if from_scope else "partitioner"
+
+    def ask(rows):
+        parts = partitioner(shape=tf.TensorShape([rows, dim]), dtype=value_dtype)
+        try:
+            return int(parts[0])
+        except (TypeError, ValueError, IndexError):
+            raise TypeError(
+                "%s of dynamic embedding %r must return a list of partition counts per axis, got %r"
+                % (what, name, parts)
+            ) from None
+
+    if initial_capacity > 0:
+        num_shards = ask(initial_capacity)
+    else:
+        small, large = ask(MAX_SHARDS), ask(MAX_CAPACITY)
+        if small != large:
+            raise ValueError(
+                "%s of dynamic embedding %r gives a shard count that depends on the table's size (%d shards "
+                "for %d keys, %d for %d), and a dynamic embedding has no fixed size: pass initial_capacity (the "
+                "expected number of keys; the partitioner is then asked about an [initial_capacity, dim] table) or "
+                "num_shards" % (what, name, small, MAX_SHARDS, large, MAX_CAPACITY)
+            )
+        num_shards = small
+    if not 1 <= num_shards <= MAX_SHARDS:
+        raise ValueError(
+            "%s of dynamic embedding %r gives %d shards (for a [%d, %d] table); a dynamic embedding needs 1 "
+            "to %d: pass num_shards instead" % (what, name, num_shards, initial_capacity or MAX_SHARDS, dim, MAX_SHARDS)
+        )
+    return num_shards

@@ -39,9 +39,6 @@ Missing keys are inserted with the table's column defaults before the update.
 """
 
 import tensorflow as tf
-from tensorflow.python.framework import indexed_slices
-from tensorflow.python.framework import ops as tf_ops
-from tensorflow.python.framework import random_seed
 
 from tensorflow_ext.embedding import optimizer_spec
 from tensorflow_ext.utils.loader import load_ops
@@ -96,7 +93,7 @@ def _refuse_densifying(value, dtype=None, name=None, as_ref=False):
     return NotImplemented
 
 
-tf.register_tensor_conversion_function(indexed_slices.IndexedSlices, _refuse_densifying, priority=99)
+tf.register_tensor_conversion_function(tf.IndexedSlices, _refuse_densifying, priority=99)
 
 
 def num_slots(optimizer, **flags):
@@ -123,7 +120,7 @@ def _seeds(seed, seed2):
     """(seed, seed2) attrs like TF's random ops: an explicit seed2 is used as is; else from get_seed(seed)."""
     if seed2 is not None:
         return int(seed or 0), int(seed2)
-    s1, s2 = random_seed.get_seed(seed)
+    s1, s2 = tf.compat.v1.get_seed(seed)
     return int(s1 or 0), int(s2 or 0)
 
 
@@ -215,7 +212,7 @@ def _handle_grad(op, *grads):
     handle; none for values (the reading op has no gradient) and keys."""
     values, keys = op.inputs[0], op.inputs[2]
     grad = grads[0]
-    if isinstance(grad, indexed_slices.IndexedSlices):
+    if isinstance(grad, tf.IndexedSlices):
         grad = tf.math.unsorted_segment_sum(grad.values, grad.indices, tf.shape(keys, out_type=tf.int64)[0])
     # The update must follow the lookup (which inserts new keys with their initial rows), even when the gradient
     # does not depend on the looked-up values (e.g. a linear model): otherwise an update could insert a new key
@@ -227,7 +224,7 @@ def _handle_grad(op, *grads):
         dense_shape = tf.constant([HANDLE_GRAD_DENSE_ROWS, dim], tf.int64)
     else:
         dense_shape = tf.stack([tf.constant(HANDLE_GRAD_DENSE_ROWS, tf.int64), tf.shape(values, out_type=tf.int64)[-1]])
-    return [None, indexed_slices.IndexedSlices(grad, keys, dense_shape=dense_shape), None]
+    return [None, tf.IndexedSlices(grad, keys, dense_shape=dense_shape), None]
 
 
 def shard_index(keys, num_shards, name=None):
@@ -460,11 +457,11 @@ def _lookup_ids_grad(op, grad, unused_keys_grad, unused_idx_grad):
     del unused_keys_grad, unused_idx_grad
     keys, idx = op.outputs[1], op.outputs[2]
     dim = op.get_attr("dim")
-    if isinstance(grad, indexed_slices.IndexedSlices):
+    if isinstance(grad, tf.IndexedSlices):
         grad = tf.convert_to_tensor(grad)
     summed = lookup_ids_grad(grad, idx, keys)
     dense_shape = tf.constant([HANDLE_GRAD_DENSE_ROWS, dim], tf.int64)
-    return [indexed_slices.IndexedSlices(values=summed, indices=keys, dense_shape=dense_shape), None, None]
+    return [tf.IndexedSlices(values=summed, indices=keys, dense_shape=dense_shape), None, None]
 
 
 def _lookup_sparse_grad(op, grad, *unused_grads):
@@ -473,23 +470,23 @@ def _lookup_sparse_grad(op, grad, *unused_grads):
     if grad is None:  # only the rows-read output was used (the shard's value): its gradient goes to the handle
         return [None] * 6
     keys, idx, entry_rows, row_scale = op.outputs[1:5]
-    if isinstance(grad, indexed_slices.IndexedSlices):
+    if isinstance(grad, tf.IndexedSlices):
         grad = tf.convert_to_tensor(grad)
     summed = load_ops().tf_ext_embedding_lookup_sparse_grad(grad, entry_rows, row_scale, idx, keys)
     dense_shape = tf.constant([HANDLE_GRAD_DENSE_ROWS, op.get_attr("dim")], tf.int64)
-    return [indexed_slices.IndexedSlices(values=summed, indices=keys, dense_shape=dense_shape)] + [None] * 5
+    return [tf.IndexedSlices(values=summed, indices=keys, dense_shape=dense_shape)] + [None] * 5
 
 
 try:
-    tf_ops.RegisterGradient("TfExtEmbeddingLookupSparse")(_lookup_sparse_grad)
-    tf_ops.NotDifferentiable("TfExtEmbeddingLookupSparseGrad")
-    tf_ops.RegisterGradient("TfExtEmbeddingLookupIds")(_lookup_ids_grad)
-    tf_ops.NotDifferentiable("TfExtEmbeddingLookupIdsGrad")
+    tf.RegisterGradient("TfExtEmbeddingLookupSparse")(_lookup_sparse_grad)
+    tf.no_gradient("TfExtEmbeddingLookupSparseGrad")
+    tf.RegisterGradient("TfExtEmbeddingLookupIds")(_lookup_ids_grad)
+    tf.no_gradient("TfExtEmbeddingLookupIdsGrad")
 except KeyError:  # registered already (module reloaded)
     pass
 
 try:
-    tf_ops.RegisterGradient(_HANDLE_GRAD)(_handle_grad)
-    tf_ops.NotDifferentiable("TfExtShardIndex")
+    tf.RegisterGradient(_HANDLE_GRAD)(_handle_grad)
+    tf.no_gradient("TfExtShardIndex")
 except KeyError:  # registered already (module reloaded)
     pass

@@ -62,8 +62,8 @@ import math
 
 import numpy as np
 import tensorflow as tf
-from tensorflow.python.feature_column import feature_column as _fc_v1
-from tensorflow.python.feature_column import feature_column_v2 as _fc_v2
+
+from tensorflow_ext.tf_compat import internals
 
 __all__ = [
     "DynamicEmbeddingColumn",
@@ -74,10 +74,8 @@ __all__ = [
 
 _EMBEDDING_NAME = "embedding_weights"
 # TF's categorical columns come in a v1 and a v2 class; a column may be either (or both, as ours are).
-# pylint: disable=protected-access
-_CATEGORICAL_COLUMNS = (_fc_v2.CategoricalColumn, _fc_v1._CategoricalColumn)
-_SEQUENCE_COLUMNS = (_fc_v2.SequenceCategoricalColumn, _fc_v1._SequenceCategoricalColumn)
-# pylint: enable=protected-access
+_CATEGORICAL_COLUMNS = (internals.CategoricalColumn, internals.CategoricalColumnV1)
+_SEQUENCE_COLUMNS = (internals.SequenceCategoricalColumn, internals.SequenceCategoricalColumnV1)
 
 
 class _Api(
@@ -148,7 +146,7 @@ def _dense_to_sparse(ids, ignore_value):
     ``ignore_value=None`` keeps every cell (every integer is an id).
     """
     if ignore_value is not None:
-        return _fc_v2._to_sparse_input_and_drop_ignore_values(ids, ignore_value)  # pylint: disable=protected-access
+        return internals.to_sparse_input_and_drop_ignore_values(ids, ignore_value)
     with tf.name_scope("to_sparse_input"):
         ids = tf.convert_to_tensor(ids)
         indices = tf.where(tf.ones_like(ids, dtype=tf.bool))  # row-major, as reshape below
@@ -269,11 +267,11 @@ class DynamicIdColumn(
           ``CategoricalColumn.IdWeightPair(ids, None)`` where ``ids`` is the
           ``SparseTensor`` of :meth:`transform_feature`.
         """
-        return _fc_v2.CategoricalColumn.IdWeightPair(transformation_cache.get(self, state_manager), None)
+        return internals.CategoricalColumn.IdWeightPair(transformation_cache.get(self, state_manager), None)
 
     def _get_sparse_tensors(self, inputs, weight_collections=None, trainable=None):
         del weight_collections, trainable
-        return _fc_v2.CategoricalColumn.IdWeightPair(inputs.get(self), None)
+        return internals.CategoricalColumn.IdWeightPair(inputs.get(self), None)
 
     @property
     def parents(self):
@@ -282,8 +280,8 @@ class DynamicIdColumn(
 
 
 class DynamicEmbeddingColumn(
-    _fc_v2.DenseColumn,
-    _fc_v1._DenseColumn,  # pylint: disable=protected-access
+    internals.DenseColumn,
+    internals.DenseColumnV1,
     collections.namedtuple(
         "DynamicEmbeddingColumn",
         (
@@ -414,7 +412,7 @@ class DynamicEmbeddingColumn(
           state_manager: the layer's ``StateManager``; the table is registered
             with it as the resource ``"embedding_weights"``.
         """
-        emb = self._make_embedding(trainable=getattr(state_manager, "_trainable", True))
+        emb = self._make_embedding(trainable=internals.state_manager_trainable(state_manager))
         state_manager.add_resource(self, _EMBEDDING_NAME, emb)
 
     def _embedding_for_v2(self, state_manager):
@@ -428,7 +426,7 @@ class DynamicEmbeddingColumn(
                 pass
         # No state manager (or create_state was not called): make the table under
         # the current variable scope, in a sub-scope named after the column.
-        with tf.compat.v1.variable_scope(self._var_scope_name):
+        with tf.compat.v1.variable_scope(internals.feature_column_scope_name(self)):
             return self._make_embedding()
 
     # ------------------------------------------------------------------ lookup

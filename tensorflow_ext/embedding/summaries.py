@@ -18,7 +18,6 @@ an eviction policy ``tf_ext/<name>/evicted_keys`` (keys evicted so far); both co
 
 import numpy as np
 import tensorflow as tf
-from tensorflow.python.ops import gen_logging_ops
 
 from tensorflow_ext.embedding import creation
 from tensorflow_ext.embedding import variable as variable_lib
@@ -167,7 +166,7 @@ def add_summaries(embeddings=None, collections=None):
                     continue
                 # The raw op takes the exact tag; tf.compat.v1.summary.scalar would prefix
                 # the current name scope and uniquify repeated names.
-                summary = gen_logging_ops.scalar_summary(tags=tags[kind], values=value, name=kind)
+                summary = tf.raw_ops.ScalarSummary(tags=tags[kind], values=value, name=kind)
                 for key in collections:
                     graph.add_to_collection(key, summary)
                 out.append(summary)

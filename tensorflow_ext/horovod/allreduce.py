@@ -34,10 +34,10 @@ import os
 
 import numpy as np
 import tensorflow as tf
-from tensorflow.python.training import slot_creator
 
 from tensorflow_ext.horovod import _hvd
 from tensorflow_ext.horovod import consistency
+from tensorflow_ext.tf_compat import internals
 
 __all__ = [
     "Compression",
@@ -701,7 +701,7 @@ class DenseReducer(object):
     # -- Top-K -----------------------------------------------------------------------------------------------
 
     def _residual(self, var, grad):
-        residual = slot_creator.create_zeros_slot(var, self._name + "_topk_residual", dtype=grad.dtype)
+        residual = internals.slot_creator.create_zeros_slot(var, self._name + "_topk_residual", dtype=grad.dtype)
         if residual not in tf.compat.v1.get_collection(TOPK_RESIDUALS):
             tf.compat.v1.add_to_collection(TOPK_RESIDUALS, residual)
         return residual

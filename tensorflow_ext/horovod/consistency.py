@@ -31,10 +31,9 @@ import weakref
 import numpy as np
 import tensorflow as tf
 from tensorflow.core.framework import attr_value_pb2
-from tensorflow.python.framework import tensor_util
 
 from tensorflow_ext.embedding import creation
-from tensorflow_ext.embedding import variable as var_lib
+from tensorflow_ext.embedding import shard as shard_lib
 from tensorflow_ext.horovod import _hvd
 from tensorflow_ext.tf_compat import graph_edits
 
@@ -107,7 +106,7 @@ def config_lines(graph):
     seen = set()
     for collection in (tf.compat.v1.GraphKeys.TRAINABLE_VARIABLES, tf.compat.v1.GraphKeys.GLOBAL_VARIABLES):
         for v in graph.get_collection(collection):
-            if isinstance(v, var_lib.DynamicEmbeddingShard) or id(v) in seen or id(v) in rank_local:
+            if isinstance(v, shard_lib.DynamicEmbeddingShard) or id(v) in seen or id(v) in rank_local:
                 continue
             seen.add(id(v))
             lines.append(
@@ -234,7 +233,7 @@ class _Check(object):
 
     def refresh(self):
         graph = self._graph_ref()
-        value = tensor_util.make_tensor_proto(_fingerprint(config_lines(graph)), tf.int64)
+        value = tf.make_tensor_proto(_fingerprint(config_lines(graph)), tf.int64)
         # The constant was built with the configuration known at the first collective; later builds (optimizer slot
         # columns, more embeddings) update it before the graph runs.
         graph_edits.set_attr(self.fingerprint.op, "value", attr_value_pb2.AttrValue(tensor=value))

@@ -23,14 +23,13 @@ What each piece does:
 """
 
 import tensorflow as tf
-from tensorflow.python.training import basic_session_run_hooks
-from tensorflow.python.util import function_utils
 
 from tensorflow_ext.horovod import _hvd
 from tensorflow_ext.horovod import checkpoint as ckpt_lib
 from tensorflow_ext.horovod import consistency
 from tensorflow_ext.horovod import embedding as hvd_embedding
 from tensorflow_ext.horovod import input as input_lib
+from tensorflow_ext.tf_compat import internals
 
 __all__ = ["export_saved_model", "run_config", "shard_input_fn", "training_hooks"]
 
@@ -123,7 +122,7 @@ def shard_input_fn(input_fn, shard=True):
     Returns:
       An input_fn for `Estimator.train`.
     """
-    wanted = function_utils.fn_args(input_fn)
+    wanted = internals.function_utils.fn_args(input_fn)
 
     def sharded_input_fn(mode, params, config):
         kwargs = {k: v for k, v in (("mode", mode), ("params", params), ("config", config)) if k in wanted}
@@ -189,7 +188,7 @@ class _RankSync(object):
                     "Checkpoints of model-parallel embeddings need a global step "
                     "(tf.compat.v1.train.get_or_create_global_step())"
                 )
-            self._mirror_timer = basic_session_run_hooks.SecondOrStepTimer(every_steps=self._save_steps)
+            self._mirror_timer = tf.compat.v1.train.SecondOrStepTimer(every_steps=self._save_steps)
         self._has_next = input_lib.all_have_next(graph)
 
     def _sync_agree(self, session, when):

@@ -19,9 +19,8 @@ that built different models fail with an error naming what differs instead of ha
 """
 
 import tensorflow as tf
-from tensorflow.python.framework import indexed_slices
 
-from tensorflow_ext.embedding import variable as var_lib
+from tensorflow_ext.embedding import shard as shard_lib
 from tensorflow_ext.horovod import _hvd
 from tensorflow_ext.horovod import allreduce as allreduce_lib
 from tensorflow_ext.horovod import consistency
@@ -29,7 +28,7 @@ from tensorflow_ext.horovod import embedding as hvd_embedding
 
 __all__ = ["DistributedOptimizer"]
 
-_Shard = var_lib.DynamicEmbeddingShard
+_Shard = shard_lib.DynamicEmbeddingShard
 
 
 class _DistributedOptimizer(tf.compat.v1.train.Optimizer):
@@ -82,12 +81,10 @@ class _DistributedOptimizer(tf.compat.v1.train.Optimizer):
 
     def _reduce_dense(self, grad, var):
         hvd = self._hvd
-        if isinstance(grad, indexed_slices.IndexedSlices) and self._sparse_as_dense:
+        if isinstance(grad, tf.IndexedSlices) and self._sparse_as_dense:
             grad = tf.convert_to_tensor(grad)
-        if isinstance(grad, indexed_slices.IndexedSlices):
-            grad = indexed_slices.IndexedSlices(
-                consistency.gate(grad.values), consistency.gate(grad.indices), grad.dense_shape
-            )
+        if isinstance(grad, tf.IndexedSlices):
+            grad = tf.IndexedSlices(consistency.gate(grad.values), consistency.gate(grad.indices), grad.dense_shape)
         else:
             grad = consistency.gate(grad)
         prescale, postscale = self._scale()
@@ -108,7 +105,7 @@ class _DistributedOptimizer(tf.compat.v1.train.Optimizer):
         return 1.0 / self._process_set.size() if self._op == self._hvd.Average else 1.0
 
     def _reduce_shard(self, grad, shard):
-        if not isinstance(grad, indexed_slices.IndexedSlices):
+        if not isinstance(grad, tf.IndexedSlices):
             raise TypeError(
                 "the gradient of dynamic embedding shard %s must be IndexedSlices, got %s"
                 % (shard.name, type(grad).__name__)
@@ -117,7 +114,7 @@ class _DistributedOptimizer(tf.compat.v1.train.Optimizer):
         values = tf.reshape(tf.convert_to_tensor(grad.values), [-1, shard.dim])
         if shard.embedding.distribution is not None:
             # Model-parallel: the lookup's alltoall already brought every rank's gradient of this rank's keys.
-            return indexed_slices.IndexedSlices(values * factor if factor != 1.0 else values, grad.indices)
+            return tf.IndexedSlices(values * factor if factor != 1.0 else values, grad.indices)
         hvd = self._hvd
         name = shard.name.replace("/", "_")
         values = consistency.gate(values)
@@ -129,7 +126,7 @@ class _DistributedOptimizer(tf.compat.v1.train.Optimizer):
         values = hvd.allgather(values, process_set=self._process_set, name="tf_ext_allgather_rows_" + name)
         if factor != 1.0:
             values = values * factor
-        return indexed_slices.IndexedSlices(values, keys)
+        return tf.IndexedSlices(values, keys)
 
     def compute_gradients(self, *args, **kwargs):
         """The wrapped optimizer's gradients, combined across ranks (see the module docstring).
@@ -148,9 +145,7 @@ class _DistributedOptimizer(tf.compat.v1.train.Optimizer):
                     out.append((grad, var))
                 elif isinstance(var, _Shard):
                     out.append((self._reduce_shard(grad, var), var))
-                elif self._config.accelerated and (
-                    self._sparse_as_dense or not isinstance(grad, indexed_slices.IndexedSlices)
-                ):
+                elif self._config.accelerated and (self._sparse_as_dense or not isinstance(grad, tf.IndexedSlices)):
                     fast.append(len(out))
                     out.append((tf.convert_to_tensor(grad), var))
                 else:

@@ -22,10 +22,8 @@ import contextlib
 import threading
 
 import tensorflow as tf
-from tensorflow.python.framework import indexed_slices
-from tensorflow.python.framework import ops as tf_ops
-from tensorflow.python.ops import control_flow_grad
-from tensorflow.python.ops import control_flow_ops
+
+from tensorflow_ext.tf_compat import internals
 
 __all__ = [
     "HALF_DTYPES",
@@ -230,10 +228,10 @@ def _zero_grad_of_other_branch(op, ctxt, taken):
       dense_shape as ``taken``) or a zeros tensor of ``taken``'s static shape;
       None when the shapes needed are not statically known.
     """
-    other = control_flow_ops.switch(op.inputs[0], ctxt.pred)[1 - ctxt.branch]
+    other = internals.control_flow_ops.switch(op.inputs[0], ctxt.pred)[1 - ctxt.branch]
     pivot = tf.identity(other)
     with tf.control_dependencies([pivot]):
-        if isinstance(taken, indexed_slices.IndexedSlices):
+        if isinstance(taken, tf.IndexedSlices):
             dense_shape = _static_dense_shape(taken)
             if taken.dense_shape is not None and dense_shape is None:
                 return None
@@ -242,7 +240,7 @@ def _zero_grad_of_other_branch(op, ctxt, taken):
                 row_shape = tf.TensorShape(dense_shape[1:])
             if not row_shape.is_fully_defined():
                 return None
-            return indexed_slices.IndexedSlices(
+            return tf.IndexedSlices(
                 tf.zeros([0] + row_shape.as_list(), taken.values.dtype),
                 tf.zeros([0], taken.indices.dtype),
                 None if dense_shape is None else tf.constant(dense_shape, taken.dense_shape.dtype),
@@ -276,14 +274,14 @@ def _cond_switch_grad(op, *grads):
       ValueError: for such a resource whose gradient's shape is not
         statically known.
     """
-    ctxt = op._get_control_flow_context()  # pylint: disable=protected-access
+    ctxt = internals.control_flow_context(op)
     if (
-        isinstance(ctxt, control_flow_ops.CondContext)
+        isinstance(ctxt, internals.control_flow_ops.CondContext)
         and op.inputs[0].dtype == tf.resource
         and grads[1 - ctxt.branch] is None
         and grads[ctxt.branch] is not None
-        and op.graph._get_control_flow_context() is None
-    ):  # pylint: disable=protected-access
+        and internals.control_flow_context(op.graph) is None
+    ):
         taken = grads[ctxt.branch]
         zero = _zero_grad_of_other_branch(op, ctxt, taken)
         if zero is None:
@@ -292,12 +290,12 @@ def _cond_switch_grad(op, *grads):
                 "precision tf.cond: the shape of its gradient (%s) is not statically known" % (op.inputs[0].name, taken)
             )
         pair = [zero, taken] if ctxt.branch == 1 else [taken, zero]
-        return control_flow_ops.merge(pair, name="cond_resource_grad")[0], None
-    return control_flow_grad._SwitchGrad(op, *grads)  # pylint: disable=protected-access
+        return internals.control_flow_ops.merge(pair, name="cond_resource_grad")[0], None
+    return internals.switch_grad(op, *grads)
 
 
 try:
-    tf_ops.RegisterGradient(_COND_SWITCH_GRAD)(_cond_switch_grad)
+    tf.RegisterGradient(_COND_SWITCH_GRAD)(_cond_switch_grad)
 except KeyError:  # registered already (module reloaded)
     pass
 

@@ -14,10 +14,10 @@ and the layout and adds the ops.
 
 import numpy as np
 import tensorflow as tf
-from tensorflow.python.ops import lookup_ops
-from tensorflow.python.training.saving import saveable_object
 
 from tensorflow_ext.table import refs
+from tensorflow_ext.tf_compat.internals import lookup_ops
+from tensorflow_ext.tf_compat.internals import saveable_object
 
 __all__ = ["HashTable", "MAX_CAPACITY"]
 

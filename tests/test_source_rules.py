@@ -1,0 +1,363 @@
+"""House rules of the source tree, checked on the AST of every module (no TensorFlow import).
+
+In the manner of tensorflow/addons' source-code test, each rule is a function of the source and has an allowlist of
+today's exceptions, each with a reason: what must happen to remove it, or why it stays. An allowlist entry that no
+longer matches anything fails the test too, so the lists only shrink: remove an entry when its violation is gone.
+
+  1. Layers (tools/import_graph.py LAYERS, bottom to top): a module of the package imports only modules of its own
+     layer or below, whether at module level or inside a function.
+  2. No import cycle among the package's modules: every strongly connected component of the import graph
+     (tools/import_graph.py, tests excluded) is a single module.
+  3. TensorFlow internals are read only in tensorflow_ext/tf_compat/ (internals.py names each read and why no public
+     API serves): elsewhere in the package no ``tensorflow.python`` import and no private member of an object or
+     module that tensorflow_ext does not define (``x._name``, ``getattr(x, "_name")``, ``tf.__internal__``). "Defined
+     by tensorflow_ext" means the name is bound somewhere in the package outside tf_compat (a function, class,
+     module- or class-level name, an attribute assigned on self/cls, a module); a TF private member that happens to
+     share such a name goes unseen. Tests and tools may reach into TensorFlow to check it and are not covered.
+  4. A source file of the package, tools/ or tests/ over MAX_LINES lines has a stated reason.
+
+Run ``python tools/import_graph.py`` to see the graph these rules read.
+"""
+
+import ast
+import collections
+import importlib.util
+import os
+
+import pytest
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+
+
+def _load_import_graph():
+    spec = importlib.util.spec_from_file_location("import_graph", os.path.join(ROOT, "tools", "import_graph.py"))
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+ig = _load_import_graph()
+
+TF_COMPAT = "tensorflow_ext.tf_compat"
+MAX_LINES = 800
+SOURCE_DIRS = ("tensorflow_ext", "tools", "tests")
+SOURCE_SUFFIXES = (".py", ".cc", ".h", ".cu", ".cuh", ".sh", ".bzl")
+
+# Rule 1: {(importer, imported module in a higher layer): reason}.
+LAYER_EXCEPTIONS = {
+    ("tensorflow_ext.examples.ctr", "tensorflow_ext"): "imports the top package only to load the stock-optimizer "
+    "support; importing tensorflow_ext.embedding does that within the layers",
+}
+
+# Rule 2: {module in an import cycle: reason}.
+CYCLE_EXCEPTIONS = {}
+
+# Reasons shared by several rule 3 entries: what replaces the read.
+_OPS = "import ops from tf_compat.internals (ops.colocate_with)"
+_TENSOR_PROTO = "use tf.make_tensor_proto (the same function)"
+_VARIABLE_STORE = "read it through tf_compat.internals.variable_store_has"
+_OBJECT_IDENTITY = "import object_identity from tf_compat.internals"
+
+# Rule 3: {module or (module, target): reason}; a target is a ``tensorflow.python`` module or a private member
+# (``._name``). A module entry covers every target of that module.
+TF_INTERNALS_EXCEPTIONS = {
+    "tensorflow_ext.embedding.optimizers": "reads the stock TF1 optimizers' private hyper-parameter tensors and "
+    "helpers (_learning_rate_tensor, _beta1_t, _get_beta_accumulators, _create_non_slot_variable, ...), and imports "
+    "indexed_slices (use tf.IndexedSlices); TF1 optimizers have no public accessors: to read them through one "
+    "tf_compat.internals accessor",
+    "tensorflow_ext.embedding.optimizer_spec": "reads hyper-parameters the stock TF1 optimizers keep private "
+    "(_initial_accumulator_value, _use_nesterov, _centered, ...): to read them through one tf_compat.internals "
+    "accessor",
+    "tensorflow_ext.examples.ctr": "silences TF's deprecation notices in the example's output through a "
+    "private flag of tensorflow.python.util.deprecation: to go through tf_compat",
+    ("tensorflow_ext.embedding.admission", "tensorflow.python.framework.ops"): _OPS,
+    ("tensorflow_ext.embedding.admission", "tensorflow.python.framework.tensor_util"): _TENSOR_PROTO,
+    ("tensorflow_ext.embedding.creation", "._get_default_variable_store"): _VARIABLE_STORE,
+    ("tensorflow_ext.embedding.creation", "._vars"): _VARIABLE_STORE,
+    ("tensorflow_ext.embedding.creation", "tensorflow.python.ops.variable_scope"): _VARIABLE_STORE,
+    ("tensorflow_ext.embedding.eviction", "tensorflow.python.framework.ops"): _OPS,
+    ("tensorflow_ext.embedding.layout", "tensorflow.python.framework.ops"): _OPS,
+    ("tensorflow_ext.embedding.lookup", "tensorflow.python.framework.ops"): _OPS,
+    ("tensorflow_ext.embedding.shard", "tensorflow.python.util.object_identity"): _OBJECT_IDENTITY,
+    ("tensorflow_ext.embedding.variable", "tensorflow.python.framework.ops"): _OPS,
+}
+
+# Rule 4: {path relative to the repository root: reason}.
+LONG_FILE_EXCEPTIONS = {
+    "tensorflow_ext/table/core/hash_table.cc": "the table core's implementation behind hash_table.h (slabs, "
+    "prefaulting, shards, growth, batch operations) in one translation unit, so that HashTable::Impl and its "
+    "helpers stay file-local; the contract and design are in hash_table.h",
+    "tensorflow_ext/table/core/hash_table_test.cc": "the table core's unit tests, one file that g++ alone builds "
+    "and runs without TensorFlow or a test framework (see its header)",
+    "tensorflow_ext/table/gpu/bucket_table.h": "the CUDA table's contract and the per-key code written once for "
+    "the device and for the host emulation: both compile this one header",
+    "tensorflow_ext/embedding/kernels/embedding_kernels.cc": "the CPU kernels of the lookup op family (dense, ids, "
+    "multi-table, sparse and their gradients) sharing LookupBase and the row initializer; to split by op family "
+    "if it grows",
+    "tensorflow_ext/embedding/tests/test_embedding_kernels.py": "tests of every embedding kernel against TF's own "
+    "kernels, sharing one set of reference helpers; to split by op if it grows",
+    "tensorflow_ext/examples/ctr.py": "to become the package examples/ctr/ (flags, data, model, train, days)",
+    "tensorflow_ext/tfra.py": "TFRA's dynamic_embedding API on tensorflow_ext in one module, as users port it by "
+    "changing the import (Variable, get_variable, restrict policies, the TFRA-only members of DynamicEmbedding); "
+    "to split the Variable wrapper out if it grows",
+    "tools/bench_ctr.py": "to split into speed and quality scripts that share their variant classes",
+}
+
+
+# ------------------------------------------------------------------------------------------------ the detectors
+
+
+def _is_private(name):
+    return name == "__internal__" or (name.startswith("_") and not (name.startswith("__") and name.endswith("__")))
+
+
+def names_defined(trees):
+    """Every name bound in the given module ASTs: functions, classes, module- and class-level names, attributes
+    assigned on self/cls."""
+    defined = set()
+
+    def visit(node, in_function):
+        for child in ast.iter_child_nodes(node):
+            if isinstance(child, (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef)):
+                defined.add(child.name)
+                visit(child, not isinstance(child, ast.ClassDef))
+                continue
+            if isinstance(child, ast.Name) and isinstance(child.ctx, ast.Store) and not in_function:
+                defined.add(child.id)
+            elif (
+                isinstance(child, ast.Attribute)
+                and isinstance(child.ctx, ast.Store)
+                and isinstance(child.value, ast.Name)
+                and child.value.id in ("self", "cls")
+            ):
+                defined.add(child.attr)
+            visit(child, in_function)
+
+    for tree in trees:
+        visit(tree, False)
+    return defined
+
+
+def foreign_private_members(tree, defined):
+    """[(lineno, "._name")] for each private member read or written in tree whose name is not in defined."""
+    found = []
+    for node in ast.walk(tree):
+        name = None
+        if isinstance(node, ast.Attribute):
+            name = node.attr
+        elif (
+            isinstance(node, ast.Call)
+            and isinstance(node.func, ast.Name)
+            and node.func.id in ("getattr", "setattr", "hasattr", "delattr")
+            and len(node.args) > 1
+            and isinstance(node.args[1], ast.Constant)
+            and isinstance(node.args[1].value, str)
+        ):
+            name = node.args[1].value
+        if name is not None and _is_private(name) and name not in defined:
+            found.append((node.lineno, "." + name))
+    return found
+
+
+def _parse(path):
+    with open(os.path.join(ROOT, path), encoding="utf-8") as f:
+        return ast.parse(f.read(), filename=path)
+
+
+def _outside_tf_compat(module):
+    return module != TF_COMPAT and not module.startswith(TF_COMPAT + ".")
+
+
+@pytest.fixture(scope="module")
+def graph():
+    return ig.build(ROOT)
+
+
+def tf_internals_uses(graph):
+    """{(module, target): first line} of every ``tensorflow.python`` import and foreign private member outside
+    tf_compat."""
+    trees = {m: _parse(p) for m, p in graph.modules.items()}
+    ours = {m.rpartition(".")[2] for m in graph.modules} | names_defined(
+        t for m, t in trees.items() if _outside_tf_compat(m)
+    )
+    uses = {}
+    for imp in graph.external:
+        if _outside_tf_compat(imp.importer) and (
+            imp.target == "tensorflow.python" or imp.target.startswith("tensorflow.python.")
+        ):
+            uses.setdefault((imp.importer, imp.target), imp.lineno)
+    for module, tree in trees.items():
+        if _outside_tf_compat(module):
+            for lineno, member in foreign_private_members(tree, ours):
+                uses.setdefault((module, member), lineno)
+    return uses
+
+
+def _check(kind, found, exceptions, covers):
+    """Fails on a violation no exception covers, and on an exception that covers no violation."""
+    uncovered = sorted(v for v in found if not any(covers(e, v) for e in exceptions))
+    stale = sorted((e for e in exceptions if not any(covers(e, v) for v in found)), key=str)
+    problems = []
+    if uncovered:
+        problems.append(
+            "%s:\n    %s" % (kind, "\n    ".join(found[v] if isinstance(found, dict) else str(v) for v in uncovered))
+        )
+    if stale:
+        problems.append(
+            "allowlist entries that no longer match anything (remove them):\n    %s" % "\n    ".join(map(str, stale))
+        )
+    assert not problems, "\n".join(problems)
+
+
+# ------------------------------------------------------------------------------------------------ the rules
+
+
+def test_layers(graph):
+    found = {}
+    for imp in ig.upward_imports(graph):
+        found.setdefault(
+            (imp.importer, imp.target),
+            "%s:%d imports %s (%s imports %s)"
+            % (
+                graph.modules[imp.importer],
+                imp.lineno,
+                imp.target,
+                ig.LAYERS[ig.layer_of(imp.importer)][0],
+                ig.LAYERS[ig.layer_of(imp.target)][0],
+            ),
+        )
+    _check("imports of a higher layer", found, LAYER_EXCEPTIONS, lambda e, v: e == v)
+
+
+def test_no_import_cycles(graph):
+    components = ig.strongly_connected_components(graph.edges())
+    found = {m: "%s (in a cycle of %d: %s)" % (m, len(c), ", ".join(c)) for c in components for m in c}
+    _check("modules in an import cycle", found, CYCLE_EXCEPTIONS, lambda e, v: e == v)
+
+
+def test_tf_internals_only_in_tf_compat(graph):
+    found = {
+        (module, target): "%s:%d %s" % (graph.modules[module], lineno, target)
+        for (module, target), lineno in tf_internals_uses(graph).items()
+    }
+    _check(
+        "TensorFlow internals outside tensorflow_ext/tf_compat (read them through tf_compat.internals)",
+        found,
+        TF_INTERNALS_EXCEPTIONS,
+        lambda e, v: e == v or e == v[0],
+    )
+
+
+def _source_files():
+    for top in SOURCE_DIRS:
+        for dirpath, dirnames, filenames in os.walk(os.path.join(ROOT, top)):
+            dirnames[:] = sorted(d for d in dirnames if not d.startswith((".", "__", "bazel-")))
+            for filename in sorted(filenames):
+                if filename.endswith(SOURCE_SUFFIXES):
+                    yield os.path.relpath(os.path.join(dirpath, filename), ROOT)
+
+
+def test_long_files_have_a_reason():
+    found = {}
+    for path in _source_files():
+        with open(os.path.join(ROOT, path), encoding="utf-8", errors="replace") as f:
+            lines = sum(1 for _ in f)
+        if lines > MAX_LINES:
+            found[path] = "%s: %d lines" % (path, lines)
+    _check("files over %d lines without a stated reason" % MAX_LINES, found, LONG_FILE_EXCEPTIONS, lambda e, v: e == v)
+
+
+def test_allowlist_entries_have_reasons():
+    for exceptions in (LAYER_EXCEPTIONS, CYCLE_EXCEPTIONS, TF_INTERNALS_EXCEPTIONS, LONG_FILE_EXCEPTIONS):
+        for entry, reason in exceptions.items():
+            assert isinstance(reason, str) and len(reason.split()) >= 3, "give %r a reason" % (entry,)
+
+
+# -------------------------------------------------------------------------------------------- the detectors' own tests
+
+
+def _graph_of(tmp_path, files):
+    for rel, text in files.items():
+        path = tmp_path / rel
+        path.parent.mkdir(parents=True, exist_ok=True)
+        path.write_text(text)
+    return ig.build(str(tmp_path))
+
+
+def test_import_graph_reads_every_kind_of_import(tmp_path):
+    g = _graph_of(
+        tmp_path,
+        {
+            "tensorflow_ext/__init__.py": "",
+            "tensorflow_ext/errors.py": "",
+            "tensorflow_ext/table/__init__.py": "from . import table_ops\n",
+            "tensorflow_ext/table/table_ops.py": "from ..errors import TfExtError\n",
+            "tensorflow_ext/embedding/__init__.py": "",
+            "tensorflow_ext/embedding/variable.py": (
+                "import importlib\n"
+                "from tensorflow_ext import table\n"
+                "from tensorflow_ext.table import HashTable\n"
+                "from tensorflow.python.framework import ops\n"
+                "def f():\n"
+                "    from tensorflow_ext import tfra\n"
+                "    importlib.import_module('tensorflow_ext.embedding')\n"
+            ),
+            "tensorflow_ext/embedding/tests/test_x.py": "import tensorflow_ext.tfra\n",
+            "tensorflow_ext/tfra.py": "from .embedding import variable\n",
+        },
+    )
+    assert "tensorflow_ext.embedding.tests.test_x" not in g.modules
+    edges = g.edges()
+    assert edges["tensorflow_ext.table"] == {"tensorflow_ext.table.table_ops"}
+    assert edges["tensorflow_ext.table.table_ops"] == {"tensorflow_ext.errors"}
+    assert edges["tensorflow_ext.embedding.variable"] == {
+        "tensorflow_ext.table",
+        "tensorflow_ext.tfra",
+        "tensorflow_ext.embedding",
+    }
+    in_function = {i.target for i in g.internal if i.in_function}
+    assert in_function == {"tensorflow_ext.tfra", "tensorflow_ext.embedding"}
+    assert [i.target for i in g.external if i.target.startswith("tensorflow.")] == ["tensorflow.python.framework.ops"]
+    assert {(i.importer, i.target) for i in ig.upward_imports(g)} == {
+        ("tensorflow_ext.embedding.variable", "tensorflow_ext.tfra")
+    }
+    assert ig.strongly_connected_components(edges) == [["tensorflow_ext.embedding.variable", "tensorflow_ext.tfra"]]
+
+
+def test_strongly_connected_components():
+    edges = {"a": {"b"}, "b": {"c"}, "c": {"a", "d"}, "d": set(), "e": {"e"}, "f": {"d"}}
+    assert ig.strongly_connected_components(edges) == [["a", "b", "c"], ["e"]]
+
+
+def test_every_module_has_a_layer(graph):
+    for module in graph.modules:
+        ig.layer_of(module)
+    assert ig.LAYERS[ig.layer_of("tensorflow_ext")][0] == "top"
+    assert ig.layer_of("tensorflow_ext.embedding.variable") > ig.layer_of("tensorflow_ext.table.table_ops")
+
+
+def test_private_member_detector():
+    ours = ast.parse(
+        "class A:\n"
+        "    _kind = 1\n"
+        "    def __init__(self):\n"
+        "        self._rows = 0\n"
+        "    def _grow(self):\n"
+        "        _local = 2\n"
+    )
+    defined = names_defined([ours])
+    assert {"_kind", "_rows", "_grow"} <= defined and "_local" not in defined
+    code = ast.parse(
+        "a._rows + a._grow()\n"
+        "op._set_attr('x', v)\n"
+        "getattr(store, '_vars', {})\n"
+        "tf.__internal__.x\n"
+        "x.__class__, x.public\n"
+        "a._local\n"
+    )
+    assert sorted(m for _, m in foreign_private_members(code, defined)) == [
+        ".__internal__",
+        "._local",
+        "._set_attr",
+        "._vars",
+    ]

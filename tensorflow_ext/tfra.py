@@ -28,7 +28,6 @@ import numpy as np
 import tensorflow as tf
 
 from tensorflow_ext import errors as _errors
-from tensorflow_ext.embedding import _ops
 from tensorflow_ext.embedding import creation as _creation
 from tensorflow_ext.embedding import eviction as _eviction
 from tensorflow_ext.embedding import keys as _keys
@@ -677,10 +676,7 @@ def _lookup_method(emb):
             missing_row = tf.constant(emb.initializer.missing_row(emb.dim), tf.float32)
             for shard, part in zip(emb.shards, parts):
                 with tf.compat.v1.colocate_with(shard.handle):
-                    if shard.frozen:
-                        v, f = _ops.op("tf_ext_frozen_table_find")(shard.handle, part, missing_row, dim=emb.dim)
-                    else:
-                        v, f = _ops.op("tf_ext_table_find")(shard.handle, part, missing_row, col_begin=0, cols=emb.dim)
+                    v, f = shard.table.find(part, missing_row)
                 rows.append(v)
                 found.append(f)
             if positions is None:
@@ -737,7 +733,7 @@ def _clear(emb):
             ops = []
             for shard in emb.shards:
                 with tf.compat.v1.colocate_with(shard.handle):
-                    ops.append(_ops.op("tf_ext_table_clear")(shard.handle))
+                    ops.append(shard.table.clear())
             return tf.group(*ops)
 
     return clear

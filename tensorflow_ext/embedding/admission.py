@@ -59,9 +59,9 @@ from tensorflow.core.framework import attr_value_pb2
 from tensorflow.python.framework import ops as tf_ops
 from tensorflow.python.framework import tensor_util
 
-from tensorflow_ext.embedding import _ops
 from tensorflow_ext.embedding.checkpoint import policy_state
 from tensorflow_ext.embedding.keys import HashPartition
+from tensorflow_ext.table.table_ops import HashTable
 from tensorflow_ext.tf_compat import graph_edits
 
 __all__ = ["BloomAdmission", "CountAdmission", "admitted_lookup"]
@@ -266,8 +266,6 @@ class CountAdmission(Admission):
         return "CountAdmission(min_count=%d%s)" % (self.min_count, self._default_repr())
 
     def _build(self, emb):
-        from tensorflow_ext.table.table_ops import HashTable  # pylint: disable=import-outside-toplevel
-
         # Saved under the embedding's name as `<embedding>/admission_counts-*`. The table's handle op has that very
         # name: a MetaGraph records SAVEABLE_OBJECTS by name, and importing it (a SavedModel load,
         # import_meta_graph) looks the name up as a graph element.
@@ -426,13 +424,7 @@ def _has_row(emb, keys):
     found = []
     for shard, part in zip(emb.shards, parts):
         with tf_ops.colocate_with(shard.handle):
-            if shard.frozen:  # a read-only serving table (tf_ext.serving.freeze_for_serving)
-                _, f = _ops.op("tf_ext_frozen_table_find")(
-                    shard.handle, part, tf.zeros([shard.dim], tf.float32), dim=shard.dim
-                )
-            else:
-                _, f = _ops.op("tf_ext_table_find")(shard.handle, part, tf.constant(0.0), col_begin=0, cols=1)
-        found.append(f)
+            found.append(shard.table.contains(part))
     return found[0] if positions is None else tf.dynamic_stitch(positions, found)
 
 

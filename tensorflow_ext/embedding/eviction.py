@@ -47,7 +47,6 @@ import numpy as np
 import tensorflow as tf
 from tensorflow.python.framework import ops as tf_ops
 
-from tensorflow_ext.embedding import _ops
 from tensorflow_ext.embedding.checkpoint import policy_state
 from tensorflow_ext.embedding import state as state_lib
 
@@ -223,12 +222,12 @@ class EvictionPolicy(object):
         with tf_ops.colocate_with(shard.handle):
             if self.steps_to_live is not None or self.min_frequency is not None:
                 min_version, min_freq = self._min_version_and_frequency(global_step)
-                removed.append(_ops.op("tf_ext_table_evict")(shard.handle, min_version, min_freq))
+                removed.append(shard.table.evict(min_version, min_freq))
             if self.min_l2_norm is not None:
                 with tf.control_dependencies(removed):
-                    keys, values, _, _ = _ops.op("tf_ext_table_export")(shard.handle, col_begin=0, cols=shard.dim)
+                    keys, values, _, _ = shard.table.export()
                 weak = tf.norm(values, axis=1) < tf.constant(self.min_l2_norm, tf.float32)
-                removed.append(_ops.op("tf_ext_table_remove")(shard.handle, tf.boolean_mask(keys, weak)))
+                removed.append(shard.table.remove(tf.boolean_mask(keys, weak)))
         if not removed:
             return tf.constant(0, tf.int64)
         return tf.add_n(removed)
@@ -313,7 +312,7 @@ def _export_keys_and_versions(shard, survives=None):
     """The shard's keys and versions; with `survives`, only those of the rows it keeps."""
     with tf_ops.colocate_with(shard.handle):
         cols = 1 if survives is None else shard.dim
-        keys, values, versions, freqs = _ops.op("tf_ext_table_export")(shard.handle, col_begin=0, cols=cols)
+        keys, values, versions, freqs = shard.table.export(cols=cols)
         if survives is not None:
             kept = survives(values, versions, freqs)
             keys, versions = tf.boolean_mask(keys, kept), tf.boolean_mask(versions, kept)
@@ -332,7 +331,7 @@ def _remove_beyond_capacity(emb, capacity, targets, survives=None):
     sizes = []
     for shard in emb.shards:
         with tf_ops.colocate_with(shard.handle):
-            sizes.append(_ops.op("tf_ext_table_size")(shard.handle))
+            sizes.append(shard.table.size())
     total = tf.add_n(sizes) if len(sizes) > 1 else sizes[0]
 
     def remove():
@@ -372,7 +371,7 @@ def _remove_beyond_capacity(emb, capacity, targets, survives=None):
                         shard_versions > v, tf.logical_and(tf.equal(shard_versions, v), shard_keys >= k_min)
                     )
                     drop = tf.boolean_mask(shard_keys, tf.logical_not(keep))
-                removed.append(_ops.op("tf_ext_table_remove")(shard.handle, drop))
+                removed.append(shard.table.remove(drop))
         return tf.add_n(removed) if len(removed) > 1 else removed[0]
 
     return tf.cond(total > cap, remove, lambda: tf.constant(0, tf.int64))

@@ -24,7 +24,6 @@ import tensorflow as tf
 from tensorflow.python.framework import ops as tf_ops
 
 from tensorflow_ext import tf_compat
-from tensorflow_ext.embedding import _ops
 from tensorflow_ext.embedding import state as state_lib
 from tensorflow_ext.embedding.checkpoint import save as save_lib
 from tensorflow_ext.embedding.shard import DynamicEmbeddingShard
@@ -322,8 +321,7 @@ class DynamicEmbedding(object):
             sizes = []
             for shard in shards:
                 with tf_ops.colocate_with(shard.handle):
-                    size_op = "tf_ext_frozen_table_size" if shard.frozen else "tf_ext_table_size"
-                    sizes.append(_ops.op(size_op)(shard.handle))
+                    sizes.append(shard.table.size())
             return tf.add_n(sizes) if len(sizes) > 1 else tf.identity(sizes[0])
 
     def memory_bytes(self, name=None):
@@ -344,8 +342,7 @@ class DynamicEmbedding(object):
             parts = []
             for shard in self._shards:
                 with tf_ops.colocate_with(shard.handle):
-                    bytes_op = "tf_ext_frozen_table_memory_bytes" if shard.frozen else "tf_ext_table_memory_bytes"
-                    parts.append(_ops.op(bytes_op)(shard.handle))
+                    parts.append(shard.table.memory_bytes())
             return tf.add_n(parts) if len(parts) > 1 else tf.identity(parts[0])
 
     def export(self, with_slots=False, name=None):
@@ -424,12 +421,8 @@ class DynamicEmbedding(object):
             for shard, part in zip(self._shards, parts):
                 shard_col = shard.slot_group(optimizer).column(slot_name)
                 with tf_ops.colocate_with(shard.handle):
-                    values, _ = _ops.op("tf_ext_table_find")(
-                        shard.handle,
-                        part,
-                        tf.fill([self.dim], tf.constant(default, tf.float32)),
-                        col_begin=shard_col,
-                        cols=self.dim,
+                    values, _ = shard.table.find(
+                        part, tf.fill([self.dim], tf.constant(default, tf.float32)), col_begin=shard_col, cols=self.dim
                     )
                 outs.append(values)
             rows = outs[0] if positions is None else tf.dynamic_stitch(positions, outs)
@@ -505,11 +498,7 @@ class DynamicEmbedding(object):
             ops = []
             for shard, k, v in zip(self._shards, parts, vparts):
                 with tf_ops.colocate_with(shard.handle):
-                    ops.append(
-                        _ops.op("tf_ext_table_insert")(
-                            shard.handle, k, v, tf.constant(-1, tf.int64), col_begin=0, cols=self.dim, count=False
-                        )
-                    )
+                    ops.append(shard.table.insert(k, v, tf.constant(-1, tf.int64), count=False))
             return tf.group(*ops)
 
     def remove(self, ids, name=None):
@@ -532,22 +521,13 @@ class DynamicEmbedding(object):
             counts = []
             for shard, k in zip(self._shards, parts):
                 with tf_ops.colocate_with(shard.handle):
-                    counts.append(_ops.op("tf_ext_table_remove")(shard.handle, k))
+                    counts.append(shard.table.remove(k))
             return tf.add_n(counts)
 
 
 def _export_shard(shard, with_slots):
+    # A frozen table holds the embedding only: its export has no slots, and zeros as versions and frequencies.
     with tf_ops.colocate_with(shard.handle):
-        if shard.frozen:
-            # A frozen table holds the embedding only: no slots, versions or frequencies (zeros here).
-            keys, values = _ops.op("tf_ext_frozen_table_export")(shard.handle, dim=shard.dim)
-            zeros = tf.zeros_like(keys)
-            return ExportedEmbedding(keys, values, tf.zeros(tf.stack([tf.size(keys), 0]), tf.float32), zeros, zeros)
         if with_slots:
             shard.freeze_layout("export(with_slots=True)")
-            keys, rows, versions, freqs = _ops.op("tf_ext_table_export")(shard.handle, col_begin=0, cols=shard.width)
-            values = rows[:, : shard.dim]
-            slots = rows[:, shard.dim :]
-            return ExportedEmbedding(keys, values, slots, versions, freqs)
-        keys, values, versions, freqs = _ops.op("tf_ext_table_export")(shard.handle, col_begin=0, cols=shard.dim)
-        return ExportedEmbedding(keys, values, tf.zeros(tf.stack([tf.size(keys), 0]), tf.float32), versions, freqs)
+        return ExportedEmbedding(*shard.table.export_split(full_rows=with_slots))

@@ -25,11 +25,12 @@ TensorFlow it was not written for.
 """
 
 import importlib
+import os
 import sys
+import threading
 import weakref
 
 import tensorflow as tf
-import threading
 
 from tensorflow_ext import errors
 from tensorflow_ext import version as _version
@@ -166,6 +167,9 @@ class Patch(object):
                 replacement.__doc__ = getattr(self.original, "__doc__", None)
             except AttributeError:
                 pass
+        code = getattr(replacement, "__code__", None)
+        if code is not None:
+            _REPLACEMENT_FRAMES.add((os.path.abspath(code.co_filename), code.co_name))
         setattr(owner, self.attr, replacement)
         self.installed = True
 
@@ -181,6 +185,9 @@ class Patch(object):
 _lock = threading.RLock()
 _PATCHES = {}
 _TAG = "_tf_ext_patch"  # attribute naming the patch on each replacement function
+# (file, function name) of each installed replacement function: a frame of TF's call passing through a patch, not
+# of tensorflow_ext building something of its own (see _built_by_tf_ext).
+_REPLACEMENT_FRAMES = set()
 
 
 def register(name, module, owner, attr, why, test, tf_versions=None):
@@ -522,21 +529,23 @@ def _make_session_run(original):
 # ---- restore errors raised by tensorflow_ext's own checks -------------------------------------------------------
 
 # The tensorflow_ext package directory (this file is tensorflow_ext/tf_compat/__init__.py).
-_PACKAGE_DIR = __import__("os").path.dirname(__import__("os").path.dirname(__import__("os").path.abspath(__file__)))
+_PACKAGE_DIR = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 _TF_DIRS = tuple(
-    __import__("os").path.dirname(__import__("os").path.abspath(m.__file__))
+    os.path.dirname(os.path.abspath(m.__file__))
     for m in (tf, sys.modules.get("tensorflow.python"), sys.modules.get("keras"))
     if m is not None and getattr(m, "__file__", None)
 )
 
 
 def _built_by_tf_ext(op):
-    """True if the innermost frame outside TensorFlow that created `op` is tensorflow_ext's (not its tests)."""
-    import os  # pylint: disable=import-outside-toplevel
+    """True if the innermost frame outside TensorFlow that created `op` is tensorflow_ext's (not its tests).
 
+    A patch's replacement function that TF's own call passes through (the Saver's restore build, say) is not
+    tensorflow_ext building the op: its frames are skipped like TensorFlow's.
+    """
     for frame in reversed(list(getattr(op, "traceback", None) or [])):
         path = os.path.abspath(frame.filename)
-        if path.startswith(_TF_DIRS):
+        if path.startswith(_TF_DIRS) or (path, frame.name) in _REPLACEMENT_FRAMES:
             continue
         return path.startswith(_PACKAGE_DIR + os.sep) and os.sep + "tests" + os.sep not in path[len(_PACKAGE_DIR) :]
     return False

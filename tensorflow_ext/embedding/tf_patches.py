@@ -18,10 +18,12 @@ import tensorflow as tf
 
 from tensorflow_ext import tf_compat
 from tensorflow_ext.embedding import optimizers
-from tensorflow_ext.embedding.checkpoint import policy_state
+from tensorflow_ext.embedding import shard as shard_lib
 from tensorflow_ext.embedding import shard_lookups
 from tensorflow_ext.embedding import variable
+from tensorflow_ext.embedding.checkpoint import policy_state
 from tensorflow_ext.embedding.checkpoint import warm_start
+from tensorflow_ext.embedding.layout import DynamicEmbeddingSlot
 
 __all__ = ["install"]
 
@@ -75,7 +77,7 @@ def install():
 
 
 def _is_shard(value):
-    return isinstance(value, variable.DynamicEmbeddingShard)
+    return isinstance(value, shard_lib.DynamicEmbeddingShard)
 
 
 def _is_embedding(value):
@@ -102,7 +104,7 @@ def _make_get_slot(original):
         if _is_shard(var):
             group = var.slot_group(self)
             if group is not None and name in group.slot_names:
-                return variable.DynamicEmbeddingSlot(var, self, name)
+                return DynamicEmbeddingSlot(var, self, name)
             return None
         return original(self, var, name)
 

@@ -356,11 +356,11 @@ def test_apply_gradients_keeps_per_call_state_per_call(monkeypatch):
     import threading  # pylint: disable=import-outside-toplevel
 
     from tensorflow_ext.embedding import shard_lookups  # pylint: disable=import-outside-toplevel
-    from tensorflow_ext.embedding import variable  # pylint: disable=import-outside-toplevel
+    from tensorflow_ext.embedding.shard import DynamicEmbeddingShard  # pylint: disable=import-outside-toplevel
 
     opt = tf.compat.v1.train.AdamOptimizer(0.1)
     a_inside, b_done = threading.Event(), threading.Event()
-    real_add = variable.DynamicEmbeddingShard.add_slot_columns
+    real_add = DynamicEmbeddingShard.add_slot_columns
 
     def held_add(shard, optimizer, names, inits):
         if shard.embedding.name == "a":
@@ -368,7 +368,7 @@ def test_apply_gradients_keeps_per_call_state_per_call(monkeypatch):
             assert b_done.wait(120), "the other graph was not built"
         return real_add(shard, optimizer, names, inits)
 
-    monkeypatch.setattr(variable.DynamicEmbeddingShard, "add_slot_columns", held_add)
+    monkeypatch.setattr(DynamicEmbeddingShard, "add_slot_columns", held_add)
     built, failures = {}, []
 
     def build(name, wait_for=None, done=None):

@@ -20,10 +20,11 @@ dynamic embedding); the number of ranks may change.
 import weakref
 
 import tensorflow as tf
-from tensorflow.python.framework import ops as tf_ops
 
+from tensorflow_ext.embedding.checkpoint import restore as restore_lib
 from tensorflow_ext.embedding.checkpoint import save as save_lib
 from tensorflow_ext.horovod import _hvd
+from tensorflow_ext.tf_compat import internals
 
 __all__ = ["ModelParallelShardSaveable", "gather_op", "model_parallel_saveables"]
 
@@ -59,7 +60,7 @@ class ModelParallelShardSaveable(save_lib.ShardSaveable):
         shard = self._shard
         hvd = _hvd.require_horovod()
         tag = shard.name.replace("/", "_")
-        with tf.control_dependencies(None), tf_ops.colocate_with(shard.handle, ignore_existing=True):
+        with tf.control_dependencies(None), internals.ops.colocate_with(shard.handle, ignore_existing=True):
             with tf.name_scope(tag + "_gather_for_checkpoint"):
                 keys, rows, versions, freqs = shard.table.export(full_rows=True)
                 # Two collectives per shard: the int64 columns together, the float rows (embedding and slots) together.
@@ -107,19 +108,11 @@ def model_parallel_saveables(graph=None):
     ]
 
 
-def use_model_parallel_saveables(emb, distribution):
-    """Replaces the shard saveables of `emb` (in its shards and in SAVEABLE_OBJECTS) by model-parallel ones."""
-    graph = emb.graph
-    saveables = graph.get_collection_ref(tf.compat.v1.GraphKeys.SAVEABLE_OBJECTS)
-    for shard in emb.shards:
-        old = shard.saveable
-        if isinstance(old, ModelParallelShardSaveable):
-            continue
-        new = ModelParallelShardSaveable(shard, old.restores, distribution)
-        shard._saveable = new  # pylint: disable=protected-access
-        for i, s in enumerate(saveables):
-            if s is old:
-                saveables[i] = new
+def model_parallel_shard_saveables(shards, distribution):
+    """The saveables of a model-parallel embedding's shards (its `ModelParallel.shard_saveables`), sharing one
+    `SaverRestores` as a single-process embedding's do."""
+    restores = restore_lib.SaverRestores()
+    return [ModelParallelShardSaveable(shard, restores, distribution) for shard in shards]
 
 
 def gather_op(graph=None):

@@ -40,10 +40,10 @@ import uuid
 import weakref
 
 import tensorflow as tf
-from tensorflow.python.framework import ops as tf_ops
 
 from tensorflow_ext.embedding import state as state_lib
 from tensorflow_ext.embedding.checkpoint import format as ckpt_format
+from tensorflow_ext.tf_compat import internals
 from tensorflow_ext.utils import loader
 
 __all__ = ["DeltaCheckpointSaverListener", "delta_checkpoints"]
@@ -56,7 +56,7 @@ class _DeltaState(object):
     """The per-graph inputs of the save tensors: the step rows must have reached (-1: a full save) and the record."""
 
     def __init__(self, graph):
-        with graph.as_default(), tf_ops.init_scope(), tf.name_scope("tf_ext_delta_checkpoint/"):
+        with graph.as_default(), internals.ops.init_scope(), tf.name_scope("tf_ext_delta_checkpoint/"):
             # Not in any collection: not saved, not initialized by the usual ops; before_save assigns both.
             self.since = tf.compat.v1.Variable(
                 tf.constant(-1, tf.int64), trainable=False, collections=[], name="since_step", use_resource=True
@@ -123,11 +123,11 @@ def _decision(state, shard):
         shards = _delta_shards(graph)
         if all(s.handle.name != shard.handle.name for s in shards):
             shards.append(shard)
-        with graph.as_default(), tf_ops.init_scope(), tf.name_scope("tf_ext_delta_checkpoint/"):
+        with graph.as_default(), internals.ops.init_scope(), tf.name_scope("tf_ext_delta_checkpoint/"):
             since = tf.identity(state.since.read_value())
             logs, flags = {}, []
             for s in shards:
-                with tf_ops.colocate_with(s.handle, ignore_existing=True):
+                with internals.ops.colocate_with(s.handle, ignore_existing=True):
                     removed, enabled, untracked, overflow = s.table.change_log()
                     flags.append(tf.logical_and(enabled, tf.logical_not(tf.logical_or(untracked, overflow))))
                     logs[s.handle.name] = removed
@@ -137,7 +137,7 @@ def _decision(state, shard):
             out = {}
             for s in shards:
                 removed = logs[s.handle.name]
-                with tf_ops.colocate_with(s.handle, ignore_existing=True):
+                with internals.ops.colocate_with(s.handle, ignore_existing=True):
                     out[s.handle.name] = (removed[: tf.where(is_delta, tf.size(removed), 0)], effective_since)
             record = tf.where(is_delta, state.record.read_value(), state.full_record.read_value())
         state.decision = (record, out)
@@ -155,7 +155,7 @@ def save_tensors(shard, state):
       keys logged as removed.
     """
     removed, since, record = _decision(state, shard)
-    with tf_ops.colocate_with(shard.handle, ignore_existing=True):
+    with internals.ops.colocate_with(shard.handle, ignore_existing=True):
         keys, rows, versions, freqs = shard.table.export_since(since, full_rows=True)
         record = tf.identity(record)
     return keys, rows, versions, freqs, removed, record
@@ -180,7 +180,7 @@ def restore_rows(name, prefix, restore_op, rows, with_slots=True):
       (keys, values, slots, versions, freqs).
     """
     keys, values, slots, versions, freqs = rows
-    with tf_ops.colocate_with(restore_op, ignore_existing=True):
+    with internals.ops.colocate_with(restore_op, ignore_existing=True):
         return tuple(
             loader.load_ops().tf_ext_checkpoint_restore_rows(
                 prefix,
@@ -252,10 +252,10 @@ class DeltaCheckpointSaverListener(tf.compat.v1.train.CheckpointSaverListener):
         self._reset()
         self._state = _install(graph)
         self._shards = [s for emb in state_lib.get_dynamic_embeddings(graph) for s in emb.shards]
-        with graph.as_default(), tf_ops.init_scope(), tf.name_scope("tf_ext_delta_checkpoint/"):
+        with graph.as_default(), internals.ops.init_scope(), tf.name_scope("tf_ext_delta_checkpoint/"):
             starts, flags, commits = [], [], []
             for shard in self._shards:
-                with tf_ops.colocate_with(shard.handle, ignore_existing=True):
+                with internals.ops.colocate_with(shard.handle, ignore_existing=True):
                     starts.append(shard.table.change_log_start(tf.constant(self._max_removed_keys, tf.int64)))
                     _, enabled, untracked, overflow = shard.table.change_log(read_keys=False)
                     flags.append(tf.logical_and(enabled, tf.logical_not(tf.logical_or(untracked, overflow))))
@@ -388,7 +388,9 @@ class DeltaCheckpointSaverListener(tf.compat.v1.train.CheckpointSaverListener):
             rescued = [p for p in doomed if p in needed]
             if rescued:
                 # pylint: disable=protected-access
-                saver.set_last_checkpoints_with_time([(p, t) for p, t in saver._last_checkpoints if p not in rescued])
+                saver.set_last_checkpoints_with_time(
+                    [(p, t) for p, t in internals.saver_checkpoints_with_time(saver) if p not in rescued]
+                )
                 self._kept_for_deltas.update(rescued)
         # The record names the files this listener manages besides the listed checkpoints, so that a run killed
         # between the save and after_save's clean-up has them deleted by the next run.

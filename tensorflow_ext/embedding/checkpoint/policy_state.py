@@ -26,17 +26,16 @@ TensorFlow does.
 import sys
 
 import tensorflow as tf
-from tensorflow.python.framework import ops as tf_ops
-from tensorflow.python.training.saving import saveable_object
 
 from tensorflow_ext.embedding import export_mode
 from tensorflow_ext.embedding.checkpoint import restore as restore_lib
+from tensorflow_ext.tf_compat import internals
 from tensorflow_ext.utils import loader
 
 __all__ = ["PolicyStateSaveable", "claimed_variables"]
 
 
-class PolicyStateSaveable(saveable_object.SaveableObject):
+class PolicyStateSaveable(internals.saveable_object.SaveableObject):
     """Saves some state of an embedding's admission or eviction policy; its restore tolerates a checkpoint without it.
 
     Either one variable (`variable`, saved under its own name, started from its initial value when absent) or a
@@ -70,10 +69,12 @@ class PolicyStateSaveable(saveable_object.SaveableObject):
             if table is not None:
                 keys, values, versions, freqs = table.export(full_rows=True)
                 tensors = [(keys, "-keys"), (values, "-values"), (versions, "-versions"), (freqs, "-freqs")]
-                specs = [saveable_object.SaveSpec(t, "", name + suffix) for t, suffix in tensors]
+                specs = [internals.saveable_object.SaveSpec(t, "", name + suffix) for t, suffix in tensors]
                 op = table.resource_handle
             else:
-                specs = [saveable_object.SaveSpec(variable.read_value, "", name, variable.dtype, variable.device)]
+                specs = [
+                    internals.saveable_object.SaveSpec(variable.read_value, "", name, variable.dtype, variable.device)
+                ]
                 op = variable
         self._full_specs = specs
         super().__init__(op, specs, name)
@@ -100,7 +101,7 @@ class PolicyStateSaveable(saveable_object.SaveableObject):
 
     def _anchor_spec(self):
         if self._anchor is None:
-            self._anchor = saveable_object.SaveSpec(
+            self._anchor = internals.saveable_object.SaveSpec(
                 lambda: tf.constant(0, tf.int64), "", self._anchor_name, tf.int64, "/device:CPU:0"
             )
         return self._anchor
@@ -114,7 +115,7 @@ class PolicyStateSaveable(saveable_object.SaveableObject):
         reads = []
         with tf.name_scope(self.name.replace("/", "_") + "_restore"):
             for spec in self._full_specs:
-                with tf.control_dependencies(None), tf_ops.colocate_with(prefix.op, ignore_existing=True):
+                with tf.control_dependencies(None), internals.ops.colocate_with(prefix.op, ignore_existing=True):
                     reads.append(
                         loader.load_ops().tf_ext_checkpoint_read_optional(
                             prefix, tensor_name=spec.name, dtype=spec.dtype, name="read_optional"
@@ -153,7 +154,7 @@ class PolicyStateSaveable(saveable_object.SaveableObject):
             return tf.constant(False)
 
     def _assign(self, values, found, prefix=None):
-        with tf_ops.colocate_with(self.op, ignore_existing=True):
+        with internals.ops.colocate_with(self.op, ignore_existing=True):
             if self.table is not None:
                 # An absent tensor reads as [0] elements: importing those (clear_first) leaves the table empty.
                 keys, rows, versions, freqs = values

@@ -32,14 +32,14 @@ plain SGD) and a lean (SavedModel export) restore read the values only.
 import sys
 
 import tensorflow as tf
-from tensorflow.python.framework import ops as tf_ops
 
 from tensorflow_ext.embedding import state as state_lib
 from tensorflow_ext.embedding.checkpoint import delta as delta_lib
 from tensorflow_ext.embedding.checkpoint import format as ckpt_format
 from tensorflow_ext.table import refs
-from tensorflow_ext.utils import loader
 from tensorflow_ext.tf_compat import graph_edits
+from tensorflow_ext.tf_compat import internals
+from tensorflow_ext.utils import loader
 
 __all__ = [
     "EmbeddingRestore",
@@ -144,7 +144,7 @@ def _read_layout(shard, name, restored_tensors):
     emb = shard.embedding
     # No control dependencies (the restored tensors' checks would make a cycle with the RestoreV2), and where
     # the RestoreV2 runs: the process that reads the checkpoint files.
-    with tf.control_dependencies(None), tf_ops.colocate_with(restore_op, ignore_existing=True):
+    with tf.control_dependencies(None), internals.ops.colocate_with(restore_op, ignore_existing=True):
         record, found = loader.load_ops().tf_ext_checkpoint_read_optional_string(
             prefix,
             tensor_name=name + ckpt_format.LAYOUT_SUFFIX,
@@ -258,7 +258,7 @@ def read_and_check(shard, name, restored_tensors, lean, with_slots):
         keys, values, slots, versions, freqs, num_shards = restored_tensors[: len(ckpt_format.SUFFIXES)]
     # Read for its checks even where the layout is not compared (a truncated file, another shard count).
     record, found = _read_layout(shard, name, restored_tensors)
-    with tf_ops.colocate_with(shard.handle, ignore_existing=True):
+    with internals.ops.colocate_with(shard.handle, ignore_existing=True):
         checks = _shape_checks(shard, name, num_shards, values)
         if with_slots:
             # After the shard-count and dim checks: those errors say more when they apply.
@@ -332,7 +332,7 @@ class EmbeddingRestore(object):
             if j == shard.shard_index:
                 continue
             rows_j = tuple(p[j] for p in parts)
-            with tf_ops.colocate_with(other.handle, ignore_existing=True):
+            with internals.ops.colocate_with(other.handle, ignore_existing=True):
                 if j in self.imported:
                     # Shard j's own import was built: insert after it (it clears first).
                     with tf.control_dependencies([self.imported[j]]):

@@ -24,14 +24,13 @@ The saveables of an embedding's shards are built together (`shard_saveables`) an
 import enum
 
 import tensorflow as tf
-from tensorflow.python.framework import ops as tf_ops
-from tensorflow.python.training.saving import saveable_object
 
 from tensorflow_ext.embedding import export_mode
 from tensorflow_ext.embedding.checkpoint import delta as delta_lib
 from tensorflow_ext.embedding.checkpoint import format as ckpt_format
 from tensorflow_ext.embedding.checkpoint import restore as restore_lib
 from tensorflow_ext.table import refs
+from tensorflow_ext.tf_compat import internals
 
 __all__ = ["FrozenShardSaveable", "ShardSaveable", "SpecMode", "shard_saveables"]
 
@@ -61,7 +60,7 @@ def shard_saveables(shards):
     return [_SAVEABLE_OF_TABLE[type(s.table)](s, restores) for s in shards]
 
 
-class ShardSaveable(saveable_object.SaveableObject):
+class ShardSaveable(internals.saveable_object.SaveableObject):
     """SaveableObject of one `DynamicEmbeddingShard` (see the module docstring).
 
     Args:
@@ -139,7 +138,7 @@ class ShardSaveable(saveable_object.SaveableObject):
                 tensors, delta_tensors = self._delta_row_tensors(state)
             specs = self._save_specs(tensors, ckpt_format.SUFFIXES)
             # The layout record, for every subclass's specs alike (the layout is frozen by now).
-            with tf_ops.colocate_with(shard.handle, ignore_existing=True):
+            with internals.ops.colocate_with(shard.handle, ignore_existing=True):
                 record = tf.constant(
                     ckpt_format.layout_record(shard), tf.string, name=self.name.replace("/", "_") + "_layout"
                 )
@@ -151,12 +150,12 @@ class ShardSaveable(saveable_object.SaveableObject):
         return self._full
 
     def _save_specs(self, tensors, suffixes):
-        return [saveable_object.SaveSpec(t, "", self.name + suffix) for t, suffix in zip(tensors, suffixes)]
+        return [internals.saveable_object.SaveSpec(t, "", self.name + suffix) for t, suffix in zip(tensors, suffixes)]
 
     def _lean_specs(self):
         if self._lean is None:
             shard = self._shard
-            with tf_ops.colocate_with(shard.handle, ignore_existing=True):
+            with internals.ops.colocate_with(shard.handle, ignore_existing=True):
                 with tf.name_scope(shard.name.replace("/", "_") + "_serving_export"):
                     keys, values = self._export_embedding()
                     num_shards = tf.constant(shard.embedding.num_shards, tf.int64, name="num_shards")
@@ -171,7 +170,7 @@ class ShardSaveable(saveable_object.SaveableObject):
     def _row_tensors(self):
         """(keys, values, slots, versions, freqs, num_shards) of a full save of the shard."""
         shard = self._shard
-        with tf_ops.colocate_with(shard.handle, ignore_existing=True):
+        with internals.ops.colocate_with(shard.handle, ignore_existing=True):
             with tf.name_scope(shard.name.replace("/", "_") + "_export"):
                 rows = shard.table.export_split(full_rows=True)
                 num_shards = tf.constant(shard.embedding.num_shards, tf.int64, name="num_shards")
@@ -180,7 +179,7 @@ class ShardSaveable(saveable_object.SaveableObject):
     def _delta_row_tensors(self, state):
         """As `_row_tensors`, of the rows a delta save writes, and (removed keys, delta record)."""
         shard = self._shard
-        with tf_ops.colocate_with(shard.handle, ignore_existing=True):
+        with internals.ops.colocate_with(shard.handle, ignore_existing=True):
             with tf.name_scope(shard.name.replace("/", "_") + "_export"):
                 keys, rows, versions, freqs, removed, record = delta_lib.save_tensors(shard, state)
                 num_shards = tf.constant(shard.embedding.num_shards, tf.int64, name="num_shards")
@@ -207,7 +206,7 @@ class ShardSaveable(saveable_object.SaveableObject):
         lean = self.spec_mode() is SpecMode.LEAN_EXPORT
         with_slots = not lean and shard.embedding.state.restores_slots and shard.width > shard.dim
         rows, checks = restore_lib.read_and_check(shard, self.name, restored_tensors, lean, with_slots)
-        with tf_ops.colocate_with(shard.handle, ignore_existing=True):
+        with internals.ops.colocate_with(shard.handle, ignore_existing=True):
             rows = self.select_rows(rows)
             if shard.embedding.num_shards == 1:
                 imported = restore_lib.import_rows(shard, rows, clear_first=True, with_slots=with_slots)
@@ -245,7 +244,7 @@ class FrozenShardSaveable(ShardSaveable):
             shard, self.name, restored_tensors, lean=True, with_slots=False
         )
         del checks  # keys and values wait for them
-        with tf_ops.colocate_with(shard.handle, ignore_existing=True):
+        with internals.ops.colocate_with(shard.handle, ignore_existing=True):
             if shard.embedding.num_shards > 1:
                 # Keys are placed by the current partition; a key of another shard's tensors is not looked up here.
                 keys, values = restore_lib.own_rows(shard, (keys, values))

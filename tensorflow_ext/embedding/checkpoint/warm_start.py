@@ -35,15 +35,12 @@ import re
 import threading
 
 import tensorflow as tf
-from tensorflow.python.framework import ops as tf_ops
-from tensorflow.python.ops import resources
-from tensorflow.python.training import checkpoint_utils
-from tensorflow.python.training import warm_starting_util
 
 from tensorflow_ext.embedding import state as state_lib
 from tensorflow_ext.embedding.checkpoint import delta as delta_lib
 from tensorflow_ext.embedding.checkpoint import format as ckpt_format
 from tensorflow_ext.embedding.shard import DynamicEmbeddingShard
+from tensorflow_ext.tf_compat import internals
 
 __all__ = ["warm_start_from_checkpoint", "warm_start_op", "matching_shards", "ShardTarget", "warm_start_shard"]
 
@@ -132,7 +129,7 @@ def _fit_dim(values, prev_dim, shard, dim_mismatch, ckpt, prev_name):
 
 def _read_previous(ckpt, prev_name, shard, dim_mismatch):
     """The keys/values/versions/freqs of embedding prev_name in ckpt that belong to `shard`."""
-    path = checkpoint_utils._get_checkpoint_filename(ckpt)  # pylint: disable=protected-access
+    path = internals.checkpoint_filename(ckpt)
     shapes = dict(tf.train.list_variables(path))
     parts = sorted(
         n[: -len("-keys")]
@@ -186,7 +183,7 @@ def warm_start_shard(ckpt, prev_tensor_name, shard):
     prev = prev_tensor_name or shard.name
     prev = re.sub(r"/part_\d+$", "", prev)
     dim_mismatch = getattr(_options, "dim_mismatch", "error")
-    with tf_ops.colocate_with(shard.handle), tf.name_scope("warm_start_" + shard.name.replace("/", "_")):
+    with internals.ops.colocate_with(shard.handle), tf.name_scope("warm_start_" + shard.name.replace("/", "_")):
         data = _read_previous(ckpt, prev, shard, dim_mismatch)
         if data is None:
             raise ValueError(
@@ -195,7 +192,7 @@ def warm_start_shard(ckpt, prev_tensor_name, shard):
             )
         keys, values, versions, freqs = data
         op = shard.table.import_(keys, values, versions, freqs, clear_first=True)
-    resources.register_resource(shard.handle, op, tf.constant(True), is_shared=True)
+    internals.resources.register_resource(shard.handle, op, tf.constant(True), is_shared=True)
     tf.compat.v1.add_to_collection(_COLLECTION, op)
     tf.compat.v1.logging.info("Warm-starting dynamic embedding shard %s from %s (%s)", shard.name, ckpt, prev)
     return op
@@ -243,7 +240,7 @@ def warm_start_from_checkpoint(
     previous = getattr(_options, "dim_mismatch", None)
     _options.dim_mismatch = dim_mismatch
     try:
-        warm_starting_util.warm_start(
+        tf.compat.v1.train.warm_start(
             ckpt_to_initialize_from,
             vars_to_warm_start=vars_to_warm_start,
             var_name_to_vocab_info=var_name_to_vocab_info,

@@ -295,13 +295,9 @@ class OursEvictVariant(OursVariant):
     name = "ours_evict"
 
     def table_bytes(self):
-        from tensorflow_ext.embedding import _ops as emb_ops
-
         self.min_version = tf.compat.v1.placeholder(tf.int64, [])
         self.min_frequency = tf.compat.v1.placeholder(tf.int64, [])
-        removed = [
-            emb_ops.op("tf_ext_table_evict")(s.handle, self.min_version, self.min_frequency) for s in self.emb.shards
-        ]
+        removed = [s.table.evict(self.min_version, self.min_frequency) for s in self.emb.shards]
         self.evict_op = tf.add_n(removed) if len(removed) > 1 else removed[0]
         return OursVariant.table_bytes(self)
 

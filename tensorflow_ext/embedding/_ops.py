@@ -1,8 +1,8 @@
-"""The compiled ops of the dynamic embedding Python layer, and the switch to its generic path.
+"""The op-library switches of the dynamic embedding Python layer: fused kernels or the generic path.
 
-The ops come from the one op library, loaded lazily by ``tensorflow_ext.utils.loader``; every op named here is
-in it (table ops ``TfExtTable*`` and the fused embedding ops ``TfExtEmbeddingLookup*``,
-``TfExtEmbeddingSparseApply*``, ``TfExtShardIndex``).
+The ops themselves are reached through typed wrappers: table ops through a shard's table ref
+(``tensorflow_ext.table.refs``), the fused embedding ops through ``embedding_ops`` or the op library that
+``tensorflow_ext.utils.loader`` loads.
 
 The layer has two paths that must agree: the fused embedding ops, and a generic path built from table ops
 (find, apply the formula in-graph, insert). ``TF_EXT_EMBEDDING_FORCE_GENERIC=1`` (or :func:`force_generic`) makes
@@ -15,8 +15,6 @@ sparse ops around a lookup instead (same results), for A/B comparisons.
 """
 
 import os
-
-from tensorflow_ext.utils import loader
 
 _force_generic = os.environ.get("TF_EXT_EMBEDDING_FORCE_GENERIC") == "1"
 
@@ -63,15 +61,3 @@ def use_fused_sparse():
 def use_fused():
     """True unless the generic path is forced (see :func:`force_generic`)."""
     return not _force_generic
-
-
-def op(py_name):
-    """The Python wrapper ``py_name`` (e.g. ``"tf_ext_table_find"``) of the op library.
-
-    Raises:
-      AttributeError: the library has no such op (a misspelt name: the library has every op of this package).
-    """
-    fn = getattr(loader.load_ops(), py_name, None)
-    if fn is None:
-        raise AttributeError("tensorflow_ext's op library has no op %r" % py_name)
-    return fn

@@ -9,6 +9,7 @@ import tensorflow as tf
 
 import tensorflow_ext as tf_ext
 from tensorflow_ext.embedding import _ops
+from tensorflow_ext.utils.loader import load_ops
 
 from .conftest import session_config
 
@@ -167,7 +168,7 @@ def test_weighted_and_clipped_lookups_use_tf_ops():
 def _raw(indices, ids, dense_shape, default_key=(), fill=True):
     with tf.Graph().as_default():
         emb = tf_ext.get_dynamic_embedding("raw", dim=2)
-        out = _ops.op("tf_ext_embedding_lookup_sparse")(
+        out = load_ops().tf_ext_embedding_lookup_sparse(
             emb.shards[0].handle,
             tf.constant(indices, tf.int64, shape=[len(indices), 2]),
             tf.constant(ids, tf.int64, shape=[len(ids)]),

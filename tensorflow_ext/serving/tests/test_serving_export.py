@@ -17,6 +17,7 @@ import pytest
 import tensorflow as tf
 
 import tensorflow_ext as tf_ext
+from tensorflow_ext.utils.loader import load_ops
 
 _ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)))))
 _WORKER = os.path.join(os.path.dirname(os.path.abspath(__file__)), "serve_worker.py")
@@ -232,7 +233,7 @@ def test_frozen_table_build_refuses_bad_rows():
     with tf.Graph().as_default(), tf.compat.v1.Session() as sess:
         with tf_ext.serving.freeze_for_serving():
             emb = tf_ext.get_dynamic_embedding("frozen_bad", 2)
-        build = tf_ext.embedding._ops.op("tf_ext_frozen_table_build")  # pylint: disable=protected-access
+        build = load_ops().tf_ext_frozen_table_build
         handle = emb.shards[0].handle
         with pytest.raises(tf.errors.InvalidArgumentError, match="key 3 occurs more than once"):
             sess.run(build(handle, tf.constant([3, 4, 3], tf.int64), tf.zeros([3, 2])))

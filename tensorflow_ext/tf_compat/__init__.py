@@ -272,8 +272,8 @@ def original(name):
 
 
 # ---------------------------------------------------------------------------------------------------------------
-# Caller probes: where TF gives no hook to tell *who* asks (the Saver building a restore, a SavedModel export), the
-# asking TF functions are recognised on the Python stack. Each probe names the TF functions it looks for; its guard
+# Caller probes: where TF gives no hook to tell *who* asks (a SavedModel export building its Saver), the asking TF
+# functions are recognised on the Python stack. Each probe names the TF functions it looks for; its guard
 # checks that they still exist in the tested TF versions, so a TF that renames them fails loudly, not silently.
 
 
@@ -350,18 +350,6 @@ def probes():
     with _lock:
         return list(_PROBES.values())
 
-
-register_probe(
-    "saver_restore_build",
-    "tensorflow.python.training.saver",
-    ("BaseSaverBuilder.restore_op", "BaseSaverBuilder._AddRestoreOps", "BulkSaverBuilder.bulk_restore"),
-    why="A dynamic-embedding shard saves its row-layout record, but checkpoints written before the record existed "
-    "lack it, and the Saver restores every spec in one RestoreV2 that fails on a missing tensor. While the Saver "
-    "builds its restore, the shard's saveable leaves the record out of its specs and reads it itself, if present.",
-    test="tensorflow_ext/embedding/tests/test_de_checkpoint_layout.py::"
-    "test_old_checkpoint_without_layout_record_restores_with_a_warning",
-    max_depth=4,
-)
 
 register_probe(
     "saved_model_export",

@@ -24,6 +24,7 @@ from tensorflow_ext.embedding import variable
 from tensorflow_ext.embedding.checkpoint import policy_state
 from tensorflow_ext.embedding.checkpoint import warm_start
 from tensorflow_ext.embedding.layout import DynamicEmbeddingSlot
+from tensorflow_ext.embedding.state import GraphKeys
 
 __all__ = ["install"]
 
@@ -125,7 +126,7 @@ def _make_get_slot_names(original):
 
     def get_slot_names(self):
         names = set(original(self))
-        for shard in tf.compat.v1.get_default_graph().get_collection(variable.GraphKeys.DYNAMIC_EMBEDDINGS):
+        for shard in tf.compat.v1.get_default_graph().get_collection(GraphKeys.DYNAMIC_EMBEDDINGS):
             group = shard.slot_group(self) if _is_shard(shard) else None
             if group is not None:
                 names.update(group.slot_names)

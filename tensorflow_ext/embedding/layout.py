@@ -10,9 +10,9 @@ import threading
 import weakref
 
 import tensorflow as tf
-from tensorflow.python.framework import ops as tf_ops
 
 from tensorflow_ext.table import refs
+from tensorflow_ext.tf_compat.internals import ops as tf_ops
 
 __all__ = ["SlotGroup", "RowLayout", "DynamicEmbeddingSlot"]
 

@@ -28,7 +28,6 @@ import numbers
 import numpy as np
 import tensorflow as tf
 from tensorflow.core.framework import attr_value_pb2
-from tensorflow.python.framework import ops as tf_ops
 
 from tensorflow_ext.embedding import _ops
 from tensorflow_ext.embedding import admission as admission_lib
@@ -36,6 +35,7 @@ from tensorflow_ext.embedding import embedding_ops
 from tensorflow_ext.embedding import variable as var_lib
 from tensorflow_ext.table import refs
 from tensorflow_ext.tf_compat import graph_edits
+from tensorflow_ext.tf_compat.internals import ops as tf_ops
 from tensorflow_ext.utils import loader
 
 __all__ = ["embedding_lookup", "embedding_lookup_sparse", "safe_embedding_lookup_sparse"]

@@ -12,12 +12,12 @@ ref's type is what makes a shard frozen) and this graph's lookups of it
 import contextlib
 
 import tensorflow as tf
-from tensorflow.python.util import object_identity
 
 from tensorflow_ext.embedding import export_mode
 from tensorflow_ext.embedding import layout as layout_lib
 from tensorflow_ext.embedding import shard_lookups
 from tensorflow_ext.table import refs
+from tensorflow_ext.tf_compat.internals import object_identity
 
 __all__ = ["DynamicEmbeddingShard"]
 

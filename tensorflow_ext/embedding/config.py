@@ -1,7 +1,8 @@
 """The configuration of a dynamic embedding: one frozen value, checked once.
 
 `EmbeddingConfig` is everything fixed when a `DynamicEmbedding` is created: its name, dimension, dtypes,
-initializer, shards and their devices, capacity, preallocation and its admission and eviction policies.
+initializer, shards and their devices, capacity, preallocation, its admission and eviction policies and its
+distribution over processes.
 `EmbeddingConfig.from_arguments` is the one place where `get_dynamic_embedding`'s arguments are checked and
 completed (variable-scope defaults, a partitioner's shard count); every error names the embedding and says what
 to pass. A config is a value: it cannot change after it is built, and two configs with equal fields are equal.
@@ -16,7 +17,9 @@ Invariants of a built config:
 * `0 <= initial_capacity <= MAX_CAPACITY`; `preallocate` only with `initial_capacity > 0`;
 * `admission` is an admission policy (`ADMIT_EVERY_KEY` when none was given) and `eviction` an eviction policy
   (`NEVER_EVICT` when none was given): both are frozen values compared by value, so an equal policy built again
-  for an embedding reused under `AUTO_REUSE` is the same policy.
+  for an embedding reused under `AUTO_REUSE` is the same policy;
+* `distribution` is `SINGLE_PROCESS` (this process holds every key it trains) unless a creation hook gave another
+  (`tensorflow_ext.horovod`'s model parallelism, see distribution.py).
 """
 
 import dataclasses
@@ -25,6 +28,7 @@ import numpy as np
 import tensorflow as tf
 
 from tensorflow_ext.embedding import admission as admission_lib
+from tensorflow_ext.embedding import distribution as distribution_lib
 from tensorflow_ext.embedding import eviction as eviction_lib
 from tensorflow_ext.embedding import initializers as init_lib
 from tensorflow_ext.table import table_ops
@@ -53,6 +57,7 @@ class EmbeddingConfig(object):
     preallocate: bool
     admission: object = admission_lib.ADMIT_EVERY_KEY
     eviction: object = eviction_lib.NEVER_EVICT
+    distribution: object = distribution_lib.SINGLE_PROCESS
 
     @property
     def shard_capacity(self):

@@ -20,14 +20,16 @@ _hooks = threading.local()
 
 @contextlib.contextmanager
 def creation_hook(hook):
-    """Inside, every embedding that `get_dynamic_embedding` returns (new or reused) first goes through `hook`.
+    """Inside, the config of every embedding that `get_dynamic_embedding` returns first goes through `hook`.
 
     This is how a setting reaches embeddings that code the user does not write creates, e.g. the tables of
-    feature columns: `tensorflow_ext.horovod.parallelism_scope("model")` makes them model-parallel. Hooks nest;
-    the innermost runs last.
+    feature columns: `tensorflow_ext.horovod.parallelism_scope("model")` makes them model-parallel. A new
+    embedding is built with the config the hooks return; a reused one cannot change (a hook that returns another
+    config for it is a ValueError), so a hook may only check it. Hooks nest; the innermost runs last.
 
     Args:
-      hook: callable(DynamicEmbedding) -> None; it may raise to refuse the embedding.
+      hook: callable(EmbeddingConfig) -> EmbeddingConfig (the same one, or a `dataclasses.replace`d one); it may
+        raise to refuse the embedding.
 
     Yields:
       None.
@@ -40,13 +42,13 @@ def creation_hook(hook):
         _hooks.stack = stack
 
 
-def _after_creation(emb):
+def _through_hooks(config):
     # The optimizer processor patched again if a library imported since replaced it (TFRA does at its import):
     # a no-op while ours is in place.
     tf_compat.reinstall_if_displaced("optimizer_get_processor")
     for hook in getattr(_hooks, "stack", ()):
-        hook(emb)
-    return emb
+        config = hook(config)
+    return config
 
 
 def dense_variables(var_list=None):
@@ -228,7 +230,13 @@ def get_dynamic_embedding(
                 "Trying to share dynamic embedding %s with eviction=%r, but it has %r"
                 % (full_name, eviction, existing.eviction)
             )
-        return _after_creation(existing)
+        hooked = _through_hooks(existing.config)
+        if hooked != existing.config:
+            raise ValueError(
+                "Trying to share dynamic embedding %s with distribution %r, but it has %r"
+                % (full_name, hooked.distribution, existing.config.distribution)
+            )
+        return existing
     if reuse is True:
         raise ValueError(
             "Dynamic embedding %s does not exist, or was not created with tf_ext.get_dynamic_embedding(). "
@@ -238,4 +246,4 @@ def get_dynamic_embedding(
     if full_name in getattr(store, "_vars", {}):
         raise ValueError("Cannot create dynamic embedding %s: a variable of that name exists" % full_name)
 
-    return _after_creation(var_lib.DynamicEmbedding(config))
+    return var_lib.DynamicEmbedding(_through_hooks(config))

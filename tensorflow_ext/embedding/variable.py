@@ -25,7 +25,6 @@ from tensorflow.python.framework import ops as tf_ops
 
 from tensorflow_ext import tf_compat
 from tensorflow_ext.embedding import state as state_lib
-from tensorflow_ext.embedding.checkpoint import save as save_lib
 from tensorflow_ext.embedding.shard import DynamicEmbeddingShard
 from tensorflow_ext.embedding.keys import HashPartition
 from tensorflow_ext.embedding.keys import string_to_key
@@ -92,7 +91,6 @@ class DynamicEmbedding(object):
 
     def __init__(self, config):
         self._config = config
-        self._distribution = None  # set by tensorflow_ext.horovod for model-parallel embeddings
         graph = tf.compat.v1.get_default_graph()
         self._graph = graph
         self._partition = HashPartition(config.num_shards)
@@ -107,7 +105,7 @@ class DynamicEmbedding(object):
                 config.preallocate,
             )
             self._shards.append(shard)
-        for shard, saveable in zip(self._shards, save_lib.shard_saveables(self._shards)):
+        for shard, saveable in zip(self._shards, config.distribution.shard_saveables(self._shards)):
             shard._saveable = saveable  # pylint: disable=protected-access
             graph.add_to_collection(tf.compat.v1.GraphKeys.SAVEABLE_OBJECTS, shard.saveable)
             graph.add_to_collection(GraphKeys.DYNAMIC_EMBEDDINGS, shard)
@@ -165,13 +163,8 @@ class DynamicEmbedding(object):
     def distribution(self):
         """How the embedding spans processes: None (this process holds every key it trains), or a strategy
         object such as `tensorflow_ext.horovod.ModelParallel` whose `lookup_unique` routes keys to their owners."""
-        return self._distribution
-
-    @distribution.setter
-    def distribution(self, value):
-        if self._distribution is not None and value is not self._distribution:
-            raise ValueError("dynamic embedding %s already has a distribution (%r)" % (self.name, self._distribution))
-        self._distribution = value
+        distribution = self._config.distribution
+        return None if distribution.name is None else distribution
 
     @property
     def admission(self):

@@ -12,6 +12,7 @@
 """
 
 import contextlib
+import dataclasses
 import threading
 
 import tensorflow as tf
@@ -85,7 +86,9 @@ def owner_of_numpy(keys, num_ranks):
 
 
 class ModelParallel(object):
-    """The distribution of a model-parallel embedding: which rank owns a key, and the alltoall lookup.
+    """The distribution of a model-parallel embedding: which rank owns a key, the alltoall lookup, the checkpoint
+    gathered from every rank (see `tensorflow_ext.embedding.distribution`). Two are equal when they span the same
+    process set.
 
     Args:
       process_set: the Horovod process set whose ranks share the table (default: all ranks).
@@ -96,6 +99,20 @@ class ModelParallel(object):
     def __init__(self, process_set=None):
         hvd = _hvd.require_horovod()
         self._process_set = process_set if process_set is not None else hvd.global_process_set
+
+    def __eq__(self, other):
+        return type(other) is type(self) and other.process_set is self._process_set
+
+    def __hash__(self):
+        return hash((type(self).__name__, id(self._process_set)))
+
+    def __repr__(self):
+        return "ModelParallel(%d ranks)" % self.num_ranks()
+
+    def shard_saveables(self, shards):
+        """The saveables of one embedding's shards: each gathers its shard from every rank (see
+        `tensorflow_ext.horovod.checkpoint`)."""
+        return ckpt_lib.model_parallel_shard_saveables(shards, self)
 
     @property
     def process_set(self):
@@ -162,17 +179,17 @@ def _check_parallelism(parallelism):
         raise ValueError("parallelism must be 'data' or 'model', got %r" % (parallelism,))
 
 
-def _set_parallelism(emb, parallelism, process_set):
-    """Makes `emb` model-parallel (once), or checks that it is what `parallelism` asks."""
+def _with_parallelism(config, parallelism, process_set):
+    """The embedding config with a model-parallel distribution when `parallelism` asks for one (a creation hook);
+    an embedding that is model-parallel already must be what `parallelism` asks."""
     if in_single_process():
         parallelism = "data"
-    wanted = "model" if parallelism == "model" else None
-    current = emb.distribution.name if emb.distribution is not None else None
-    if current != wanted and emb.distribution is not None:
-        raise ValueError("dynamic embedding %s is already %s-parallel" % (emb.name, current))
-    if parallelism == "model" and emb.distribution is None:
-        emb.distribution = ModelParallel(process_set)
-        ckpt_lib.use_model_parallel_saveables(emb, emb.distribution)
+    current = config.distribution.name
+    if current is not None and current != parallelism:
+        raise ValueError("dynamic embedding %s is already %s-parallel" % (config.name, current))
+    if parallelism == "model" and current is None:
+        return dataclasses.replace(config, distribution=ModelParallel(process_set))
+    return config
 
 
 def get_dynamic_embedding(name, dim, parallelism="data", process_set=None, **kwargs):
@@ -197,9 +214,8 @@ def get_dynamic_embedding(name, dim, parallelism="data", process_set=None, **kwa
     _check_parallelism(parallelism)
     # Every rank must draw the same initial row for a key (replicas; re-partitioned restores).
     init_lib.require_deterministic_seeds(True)
-    emb = creation.get_dynamic_embedding(name, dim, **kwargs)
-    _set_parallelism(emb, parallelism, process_set)
-    return emb
+    with creation.creation_hook(lambda config: _with_parallelism(config, parallelism, process_set)):
+        return creation.get_dynamic_embedding(name, dim, **kwargs)
 
 
 @contextlib.contextmanager
@@ -223,5 +239,5 @@ def parallelism_scope(parallelism, process_set=None):
     _hvd.require_horovod()
     _check_parallelism(parallelism)
     init_lib.require_deterministic_seeds(True)
-    with creation.creation_hook(lambda emb: _set_parallelism(emb, parallelism, process_set)):
+    with creation.creation_hook(lambda config: _with_parallelism(config, parallelism, process_set)):
         yield

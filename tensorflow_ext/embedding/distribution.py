@@ -1,0 +1,41 @@
+"""How a dynamic embedding spans processes: its distribution, a value of its `EmbeddingConfig`.
+
+A distribution says which process holds which keys, how a lookup reaches them and how the shards are checkpointed.
+`SINGLE_PROCESS`, the do-nothing default, is an embedding whose process holds every key it trains (also each
+data-parallel Horovod replica): lookups read the local shards and each shard has the plain saveable of
+`checkpoint.save`. `tensorflow_ext.horovod.ModelParallel` is the other kind (keys routed to their owner rank with
+alltoall, the checkpoint gathered from every rank); it is given to an embedding when it is created (by
+`tensorflow_ext.horovod.get_dynamic_embedding` or `parallelism_scope`) and never changes afterwards.
+
+A distribution has:
+  name: "model" for a model-parallel one, None for `SINGLE_PROCESS` (what `DynamicEmbedding.distribution` reports
+    as None);
+  shard_saveables(shards): the SaveableObjects of one embedding's shards.
+Distributions are values: equal distributions (same kind, same processes) compare equal.
+"""
+
+from tensorflow_ext.embedding.checkpoint import save as save_lib
+
+__all__ = ["SINGLE_PROCESS", "SingleProcess"]
+
+
+class SingleProcess(object):
+    """The do-nothing distribution: this process holds every key it trains (use `SINGLE_PROCESS`)."""
+
+    name = None
+
+    def shard_saveables(self, shards):
+        """The shards' plain saveables (`checkpoint.save.shard_saveables`)."""
+        return save_lib.shard_saveables(shards)
+
+    def __eq__(self, other):
+        return type(other) is type(self)
+
+    def __hash__(self):
+        return hash(type(self).__name__)
+
+    def __repr__(self):
+        return "SingleProcess()"
+
+
+SINGLE_PROCESS = SingleProcess()

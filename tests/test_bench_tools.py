@@ -99,7 +99,7 @@ def test_bench_table_memory_tiny(tmp_path):
 def test_bench_ctr_quick_speed_and_quality(tmp_path):
     out = tmp_path / "c.json"
     _run(
-        "bench_ctr.py",
+        "bench_ctr_speed.py",
         "--quick",
         "--vocab",
         "5000",
@@ -115,9 +115,8 @@ def test_bench_ctr_quick_speed_and_quality(tmp_path):
     assert res["ours"]["n"] == 10 and res["ours"]["global_step"] == 13 and res["ours"]["table_bytes"] > 0
     out = tmp_path / "q.json"
     _run(
-        "bench_ctr.py",
+        "bench_ctr_quality.py",
         "--quick",
-        "--quality",
         "--vocab",
         "5000",
         "--quality_seeds",

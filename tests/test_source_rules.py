@@ -100,7 +100,6 @@ LONG_FILE_EXCEPTIONS = {
     "tensorflow_ext/tfra.py": "TFRA's dynamic_embedding API on tensorflow_ext in one module, as users port it by "
     "changing the import (Variable, get_variable, restrict policies, the TFRA-only members of DynamicEmbedding); "
     "to split the Variable wrapper out if it grows",
-    "tools/bench_ctr.py": "to split into speed and quality scripts that share their variant classes",
 }
 
 

@@ -7,7 +7,7 @@
 Writes (for each input given):
   table_throughput.png   Mkeys/s per backend, find/upsert at each dim (bench_table.py)
   table_memory.png       bytes/key per table and slot count, raw bytes as reference (bench_table_memory.py)
-  ctr26_step.png         ms/step per variant and optimizer (bench_ctr.py)
+  ctr26_step.png         ms/step per variant and optimizer (bench_ctr_speed.py)
   gpu_table.png          B keys/s per operation and dim on the GPU, HierarchicalKV's A100 figures beside
                          (tools/gpu/bench_gpu_table.py)
 Needs only matplotlib (no TensorFlow).
@@ -184,7 +184,7 @@ def main(argv=None):
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--table", help="JSON of tools/bench_table.py")
     p.add_argument("--memory", help="JSON of tools/bench_table_memory.py")
-    p.add_argument("--ctr", help="JSON of tools/bench_ctr.py (speed mode)")
+    p.add_argument("--ctr", help="JSON of tools/bench_ctr_speed.py")
     p.add_argument("--gpu", help="JSON of tools/gpu/bench_gpu_table.py")
     p.add_argument(
         "--out", default=os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "docs", "images")

@@ -12,8 +12,8 @@ mkdir -p "$OUT/images"
 uptime
 $PY tools/bench_table.py $Q --json "$OUT/bench_table.json"
 $PY tools/bench_table_memory.py $Q --json "$OUT/bench_table_memory.json"
-$PY tools/bench_ctr.py $Q --optimizer adagrad adam --json "$OUT/bench_ctr.json"
-$PY tools/bench_ctr.py $Q --quality --json "$OUT/bench_ctr_quality.json"
+$PY tools/bench_ctr_speed.py $Q --optimizer adagrad adam --json "$OUT/bench_ctr.json"
+$PY tools/bench_ctr_quality.py $Q --json "$OUT/bench_ctr_quality.json"
 $PY tools/plot_benchmarks.py --table "$OUT/bench_table.json" --memory "$OUT/bench_table_memory.json" \
     --ctr "$OUT/bench_ctr.json" --out "$OUT/images"
 uptime

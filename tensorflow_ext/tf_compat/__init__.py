@@ -473,9 +473,9 @@ def _refuse_float_id_feeds(graph, feed_dict):
     if not feeds or not feed_dict:
         return
     import numpy as np  # pylint: disable=import-outside-toplevel
-    from tensorflow.python.util import nest  # pylint: disable=import-outside-toplevel
+    from tensorflow_ext.tf_compat import internals  # pylint: disable=import-outside-toplevel
 
-    for key, value in nest.flatten_dict_items(feed_dict).items():
+    for key, value in internals.nest.flatten_dict_items(feed_dict).items():
         if isinstance(key, tf.SparseTensor):
             key = key.values
             value = getattr(value, "values", value[1] if isinstance(value, (tuple, list)) and len(value) == 3 else None)

@@ -8,15 +8,17 @@ table row, a moving average that cannot shadow a table). Where TF offers a publi
   what it replaces, why, the TensorFlow versions it was written and tested against, and the test that checks it
   (tests/test_tf_compat.py checks every entry). This module registers the patches that know nothing of
   embeddings (sessions, the Saver's restore errors, replica_device_setter); the embedding layer registers its own
-  from `tensorflow_ext/embedding/tf_patches.py`, so `patches()` lists them all once it is imported.
+  (embedding/tf_patches.py; the Saver-build modes in embedding/export_mode.py), so `patches()` lists them all
+  once it is imported.
 * caller probes (`register_probe`, `probe`): TF functions recognised on the Python stack, where TF gives no hook
   to tell who asks.
 * `graph_edits`: the changes made to ops and objects TF already built, through their private members.
 * `internals`: the reads of TensorFlow's internal modules and private members.
 
 This package is layer 1: it imports TensorFlow and tensorflow_ext's layer 0 (errors, version, utils) only, never
-a module above it, not even inside a function. What it needs to know about higher layers is passed in (names of
-op types, registered patch bodies).
+a module above it, not even inside a function (tests/test_source_rules.py checks). Higher layers register their
+patch bodies here; what this module itself knows of them is a name (the table op type it places on parameter
+servers).
 
 Patches are installed by `install(name)` when the subsystem that needs them is imported. Installing checks the
 guard first: the TensorFlow version must be in the tested range and the replaced attribute must exist and still

@@ -21,6 +21,7 @@ kv_creator) and no need for `bp_v2`. Those errors are `tensorflow_ext.errors.Not
 docs/migrating_from_tfra.md has the full map and the semantic differences.
 """
 
+import functools
 import numbers
 import weakref
 
@@ -635,84 +636,75 @@ def __getattr__(name):
 # `variable.resolve_other_attributes_with`).
 
 
-def _upsert(emb):
-    def upsert(keys, values, name=None):
-        """TFRA's name for `insert`: inserts/overwrites the embeddings of keys.
-
-        Args:
-          keys: ids of any shape (key dtype), n elements.
-          values: float32 `[n, dim]` (or `keys.shape + [dim]`).
-          name: optional name scope.
-
-        Returns:
-          The insert op.
-        """
-        return emb.insert(keys, values, name=name or "upsert")
-
-    return upsert
+def _upsert(emb, keys, values, name=None):
+    """TFRA's name for `emb.insert`: inserts/overwrites the embeddings of keys (ids of any shape, n elements;
+    values float32 `[n, dim]` or `keys.shape + [dim]`); returns the insert op."""
+    return emb.insert(keys, values, name=name or "upsert")
 
 
-def _lookup_method(emb):
-    def lookup(keys, return_exists=False, name=None):
-        """Reads the embeddings of keys without inserting any (TFRA's `Variable.lookup`).
+def _lookup_rows(emb, keys, return_exists=False, name=None):
+    """Reads the embeddings of keys without inserting any (TFRA's `Variable.lookup`).
 
-        Missing keys read the initializer's constant (zeros for random
-        initializers). Not differentiable: train through `tf_ext.embedding_lookup`.
+    Missing keys read the initializer's constant (zeros for random initializers). Not differentiable: train through
+    `tf_ext.embedding_lookup`.
 
-        Args:
-          keys: ids of any shape (key dtype).
-          return_exists: also return a bool tensor of keys' shape, True where
-            the key is in the table.
-          name: optional name scope.
+    Args:
+      keys: ids of any shape (key dtype).
+      return_exists: also return a bool tensor of keys' shape, True where the key is in the table.
+      name: optional name scope.
 
-        Returns:
-          float32 `keys.shape + [dim]`, and the bool tensor if return_exists.
-        """
-        with tf.name_scope(name or "lookup"):
-            keys = emb.to_keys(keys)
-            flat = tf.reshape(keys, [-1])
-            parts, positions = emb.partition.split(flat)
-            rows, found = [], []
-            missing_row = tf.constant(emb.initializer.missing_row(emb.dim), tf.float32)
-            for shard, part in zip(emb.shards, parts):
-                with tf.compat.v1.colocate_with(shard.handle):
-                    v, f = shard.table.find(part, missing_row)
-                rows.append(v)
-                found.append(f)
-            if positions is None:
-                values, exists = rows[0], found[0]
-            else:
-                values, exists = tf.dynamic_stitch(positions, rows), tf.dynamic_stitch(positions, found)
-            shape = tf.shape(keys)
-            values = tf.reshape(values, tf.concat([shape, [emb.dim]], 0))
-            if return_exists:
-                return values, tf.reshape(exists, shape)
-            return values
-
-    return lookup
+    Returns:
+      float32 `keys.shape + [dim]`, and the bool tensor if return_exists.
+    """
+    with tf.name_scope(name or "lookup"):
+        keys = emb.to_keys(keys)
+        parts, positions = emb.partition.split(tf.reshape(keys, [-1]))
+        rows, found = [], []
+        missing_row = tf.constant(emb.initializer.missing_row(emb.dim), tf.float32)
+        for shard, part in zip(emb.shards, parts):
+            with tf.compat.v1.colocate_with(shard.handle):
+                v, f = shard.table.find(part, missing_row)
+            rows.append(v)
+            found.append(f)
+        if positions is None:
+            values, exists = rows[0], found[0]
+        else:
+            values, exists = tf.dynamic_stitch(positions, rows), tf.dynamic_stitch(positions, found)
+        shape = tf.shape(keys)
+        values = tf.reshape(values, tf.concat([shape, [emb.dim]], 0))
+        if return_exists:
+            return values, tf.reshape(exists, shape)
+        return values
 
 
-def _restrict_method(emb):
-    def restrict_method(num_reserved, trigger=None, policy=None, name=None):
-        """Keeps at most `num_reserved` keys (TFRA's `Variable.restrict`).
+def _restrict(emb, num_reserved, trigger=None, policy=None, name=None):
+    """Keeps at most `num_reserved` keys (TFRA's `Variable.restrict`; see `tf_ext.embedding.restrict`): above
+    `trigger` keys (default num_reserved), by `policy` ("timestamp" or "frequency"; default: the one given to
+    `get_variable(restrict_policy=...)`, else "timestamp"). Returns an int64 scalar tensor: the keys removed."""
+    emb.check_writable("restrict")
+    policy = policy or _restrict_policies.get(emb) or "timestamp"
+    return _eviction.restrict(emb, num_reserved, trigger=trigger, policy=policy, name=name)
 
-        See `tf_ext.embedding.restrict`. The policy defaults to the one given to
-        `tensorflow_ext.tfra.get_variable(restrict_policy=...)`, else "timestamp".
 
-        Args:
-          num_reserved: keys kept.
-          trigger: restrict only above this many keys (default num_reserved).
-          policy: "timestamp" or "frequency" (default: see above).
-          name: optional name scope.
+def _clear(emb, name=None):
+    """Removes every key of the embedding, with its row and optimizer slots (TFRA's `Variable.clear`).
 
-        Returns:
-          int64 scalar tensor: keys removed.
-        """
-        emb.check_writable("restrict")
-        policy = policy or _restrict_policies.get(emb) or "timestamp"
-        return _eviction.restrict(emb, num_reserved, trigger=trigger, policy=policy, name=name)
+    Admission counts and eviction state are kept. Returns the op (a group of one clear per shard).
+    """
+    emb.check_writable("clear")
+    with tf.name_scope(name or (emb.name.split("/")[-1] + "_clear")):
+        ops = []
+        for shard in emb.shards:
+            with tf.compat.v1.colocate_with(shard.handle):
+                ops.append(shard.table.clear())
+        return tf.group(*ops)
 
-    return restrict_method
+
+def _embedding_lookup_method(emb, ids, name=None, max_norm=None):
+    """TFRA's `Variable.embedding_lookup`: `(values, emb)` (the embedding stands in for the TrainableWrapper)."""
+    return embedding_lookup(
+        emb, ids, name=(name + "/embedding_lookup") if name else None, max_norm=max_norm, return_trainable=True
+    )
 
 
 def _restrict_policy(emb):
@@ -722,46 +714,23 @@ def _restrict_policy(emb):
     return policy
 
 
-def _clear(emb):
-    def clear(name=None):
-        """Removes every key of the embedding, with its row and optimizer slots (TFRA's `Variable.clear`).
-
-        Admission counts and eviction state are kept. Returns the op (a group of one clear per shard).
-        """
-        emb.check_writable("clear")
-        with tf.name_scope(name or (emb.name.split("/")[-1] + "_clear")):
-            ops = []
-            for shard in emb.shards:
-                with tf.compat.v1.colocate_with(shard.handle):
-                    ops.append(shard.table.clear())
-            return tf.group(*ops)
-
-    return clear
-
-
-def _embedding_lookup_method(emb):
-    def embedding_lookup_method(ids, name=None, max_norm=None):
-        """TFRA's `Variable.embedding_lookup`: `(values, emb)` (the embedding stands in for the TrainableWrapper)."""
-        return embedding_lookup(
-            emb, ids, name=(name + "/embedding_lookup") if name else None, max_norm=max_norm, return_trainable=True
-        )
-
-    return embedding_lookup_method
-
-
 def _devices(emb):
     # The device each shard was placed on, as given (get_variable's devices: one shard per device), else the table's.
     given = emb.config.devices
     return [given[i % len(given)] if given else shard.device for i, shard in enumerate(emb.shards)]
 
 
-_EMBEDDING_EQUIVALENTS = {
+# TFRA's Variable methods: emb.<name>(...) calls the function with the embedding first.
+_EMBEDDING_METHODS = {
     "upsert": _upsert,
-    "lookup": _lookup_method,
-    "restrict": _restrict_method,
-    "restrict_policy": _restrict_policy,
+    "lookup": _lookup_rows,
+    "restrict": _restrict,
     "clear": _clear,
     "embedding_lookup": _embedding_lookup_method,
+}
+
+_EMBEDDING_EQUIVALENTS = {
+    "restrict_policy": _restrict_policy,
     "shard_num": lambda emb: emb.num_shards,
     "devices": _devices,
     "init_size": lambda emb: emb.config.initial_capacity,
@@ -799,6 +768,8 @@ _EMBEDDING_INSTEAD = {
 def embedding_attribute(emb, name):
     """`emb.<name>` for a TFRA `Variable` attribute that `DynamicEmbedding` has no method for: the equivalent, or a
     NotProvidedError saying what to use; any other name is a plain AttributeError."""
+    if name in _EMBEDDING_METHODS:
+        return functools.partial(_EMBEDDING_METHODS[name], emb)
     if name in _EMBEDDING_EQUIVALENTS:
         return _EMBEDDING_EQUIVALENTS[name](emb)
     if name in _EMBEDDING_INSTEAD:

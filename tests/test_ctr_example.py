@@ -113,15 +113,15 @@ def test_quick_synthetic_trains_then_continues(tmp_path):
 
 
 def test_refuses_checkpoint_of_another_shape(tmp_path):
-    from tensorflow_ext.examples import ctr
+    from tensorflow_ext.examples.ctr import checkpoints
 
     cfg = dict(model="deepfm", dim=4, hidden="64,32", optimizer="adagrad", num_shards=1, string_ids=False)
-    ctr._check_model_dir_config(str(tmp_path), cfg, has_checkpoint=False)
-    ctr._check_model_dir_config(str(tmp_path), dict(cfg), has_checkpoint=True)  # same: fine
+    checkpoints.check_model_dir_config(str(tmp_path), cfg, has_checkpoint=False)
+    checkpoints.check_model_dir_config(str(tmp_path), dict(cfg), has_checkpoint=True)  # same: fine
     with pytest.raises(SystemExit, match=r"--dim 4 \(checkpoint\) vs 6 \(now\)"):
-        ctr._check_model_dir_config(str(tmp_path), dict(cfg, dim=6), has_checkpoint=True)
+        checkpoints.check_model_dir_config(str(tmp_path), dict(cfg, dim=6), has_checkpoint=True)
     # Without a checkpoint, any shape may start over in the directory.
-    ctr._check_model_dir_config(str(tmp_path), dict(cfg, dim=6), has_checkpoint=False)
+    checkpoints.check_model_dir_config(str(tmp_path), dict(cfg, dim=6), has_checkpoint=False)
 
 
 def test_tsv_data(tmp_path):
@@ -202,33 +202,33 @@ def test_stream_progress_records_follow_the_checkpoints(tmp_path):
     """The stream position recorded with each checkpoint: a record written for a save that a kill interrupted (no
     index file) is never read back (the restart resumes from the checkpoint before it, whose record is kept) and goes
     at the next save; records of checkpoints the Saver deleted go after the save."""
-    from tensorflow_ext.examples import ctr
+    from tensorflow_ext.examples.ctr import checkpoints
 
     d = str(tmp_path)
 
     def checkpoint(step):
         open(os.path.join(d, "model.ckpt-%d.index" % step), "w").close()
 
-    first = ctr._StreamProgressListener(d, 0, 0, 2, 64)  # 2 ranks from the start
+    first = checkpoints.StreamProgressListener(d, 0, 0, 2, 64)  # 2 ranks from the start
     first.before_save(None, 4)
     checkpoint(4)
     first.after_save(None, 4)
     first.before_save(None, 8)  # killed here: checkpoint 8 never written
-    assert ctr._read_progress(d) == {
+    assert checkpoints.read_progress(d) == {
         4: dict(batches=8, ranks=2, batch_size=64),
         8: dict(batches=16, ranks=2, batch_size=64),
     }
-    assert ctr._resume_batches(d, 4, 1) == 8  # the restart (1 rank) continues after batch 7
-    second = ctr._StreamProgressListener(d, 4, 8, 1, 64)
+    assert checkpoints.resume_batches(d, 4, 1) == 8  # the restart (1 rank) continues after batch 7
+    second = checkpoints.StreamProgressListener(d, 4, 8, 1, 64)
     second.before_save(None, 8)  # step 8 again, at 1 rank: 4 batches later
     checkpoint(8)
     os.remove(os.path.join(d, "model.ckpt-4.index"))  # the Saver's max_to_keep
     second.after_save(None, 8)
-    assert {s: r["batches"] for s, r in ctr._read_progress(d).items()} == {8: 12}
+    assert {s: r["batches"] for s, r in checkpoints.read_progress(d).items()} == {8: 12}
     second.before_save(None, 10)  # killed again
-    assert ctr._resume_batches(d, 8, 2) == 12
-    ctr._StreamProgressListener(d, 8, 12, 2, 64).before_save(None, 12)
-    assert {s: r["batches"] for s, r in ctr._read_progress(d).items()} == {8: 12, 12: 20}  # 10's record is gone
+    assert checkpoints.resume_batches(d, 8, 2) == 12
+    checkpoints.StreamProgressListener(d, 8, 12, 2, 64).before_save(None, 12)
+    assert {s: r["batches"] for s, r in checkpoints.read_progress(d).items()} == {8: 12, 12: 20}  # 10's record is gone
     assert not [f for f in os.listdir(d) if f.endswith(".tmp")]
 
 
@@ -236,19 +236,19 @@ def test_quiet_tf_logs_are_scoped_to_the_run():
     """main() turns TF's deprecation warnings and INFO log off for its run only."""
     import tensorflow as tf
     from tensorflow.python.util import deprecation
-    from tensorflow_ext.examples import ctr
+    from tensorflow_ext.examples.ctr import log
 
     old = tf.compat.v1.logging.get_verbosity()
     tf.compat.v1.logging.set_verbosity(tf.compat.v1.logging.INFO)
     try:
         with pytest.raises(RuntimeError):
-            with ctr._tf_chatter(verbose=False):
+            with log.tf_chatter(verbose=False):
                 assert deprecation._PRINT_DEPRECATION_WARNINGS is False
                 assert tf.compat.v1.logging.get_verbosity() == tf.compat.v1.logging.WARN
                 raise RuntimeError("the run failed")
         assert deprecation._PRINT_DEPRECATION_WARNINGS is True
         assert tf.compat.v1.logging.get_verbosity() == tf.compat.v1.logging.INFO
-        with ctr._tf_chatter(verbose=True):
+        with log.tf_chatter(verbose=True):
             assert deprecation._PRINT_DEPRECATION_WARNINGS is True
     finally:
         tf.compat.v1.logging.set_verbosity(old)

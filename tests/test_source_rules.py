@@ -44,10 +44,7 @@ SOURCE_DIRS = ("tensorflow_ext", "tools", "tests")
 SOURCE_SUFFIXES = (".py", ".cc", ".h", ".cu", ".cuh", ".sh", ".bzl")
 
 # Rule 1: {(importer, imported module in a higher layer): reason}.
-LAYER_EXCEPTIONS = {
-    ("tensorflow_ext.examples.ctr", "tensorflow_ext"): "imports the top package only to load the stock-optimizer "
-    "support; importing tensorflow_ext.embedding does that within the layers",
-}
+LAYER_EXCEPTIONS = {}
 
 # Rule 2: {module in an import cycle: reason}.
 CYCLE_EXCEPTIONS = {}
@@ -68,8 +65,6 @@ TF_INTERNALS_EXCEPTIONS = {
     "tensorflow_ext.embedding.optimizer_spec": "reads hyper-parameters the stock TF1 optimizers keep private "
     "(_initial_accumulator_value, _use_nesterov, _centered, ...): to read them through one tf_compat.internals "
     "accessor",
-    "tensorflow_ext.examples.ctr": "silences TF's deprecation notices in the example's output through a "
-    "private flag of tensorflow.python.util.deprecation: to go through tf_compat",
     ("tensorflow_ext.embedding.admission", "tensorflow.python.framework.ops"): _OPS,
     ("tensorflow_ext.embedding.admission", "tensorflow.python.framework.tensor_util"): _TENSOR_PROTO,
     ("tensorflow_ext.embedding.creation", "._get_default_variable_store"): _VARIABLE_STORE,
@@ -96,7 +91,6 @@ LONG_FILE_EXCEPTIONS = {
     "if it grows",
     "tensorflow_ext/embedding/tests/test_embedding_kernels.py": "tests of every embedding kernel against TF's own "
     "kernels, sharing one set of reference helpers; to split by op if it grows",
-    "tensorflow_ext/examples/ctr.py": "to become the package examples/ctr/ (flags, data, model, train, days)",
     "tensorflow_ext/tfra.py": "TFRA's dynamic_embedding API on tensorflow_ext in one module, as users port it by "
     "changing the import (Variable, get_variable, restrict policies, the TFRA-only members of DynamicEmbedding); "
     "to split the Variable wrapper out if it grows",

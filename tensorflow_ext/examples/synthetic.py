@@ -1,7 +1,7 @@
 """A synthetic Criteo-like click stream with a hidden logistic model.
 
-Used by the CTR example (``python -m tensorflow_ext.examples.ctr``) and by the
-benchmarks (``tools/bench_ctr.py``) so that both train on the same task.
+Used by the CTR example (``python -m tensorflow_ext.examples.ctr``) and by a
+benchmark (``tools/bench_graph_passes.py``) so that both train on the same task.
 
 The stream
 ----------

@@ -383,7 +383,7 @@ def _estimator_run(model_dir, export_dir, passes):
     metrics = est.evaluate(lambda: STREAM.dataset(BATCH, 2, split="eval"), steps=2)
     predictions = np.array([p["logit"] for p in est.predict(lambda: STREAM.dataset(BATCH, 1, split="eval"))])
     after = tf_ext.graph.pass_stats()
-    path = est.export_saved_model(export_dir, ctr._serving_input_fn(False)).decode()  # pylint: disable=protected-access
+    path = est.export_saved_model(export_dir, ctr.serving_input_fn(False)).decode()
     with tf.Graph().as_default() as g:
         with tf.compat.v1.Session(graph=g, config=_config(passes)) as sess:
             meta = tf.compat.v1.saved_model.load(sess, ["serve"], path)

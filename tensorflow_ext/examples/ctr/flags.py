@@ -1,0 +1,300 @@
+"""The CTR example's command line: its flags, their defaults and the checks on them.
+
+:func:`parse_args` returns an ``argparse.Namespace`` in which every flag has its value (``--quick`` picks small
+defaults for the flags not given) plus the values derived from them (``hidden_units``, ``train_files``,
+``eval_files``). Bad values stop the program with argparse's usage error (exit code 2). This module does not
+import TensorFlow.
+"""
+
+import argparse
+import glob
+import os
+import tempfile
+
+DEFAULT_MODEL_DIR = os.path.join(tempfile.gettempdir(), "tf_ext_ctr_model")
+
+# Defaults: a run on a 2-core machine takes ~2-4 minutes; --quick is for tests.
+_DEFAULTS = dict(steps=3000, batch_size=1024, eval_steps=20, dim=8, hidden="256,128", max_ids=2**22, log_every=100)
+_QUICK = dict(steps=100, batch_size=512, eval_steps=5, dim=4, hidden="64,32", max_ids=2**20, log_every=50)
+
+_DISTRIBUTED = ("model_parallel", "data_parallel")
+_DISTRIBUTED_SAVE_STEPS = 1000
+
+_OPTIMIZERS = ("adagrad", "adam", "ftrl", "sgd", "momentum", "rmsprop")
+_DEFAULT_LR = {"adagrad": 0.5, "adam": 0.001, "ftrl": 0.05, "sgd": 0.5, "momentum": 0.05, "rmsprop": 0.001}
+
+# Flags that count things: each must be >= 1 when given.
+_POSITIVE_FLAGS = (
+    "batch_size",
+    "dim",
+    "num_shards",
+    "log_every",
+    "epochs",
+    "save_checkpoints_steps",
+    "days",
+    "admission",
+    "bloom_counters",
+    "capacity",
+    "evict_every",
+    "static_buckets",
+)
+
+
+def parse_args(argv=None):
+    """Parses the command line.
+
+    Args:
+      argv: argument list without the program name (default ``sys.argv[1:]``).
+
+    Returns:
+      An ``argparse.Namespace`` with every default filled in (``--quick`` picks
+      small defaults for flags not given).
+    """
+    parser = argparse.ArgumentParser(
+        prog="python -m tensorflow_ext.examples.ctr",
+        description="DeepFM / Wide&Deep CTR Estimator with tf_ext dynamic embeddings.",
+    )
+    # --help lists the flags in this order: the job, its sizes, the run, the feature lifecycle, the process.
+    for add_flags in (_add_job_flags, _add_size_flags, _add_run_flags, _add_lifecycle_flags, _add_process_flags):
+        add_flags(parser)
+    args = parser.parse_args(argv)
+    _fill_defaults(parser, args)
+    _check(parser, args)
+    if args.data:
+        args.train_files = _expand(args.data)
+        if not args.train_files:
+            parser.error("--data %r matches no file" % args.data)
+        args.eval_files = _expand(args.eval_data) if args.eval_data else None
+        if args.eval_data and not args.eval_files:
+            parser.error("--eval_data %r matches no file" % args.eval_data)
+    return args
+
+
+def _add_job_flags(p):
+    """What is trained, where it is kept, and on which data."""
+    p.add_argument(
+        "--model",
+        choices=("deepfm", "wide_deep"),
+        default="deepfm",
+        help="model: DeepFM (first order + FM + MLP on shared embeddings) or "
+        "Wide&Deep (linear on per-id weights + MLP on embeddings). Default deepfm.",
+    )
+    p.add_argument(
+        "--model_dir",
+        default=DEFAULT_MODEL_DIR,
+        help="checkpoints and TensorBoard summaries; re-running continues from its " "checkpoint. Default %(default)s.",
+    )
+    p.add_argument("--fresh", action="store_true", help="delete --model_dir first (start from scratch).")
+    p.add_argument(
+        "--data",
+        default=None,
+        help="Criteo-format TSV training files (comma-separated globs) instead of the " "synthetic stream.",
+    )
+    p.add_argument(
+        "--eval_data",
+        default=None,
+        help="TSV evaluation files. Default with --data: a 1/10 hash-split of --data " "held out from training.",
+    )
+    p.add_argument("--epochs", type=int, default=1, help="passes over --data (default 1).")
+    p.add_argument(
+        "--quick",
+        action="store_true",
+        help="tiny run for tests (%s)." % ", ".join("%s=%s" % kv for kv in sorted(_QUICK.items())),
+    )
+
+
+def _add_size_flags(p):
+    """Steps, batches, the model's sizes and its optimizer."""
+    p.add_argument(
+        "--steps",
+        type=int,
+        default=None,
+        help="training steps in this run (default %d; %d with --quick; with --data: "
+        "until the data is exhausted)." % (_DEFAULTS["steps"], _QUICK["steps"]),
+    )
+    p.add_argument(
+        "--batch_size", type=int, default=None, help="examples per step (default %d)." % _DEFAULTS["batch_size"]
+    )
+    p.add_argument(
+        "--eval_steps",
+        type=int,
+        default=None,
+        help="evaluation batches (default %d; with --data: all eval data)." % _DEFAULTS["eval_steps"],
+    )
+    p.add_argument("--dim", type=int, default=None, help="embedding width per field (default %d)." % _DEFAULTS["dim"])
+    p.add_argument(
+        "--hidden", default=None, help="MLP hidden sizes, comma-separated (default %s)." % _DEFAULTS["hidden"]
+    )
+    p.add_argument(
+        "--optimizer",
+        choices=_OPTIMIZERS,
+        default="adagrad",
+        help="stock tf.compat.v1.train optimizer for all variables and tables " "(default adagrad).",
+    )
+    p.add_argument(
+        "--learning_rate",
+        type=float,
+        default=None,
+        help="default: %s." % ", ".join("%s %g" % kv for kv in sorted(_DEFAULT_LR.items())),
+    )
+    p.add_argument("--num_shards", type=int, default=1, help="shards per table (default 1).")
+
+
+def _add_run_flags(p):
+    """The synthetic stream, logging, checkpoints, distribution and the serving export."""
+    p.add_argument(
+        "--max_ids",
+        type=int,
+        default=None,
+        help="synthetic: id space per field, caps Criteo's cardinalities " "(default 2^22).",
+    )
+    p.add_argument("--zipf", type=float, default=1.1, help="synthetic: Zipf exponent of id frequencies (default 1.1).")
+    p.add_argument(
+        "--seed", type=int, default=0, help="synthetic: seed of the hidden model and the draws; also the TF seed."
+    )
+    p.add_argument(
+        "--log_every",
+        type=int,
+        default=None,
+        help="log loss, steps/s and table keys every N steps (default %d)." % _DEFAULTS["log_every"],
+    )
+    p.add_argument(
+        "--save_checkpoints_secs",
+        type=int,
+        default=120,
+        help="checkpoint period in seconds; one is always written at the end " "(default 120).",
+    )
+    p.add_argument(
+        "--save_checkpoints_steps",
+        type=int,
+        default=None,
+        help="checkpoint every N steps instead of --save_checkpoints_secs (with --distributed the default is %d: "
+        "model-parallel tables are saved by all ranks together, at the same step)." % _DISTRIBUTED_SAVE_STEPS,
+    )
+    p.add_argument(
+        "--distributed",
+        choices=_DISTRIBUTED,
+        default=None,
+        help="train under horovodrun: model_parallel (each rank holds 1/N of every table's keys) or data_parallel "
+        "(each rank holds full replicas). --batch_size is per rank.",
+    )
+    p.add_argument(
+        "--export_dir",
+        default=None,
+        help="where the serving SavedModel goes (default: <model_dir>/export; a timestamped directory inside).",
+    )
+    p.add_argument("--no_export", action="store_true", help="skip the SavedModel export.")
+
+
+def _add_lifecycle_flags(p):
+    """Day-by-day training, admission and eviction, and the static-table baseline."""
+    p.add_argument(
+        "--days",
+        type=int,
+        default=None,
+        help="day-by-day mode: N days of --steps each on a drifting stream; every day continues from yesterday's "
+        "checkpoint, trains, evaluates on the next day's data, evicts/admits by the policies and exports; a table "
+        "and a PNG plot (<model_dir>/days.png) at the end.",
+    )
+    p.add_argument(
+        "--drift_per_day",
+        type=float,
+        default=20.0,
+        help="synthetic, with --days: popularity ranks the ids move per day (new ids appear, old ones fade; "
+        "default 20).",
+    )
+    p.add_argument(
+        "--admission",
+        type=int,
+        default=None,
+        help="admission policy: a key gets a row at its N-th training sighting (CountAdmission; default: off).",
+    )
+    p.add_argument(
+        "--bloom_counters",
+        type=int,
+        default=None,
+        help="with --admission: count in a counting Bloom filter of this many counters per table instead.",
+    )
+    p.add_argument("--capacity", type=int, default=None, help="eviction: at most N keys per table (most recent).")
+    p.add_argument(
+        "--steps_to_live", type=int, default=None, help="eviction: drop keys not trained in the last N steps."
+    )
+    p.add_argument(
+        "--evict_every", type=int, default=100, help="with --capacity/--steps_to_live: evict every N steps (100)."
+    )
+    p.add_argument(
+        "--static_buckets",
+        type=int,
+        default=None,
+        help="baseline: static hashed tables of N buckets per field (tf.Variable, ids hashed into buckets) "
+        "instead of dynamic embeddings.",
+    )
+
+
+def _add_process_flags(p):
+    """Graph passes, threads and how much is printed."""
+    p.add_argument(
+        "--graph_passes",
+        action="store_true",
+        help="run the sessions with tf_ext's graph passes (tf_ext.graph.enable_optimizations: the 26 per-table "
+        "lookups and sparse updates fused into multi-table ops; same results).",
+    )
+    p.add_argument(
+        "--threads", type=int, default=0, help="intra-op and inter-op threads (default 0: TensorFlow's choice)."
+    )
+    p.add_argument(
+        "--quiet", action="store_true", help="no progress lines: only warnings, errors and the JSON summary."
+    )
+    p.add_argument(
+        "--verbose",
+        action="store_true",
+        help="also TensorFlow's own logs: the Estimator's INFO log, deprecation "
+        "warnings of the TF1 APIs, the C++ runtime's info lines.",
+    )
+
+
+def _fill_defaults(p, args):
+    """The defaults that depend on other flags (--quick, --data, --optimizer, --model_dir, --distributed)."""
+    defaults = _QUICK if args.quick else _DEFAULTS
+    for k, v in defaults.items():
+        if getattr(args, k) is None and not (args.data and k in ("steps", "eval_steps")):
+            setattr(args, k, v)
+    if args.learning_rate is None:
+        args.learning_rate = _DEFAULT_LR[args.optimizer]
+    try:
+        args.hidden_units = [int(h) for h in args.hidden.split(",") if h.strip()]
+    except ValueError:
+        p.error("--hidden must be comma-separated ints, got %r" % args.hidden)
+    if args.export_dir is None:
+        args.export_dir = os.path.join(args.model_dir, "export")
+    if args.distributed and args.save_checkpoints_steps is None:
+        args.save_checkpoints_steps = _DISTRIBUTED_SAVE_STEPS
+
+
+def _check(p, args):
+    """Refuses values out of range and flags that exclude each other."""
+    for name in _POSITIVE_FLAGS:
+        if getattr(args, name) is not None and getattr(args, name) < 1:
+            p.error("--%s must be >= 1" % name)
+    if args.steps is not None and args.steps < 0:
+        p.error("--steps must be >= 0")
+    if args.steps_to_live is not None and args.steps_to_live < 0:
+        p.error("--steps_to_live must be >= 0")
+    if args.bloom_counters is not None and args.admission is None:
+        p.error("--bloom_counters needs --admission")
+    if args.static_buckets and (args.admission or args.capacity or args.steps_to_live is not None):
+        p.error("--static_buckets (static tables) excludes the dynamic-embedding policies")
+    if args.days and args.data:
+        p.error("--days uses the synthetic stream (not --data)")
+    if args.quiet and args.verbose:
+        p.error("--quiet and --verbose exclude each other")
+
+
+def _expand(patterns):
+    """Comma-separated globs -> the files they match, sorted per glob (a name that globs to nothing but exists)."""
+    files = []
+    for pat in patterns.split(","):
+        pat = pat.strip()
+        if pat:
+            files.extend(sorted(glob.glob(pat)) or ([pat] if os.path.isfile(pat) else []))
+    return files

@@ -1,0 +1,98 @@
+"""The CTR example's training progress: a session hook that prints and keeps the run's throughput and loss.
+
+Throughput is measured from the first step on (the first step warms the graph up and is not counted); the
+hook also keeps the tables' final key count and bytes for the run's summary.
+"""
+
+import time
+
+import numpy as np
+import tensorflow as tf
+
+from tensorflow_ext.examples.ctr import log
+
+
+class ProgressHook(tf.compat.v1.train.SessionRunHook):
+    """Prints step, loss, steps/s, examples/s and table keys; keeps the run's throughput."""
+
+    # The last instance made in this process (the Estimator builds the hook inside
+    # model_fn), read by the run for its summary.
+    last = None
+
+    def __init__(self, loss, total_keys, total_bytes, global_step, every_n, batch_size, show=True, tables_where=""):
+        self._loss = loss
+        self._keys = total_keys
+        self._bytes = total_bytes
+        self._show = show
+        self._step = global_step
+        self._every = max(1, int(every_n))
+        self._batch = batch_size
+        self._where = (" " + tables_where) if tables_where else ""
+        self.steps = 0
+        self.losses = []
+        self.first_step_time = None
+        self.last_time = None
+        self.final_keys = None
+        self.final_bytes = None
+        self.final_step = None
+        ProgressHook.last = self
+
+    def begin(self):
+        self._window_start = None
+        self._window_steps = 0
+
+    def before_run(self, run_context):
+        fetches = {"loss": self._loss, "step": self._step}
+        if (self.steps + 1) % self._every == 0:
+            fetches["keys"] = self._keys
+            fetches["bytes"] = self._bytes
+        return tf.compat.v1.train.SessionRunArgs(fetches)
+
+    def after_run(self, run_context, run_values):
+        now = time.time()
+        r = run_values.results
+        self.steps += 1
+        self.losses.append(float(r["loss"]))
+        self.final_step = int(r["step"]) + 1
+        if self.first_step_time is None:
+            # Throughput is measured after the first step (graph warm-up).
+            self.first_step_time = now
+            self._window_start = now
+            self._window_steps = 0
+        else:
+            self._window_steps += 1
+        self.last_time = now
+        if "keys" in r:
+            self.final_keys = int(r["keys"])
+            self.final_bytes = int(r["bytes"])
+            self._log_window(now)
+            self._window_start = now
+            self._window_steps = 0
+
+    def _log_window(self, now):
+        """The progress line of the logging period that ends now."""
+        dt = now - self._window_start
+        rate = self._window_steps / dt if dt > 0 else float("nan")
+        if self._show:
+            log.say(
+                "step %d: loss %.4f (mean of last %d: %.4f), %.1f steps/s, %.0f examples/s, %d table keys (%s)%s",
+                self.final_step,
+                self.losses[-1],
+                min(len(self.losses), self._every),
+                float(np.mean(self.losses[-self._every :])),
+                rate,
+                rate * self._batch,
+                self.final_keys,
+                log.mib(self.final_bytes),
+                self._where,
+            )
+
+    def end(self, session):
+        # The tables as training left them (also for runs shorter than one logging period).
+        self.final_keys, self.final_bytes = (int(v) for v in session.run([self._keys, self._bytes]))
+
+    def steps_per_sec(self):
+        """Steps per second over the run, excluding the first step (None if < 2 steps)."""
+        if self.steps < 2 or self.last_time is None or self.last_time <= self.first_step_time:
+            return None
+        return (self.steps - 1) / (self.last_time - self.first_step_time)

@@ -9,7 +9,8 @@
   warm_start.py    warm start of dynamic embeddings from a checkpoint (any shard count, dims converted on request)
   policy_state.py  the admission and eviction policies' state, restored where present, started empty where not
 
-The package sits above the shard (embedding/shard.py) and below the embedding object (embedding/variable.py), which
-builds its shards' saveables with `save.shard_saveables`: it reads a shard through its interface (handle, name, dim,
+The package sits above the shard (embedding/shard.py) and the embedding's state (embedding/state.py), and below the
+embedding object (embedding/variable.py), whose distribution builds its shards' saveables (`save.shard_saveables`,
+or a subclass's, as Horovod's model-parallel one). It reads a shard through its interface (table ref, name, dim,
 width, slot groups, embedding) and never imports the modules above it.
 """

@@ -64,7 +64,7 @@ from tensorflow_ext.embedding.keys import HashPartition
 from tensorflow_ext.table.table_ops import HashTable
 from tensorflow_ext.tf_compat import graph_edits
 
-__all__ = ["BloomAdmission", "CountAdmission", "admitted_lookup"]
+__all__ = ["ADMIT_EVERY_KEY", "BloomAdmission", "CountAdmission"]
 
 _FLOAT32_MAX = float(np.finfo(np.float32).max)
 
@@ -98,6 +98,12 @@ class AdmitEveryKey(object):
         """`removed` as it is: there are no counts to decay."""
         del emb
         return removed
+
+    def admitted_lookup(self, emb, unique_keys, is_training, lookup, return_admitted=False):
+        """`lookup(unique_keys)`: every key is admitted (with return_admitted, and a bool [n] of True)."""
+        del emb, is_training
+        rows = lookup(unique_keys)
+        return (rows, tf.ones_like(unique_keys, tf.bool)) if return_admitted else rows
 
     def __eq__(self, other):
         return type(other) is type(self)
@@ -241,6 +247,48 @@ class Admission(abc.ABC):
             decay = self.decay(emb)
         with tf.control_dependencies([decay]):
             return tf.identity(removed)
+
+    def admitted_lookup(self, emb, unique_keys, is_training, lookup, return_admitted=False):
+        """Rows [n, dim] of unique int64 keys [n] under this admission policy.
+
+        Args:
+          emb: the `DynamicEmbedding` (with this policy).
+          unique_keys: int64 [n], unique.
+          is_training: as in the lookups (True, False or None).
+          lookup: callable(keys) -> rows [m, dim] of unique keys (the lookup without admission; it inserts in training).
+          return_admitted: also return which keys are admitted (pooled lookups leave the others out).
+
+        Returns:
+          float32 [n, dim]: the rows of admitted keys (differentiable, their gradients reach the table) and
+          `default_value` rows for the others (no gradient); with return_admitted, (rows, bool [n]: admitted).
+        """
+        state = emb.state.admission
+        with tf.name_scope("admission"):
+            n = tf.size(unique_keys)
+            has_row = _has_row(emb, unique_keys)
+            training = _training_flag(emb, is_training)
+            waiting = tf.boolean_mask(unique_keys, tf.logical_not(has_row))
+
+            def count_and_admit():
+                counts = self._count(state, waiting)
+                newly = counts >= self.min_count
+                new_keys = tf.boolean_mask(waiting, newly)
+                updates = [state["admitted"].assign_add(tf.cast(tf.size(new_keys), tf.int64))]
+                forget = self._forget(state, new_keys)
+                if forget is not None:
+                    updates.append(forget)
+                with tf.control_dependencies(updates):
+                    return tf.identity(newly)
+
+            newly = tf.cond(training, count_and_admit, lambda: tf.zeros_like(waiting, tf.bool))
+            admitted = tf.tensor_scatter_nd_update(has_row, tf.where(tf.logical_not(has_row)), newly)
+            positions = tf.where(admitted)  # [m, 1]
+            rows = lookup(tf.gather_nd(unique_keys, positions))
+            # scatter_nd's gradient is a gather: only the admitted keys' rows get (and pass on) a gradient.
+            out = tf.scatter_nd(positions, rows, tf.stack([tf.cast(n, tf.int64), emb.dim]))
+            if self.default_value:
+                out = tf.where(tf.expand_dims(admitted, 1), out, tf.fill(tf.shape(out), self.default_value))
+            return (out, admitted) if return_admitted else out
 
     @abc.abstractmethod
     def _decay(self, emb, state):
@@ -426,46 +474,3 @@ def _has_row(emb, keys):
         with tf_ops.colocate_with(shard.handle):
             found.append(shard.table.contains(part))
     return found[0] if positions is None else tf.dynamic_stitch(positions, found)
-
-
-def admitted_lookup(emb, unique_keys, is_training, lookup, return_admitted=False):
-    """Rows [n, dim] of unique int64 keys [n] under the embedding's admission policy.
-
-    Args:
-      emb: the `DynamicEmbedding` (with an admission policy).
-      unique_keys: int64 [n], unique.
-      is_training: as in the lookups (True, False or None).
-      lookup: callable(keys) -> rows [m, dim] of unique keys (the lookup without admission; it inserts in training).
-      return_admitted: also return which keys are admitted (pooled lookups leave the others out).
-
-    Returns:
-      float32 [n, dim]: the rows of admitted keys (differentiable, their gradients reach the table) and
-      `default_value` rows for the others (no gradient); with return_admitted, (rows, bool [n]: admitted).
-    """
-    policy, state = emb.config.admission, emb.state.admission
-    with tf.name_scope("admission"):
-        n = tf.size(unique_keys)
-        has_row = _has_row(emb, unique_keys)
-        training = _training_flag(emb, is_training)
-        waiting = tf.boolean_mask(unique_keys, tf.logical_not(has_row))
-
-        def count_and_admit():
-            counts = policy._count(state, waiting)  # pylint: disable=protected-access
-            newly = counts >= policy.min_count
-            new_keys = tf.boolean_mask(waiting, newly)
-            updates = [state["admitted"].assign_add(tf.cast(tf.size(new_keys), tf.int64))]
-            forget = policy._forget(state, new_keys)  # pylint: disable=protected-access
-            if forget is not None:
-                updates.append(forget)
-            with tf.control_dependencies(updates):
-                return tf.identity(newly)
-
-        newly = tf.cond(training, count_and_admit, lambda: tf.zeros_like(waiting, tf.bool))
-        admitted = tf.tensor_scatter_nd_update(has_row, tf.where(tf.logical_not(has_row)), newly)
-        positions = tf.where(admitted)  # [m, 1]
-        rows = lookup(tf.gather_nd(unique_keys, positions))
-        # scatter_nd's gradient is a gather: only the admitted keys' rows get (and pass on) a gradient.
-        out = tf.scatter_nd(positions, rows, tf.stack([tf.cast(n, tf.int64), emb.dim]))
-        if policy.default_value:
-            out = tf.where(tf.expand_dims(admitted, 1), out, tf.fill(tf.shape(out), policy.default_value))
-        return (out, admitted) if return_admitted else out

@@ -10,6 +10,8 @@ alltoall, the checkpoint gathered from every rank); it is given to an embedding 
 A distribution has:
   name: "model" for a model-parallel one, None for `SINGLE_PROCESS` (what `DynamicEmbedding.distribution` reports
     as None);
+  lookup_unique(emb, unique_keys, lookup_local, width=None): the rows of unique keys, wherever they are held, from
+    `lookup_local(emb, keys)` (the lookup of this process's shards) run where the keys are;
   shard_saveables(shards): the SaveableObjects of one embedding's shards.
 Distributions are values: equal distributions (same kind, same processes) compare equal.
 """
@@ -23,6 +25,11 @@ class SingleProcess(object):
     """The do-nothing distribution: this process holds every key it trains (use `SINGLE_PROCESS`)."""
 
     name = None
+
+    def lookup_unique(self, emb, unique_keys, lookup_local, width=None):
+        """`lookup_local(emb, unique_keys)`: this process holds every key."""
+        del width  # the local lookup's own columns
+        return lookup_local(emb, unique_keys)
 
     def shard_saveables(self, shards):
         """The shards' plain saveables (`checkpoint.save.shard_saveables`)."""

@@ -30,7 +30,6 @@ import tensorflow as tf
 from tensorflow.core.framework import attr_value_pb2
 
 from tensorflow_ext.embedding import _ops
-from tensorflow_ext.embedding import admission as admission_lib
 from tensorflow_ext.embedding import embedding_ops
 from tensorflow_ext.embedding import variable as var_lib
 from tensorflow_ext.table import refs
@@ -132,22 +131,18 @@ def _lookup_training_table(shard, keys, is_training, step):
 
 def _lookup_unique(emb, unique_keys, is_training):
     """Rows [n, dim] (dense gradient) of unique int64 keys [n], over all shards (and processes, for an
-    embedding with a distribution)."""
-    if emb.distribution is not None:
-        return emb.distribution.lookup_unique(
-            emb, unique_keys, lambda e, keys: _lookup_unique_local(e, keys, is_training)
-        )
-    return _lookup_unique_local(emb, unique_keys, is_training)
+    embedding distributed over processes)."""
+    return emb.config.distribution.lookup_unique(
+        emb, unique_keys, lambda e, keys: _lookup_unique_local(e, keys, is_training)
+    )
 
 
 def _lookup_unique_local(emb, unique_keys, is_training):
-    """`_lookup_unique` over this process's shards."""
-    if emb.admission is not None:
-        # On the keys' owner for a model-parallel embedding: its counts see every rank's lookups.
-        return admission_lib.admitted_lookup(
-            emb, unique_keys, is_training, lambda keys: _lookup_unique_rows(emb, keys, is_training)
-        )
-    return _lookup_unique_rows(emb, unique_keys, is_training)
+    """`_lookup_unique` over this process's shards, under the admission policy (on the keys' owner for a
+    model-parallel embedding: its counts see every rank's lookups)."""
+    return emb.config.admission.admitted_lookup(
+        emb, unique_keys, is_training, lambda keys: _lookup_unique_rows(emb, keys, is_training)
+    )
 
 
 def _lookup_unique_admitted(emb, unique_keys, is_training):
@@ -162,7 +157,7 @@ def _lookup_unique_admitted(emb, unique_keys, is_training):
         return _lookup_unique(emb, unique_keys, is_training), None
 
     def local(e, keys):
-        return admission_lib.admitted_lookup(
+        return e.config.admission.admitted_lookup(
             e, keys, is_training, lambda k: _lookup_unique_rows(e, k, is_training), return_admitted=True
         )
 

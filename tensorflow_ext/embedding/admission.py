@@ -56,13 +56,12 @@ import math
 import numpy as np
 import tensorflow as tf
 from tensorflow.core.framework import attr_value_pb2
-from tensorflow.python.framework import ops as tf_ops
-from tensorflow.python.framework import tensor_util
 
 from tensorflow_ext.embedding.checkpoint import policy_state
 from tensorflow_ext.embedding.keys import HashPartition
 from tensorflow_ext.table.table_ops import HashTable
 from tensorflow_ext.tf_compat import graph_edits
+from tensorflow_ext.tf_compat import internals
 
 __all__ = ["ADMIT_EVERY_KEY", "BloomAdmission", "CountAdmission"]
 
@@ -459,7 +458,7 @@ def _training_flag(emb, is_training):
     if is_training is None:
 
         def activate():
-            value = tensor_util.make_tensor_proto(True, tf.bool)
+            value = tf.make_tensor_proto(True, tf.bool)
             graph_edits.set_attr(flag.op, "value", attr_value_pb2.AttrValue(tensor=value))
 
         emb.shards[0].lookups.when_training(activate, [flag.op])
@@ -471,6 +470,6 @@ def _has_row(emb, keys):
     parts, positions = emb.partition.split(keys)
     found = []
     for shard, part in zip(emb.shards, parts):
-        with tf_ops.colocate_with(shard.handle):
+        with internals.ops.colocate_with(shard.handle):
             found.append(shard.table.contains(part))
     return found[0] if positions is None else tf.dynamic_stitch(positions, found)

@@ -6,12 +6,12 @@ import contextlib
 import threading
 
 import tensorflow as tf
-from tensorflow.python.ops import variable_scope as vs
 
 from tensorflow_ext import tf_compat
 from tensorflow_ext.embedding import config as config_lib
 from tensorflow_ext.embedding import variable as var_lib
 from tensorflow_ext.embedding.state import get_dynamic_embeddings
+from tensorflow_ext.tf_compat import internals
 
 __all__ = ["creation_hook", "dense_variables", "get_dynamic_embedding", "get_dynamic_embeddings"]
 
@@ -242,8 +242,7 @@ def get_dynamic_embedding(
             "Dynamic embedding %s does not exist, or was not created with tf_ext.get_dynamic_embedding(). "
             "Did you mean to set reuse=tf.compat.v1.AUTO_REUSE in VarScope?" % full_name
         )
-    store = vs._get_default_variable_store()  # pylint: disable=protected-access
-    if full_name in getattr(store, "_vars", {}):
+    if internals.variable_store_has(full_name):
         raise ValueError("Cannot create dynamic embedding %s: a variable of that name exists" % full_name)
 
     return var_lib.DynamicEmbedding(_through_hooks(config))

@@ -45,10 +45,10 @@ import math
 
 import numpy as np
 import tensorflow as tf
-from tensorflow.python.framework import ops as tf_ops
 
 from tensorflow_ext.embedding.checkpoint import policy_state
 from tensorflow_ext.embedding import state as state_lib
+from tensorflow_ext.tf_compat import internals
 
 __all__ = ["EvictionHook", "EvictionPolicy", "EvictionSaverListener", "evict", "restrict"]
 
@@ -219,7 +219,7 @@ class EvictionPolicy(object):
           ValueError: steps_to_live without a global step.
         """
         removed = []
-        with tf_ops.colocate_with(shard.handle):
+        with internals.ops.colocate_with(shard.handle):
             if self.steps_to_live is not None or self.min_frequency is not None:
                 min_version, min_freq = self._min_version_and_frequency(global_step)
                 removed.append(shard.table.evict(min_version, min_freq))
@@ -310,7 +310,7 @@ _INT64_MIN = -(1 << 63)
 
 def _export_keys_and_versions(shard, survives=None):
     """The shard's keys and versions; with `survives`, only those of the rows it keeps."""
-    with tf_ops.colocate_with(shard.handle):
+    with internals.ops.colocate_with(shard.handle):
         cols = 1 if survives is None else shard.dim
         keys, values, versions, freqs = shard.table.export(cols=cols)
         if survives is not None:
@@ -330,7 +330,7 @@ def _remove_beyond_capacity(emb, capacity, targets, survives=None):
     cap = tf.constant(capacity, tf.int64)
     sizes = []
     for shard in emb.shards:
-        with tf_ops.colocate_with(shard.handle):
+        with internals.ops.colocate_with(shard.handle):
             sizes.append(shard.table.size())
     total = tf.add_n(sizes) if len(sizes) > 1 else sizes[0]
 
@@ -363,7 +363,7 @@ def _remove_beyond_capacity(emb, capacity, targets, survives=None):
         for shard in targets:
             i = emb.shards.index(shard)
             shard_keys, shard_versions = exported[i]
-            with tf_ops.colocate_with(shard.handle):
+            with internals.ops.colocate_with(shard.handle):
                 if drop_all:
                     drop = shard_keys
                 else:

@@ -21,7 +21,6 @@ import collections
 
 import numpy as np
 import tensorflow as tf
-from tensorflow.python.framework import ops as tf_ops
 
 from tensorflow_ext import tf_compat
 from tensorflow_ext.embedding import state as state_lib
@@ -30,6 +29,7 @@ from tensorflow_ext.embedding.keys import HashPartition
 from tensorflow_ext.embedding.keys import string_to_key
 from tensorflow_ext.embedding.layout import DynamicEmbeddingSlot  # noqa: F401  (re-exported)
 from tensorflow_ext.embedding.state import GraphKeys
+from tensorflow_ext.tf_compat import internals
 
 __all__ = [
     "GraphKeys",
@@ -313,7 +313,7 @@ class DynamicEmbedding(object):
         with tf.name_scope(name or (self.name.split("/")[-1] + "_size")):
             sizes = []
             for shard in shards:
-                with tf_ops.colocate_with(shard.handle):
+                with internals.ops.colocate_with(shard.handle):
                     sizes.append(shard.table.size())
             return tf.add_n(sizes) if len(sizes) > 1 else tf.identity(sizes[0])
 
@@ -334,7 +334,7 @@ class DynamicEmbedding(object):
         with tf.name_scope(name or (self.name.split("/")[-1] + "_memory_bytes")):
             parts = []
             for shard in self._shards:
-                with tf_ops.colocate_with(shard.handle):
+                with internals.ops.colocate_with(shard.handle):
                     parts.append(shard.table.memory_bytes())
             return tf.add_n(parts) if len(parts) > 1 else tf.identity(parts[0])
 
@@ -413,7 +413,7 @@ class DynamicEmbedding(object):
             outs = []
             for shard, part in zip(self._shards, parts):
                 shard_col = shard.slot_group(optimizer).column(slot_name)
-                with tf_ops.colocate_with(shard.handle):
+                with internals.ops.colocate_with(shard.handle):
                     values, _ = shard.table.find(
                         part, tf.fill([self.dim], tf.constant(default, tf.float32)), col_begin=shard_col, cols=self.dim
                     )
@@ -490,7 +490,7 @@ class DynamicEmbedding(object):
                 vparts = tf.dynamic_partition(values, sid, len(self._shards))
             ops = []
             for shard, k, v in zip(self._shards, parts, vparts):
-                with tf_ops.colocate_with(shard.handle):
+                with internals.ops.colocate_with(shard.handle):
                     ops.append(shard.table.insert(k, v, tf.constant(-1, tf.int64), count=False))
             return tf.group(*ops)
 
@@ -513,14 +513,14 @@ class DynamicEmbedding(object):
             parts, _ = self._partition.split(keys)
             counts = []
             for shard, k in zip(self._shards, parts):
-                with tf_ops.colocate_with(shard.handle):
+                with internals.ops.colocate_with(shard.handle):
                     counts.append(shard.table.remove(k))
             return tf.add_n(counts)
 
 
 def _export_shard(shard, with_slots):
     # A frozen table holds the embedding only: its export has no slots, and zeros as versions and frequencies.
-    with tf_ops.colocate_with(shard.handle):
+    with internals.ops.colocate_with(shard.handle):
         if with_slots:
             shard.freeze_layout("export(with_slots=True)")
         return ExportedEmbedding(*shard.table.export_split(full_rows=with_slots))

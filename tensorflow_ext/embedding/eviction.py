@@ -79,7 +79,6 @@ class NeverEvict(object):
 
     evicts = False
     every_n_steps = None
-    capacity = None
 
     def build(self, emb):
         """No state: an empty dict."""

@@ -154,7 +154,6 @@ class HashTable(lookup_ops.LookupInterface):
         if initial_capacity > MAX_CAPACITY:
             raise refs.invalid_argument("initial_capacity is absurdly large: %d > 2^40" % initial_capacity)
         self._layout = layout
-        self._table_ref = None
         self._initial_capacity = initial_capacity
         self._shard_bits = int(shard_bits)
         self._huge_pages = bool(huge_pages)
@@ -172,7 +171,7 @@ class HashTable(lookup_ops.LookupInterface):
             )
 
     def _create_resource(self):
-        self._table_ref = refs.MutableTableRef.create(
+        handle = refs.MutableTableRef.create(
             self._layout,
             initial_capacity=self._initial_capacity,
             shard_bits=self._shard_bits,
@@ -182,11 +181,16 @@ class HashTable(lookup_ops.LookupInterface):
             shared_name=self._shared_name or "",
             use_node_name_sharing=self._shared_name is None,
             name=self._name,
-        )
-        handle = self._table_ref.handle
+        ).handle
         if not tf.executing_eagerly():
             self._table_name = handle.op.name.split("/")[-1]
         return handle
+
+    @property
+    def _table_ref(self):
+        # The ref of the current `resource_handle`: TF calls `_create_resource` again to trace a SavedModel's
+        # resource creator, and that handle (of a function graph) must not replace the one the ops use.
+        return refs.MutableTableRef(self.resource_handle, self._layout)
 
     # ---- layout -------------------------------------------------------------
 

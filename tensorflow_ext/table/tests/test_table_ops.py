@@ -1,5 +1,10 @@
 """Semantics of the tf_ext table ops against numpy/dict references (TF1 graph mode)."""
 
+import os
+import subprocess
+import sys
+import textwrap
+
 import numpy as np
 import pytest
 import tensorflow as tf
@@ -313,3 +318,29 @@ def test_huge_pages_option_keeps_contents(graph, sess, huge_pages):
     got = sess.run(table.find(keys[::7]))
     np.testing.assert_array_equal(got, vals[::7])
     assert sess.run(table.size()) == n
+
+
+_ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)))))
+
+
+def test_eager_table_ops_use_its_handle_after_saved_model_save(tmp_path):
+    # tf.saved_model.save traces the resource's creator (a second _create_resource in a function graph); the
+    # table's ops must keep using its own handle afterwards. Eager mode, so in a fresh process.
+    code = """
+        import tensorflow as tf
+        from tensorflow_ext.table.table_ops import HashTable
+        table = HashTable(dim=2)
+        table.insert(tf.constant([1, 2], tf.int64), tf.constant([[1.0, 1.0], [2.0, 2.0]]))
+        module = tf.Module()
+        module.table = table
+        tf.saved_model.save(module, %r)
+        print(table.find(tf.constant([1, 3], tf.int64)).numpy().tolist(), int(table.size()))
+    """ % str(
+        tmp_path / "saved"
+    )
+    env = dict(os.environ, PYTHONPATH=_ROOT, TF_CPP_MIN_LOG_LEVEL="2")
+    proc = subprocess.run(
+        [sys.executable, "-c", textwrap.dedent(code)], cwd=_ROOT, env=env, capture_output=True, text=True, timeout=300
+    )
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    assert proc.stdout.strip().splitlines()[-1] == "[[1.0, 1.0], [0.0, 0.0]] 2"

@@ -14,7 +14,7 @@ _TABLE = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 _ROOT = os.path.dirname(os.path.dirname(_TABLE))
 _EMBEDDING = os.path.join(_ROOT, "tensorflow_ext", "embedding")
 
-_CC_SUFFIXES = (".h", ".cc", ".cu.cc")
+_CC_SUFFIXES = (".h", ".cc", ".cu", ".cuh")  # .cu.cc ends in .cc
 # Every #include, conditional ones too (the CUDA table's includes depend on __CUDACC__).
 _INCLUDE = re.compile(r'^\s*#\s*include\s*[<"]([^>"]+)[>"]', re.MULTILINE)
 _EMBEDDING_LABEL = re.compile(r'"(?:@[^"/]*)?//tensorflow_ext/embedding[/:"]')

@@ -1,0 +1,68 @@
+"""A model-parallel embedding restores every key it owns with its own row, at any rank and shard count, from a
+checkpoint whose shard tensors hold the keys where a save puts them or anywhere else (restore places each key by
+the current partition after keeping the keys the rank owns)."""
+
+import os
+
+import numpy as np
+import pytest
+import tensorflow as tf
+
+from tensorflow_ext.embedding import keys as keys_lib
+from tensorflow_ext.horovod.tests.test_horovod import horovodrun
+
+tf.compat.v1.disable_v2_behavior()
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+WORKER = os.path.join(HERE, "model_parallel_restore_worker.py")
+DIM = 3
+
+
+def _checkpoint(tmp_path, num_shards, layout):
+    """Writes, with a plain Saver of tf.Variables, the shard tensors of an Adagrad embedding "emb" (`layout`: each
+    key in its hash shard's tensors, as a save writes them, or in another one); returns (path, truth .npz path)."""
+    rng = np.random.RandomState(7)
+    keys = np.unique(rng.randint(-(2**62), 2**62, size=200)).astype(np.int64)
+    n = len(keys)
+    with tf.Graph().as_default(), tf.compat.v1.Session() as sess:
+        right = sess.run(keys_lib.hash_key_shard_ids(tf.constant(keys), num_shards))
+    where = right if layout == "hashed" else (right + 1) % num_shards
+    truth = dict(
+        keys=keys,
+        shard=right,
+        values=rng.normal(size=[n, DIM]).astype(np.float32),
+        slots=rng.uniform(0.1, 2.0, size=[n, DIM]).astype(np.float32),
+        versions=rng.randint(0, 100, size=n).astype(np.int64),
+        freqs=rng.randint(1, 50, size=n).astype(np.int64),
+    )
+    with tf.Graph().as_default():
+        var_list = {}
+        for i in range(num_shards):
+            m = where == i
+            for suffix, value in (
+                ("keys", keys[m]),
+                ("values", truth["values"][m]),
+                ("slots", truth["slots"][m]),
+                ("versions", truth["versions"][m]),
+                ("freqs", truth["freqs"][m]),
+                ("num_shards", np.int64(num_shards)),
+            ):
+                name = "emb/part_%d-%s" % (i, suffix)
+                var_list[name] = tf.compat.v1.get_variable("v%d_%s" % (i, suffix), initializer=tf.constant(value))
+        saver = tf.compat.v1.train.Saver(var_list=var_list)
+        with tf.compat.v1.Session() as sess:
+            sess.run(tf.compat.v1.global_variables_initializer())
+            path = saver.save(sess, str(tmp_path / "ckpt" / "m"))
+    truth_path = str(tmp_path / "truth.npz")
+    np.savez(truth_path, **truth)
+    return path, truth_path
+
+
+@pytest.mark.parametrize("ranks,num_shards", [(2, 2), (3, 3)])
+@pytest.mark.parametrize("layout", ["hashed", "misplaced"])
+def test_model_parallel_restore_gives_every_owned_key_its_row(tmp_path, ranks, num_shards, layout):
+    path, truth_path = _checkpoint(tmp_path, num_shards, layout)
+    code, out = horovodrun(ranks, WORKER, path, truth_path, str(num_shards))
+    assert code == 0, out[-6000:]
+    for r in range(ranks):
+        assert "RESTORE OK %d" % r in out, out[-6000:]

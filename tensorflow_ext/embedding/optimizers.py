@@ -47,7 +47,6 @@ import threading
 import weakref
 
 import tensorflow as tf
-from tensorflow.python.framework import indexed_slices
 
 from tensorflow_ext.embedding import _ops
 from tensorflow_ext.embedding import embedding_ops
@@ -305,7 +304,7 @@ def slot_names(optimizer):
 
 
 def _dedup(grad, shard):
-    if not isinstance(grad, indexed_slices.IndexedSlices):
+    if not isinstance(grad, tf.IndexedSlices):
         raise TypeError(
             "The gradient of dynamic embedding shard %s must be IndexedSlices of keys (as computed by "
             "tf.gradients through tf_ext lookups), got a %s" % (shard.name, type(grad).__name__)

@@ -87,6 +87,7 @@ class EmbeddingConfig(object):
         eviction,
         scope,
         capacity_from="initial_capacity",
+        scope_defaults=True,
     ):
         """`get_dynamic_embedding`'s arguments, checked and completed: the config of the embedding they describe.
 
@@ -97,6 +98,9 @@ class EmbeddingConfig(object):
             preallocate, admission, eviction: as `get_dynamic_embedding` takes them (None: the default).
           scope: the current `tf.compat.v1.VariableScope` (its partitioner and initializer are the defaults).
           capacity_from: how errors about initial_capacity name it ("init_size" when it came from TFRA's init_size).
+          scope_defaults: whether the scope's partitioner and initializer stand in for those not passed. False when
+            the call reuses an existing embedding: only what the caller passed is checked (the scope's defaults
+            shaped the embedding when it was created, and a reused embedding keeps its shards and initializer).
 
         Returns:
           An `EmbeddingConfig`.
@@ -107,13 +111,13 @@ class EmbeddingConfig(object):
         """
         if not isinstance(name, str) or not name:
             raise ValueError("name must be a non-empty string, got %r" % (name,))
-        full_name = scope.name + "/" + name if scope.name else name
+        full_name = scoped_name(scope, name)
         if isinstance(dim, tf.DType) or isinstance(key_dtype, (int, np.integer)) and not isinstance(key_dtype, bool):
             raise TypeError(
                 "get_dynamic_embedding(name, dim, key_dtype, value_dtype, ...) takes dim second; got dim=%r, "
                 "key_dtype=%r. This looks like TFRA's get_variable(name, key_dtype, value_dtype, dim) order: pass "
-                "keywords (get_dynamic_embedding(name, dim=..., key_dtype=...)) or use tensorflow_ext.tfra.get_variable, "
-                "which keeps TFRA's order." % (dim, key_dtype)
+                "keywords (get_dynamic_embedding(name, dim=..., key_dtype=...)) or use "
+                "tensorflow_ext.tfra.get_variable, which keeps TFRA's order." % (dim, key_dtype)
             )
         dim = _check_int("dim of dynamic embedding %r" % name, dim, 1, MAX_DIM)
         key_dtype = tf.as_dtype(key_dtype)
@@ -131,7 +135,13 @@ class EmbeddingConfig(object):
         preallocate = table_ops.check_preallocate(preallocate, initial_capacity, "dynamic embedding %r" % name)
         if devices is not None:
             devices = _check_devices(name, devices)
-        from_scope = num_shards is None and partitioner is None and devices is None and scope.partitioner is not None
+        from_scope = (
+            scope_defaults
+            and num_shards is None
+            and partitioner is None
+            and devices is None
+            and scope.partitioner is not None
+        )
         if from_scope:
             partitioner = scope.partitioner
         if num_shards is None:
@@ -142,7 +152,7 @@ class EmbeddingConfig(object):
             else:
                 num_shards = 1
         num_shards = _check_int("num_shards of dynamic embedding %r" % name, num_shards, 1, MAX_SHARDS)
-        if initializer is None and scope.initializer is not None:
+        if initializer is None and scope_defaults and scope.initializer is not None:
             initializer = scope.initializer
         spec = init_lib.resolve(initializer, dim)
         if admission is None:
@@ -173,6 +183,11 @@ class EmbeddingConfig(object):
             admission=admission,
             eviction=eviction,
         )
+
+
+def scoped_name(scope, name):
+    """The full name of embedding `name` (a non-empty str) got in variable scope `scope`: "<scope name>/<name>"."""
+    return scope.name + "/" + name if scope.name else name
 
 
 def _check_int(what, value, lo, hi):

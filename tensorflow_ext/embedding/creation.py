@@ -151,14 +151,21 @@ def get_dynamic_embedding(
         TypeError that says what to use (`tensorflow_ext.tfra.get_variable`
         takes them all).
 
+    A reused embedding keeps what it was created with: its shards, devices,
+    initializer and capacity are not compared with the arguments (nor is the
+    variable scope's partitioner or initializer consulted), but the arguments
+    passed are checked as for a new embedding, and a dim, key dtype or policy
+    given must equal the embedding's.
+
     Returns:
       A `DynamicEmbedding`.
 
     Raises:
       ValueError: the embedding exists and the scope does not reuse, it does not
-        exist and reuse=True, a reused embedding has another dim/key dtype, a
-        dense variable of that name exists, dim <= 0, num_shards <= 0, or
-        unsupported dtypes.
+        exist and reuse=True, a reused embedding has another dim/key dtype or
+        admission/eviction policy, a creation hook would change a reused
+        embedding (e.g. its Horovod parallelism), a dense variable of that name
+        exists, dim <= 0, num_shards <= 0, or unsupported dtypes.
       TypeError: dim/num_shards not integers, bad initializer.
       RuntimeError: called in eager mode (TF1 graph mode is required).
     """
@@ -181,6 +188,8 @@ def get_dynamic_embedding(
             )
         raise TypeError("get_dynamic_embedding() got an unexpected keyword argument %r" % key)
     scope = tf.compat.v1.get_variable_scope()
+    graph = tf.compat.v1.get_default_graph()
+    existing = _find(graph, config_lib.scoped_name(scope, name)) if isinstance(name, str) and name else None
     config = config_lib.EmbeddingConfig.from_arguments(
         name,
         dim,
@@ -197,12 +206,11 @@ def get_dynamic_embedding(
         eviction,
         scope,
         capacity_from="init_size" if from_init_size else "initial_capacity",
+        scope_defaults=existing is None,
     )
     if reuse is None:
         reuse = scope.reuse
     full_name = config.name
-    graph = tf.compat.v1.get_default_graph()
-    existing = _find(graph, full_name)
     if existing is not None:
         if reuse is False or reuse is None:
             raise ValueError(
@@ -233,7 +241,8 @@ def get_dynamic_embedding(
         hooked = _through_hooks(existing.config)
         if hooked != existing.config:
             raise ValueError(
-                "Trying to share dynamic embedding %s with distribution %r, but it has %r"
+                "Trying to share dynamic embedding %s with distribution %r, but it has %r (a creation hook, such as "
+                "tensorflow_ext.horovod's parallelism, cannot change an embedding that exists)"
                 % (full_name, hooked.distribution, existing.config.distribution)
             )
         return existing

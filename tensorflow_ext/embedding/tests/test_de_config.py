@@ -73,3 +73,15 @@ def test_creation_hooks_shape_new_embeddings_and_cannot_change_reused_ones(graph
             with pytest.raises(ValueError, match="Trying to share dynamic embedding s/e with distribution"):
                 tf_ext.get_dynamic_embedding("e", 2)
     assert seen == ["s/e"]
+
+
+def test_reusing_by_name_ignores_the_variable_scopes_partitioner_and_initializer(graph):
+    # The scope's defaults shape a new embedding only: reusing one by name in a scope with a size-based partitioner
+    # (which needs initial_capacity) or an initializer that does not fit returns it, as before.
+    sized = tf.compat.v1.variable_axis_size_partitioner(max_shard_bytes=1 << 10)
+    with tf.compat.v1.variable_scope("s", partitioner=sized):
+        emb = tf_ext.get_dynamic_embedding("e", 4, initial_capacity=100)
+    with tf.compat.v1.variable_scope("s", partitioner=sized, initializer=[1.0, 2.0], reuse=True):
+        assert tf_ext.get_dynamic_embedding("e", 4) is emb
+        with pytest.raises(ValueError, match="depends on the table's size"):
+            tf_ext.get_dynamic_embedding("e", 4, partitioner=sized)  # passed by the caller: checked

@@ -198,3 +198,32 @@ def test_parallelism_scope_reaches_feature_column_tables():
     assert out[3] == "ValueError dynamic embedding s/a is already model-parallel", out
     assert out[4] == "ValueError parallelism must be 'data' or 'model', got 'pipeline'", out
     assert out[5] == "b None", out
+
+
+def test_a_data_parallel_embedding_cannot_become_model_parallel_when_reused():
+    # Its lookups built so far read the local replica: turning it model-parallel afterwards would mix both kinds.
+    out = run(
+        """
+        import tensorflow as tf
+        tf.compat.v1.disable_v2_behavior()
+        import tensorflow_ext as tf_ext
+        import tensorflow_ext.horovod as tfe_hvd
+        tfe_hvd.init()
+        with tf.compat.v1.variable_scope("s", reuse=tf.compat.v1.AUTO_REUSE):
+            a = tf_ext.get_dynamic_embedding("a", 2)
+            try:
+                tfe_hvd.get_dynamic_embedding("a", 2, parallelism="model")
+            except ValueError as e:
+                print("ValueError", e)
+            try:
+                with tfe_hvd.parallelism_scope("model"):
+                    tf_ext.get_dynamic_embedding("a", 2)
+            except ValueError as e:
+                print("ValueError", e)
+            print(a.distribution)
+    """
+    ).splitlines()
+    for line in out[:2]:
+        assert line.startswith("ValueError Trying to share dynamic embedding s/a with distribution ModelParallel("), out
+        assert line.endswith("cannot change an embedding that exists)"), out
+    assert out[2] == "None", out

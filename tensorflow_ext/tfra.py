@@ -29,6 +29,7 @@ import numpy as np
 import tensorflow as tf
 
 from tensorflow_ext import errors as _errors
+from tensorflow_ext.embedding import config as _config
 from tensorflow_ext.embedding import creation as _creation
 from tensorflow_ext.embedding import eviction as _eviction
 from tensorflow_ext.embedding import keys as _keys
@@ -117,8 +118,9 @@ def default_partition_fn(keys, shard_num):
     return _keys.HashPartition(int(shard_num)).part_ids(keys)
 
 
-# The restrict policy ("timestamp" or "frequency") that get_variable / Variable gave each embedding: TFRA's
-# `Variable.restrict` reads it, and `emb.restrict_policy` returns it. Embeddings made otherwise have none.
+# The restrict policy ("timestamp", "frequency", or None when none was given) of each embedding that get_variable /
+# Variable built or reused last: TFRA's `Variable.restrict` reads it, and `emb.restrict_policy` returns it.
+# Embeddings made otherwise are not in it (they have no `restrict_policy` attribute).
 _restrict_policies = weakref.WeakKeyDictionary()
 
 
@@ -288,6 +290,8 @@ class _VariableType(type):
         )
 
     def __getattr__(cls, name):
+        if name in _EMBEDDING_METHODS:  # TFRA's Variable methods, unbound: called with the embedding first
+            return _EMBEDDING_METHODS[name]
         return getattr(_variable.DynamicEmbedding, name)
 
 
@@ -346,8 +350,7 @@ class Variable(metaclass=_VariableType):
                 ) from None
         if not isinstance(name, str) or not name:
             raise ValueError("Variable(name=%r): name must be a non-empty string" % (name,))
-        scope = tf.compat.v1.get_variable_scope().name
-        full_name = scope + "/" + name if scope else name
+        full_name = _config.scoped_name(tf.compat.v1.get_variable_scope(), name)
         for emb in _creation.get_dynamic_embeddings():
             if emb.name == full_name:
                 raise ValueError(
@@ -708,10 +711,10 @@ def _embedding_lookup_method(emb, ids, name=None, max_norm=None):
 
 
 def _restrict_policy(emb):
-    policy = _restrict_policies.get(emb)
-    if policy is None:
+    # TFRA's Variable.restrict_policy: None for one made without a policy; the native API's embeddings have none.
+    if emb not in _restrict_policies:
         raise AttributeError("'DynamicEmbedding' object has no attribute 'restrict_policy'")
-    return policy
+    return _restrict_policies[emb]
 
 
 def _devices(emb):

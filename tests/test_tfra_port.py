@@ -482,3 +482,30 @@ def test_tfra_clear_refuses_a_serving_table():
             emb = de.get_variable("frozen", dim=2)
         with pytest.raises(ValueError, match=r"frozen\.clear\(\): .*read-only serving table"):
             emb.clear()
+
+
+def test_restrict_policy_is_none_for_a_get_variable_embedding_without_one():
+    # TFRA's Variable.restrict_policy is None when none was given; only embeddings made by the native API lack it.
+    with tf.Graph().as_default():
+        emb = de.get_variable("plain", dim=2)
+        assert emb.restrict_policy is None
+        with tf.compat.v1.variable_scope("", reuse=True):
+            assert de.get_variable("plain", dim=2, restrict_policy=de.TimestampRestrictPolicy) is emb
+        assert emb.restrict_policy == "timestamp"
+        native = tf_ext.get_dynamic_embedding("native", 2)
+        assert not hasattr(native, "restrict_policy")
+
+
+def test_variable_methods_are_attributes_of_the_variable_class():
+    # TFRA's Variable.upsert / lookup / restrict, unbound: called with the embedding first.
+    with tf.Graph().as_default():
+        emb = de.get_variable("unbound", dim=2, initializer=0.0)
+        insert = de.Variable.upsert(emb, tf.constant([3], tf.int64), tf.constant([[1.0, 2.0]]))
+        with tf.control_dependencies([insert]):
+            values = de.Variable.lookup(emb, tf.constant([3, 4], tf.int64))
+        with tf.control_dependencies([values]):
+            removed = de.Variable.restrict(emb, 0)
+        with tf.compat.v1.Session() as sess:
+            got, n = sess.run([values, removed])
+        np.testing.assert_array_equal(got, [[1.0, 2.0], [0.0, 0.0]])
+        assert n == 1

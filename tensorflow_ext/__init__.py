@@ -84,10 +84,6 @@ def _check_tf_at_import():
 _check_tf_at_import()
 
 
-def _tfra_attribute(embedding, name):
-    return _importlib.import_module("tensorflow_ext.tfra").embedding_attribute(embedding, name)
-
-
 def _register_ops_at_import():
     """Loads the op library now: TF needs the op defs and kernels before it reads a graph that uses them.
 
@@ -99,14 +95,27 @@ def _register_ops_at_import():
 
     loader.load_ops()
     _importlib.import_module("tensorflow_ext.embedding.embedding_ops")
-    # TFRA's Variable attributes on a DynamicEmbedding (emb.upsert, emb.lookup, ...) are tensorflow_ext.tfra's,
-    # imported when first asked for: the embedding layer does not import the TFRA module above it.
-    _importlib.import_module("tensorflow_ext.embedding.variable").resolve_other_attributes_with(_tfra_attribute)
     # replica_device_setters created from now on place tf_ext tables on parameter servers.
     _importlib.import_module("tensorflow_ext.tf_compat").install("replica_device_setter_ps_ops")
 
 
 _register_ops_at_import()
+
+
+def _tfra_attribute(embedding, name):
+    """`embedding.<name>` for a name `DynamicEmbedding` does not define: tensorflow_ext.tfra's answer."""
+    return _importlib.import_module("tensorflow_ext.tfra").embedding_attribute(embedding, name)
+
+
+def _answer_tfra_attributes_on_embeddings():
+    """Makes `emb.upsert`, `emb.lookup`, `emb.restrict`, `emb.clear`, ... (TFRA's `Variable` attributes) work on every
+    `DynamicEmbedding`: the embedding layer sends the names it does not define to `_tfra_attribute`, which imports
+    tensorflow_ext.tfra when first asked. The package root registers it because the embedding layer may not import
+    the TFRA module above it."""
+    _importlib.import_module("tensorflow_ext.embedding.variable").resolve_other_attributes_with(_tfra_attribute)
+
+
+_answer_tfra_attributes_on_embeddings()
 
 
 # TFRA's top-level names that tensorflow_ext does not provide: asking for one imports tensorflow_ext.tfra, whose

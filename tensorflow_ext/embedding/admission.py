@@ -19,7 +19,7 @@ noise that costs a full row (embedding and optimizer slots) until eviction. An a
 * Inference lookups (eval, predict, serving) count nothing; keys without a row are treated as above there too, so
   a model is evaluated as it was trained.
 * Counts are part of the model: `tf.compat.v1.train.Saver()` saves and restores them with the embedding. A
-  checkpoint saved before the embedding had a policy restores with the counts empty (see policy_state.py).
+  checkpoint saved before the embedding had a policy restores with the counts empty (see checkpoint/policy_state.py).
 * Counts decay at every eviction of the embedding (its `EvictionPolicy`, `evict()`, `EvictionSaverListener`,
   `EvictionHook`; `Admission.decay`), so the policy's memory holds the counts of recent keys only.
   `CountAdmission` halves (rounded down) the count of each waiting key not counted since the previous eviction and
@@ -176,13 +176,13 @@ class Admission(abc.ABC):
         return (type(self), self._key())
 
     def build(self, emb):
-        """Creates the policy's state for a new embedding (called by `get_dynamic_embedding`, in its variable scope).
+        """Creates the policy's state for a new embedding (called by its constructor, in the caller's variable scope).
 
         Args:
           emb: the `DynamicEmbedding`.
 
         Returns:
-          The state (a dict) the embedding keeps as `admission_state`.
+          The state (a dict) the embedding keeps in its `EmbeddingState` (`emb.state.admission`).
         """
         short = emb.name.split("/")[-1]
         with tf.compat.v1.variable_scope(short + "_admission"), tf.control_dependencies(None):
@@ -197,7 +197,7 @@ class Admission(abc.ABC):
                     collections=[tf.compat.v1.GraphKeys.GLOBAL_VARIABLES, ADMITTED_COLLECTION],
                 )
                 # Saved by a saveable of its own (like the policy's other state): a checkpoint written before the
-                # embedding had this policy restores with the state empty (see policy_state.py).
+                # embedding had this policy restores with the state empty (see checkpoint/policy_state.py).
                 policy_state.register(
                     policy_state.PolicyStateSaveable(
                         state["admitted"].op.name,

@@ -177,7 +177,7 @@ class EvictionPolicy(object):
         """Creates the policy's state for a new embedding: its evicted-keys counter (a saved int64 variable).
 
         Args:
-          emb: the `DynamicEmbedding` (called by `get_dynamic_embedding`, in its variable scope).
+          emb: the new `DynamicEmbedding` (called by its constructor, in the caller's variable scope).
 
         Returns:
           dict with "evicted".
@@ -194,7 +194,7 @@ class EvictionPolicy(object):
                     collections=[tf.compat.v1.GraphKeys.GLOBAL_VARIABLES, EVICTED_COLLECTION],
                 )
                 # Saved by a saveable of its own: a checkpoint written before the embedding had this policy
-                # restores with the counter at 0 (see policy_state.py).
+                # restores with the counter at 0 (see checkpoint/policy_state.py).
                 policy_state.register(
                     policy_state.PolicyStateSaveable(
                         evicted.op.name,

@@ -76,7 +76,10 @@ class DynamicEmbedding(object):
 
     Create with `get_dynamic_embedding`; look up with `embedding_lookup`,
     `embedding_lookup_sparse` or `safe_embedding_lookup_sparse`; train with any
-    supported stock `tf.compat.v1.train` optimizer.
+    supported stock `tf.compat.v1.train` optimizer. TFRA's `Variable` methods
+    (`upsert`, `lookup`, `restrict`, `clear`, `embedding_lookup`, ...) work on
+    it too: `tensorflow_ext` answers the names this class does not define with
+    `tensorflow_ext.tfra`'s functions (see `resolve_other_attributes_with`).
 
     The constructor creates the shards, registers them in the graph collections
     and builds the embedding's state (its policies' tables and counters); it

@@ -26,6 +26,9 @@ def _test_functions(path):
 def test_every_patch_is_documented_installed_and_has_a_test():
     patches = tf_compat.patches()
     assert patches, "no patch registered"
+    # Among them the patches registered outside tf_compat by the embedding layer (the Saver-build mode of
+    # embedding/export_mode.py, the default var list of embedding/tf_patches.py).
+    assert {p.name for p in patches} >= {"saver_build_mode", "saver_restore_build_mode", "saver_default_var_list"}
     for p in patches:
         assert p.installed, p
         assert len(p.why) > 60, "%s: say what it replaces and why" % p.name

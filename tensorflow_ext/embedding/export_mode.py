@@ -8,11 +8,12 @@ the Saver's save or restore build.
 * `saver_build()`: what the Saver being built in this thread asks a saveable for: its save tensors or its restore
   tensors, of a lean export or of a full checkpoint. TensorFlow's Saver has no argument that says so, so two
   tf_compat patches bracket its build (`saver_build_mode`) and its restore build (`saver_restore_build_mode`); the
-  export is recognised once per Saver build. A saveable reads the answer as a plain value: no probing of the call
-  stack when it is asked for its specs.
+  export is recognised once per Saver build, the first time a saveable asks (a Saver of other objects only never
+  looks at the call stack). A saveable reads the answer as a plain value.
 
-Invariant: outside a Saver build `saver_build()` is None; inside one its `lean` is fixed for the whole build, and
-`restoring` is True exactly while the Saver builds its restore ops.
+Invariant: outside a Saver build `saver_build()` is None; inside one it is one `SaverBuild` for the whole build (its
+restore build included), whose `lean` never changes once read, and whose `restoring` is True exactly while the Saver
+builds its restore ops.
 """
 
 import contextlib
@@ -67,13 +68,22 @@ class SaverBuild(object):
     """The Saver being built in this thread.
 
     Attributes:
-      lean: the Saver belongs to a SavedModel export (it writes and reads keys and embeddings only).
       restoring: the Saver is building its restore ops (else its save ops).
     """
 
-    def __init__(self, lean, restoring=False):
-        self.lean = lean
-        self.restoring = restoring
+    def __init__(self):
+        self.restoring = False
+        self._lean = None
+
+    @property
+    def lean(self):
+        """True when the Saver belongs to a SavedModel export (it writes and reads keys and embeddings only).
+
+        Recognised by the export's caller probes the first time it is read, inside the build (the export's frames
+        are below it on the stack), and kept for the rest of the build."""
+        if self._lean is None:
+            self._lean = in_saved_model_export()
+        return self._lean
 
 
 def saver_build():
@@ -88,16 +98,16 @@ def saver_build():
     "_build_internal",
     why="A dynamic-embedding shard's saveable writes other tensors for a SavedModel export's Saver (keys and "
     "embeddings only) than for a training Saver (rows, slots, metadata, layout record), and TF's Saver builder asks "
-    "a saveable for its specs with no argument saying which Saver asks. The replacement runs the build with the "
-    "answer set for this thread (the export recognised once, by its caller probes), so the saveables read it as a "
-    "value; other saveables are unaffected.",
+    "a saveable for its specs with no argument saying which Saver asks. The replacement runs the build with a "
+    "`SaverBuild` for this thread (the export recognised once, by its caller probes, when a saveable first asks), "
+    "so the saveables read the answer as a value; other saveables are unaffected.",
     test="tensorflow_ext/serving/tests/test_serving_export.py::test_saved_model_holds_embedding_columns_only",
 )
 def _make_build_internal(original):
 
     def _build_internal(self, *args, **kwargs):
         outer = saver_build()
-        _state.saver_build = SaverBuild(lean=in_saved_model_export())
+        _state.saver_build = SaverBuild()
         try:
             return original(self, *args, **kwargs)
         finally:
@@ -122,11 +132,14 @@ def _make_add_restore_ops(original):
 
     def _AddRestoreOps(self, *args, **kwargs):  # pylint: disable=invalid-name
         outer = saver_build()
-        lean = outer.lean if outer is not None else in_saved_model_export()
-        _state.saver_build = SaverBuild(lean=lean, restoring=True)
+        build = outer if outer is not None else SaverBuild()  # the same build's restore part: the same `lean`
+        restoring = build.restoring
+        build.restoring = True
+        _state.saver_build = build
         try:
             return original(self, *args, **kwargs)
         finally:
+            build.restoring = restoring
             _state.saver_build = outer
 
     return _AddRestoreOps

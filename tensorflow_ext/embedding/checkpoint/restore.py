@@ -53,7 +53,8 @@ __all__ = [
 ]
 
 _RESTORE_OPS = ("RestoreV2", "Restore", "RestoreSlice")
-# Ops a restored tensor may pass through between the Restore op and a saveable (a Saver's per-device copies).
+# Ops a restored tensor may pass through between the Restore op and a saveable (TF's Savers hand over the Restore
+# op's outputs themselves; a caller that copies them adds identities).
 _PASS_THROUGH_OPS = ("Identity",)
 
 

@@ -84,3 +84,18 @@ def test_a_saved_model_export_saver_asks_lean_specs_in_its_thread_only(tmp_path,
             builder.add_meta_graph_and_variables(sess, ["serve"])
     assert spy.seen and {here for here, _ in spy.seen} == {LEAN}
     assert {other for _, other in spy.seen} == {LEAN if frozen else FULL}
+
+
+def test_the_export_is_recognised_once_per_saver_build_and_only_where_a_shard_asks(monkeypatch):
+    from tensorflow_ext.embedding import export_mode  # pylint: disable=import-outside-toplevel
+
+    calls = []
+    recognise = export_mode.in_saved_model_export
+    monkeypatch.setattr(export_mode, "in_saved_model_export", lambda: calls.append(1) or recognise())
+    with tf.Graph().as_default():
+        dense = tf.compat.v1.get_variable("dense", [2])
+        tf.compat.v1.train.Saver(var_list=[dense])  # no dynamic embedding: no look at the call stack
+        assert calls == []
+        emb = tf_ext.get_dynamic_embedding("e", 2, num_shards=2)
+        tf.compat.v1.train.Saver(var_list=[dense] + emb.saveables)  # save and restore build, two shards
+        assert calls == [1]

@@ -39,7 +39,7 @@ class ModelParallelShardSaveable(save_lib.ShardSaveable):
 
     Args:
       shard: the `DynamicEmbeddingShard`.
-      restores: the `SaverRestores` of the embedding's saveables (the one its single-process saveables share).
+      restores: the `restore.SaverRestores` shared by the saveables of the embedding's shards.
       distribution: the embedding's `ModelParallel`.
     """
 

@@ -89,11 +89,6 @@ class ShardSaveable(internals.saveable_object.SaveableObject):
         return self._shard
 
     @property
-    def restores(self):
-        """The `restore.SaverRestores` shared by the saveables of the embedding's shards."""
-        return self._restores
-
-    @property
     def device(self):
         return self._shard.handle.device
 

@@ -5,6 +5,7 @@ import subprocess
 import sys
 import textwrap
 
+import numpy as np
 import pytest
 
 _ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)))))
@@ -37,6 +38,30 @@ def run_fresh(code, cwd, timeout=300, env=None, with_stderr=False):
 
 def session_config():
     return tf.compat.v1.ConfigProto(inter_op_parallelism_threads=2, intra_op_parallelism_threads=2)
+
+
+def write_shard_tensors_checkpoint(path, keys, where, truth, num_shards):
+    """Writes, with a plain Saver of tf.Variables (in a graph of its own), the tensors of a num_shards-shard Adagrad
+    embedding "emb" whose shard i's tensors hold the keys with where == i and their values, slots, versions and freqs
+    (arrays aligned with keys, from the dict truth). Returns the checkpoint's path (what Saver.save returns)."""
+    with tf.Graph().as_default():
+        var_list = {}
+        for i in range(num_shards):
+            m = where == i
+            for suffix, value in (
+                ("keys", keys[m]),
+                ("values", truth["values"][m]),
+                ("slots", truth["slots"][m]),
+                ("versions", truth["versions"][m]),
+                ("freqs", truth["freqs"][m]),
+                ("num_shards", np.int64(num_shards)),
+            ):
+                name = "emb/part_%d-%s" % (i, suffix)
+                var_list[name] = tf.compat.v1.get_variable("v%d_%s" % (i, suffix), initializer=tf.constant(value))
+        saver = tf.compat.v1.train.Saver(var_list=var_list)
+        with tf.compat.v1.Session(config=session_config()) as sess:
+            sess.run(tf.compat.v1.global_variables_initializer())
+            return saver.save(sess, path)
 
 
 @pytest.fixture

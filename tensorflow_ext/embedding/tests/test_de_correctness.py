@@ -8,7 +8,7 @@ import numpy as np
 import pytest
 import tensorflow as tf
 
-from tensorflow_ext.embedding.tests.conftest import session_config
+from tensorflow_ext.embedding.tests.conftest import session_config, write_shard_tensors_checkpoint
 
 import tensorflow_ext as tf_ext
 from tensorflow_ext.embedding import feature_column as dfc
@@ -298,25 +298,7 @@ def _misplaced_checkpoint(tmp_path, num_shards, assign):
         versions=rng.randint(0, 100, size=n).astype(np.int64),
         freqs=rng.randint(1, 50, size=n).astype(np.int64),
     )
-    where = assign(R_KEYS)
-    with tf.Graph().as_default():
-        var_list = {}
-        for i in range(num_shards):
-            m = where == i
-            for suffix, value in (
-                ("keys", R_KEYS[m]),
-                ("values", truth["values"][m]),
-                ("slots", truth["slots"][m]),
-                ("versions", truth["versions"][m]),
-                ("freqs", truth["freqs"][m]),
-                ("num_shards", np.int64(num_shards)),
-            ):
-                name = "emb/part_%d-%s" % (i, suffix)
-                var_list[name] = tf.compat.v1.get_variable("v%d_%s" % (i, suffix), initializer=tf.constant(value))
-        saver = tf.compat.v1.train.Saver(var_list=var_list)
-        with tf.compat.v1.Session(config=session_config()) as sess:
-            sess.run(tf.compat.v1.global_variables_initializer())
-            path = saver.save(sess, str(tmp_path / "misplaced" / "m"))
+    path = write_shard_tensors_checkpoint(str(tmp_path / "misplaced" / "m"), R_KEYS, assign(R_KEYS), truth, num_shards)
     return path, truth
 
 

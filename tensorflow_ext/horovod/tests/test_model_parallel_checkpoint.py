@@ -9,6 +9,7 @@ import pytest
 import tensorflow as tf
 
 from tensorflow_ext.embedding import keys as keys_lib
+from tensorflow_ext.embedding.tests.conftest import write_shard_tensors_checkpoint
 from tensorflow_ext.horovod.tests.test_horovod import horovodrun
 
 tf.compat.v1.disable_v2_behavior()
@@ -35,24 +36,7 @@ def _checkpoint(tmp_path, num_shards, layout):
         versions=rng.randint(0, 100, size=n).astype(np.int64),
         freqs=rng.randint(1, 50, size=n).astype(np.int64),
     )
-    with tf.Graph().as_default():
-        var_list = {}
-        for i in range(num_shards):
-            m = where == i
-            for suffix, value in (
-                ("keys", keys[m]),
-                ("values", truth["values"][m]),
-                ("slots", truth["slots"][m]),
-                ("versions", truth["versions"][m]),
-                ("freqs", truth["freqs"][m]),
-                ("num_shards", np.int64(num_shards)),
-            ):
-                name = "emb/part_%d-%s" % (i, suffix)
-                var_list[name] = tf.compat.v1.get_variable("v%d_%s" % (i, suffix), initializer=tf.constant(value))
-        saver = tf.compat.v1.train.Saver(var_list=var_list)
-        with tf.compat.v1.Session() as sess:
-            sess.run(tf.compat.v1.global_variables_initializer())
-            path = saver.save(sess, str(tmp_path / "ckpt" / "m"))
+    path = write_shard_tensors_checkpoint(str(tmp_path / "ckpt" / "m"), keys, where, truth, num_shards)
     truth_path = str(tmp_path / "truth.npz")
     np.savez(truth_path, **truth)
     return path, truth_path

@@ -62,6 +62,7 @@ from tensorflow_ext.embedding.keys import HashPartition
 from tensorflow_ext.table.table_ops import HashTable
 from tensorflow_ext.tf_compat import graph_edits
 from tensorflow_ext.tf_compat import internals
+from tensorflow_ext.utils.frozen import FrozenValue
 
 __all__ = ["ADMIT_EVERY_KEY", "BloomAdmission", "CountAdmission"]
 
@@ -117,7 +118,7 @@ class AdmitEveryKey(object):
 ADMIT_EVERY_KEY = AdmitEveryKey()
 
 
-class Admission(abc.ABC):
+class Admission(FrozenValue, abc.ABC):
     """What both policies share: the threshold, the default row, the admitted-keys counter, the lookup.
 
     A policy is an immutable value: two policies of one class with the same arguments are equal (so an embedding
@@ -129,6 +130,7 @@ class Admission(abc.ABC):
     """
 
     _FIELDS = ("min_count", "default_value")
+    _FROZEN_WHAT = "an admission policy"
     admits_every_key = False
 
     def __init__(self, min_count, default_value):
@@ -151,30 +153,6 @@ class Admission(abc.ABC):
         object.__setattr__(self, "min_count", min_count)
         object.__setattr__(self, "default_value", value)
 
-    def __setattr__(self, name, value):
-        raise AttributeError("an admission policy cannot be changed (%s): create a new one" % name)
-
-    def __delattr__(self, name):
-        raise AttributeError("an admission policy cannot be changed (%s): create a new one" % name)
-
-    def _key(self):
-        return tuple(getattr(self, k) for k in self._FIELDS)
-
-    def __eq__(self, other):
-        if type(other) is not type(self):
-            return NotImplemented
-        return self._key() == other._key()
-
-    def __ne__(self, other):
-        eq = self.__eq__(other)
-        return eq if eq is NotImplemented else not eq
-
-    def __hash__(self):
-        return hash((type(self).__name__,) + self._key())
-
-    def __reduce__(self):
-        return (type(self), self._key())
-
     def build(self, emb):
         """Creates the policy's state for a new embedding (called by its constructor, in the caller's variable scope).
 
@@ -188,24 +166,10 @@ class Admission(abc.ABC):
         with tf.compat.v1.variable_scope(short + "_admission"), tf.control_dependencies(None):
             with tf.device(emb.shards[0].handle.device):
                 state = self._build(emb)
-                state["admitted"] = tf.compat.v1.get_variable(
-                    "admitted",
-                    [],
-                    tf.int64,
-                    initializer=tf.compat.v1.zeros_initializer(),
-                    trainable=False,
-                    collections=[tf.compat.v1.GraphKeys.GLOBAL_VARIABLES, ADMITTED_COLLECTION],
-                )
                 # Saved by a saveable of its own (like the policy's other state): a checkpoint written before the
-                # embedding had this policy restores with the state empty (see checkpoint/policy_state.py).
-                policy_state.register(
-                    policy_state.PolicyStateSaveable(
-                        state["admitted"].op.name,
-                        emb,
-                        "admitted-keys counter",
-                        variable=state["admitted"],
-                        zeros=lambda: tf.zeros([], tf.int64),
-                    )
+                # embedding had this policy restores with the state empty.
+                state["admitted"] = policy_state.saved_counter(
+                    emb, "admitted", ADMITTED_COLLECTION, "admitted-keys counter"
                 )
         return state
 

@@ -49,6 +49,7 @@ import tensorflow as tf
 from tensorflow_ext.embedding.checkpoint import policy_state
 from tensorflow_ext.embedding import state as state_lib
 from tensorflow_ext.tf_compat import internals
+from tensorflow_ext.utils.frozen import FrozenValue
 
 __all__ = ["EvictionHook", "EvictionPolicy", "EvictionSaverListener", "evict", "restrict"]
 
@@ -98,7 +99,7 @@ class NeverEvict(object):
 NEVER_EVICT = NeverEvict()
 
 
-class EvictionPolicy(object):
+class EvictionPolicy(FrozenValue):
     """Which keys an embedding loses, and how often (see the module docstring).
 
     A policy is an immutable value: two policies with the same arguments are equal (so an embedding reused under
@@ -118,6 +119,7 @@ class EvictionPolicy(object):
     """
 
     _FIELDS = ("steps_to_live", "min_frequency", "capacity", "min_l2_norm", "every_n_steps")
+    _FROZEN_WHAT = "an EvictionPolicy"
     __slots__ = _FIELDS
     evicts = True
 
@@ -144,30 +146,6 @@ class EvictionPolicy(object):
         for field, value in zip(self._FIELDS, (steps_to_live, min_frequency, capacity, min_l2_norm, every_n_steps)):
             object.__setattr__(self, field, value)
 
-    def __setattr__(self, name, value):
-        raise AttributeError("an EvictionPolicy cannot be changed (%s): create a new one" % name)
-
-    def __delattr__(self, name):
-        raise AttributeError("an EvictionPolicy cannot be changed (%s): create a new one" % name)
-
-    def _key(self):
-        return tuple(getattr(self, k) for k in self._FIELDS)
-
-    def __eq__(self, other):
-        if type(other) is not type(self):
-            return NotImplemented
-        return self._key() == other._key()
-
-    def __ne__(self, other):
-        eq = self.__eq__(other)
-        return eq if eq is NotImplemented else not eq
-
-    def __hash__(self):
-        return hash((type(self).__name__,) + self._key())
-
-    def __reduce__(self):
-        return (type(self), self._key())
-
     def __repr__(self):
         return "EvictionPolicy(%s)" % ", ".join(
             "%s=%r" % (k, getattr(self, k)) for k in self._FIELDS if getattr(self, k) is not None
@@ -185,25 +163,7 @@ class EvictionPolicy(object):
         short = emb.name.split("/")[-1]
         with tf.compat.v1.variable_scope(short + "_eviction"), tf.control_dependencies(None):
             with tf.device(emb.shards[0].handle.device):
-                evicted = tf.compat.v1.get_variable(
-                    "evicted",
-                    [],
-                    tf.int64,
-                    initializer=tf.compat.v1.zeros_initializer(),
-                    trainable=False,
-                    collections=[tf.compat.v1.GraphKeys.GLOBAL_VARIABLES, EVICTED_COLLECTION],
-                )
-                # Saved by a saveable of its own: a checkpoint written before the embedding had this policy
-                # restores with the counter at 0 (see checkpoint/policy_state.py).
-                policy_state.register(
-                    policy_state.PolicyStateSaveable(
-                        evicted.op.name,
-                        emb,
-                        "evicted-keys counter",
-                        variable=evicted,
-                        zeros=lambda: tf.zeros([], tf.int64),
-                    )
-                )
+                evicted = policy_state.saved_counter(emb, "evicted", EVICTED_COLLECTION, "evicted-keys counter")
         return dict(evicted=evicted)
 
     def shard_op(self, shard, global_step=None):

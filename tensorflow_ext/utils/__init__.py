@@ -1,1 +1,1 @@
-"""Helpers shared by the subsystems (op library loading)."""
+"""Helpers shared by the subsystems (op library loading, immutable value objects)."""

@@ -209,3 +209,20 @@ def register(saveable):
     """Adds `saveable` to the default graph's SAVEABLE_OBJECTS; returns it."""
     tf.compat.v1.add_to_collection(tf.compat.v1.GraphKeys.SAVEABLE_OBJECTS, saveable)
     return saveable
+
+
+def saved_counter(emb, name, collection, what):
+    """A new int64 scalar variable `name` (in the current variable scope and device) that counts something for a
+    policy of `emb`: 0 at first, not trainable, in `GLOBAL_VARIABLES` and `collection`, and saved by a
+    `PolicyStateSaveable` of its own (`what` names it in the log line), so a checkpoint written before the embedding
+    had the policy restores it at 0. Called by the policies' `build`."""
+    counter = tf.compat.v1.get_variable(
+        name,
+        [],
+        tf.int64,
+        initializer=tf.compat.v1.zeros_initializer(),
+        trainable=False,
+        collections=[tf.compat.v1.GraphKeys.GLOBAL_VARIABLES, collection],
+    )
+    register(PolicyStateSaveable(counter.op.name, emb, what, variable=counter, zeros=lambda: tf.zeros([], tf.int64)))
+    return counter

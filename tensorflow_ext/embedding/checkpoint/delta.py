@@ -56,7 +56,7 @@ class _DeltaState(object):
     """The per-graph inputs of the save tensors: the step rows must have reached (-1: a full save) and the record."""
 
     def __init__(self, graph):
-        with graph.as_default(), internals.ops.init_scope(), tf.name_scope("tf_ext_delta_checkpoint/"):
+        with graph.as_default(), tf.init_scope(), tf.name_scope("tf_ext_delta_checkpoint/"):
             # Not in any collection: not saved, not initialized by the usual ops; before_save assigns both.
             self.since = tf.compat.v1.Variable(
                 tf.constant(-1, tf.int64), trainable=False, collections=[], name="since_step", use_resource=True
@@ -123,7 +123,7 @@ def _decision(state, shard):
         shards = _delta_shards(graph)
         if all(s.handle.name != shard.handle.name for s in shards):
             shards.append(shard)
-        with graph.as_default(), internals.ops.init_scope(), tf.name_scope("tf_ext_delta_checkpoint/"):
+        with graph.as_default(), tf.init_scope(), tf.name_scope("tf_ext_delta_checkpoint/"):
             since = tf.identity(state.since.read_value())
             logs, flags = {}, []
             for s in shards:
@@ -252,7 +252,7 @@ class DeltaCheckpointSaverListener(tf.compat.v1.train.CheckpointSaverListener):
         self._reset()
         self._state = _install(graph)
         self._shards = [s for emb in state_lib.get_dynamic_embeddings(graph) for s in emb.shards]
-        with graph.as_default(), internals.ops.init_scope(), tf.name_scope("tf_ext_delta_checkpoint/"):
+        with graph.as_default(), tf.init_scope(), tf.name_scope("tf_ext_delta_checkpoint/"):
             starts, flags, commits = [], [], []
             for shard in self._shards:
                 with internals.ops.colocate_with(shard.handle, ignore_existing=True):

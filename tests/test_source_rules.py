@@ -63,10 +63,6 @@ TF_INTERNALS_EXCEPTIONS = {
     "tensorflow_ext.embedding.optimizer_spec": "each optimizer's flags and slot initial values are read from the "
     "stock TF1 optimizer's private fields (_use_nesterov, _centered, _initial_accumulator_value, ...), which TF1 "
     "optimizers expose through no public getter; tests check the specs against TF's op definitions",
-    # Not a TensorFlow member: to go when the shard is handed its saveable through a method of its own.
-    ("tensorflow_ext.embedding.variable", "._saveable"): "the embedding sets each shard's saveable (shard.py's "
-    "attribute) after its distribution built them from the shards; a private write across two package modules "
-    "that the detector cannot tell from a TensorFlow member of that name",
 }
 
 # Rule 4: {path relative to the repository root: reason}.

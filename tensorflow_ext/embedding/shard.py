@@ -346,6 +346,13 @@ class DynamicEmbeddingShard(object):
         """The shard's `SaveableObject` (also in `GraphKeys.SAVEABLE_OBJECTS`)."""
         return self._saveable
 
+    def attach_saveable(self, saveable):
+        """Gives the shard its `SaveableObject`, once: the embedding's distribution builds the saveables of all its
+        shards together (a model-parallel embedding's share one gather), after the shards exist."""
+        if self._saveable is not None:
+            raise ValueError("shard %s already has a saveable" % self._name)
+        self._saveable = saveable
+
 
 def _shard_to_tensor(shard, dtype=None, name=None, as_ref=False):
     return shard._as_tensor(dtype=dtype, name=name, as_ref=as_ref)  # pylint: disable=protected-access

@@ -109,7 +109,7 @@ class DynamicEmbedding(object):
             )
             self._shards.append(shard)
         for shard, saveable in zip(self._shards, config.distribution.shard_saveables(self._shards)):
-            shard._saveable = saveable  # pylint: disable=protected-access
+            shard.attach_saveable(saveable)
             graph.add_to_collection(tf.compat.v1.GraphKeys.SAVEABLE_OBJECTS, shard.saveable)
             graph.add_to_collection(GraphKeys.DYNAMIC_EMBEDDINGS, shard)
             if config.trainable:

@@ -56,8 +56,9 @@ namespace {
 //  I5 Arena. Row ids [0, rows_handed_out) are each either named by exactly
 //     one slot or on the free list exactly once (the list is acyclic), so
 //     size + free rows == rows_handed_out <= kMaxRowsPerShard, and the chunk
-//     table covers every row handed out. Chunks never move: a row pointer
-//     stays valid while its shard lock is held.
+//     table covers every row handed out (ChunkStart(chunks.size()) >=
+//     rows_handed_out). Chunks never move: a row pointer stays valid while its
+//     shard lock is held.
 // ---------------------------------------------------------------------------
 
 static_assert(sizeof(size_t) == 8, "64-bit only: index arrays and arenas can exceed 4 GiB");
@@ -91,6 +92,32 @@ static_assert(kMinIndexCapacity * sizeof(uint64_t) == 64, "the smallest index is
 // each shard costs little memory, large enough that the chunk table stays
 // small (a few KiB per shard at millions of keys).
 constexpr size_t kTargetChunkBytes = size_t{16} << 10;
+// A full chunk holds at least this many rows (more when rows are narrow).
+constexpr uint64_t kMinChunkRows = 16;
+// Small tables. A full chunk per shard would make a table's floor ~16 KiB per
+// shard touched (~190 KiB for 100 keys over 16 shards), so a shard's first
+// full chunk's worth of rows comes in small chunks that double: kFirstChunkRows
+// rows, kFirstChunkRows, 2x, 4x, ... up to half a full chunk; full chunks
+// follow. Row memory is then < 2x the rows handed out plus kFirstChunkRows
+// rows per shard touched, and a table of many keys has only a few more
+// (tiny) chunks per shard. Preallocating tables take full chunks from the
+// first row on (their rows are meant to come from resident slabs).
+constexpr uint64_t kFirstChunkRows = 4;
+// Small chunks are 16-byte aligned (full ones 64): rows have a 4-byte stride
+// anyway, and then a small chunk takes exactly its rows' bytes.
+constexpr size_t kSmallChunkAlignment = 16;
+static_assert(kFirstChunkRows * sizeof(float) % kSmallChunkAlignment == 0,
+              "every small chunk (>= kFirstChunkRows rows of 20 + 4 * width bytes, a multiple of 4) is a multiple "
+              "of its alignment, as aligned_alloc requires, so no padding goes uncounted by memory_bytes");
+// initial_capacity pre-sizes the shards' indexes only from this many keys per
+// shard on (see Impl's constructor); a preallocating table sizes for its keys
+// whatever their number.
+constexpr int64_t kMinPresizedKeysPerShard = 16;
+static_assert(IsPowerOfTwo(kFirstChunkRows) && IsPowerOfTwo(kMinChunkRows),
+              "chunk sizes are powers of two: a row's chunk is found from the bit width of its id (ChunkOf)");
+static_assert(kFirstChunkRows >= 2 && kFirstChunkRows < kMinChunkRows,
+              "the first small chunk has >= 2 rows (ChunkOf ors id with kFirstChunkRows - 1 so that __builtin_clz "
+              "never sees 0) and fewer than a full chunk (else there are no small chunks)");
 
 // How far ahead (in keys) the batched loops prefetch: the index slot of key
 // j + kSlotAhead, then (once that slot has arrived) the row of key
@@ -855,6 +882,10 @@ struct alignas(64) Shard {
   bool slots_mapped = false;  // slots is a mapping (see AllocateIndexMemory)
   std::atomic<int64_t> size{0};
   std::vector<char*> chunks;
+  // chunks.data() + the number of small chunks - 1 (Impl::SyncChunks): the
+  // full chunk of rows [k * 2^chunk_shift, (k+1) * 2^chunk_shift) is
+  // full_chunks[k], k >= 1, found without an add on the lookup path.
+  char** full_chunks = nullptr;
   uint64_t rows_handed_out = 0;  // row ids [0, rows_handed_out) have been used
   uint32_t free_head = 0;        // first free row id + 1 (0: free list empty)
 };
@@ -883,9 +914,15 @@ struct HashTable::Impl {
   size_t version_offset;
   size_t frequency_offset;
   size_t stride;  // RowBytes(width)
+  // Chunks: a shard's rows [0, 2^chunk_shift) are in small chunks of
+  // 2^first_chunk_shift rows, then doubling (see kFirstChunkRows); every
+  // chunk after them holds 2^chunk_shift rows (chunk_bytes). Without small
+  // chunks (preallocate), first_chunk_shift == chunk_shift.
+  // (Ordered to fill the padding: the floor of a table counts sizeof(Impl).)
   int chunk_shift;
-  uint64_t chunk_row_mask;
+  int first_chunk_shift;
   size_t chunk_bytes;
+  uint32_t first_chunk_mask;  // 2^first_chunk_shift - 1, >= 1
   int shard_bits;
   int shard_shift;  // hash >> shard_shift = shard (unused when shard_bits = 0)
   int64_t num_shards;
@@ -905,9 +942,49 @@ struct HashTable::Impl {
   // ---- addressing ----
   int64_t ShardIndex(uint64_t hash) const { return shard_bits == 0 ? 0 : static_cast<int64_t>(hash >> shard_shift); }
   Shard& ShardFor(uint64_t hash) const { return shards[ShardIndex(hash)]; }
+  // The chunk that holds row `id`. Past the first 2^chunk_shift rows (every
+  // row but a few of a large table: a well-predicted branch), one chunk per
+  // 2^chunk_shift rows, numbered on from the small ones. Below, chunk 0 for
+  // ids below 2^first_chunk_shift, else bit_width(id) - first_chunk_shift
+  // (chunk sizes double); the | gives the first chunk's ids its bit width
+  // (and __builtin_clz a nonzero argument).
+  uint64_t ChunkOf(uint64_t id) const {
+    const uint64_t full = id >> chunk_shift;
+    if (__builtin_expect(full != 0, 1)) return full + static_cast<uint64_t>(chunk_shift - first_chunk_shift);
+    return static_cast<uint64_t>(32 - first_chunk_shift - __builtin_clz(static_cast<uint32_t>(id) | first_chunk_mask));
+  }
+  // The first row id of chunk c (c may be one past the last: then the end of
+  // the rows the chunk table covers), and the rows chunk c holds.
+  uint64_t ChunkStart(uint64_t c) const {
+    if (IsSmallChunk(c)) return c == 0 ? 0 : uint64_t{1} << (first_chunk_shift + c - 1);
+    return (c - static_cast<uint64_t>(chunk_shift - first_chunk_shift)) << chunk_shift;
+  }
+  uint64_t ChunkRows(uint64_t c) const { return ChunkStart(c + 1) - ChunkStart(c); }
+  // Chunks before the first full one: chunk_shift - first_chunk_shift + 1, or 0.
+  bool IsSmallChunk(uint64_t c) const {
+    return first_chunk_shift < chunk_shift && c <= static_cast<uint64_t>(chunk_shift - first_chunk_shift);
+  }
+  size_t SmallChunkBytes(uint64_t c) const { return ChunkRows(c) * stride; }
+  // s.chunks[c] holds chunk c's memory minus ChunkStart(c) rows, so that a
+  // row is one add away whatever its chunk's size.
+  static char* BiasChunk(char* memory, uint64_t start, size_t stride) {
+    return reinterpret_cast<char*>(reinterpret_cast<uintptr_t>(memory) - start * stride);
+  }
+  char* ChunkMemory(const Shard& s, uint64_t c) const {
+    return reinterpret_cast<char*>(reinterpret_cast<uintptr_t>(s.chunks[c]) + ChunkStart(c) * stride);
+  }
+  // After every change to s.chunks' buffer (push_back, reserve, swap).
+  void SyncChunks(Shard& s) const {
+    s.full_chunks = reinterpret_cast<char**>(reinterpret_cast<uintptr_t>(s.chunks.data()) +
+                                             static_cast<uintptr_t>(chunk_shift - first_chunk_shift) * sizeof(char*));
+  }
   char* Row(const Shard& s, uint32_t id) const {
     TFEXT_DCHECK(id < s.rows_handed_out, "row id out of the arena (I3, I5)");
-    return s.chunks[id >> chunk_shift] + static_cast<size_t>(id & chunk_row_mask) * stride;
+    TFEXT_DCHECK(s.chunks.empty() || s.full_chunks == s.chunks.data() + (chunk_shift - first_chunk_shift),
+                 "full_chunks follows the chunk table (SyncChunks)");
+    const uint64_t full = id >> chunk_shift;
+    const char* chunk = __builtin_expect(full != 0, 1) ? s.full_chunks[full] : s.chunks[ChunkOf(id)];
+    return reinterpret_cast<char*>(reinterpret_cast<uintptr_t>(chunk) + static_cast<uintptr_t>(id) * stride);
   }
   float* Values(char* row) const { return reinterpret_cast<float*>(row + values_offset); }
   const float* Values(const char* row) const { return reinterpret_cast<const float*>(row + values_offset); }
@@ -1061,13 +1138,24 @@ struct HashTable::Impl {
       ThrowOutOfMemory("a shard is full (too many keys for one shard: use more shards), rows", s.rows_handed_out);
     }
     const uint64_t id = s.rows_handed_out;
-    if ((id >> chunk_shift) >= s.chunks.size()) {
+    const uint64_t c = ChunkOf(id);
+    if (c >= s.chunks.size()) {
+      TFEXT_DCHECK(c == s.chunks.size() && ChunkStart(c) == id,
+                   "rows are handed out in order, so a new chunk is needed only at the start of the next one (I5)");
       // Room in the chunk table first, then the chunk: a failure in either
       // leaves the shard as it was.
       MakeRoomForOne(s.chunks);
-      s.chunks.push_back(chunk_source->Allocate());
+      char* memory;
+      if (IsSmallChunk(c)) {
+        memory = static_cast<char*>(std::aligned_alloc(kSmallChunkAlignment, SmallChunkBytes(c)));
+        if (memory == nullptr) ThrowOutOfMemory("cannot allocate rows, bytes requested", SmallChunkBytes(c));
+      } else {
+        memory = chunk_source->Allocate();
+      }
+      s.chunks.push_back(BiasChunk(memory, id, stride));
+      SyncChunks(s);
     }
-    TFEXT_DCHECK((id >> chunk_shift) < s.chunks.size(), "the chunk table covers every row handed out (I5)");
+    TFEXT_DCHECK(ChunkOf(id) < s.chunks.size(), "the chunk table covers every row handed out (I5)");
     ++s.rows_handed_out;
     return static_cast<uint32_t>(id);
   }
@@ -1280,6 +1368,7 @@ struct HashTable::Impl {
       a.size.store(b.size.load(std::memory_order_relaxed), std::memory_order_relaxed);
       b.size.store(a_size, std::memory_order_relaxed);
       a.chunks.swap(b.chunks);
+      std::swap(a.full_chunks, b.full_chunks);  // the same layout (Replace checks it)
       std::swap(a.rows_handed_out, b.rows_handed_out);
       std::swap(a.free_head, b.free_head);
     }
@@ -1299,12 +1388,15 @@ HashTable::Impl::Impl(const TableOptions& opts) : options(opts) {
   stride = RowBytes(width);
 
   // Largest power-of-two row count whose chunk fits the target (at least 16).
-  uint64_t rows = 16;
+  uint64_t rows = kMinChunkRows;
   while (rows * 2 * stride <= kTargetChunkBytes) rows *= 2;
   chunk_shift = 0;
   while ((uint64_t{1} << chunk_shift) < rows) ++chunk_shift;
-  chunk_row_mask = rows - 1;
   chunk_bytes = rows * stride;
+  TFEXT_DCHECK(rows >= kMinChunkRows, "a full chunk holds more rows than the small ones");
+  first_chunk_shift = opts.preallocate ? chunk_shift : 0;
+  while (!opts.preallocate && (uint64_t{1} << first_chunk_shift) < kFirstChunkRows) ++first_chunk_shift;
+  first_chunk_mask = static_cast<uint32_t>((uint64_t{1} << first_chunk_shift) - 1);
   // Slabs start once one partly used slab (< 2 MiB) is a small fraction of
   // the arena: for narrow rows, whose memory budget (1.5x the raw bytes with
   // the index included) is tight, only from 64 MiB on (< 3.2% slack); for
@@ -1334,7 +1426,13 @@ HashTable::Impl::Impl(const TableOptions& opts) : options(opts) {
   num_shards = int64_t{1} << shard_bits;
   shard_shift = 64 - shard_bits;
   shards.reset(new Shard[num_shards]);
-  initial_keys_per_shard = KeysPerShardFor(std::min<int64_t>(opts.initial_capacity, kMaxPresizedKeys));
+  // A small initial_capacity pre-sizes nothing: the per-shard margin of
+  // KeysPerShardFor (+8 keys and more) would make every shard's index several
+  // times what its keys need (a restore of 2 keys, a staging table sized for
+  // them, took 2 KiB of index over 16 shards), and an index that small grows
+  // in a few cheap doublings.
+  const int64_t presized = std::min<int64_t>(opts.initial_capacity, kMaxPresizedKeys);
+  initial_keys_per_shard = presized < kMinPresizedKeysPerShard * num_shards ? 0 : KeysPerShardFor(presized);
   for (int64_t si = 0; si < num_shards; ++si) PresizeShard(shards[si]);
   Preallocate();
 }
@@ -1388,7 +1486,10 @@ void HashTable::Impl::ReleaseShard(Shard& s) const {
   s.capacity = 0;
   s.mask = 0;
   s.grow_at = 0;
-  std::vector<char*>().swap(s.chunks);  // the chunks belong to chunk_source
+  // The small chunks are the shard's own; the full ones belong to chunk_source.
+  for (uint64_t c = 0; c < s.chunks.size() && IsSmallChunk(c); ++c) std::free(ChunkMemory(s, c));
+  std::vector<char*>().swap(s.chunks);
+  SyncChunks(s);
   s.rows_handed_out = 0;
   s.free_head = 0;
   s.size.store(0, std::memory_order_relaxed);
@@ -1550,6 +1651,9 @@ int64_t HashTable::memory_bytes() const {
     std::shared_lock<std::shared_mutex> lock(s.mu);
     bytes += static_cast<int64_t>(s.capacity * sizeof(uint64_t));
     bytes += static_cast<int64_t>(s.chunks.capacity() * sizeof(char*));
+    for (uint64_t c = 0; c < s.chunks.size() && m.IsSmallChunk(c); ++c) {
+      bytes += static_cast<int64_t>(m.SmallChunkBytes(c));
+    }
   }
   // Under a shard lock: Replace swaps chunk_source under every shard's lock
   // (and the old one is destroyed after).
@@ -1814,7 +1918,8 @@ void HashTable::Replace(int64_t expected_keys, const std::function<void(HashTabl
   fill(staging);
   Impl& o = *staging.impl_;
   TFEXT_DCHECK(o.num_shards == m.num_shards && o.width == m.width && o.stride == m.stride &&
-                   o.chunk_bytes == m.chunk_bytes && o.shard_shift == m.shard_shift,
+                   o.chunk_bytes == m.chunk_bytes && o.first_chunk_shift == m.first_chunk_shift &&
+                   o.shard_shift == m.shard_shift,
                "Replace: the staging table has this table's layout");
   {
     // Readers lock shards in shard order within one table; the staging table
@@ -1839,7 +1944,9 @@ void HashTable::Reserve(int64_t n) {
     Shard& s = m.shards[si];
     std::unique_lock<std::shared_mutex> lock(s.mu);
     m.EnsureIndexFor(s, per_shard);
-    s.chunks.reserve((per_shard + m.chunk_row_mask) >> m.chunk_shift);
+    const uint64_t rows = std::min<uint64_t>(per_shard, kMaxRowsPerShard);
+    if (rows > 0) s.chunks.reserve(m.ChunkOf(rows - 1) + 1);
+    m.SyncChunks(s);
   }
 }
 
@@ -2035,7 +2142,7 @@ std::string HashTable::CheckInvariants() const {
     if (s.rows_handed_out > kMaxRowsPerShard) {
       return violation("I5: more rows handed out than a shard may hold", s.rows_handed_out, kMaxRowsPerShard);
     }
-    if (s.rows_handed_out > (static_cast<uint64_t>(s.chunks.size()) << m.chunk_shift)) {
+    if (s.rows_handed_out > m.ChunkStart(s.chunks.size())) {
       return violation("I5: rows handed out beyond the chunk table", s.rows_handed_out, s.chunks.size());
     }
     row_state.assign(s.rows_handed_out, kUnseen);

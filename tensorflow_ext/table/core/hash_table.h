@@ -53,6 +53,15 @@
 //    Export's alloc) run under shard locks and must not call back into the
 //    same table (they would deadlock). fn and init run concurrently on the
 //    ParallelFor's threads, one shard per thread at a time.
+//  * Memory floor: memory_bytes() of an empty table is its bookkeeping
+//    (sizeof(HashTable) + Impl + ~200 B per shard: ~3.2 KiB at 16 shards);
+//    each key then adds at most 4 rows' bytes + 160 B (a shard's first rows
+//    come in small doubling chunks, its index starts at 64 B) and on average
+//    < 2 rows' bytes + its index share, so a small table's memory is
+//    proportional to its keys. A table sized by initial_capacity (a Replace's
+//    staging table included) pre-sizes no index below 16 keys per shard, so a
+//    restored small table takes no more than a filled one. (Tested by
+//    SmallTableMemoryIsAFloorPlusBytesPerKey.)
 //  * Memory only grows until Clear(): removed rows are reused by later
 //    inserts, but a shard's index never shrinks and arena memory is released
 //    only by Clear() or destruction.
@@ -78,7 +87,9 @@
 //    under insert/remove churn (eviction) and lookups stop at the first empty
 //    slot. The invariants this rests on are stated in hash_table.cc and
 //    verified by CheckInvariants().
-//  * Rows live in a per-shard arena of fixed-size chunks that never moves;
+//  * Rows live in a per-shard arena of chunks that never move: a shard's
+//    first rows in small chunks that double (4, 4, 8, ... rows: a small
+//    table's memory follows its keys), then fixed-size ~16 KiB chunks;
 //    removed rows go to an intrusive free list (no extra memory). Once the
 //    arena is large, chunks are carved from 2 MiB slabs backed by transparent
 //    huge pages (random row reads would otherwise miss the TLB). A row is
@@ -147,7 +158,8 @@ struct TableOptions {
   // demand. The index is pre-sized for min(initial_capacity,
   // kMaxPresizedKeys) keys, in memory the OS backs only as keys arrive;
   // beyond that bound the table simply grows (a shard's index doubles, which
-  // costs little next to writing the rows).
+  // costs little next to writing the rows). Below 16 keys per shard nothing
+  // is pre-sized (see "Memory floor").
   int64_t initial_capacity = 0;
   // log2 of the number of shards; -1 picks one from the number of hardware
   // threads, raised where needed so that initial_capacity keys fit (one shard

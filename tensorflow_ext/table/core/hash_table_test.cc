@@ -1308,6 +1308,82 @@ TFEXT_TEST(MemoryPerKeyWithinBudget) {
   }
 }
 
+// A small table's memory is a fixed floor (the table and its shards'
+// bookkeeping) plus bytes per key: a shard's first rows come in small chunks
+// that double, so a key costs at most its share of a small chunk (4 rows at
+// worst) and of an index slot line, not a 16 KiB chunk per shard touched
+// (before: ~15 KiB for 1 key, ~190 KiB for 100 keys at width 18). A restore
+// (Replace of a table sized for its keys) of 2 keys stays within the same
+// floor. Margins, not exact bytes.
+TFEXT_TEST(SmallTableMemoryIsAFloorPlusBytesPerKey) {
+  const ParallelFor pf = InlineParallelFor();
+  const int64_t width = 18;                        // dim 9 + Adagrad
+  const int64_t stride = 20 + 4 * width;           // row bytes (hash_table.h)
+  const int64_t per_key_bound = 4 * stride + 160;  // a 4-row first chunk, an index line, chunk table slots
+  for (int shard_bits : {4, -1}) {
+    const int64_t empty = HashTable(Options(width, shard_bits)).memory_bytes();
+    if (shard_bits == 4) CHECK_LE(empty, int64_t{8} << 10);  // 16 shards' bookkeeping: ~3 KiB here
+    for (int64_t n : {1, 2, 10, 100}) {
+      HashTable t(Options(width, shard_bits));
+      std::vector<int64_t> keys(n);
+      for (int64_t i = 0; i < n; ++i) keys[i] = i * 7919 + 1;
+      std::vector<float> vals(n * width, 0.5f);
+      t.Insert(keys.data(), n, 0, width, vals.data(), nullptr, false, -1, pf);
+      const int64_t bytes = t.memory_bytes();
+      std::printf("  shard_bits %d: %lld keys take %lld bytes (empty table: %lld)\n", shard_bits,
+                  static_cast<long long>(n), static_cast<long long>(bytes), static_cast<long long>(empty));
+      CHECK_LE(bytes - empty, n * per_key_bound);
+      // A restore of the same keys into a table sized for them takes no more.
+      t.Replace(n, [&](HashTable& staging) {
+        staging.Import(keys.data(), n, 0, width, vals.data(), nullptr, nullptr, nullptr, pf);
+      });
+      CHECK_EQ(t.size(), n);
+      CHECK_LE(t.memory_bytes(), bytes);
+      CHECK_EQ(t.CheckInvariants(), std::string());
+    }
+  }
+}
+
+// Rows cross from the small, doubling chunks of a shard into its full chunks
+// (one shard, so every row id is walked): every key keeps its row through the
+// growth, after removals (the free list links rows across chunk kinds) and
+// after Clear; without and with preallocation (full chunks from row 0).
+TFEXT_TEST(RowsSpanSmallAndFullChunks) {
+  const ParallelFor pf = InlineParallelFor();
+  for (bool preallocate : {false, true}) {
+    for (int64_t width : {1, 18, 300}) {
+      TableOptions options = Options(width, /*shard_bits=*/0, /*capacity=*/preallocate ? 64 : 0);
+      options.preallocate = preallocate;
+      HashTable t(options);
+      const int64_t n = 1500;  // past the first full chunk for every width here (16..1024 rows a chunk)
+      std::vector<int64_t> keys(n);
+      std::vector<float> vals(n * width);
+      for (int64_t i = 0; i < n; ++i) {
+        keys[i] = i * 31 + 5;
+        for (int64_t c = 0; c < width; ++c) vals[i * width + c] = static_cast<float>(i * 1000 + c);
+      }
+      for (int round = 0; round < 2; ++round) {
+        for (int64_t i = 0; i < n; ++i) {
+          t.Insert(&keys[i], 1, 0, width, &vals[i * width], nullptr, false, -1, pf);
+          if ((i & (i + 1)) == 0) CHECK_EQ(t.CheckInvariants(), std::string());  // at 2^k - 1 rows
+        }
+        std::vector<float> out(n * width);
+        std::unique_ptr<bool[]> found(new bool[n]);
+        t.Find(keys.data(), n, 0, width, out.data(), found.get(), nullptr, pf);
+        for (int64_t i = 0; i < n; ++i) CHECK(found[i]);
+        CHECK(out == vals);
+        std::vector<int64_t> odd;
+        for (int64_t i = 1; i < n; i += 2) odd.push_back(keys[i]);
+        CHECK_EQ(t.Remove(odd.data(), odd.size(), pf), static_cast<int64_t>(odd.size()));
+        t.Insert(odd.data(), 1, 0, width, &vals[width], nullptr, false, -1, pf);  // reuses a freed row
+        CHECK_EQ(t.CheckInvariants(), std::string());
+        t.Clear();
+        CHECK_EQ(t.size(), int64_t{0});
+      }
+    }
+  }
+}
+
 // Resident and virtual memory of this process, in bytes (/proc/self/statm).
 static int64_t ResidentBytes() {
   long pages_total = 0, pages_resident = 0;

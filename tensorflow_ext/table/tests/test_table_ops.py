@@ -344,3 +344,24 @@ def test_eager_table_ops_use_its_handle_after_saved_model_save(tmp_path):
     )
     assert proc.returncode == 0, proc.stderr[-3000:]
     assert proc.stdout.strip().splitlines()[-1] == "[[1.0, 1.0], [0.0, 0.0]] 2"
+
+
+def test_small_table_memory_is_a_floor_plus_bytes_per_key(graph, sess):
+    # dim 9 + Adagrad (width 18, 92-byte rows), 16 shards: a fixed floor (the shards' bookkeeping) plus at most
+    # 4 rows + 160 B per key (small first chunks), not a ~16 KiB chunk per shard touched (before: 15 KiB for 1 key,
+    # ~190 KiB for 100); a restore of 2 keys takes no more than the table that held them. Margins, not exact bytes.
+    per_key = 4 * 92 + 160
+    empty = sess.run(HashTable(dim=9, width=18, shard_bits=4).memory_bytes())
+    assert empty <= 8 << 10
+    for n in (1, 10, 100):
+        table = HashTable(dim=9, width=18, shard_bits=4)
+        sess.run(table.insert(tf.range(n, dtype=tf.int64) * 7919, tf.ones([n, 9])))
+        held = sess.run(table.memory_bytes())
+        assert held - empty <= n * per_key, (n, held, empty)
+    table = HashTable(dim=9, width=18, shard_bits=4)
+    sess.run(table.insert([3, 11], tf.ones([2, 9])))
+    held = sess.run(table.memory_bytes())
+    assert held <= empty + 2 * per_key
+    sess.run(table.import_(tf.constant([3, 11], tf.int64), tf.ones([2, 9]), clear_first=True))
+    assert sess.run(table.size()) == 2
+    assert sess.run(table.memory_bytes()) <= held

@@ -141,9 +141,13 @@ def test_policy_keeps_memory_flat_over_a_long_run(graph, sess):
         sess.run(train, {ids: batch})
         if step in (60, 300):
             seen[step] = (int(sess.run(emb.size())), int(sess.run(mem)))
-    # At most capacity + one interval of new keys, and the memory of step 60 is not exceeded later.
+    # At most capacity + one interval of new keys, and the memory stays that of a table of about that many keys, not
+    # of the 60,000 ids seen (megabytes without eviction). It may still rise a little after step 60: a shard's first
+    # rows come in small chunks that grow with the most rows it has held (docs/table.md, "Small tables"), and those
+    # high-water marks creep up before they settle (here +11% by step 210, then flat, where whole ~16 KiB chunks per
+    # shard used to be taken from the first keys on).
     assert seen[300][0] <= 2000 + 10 * 200
-    assert seen[300][1] <= seen[60][1] * 1.05, seen
+    assert seen[300][1] <= seen[60][1] * 1.25, seen
 
 
 def test_saver_listener_without_criteria_runs_each_embeddings_policy(tmp_path):

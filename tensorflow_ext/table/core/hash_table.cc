@@ -844,6 +844,18 @@ std::string ValidateOptions(const TableOptions& options) {
                   static_cast<long long>(options.width));
     return buf;
   }
+  if (options.compact_cols < 0 || options.compact_cols > options.width) {
+    std::snprintf(buf, sizeof(buf), "compact_cols must be in [0, width=%lld], got %lld",
+                  static_cast<long long>(options.width), static_cast<long long>(options.compact_cols));
+    return buf;
+  }
+  if (static_cast<int32_t>(options.storage) < 0 || static_cast<int32_t>(options.storage) > 3) {
+    std::snprintf(buf, sizeof(buf), "storage must be a RowStorage, got %d", static_cast<int>(options.storage));
+    return buf;
+  }
+  if (options.storage == RowStorage::kInt8Row && options.rounding != Rounding::kNearest) {
+    return "int8 rows round to nearest only (rounding must be kNearest)";
+  }
   if (options.initial_capacity < 0) {
     std::snprintf(buf, sizeof(buf), "initial_capacity must be >= 0, got %lld",
                   static_cast<long long>(options.initial_capacity));

@@ -137,6 +137,7 @@
 #include <string>
 
 #include "tensorflow_ext/table/core/mix.h"
+#include "tensorflow_ext/table/core/row_codec.h"
 #include "tensorflow_ext/table/core/table_limits.h"
 
 namespace tfext {
@@ -154,6 +155,16 @@ ParallelFor InlineParallelFor();
 struct TableOptions {
   // Floats per row (embedding dim + optimizer slot columns). Must be >= 1.
   int64_t width = 1;
+  // Compact rows (row_codec.h): the leading compact_cols columns of every row
+  // are stored in `storage` (bf16, fp16 or an int8 row), the others as
+  // float32. Every read and write still sees float32 columns: reads decode,
+  // writes round (Update and FindOrInsertWith's new rows with `rounding`,
+  // seeded by key, the version the write sets and column; Insert, Import and
+  // Accumulate to nearest). compact_cols is in [0, width]; 0 (or kFloat32)
+  // means plain float32 rows. kInt8Row takes kNearest only.
+  RowStorage storage = RowStorage::kFloat32;
+  int64_t compact_cols = 0;
+  Rounding rounding = Rounding::kNearest;
   // Expected number of keys, a hint in [0, kMaxCapacity]; the table grows past it on
   // demand. The index is pre-sized for min(initial_capacity,
   // kMaxPresizedKeys) keys, in memory the OS backs only as keys arrive;

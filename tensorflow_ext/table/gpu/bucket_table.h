@@ -5,6 +5,13 @@
 //  * Keys: every int64 value is a key (no reserved empty, deleted or locked key). Rows: width() floats per key
 //    (embedding + optimizer slots side by side, as in the CPU core), 1 <= width <= kMaxGpuWidth; every read and
 //    write names a column range [col_begin, col_begin + cols).
+//  * Row storage (GpuTableOptions::storage, compact_cols, rounding; the CPU core's TableOptions fields): rows are
+//    float32, or their leading compact_cols columns are stored as bfloat16 or float16 (row_codec.h; RowFormat says
+//    where each column lies). Callers always read and write float32 columns: reads decode, writes round, with the
+//    CPU core's rules, so that both tables hold bit-identical rows: Update (the fused optimizer steps) and
+//    FindOrInsertWith's initialized rows round by the table's rounding (stochastic: StochasticBits(key, the version
+//    the write leaves in the row, column)); Insert, FindOrInsert's given rows, column defaults and Accumulate
+//    (after every addition) round to nearest. int8 rows (a serving format) are refused.
 //  * Metadata: version (int64, set by writers given version >= 0) and frequency (uint32, saturating, +1 per
 //    occurrence when count is set), as the CPU core's KeyMeta.
 //  * Two modes, chosen at creation:
@@ -40,6 +47,10 @@
 //  * The epoch that protects a batch's own keys from eviction is 32 bits: it wraps after 2^32 write batches.
 //
 // Design
+//  * Rows: one array of capacity x row_bytes bytes (RowFormat::row_bytes: 4 x width for float32 rows, 2 bytes per
+//    compact column padded to 4, then the float32 columns). A compact table's Update gives fn a float32 copy of the
+//    row in a scratch array of n x width floats ([decode, fn, encode] per thread, on the thread's own columns); a
+//    compact column's atomic addition (Accumulate) is a compare-and-swap of the 32-bit word that holds it.
 //  * Slots are grouped in buckets of 128. Per slot: a 1-byte digest (0 empty, 1 removed, 2 being claimed, 3..255
 //    occupied: a digest of the key's hash), the key, the row, version, frequency and (capped mode) a batch epoch,
 //    each in its own array (structure of arrays: a probe reads digests, then one key, then the row).
@@ -74,6 +85,7 @@
 
 #include "tensorflow_ext/table/core/host_device.h"
 #include "tensorflow_ext/table/core/mix.h"
+#include "tensorflow_ext/table/core/row_codec.h"
 #include "tensorflow_ext/table/core/table_limits.h"
 
 #if defined(__CUDACC__)
@@ -105,6 +117,14 @@ struct GpuTableOptions {
   // evicts by `policy` when a bucket is full.
   int64_t capacity_limit = 0;
   EvictPolicy policy = EvictPolicy::kLru;
+  // Compact rows (row_codec.h), as the CPU core's TableOptions: the leading compact_cols columns of every row are
+  // stored as bfloat16 or float16, the others as float32 (kFloat32 or compact_cols = 0: float32 rows). Callers
+  // still read and write float32; writes round: Update and FindOrInsertWith's initialized rows with `rounding`
+  // (stochastic bits from StochasticBits(key, the version the write leaves, column)), every other write to
+  // nearest. int8 rows are a serving format: not stored here.
+  RowStorage storage = RowStorage::kFloat32;
+  int64_t compact_cols = 0;
+  Rounding rounding = Rounding::kNearest;
 };
 
 // Empty when valid, else a message naming the first problem.
@@ -124,8 +144,65 @@ inline std::string ValidateGpuTableOptions(const GpuTableOptions& o) {
            std::to_string(o.capacity_limit);
   }
   if (o.policy != EvictPolicy::kLru && o.policy != EvictPolicy::kLfu) return "policy must be LRU or LFU";
+  if (o.storage == RowStorage::kInt8Row) {
+    return "storage int8_row is a serving format: the CUDA table stores float32, bfloat16 or float16 columns";
+  }
+  if (o.storage != RowStorage::kFloat32 && o.storage != RowStorage::kBFloat16 && o.storage != RowStorage::kFloat16) {
+    return "storage must be float32, bfloat16 or float16, got " + std::to_string(static_cast<int32_t>(o.storage));
+  }
+  if (o.compact_cols < 0 || o.compact_cols > o.width) {
+    return "compact_cols must be in [0, width=" + std::to_string(o.width) + "], got " + std::to_string(o.compact_cols);
+  }
+  if (o.rounding != Rounding::kNearest && o.rounding != Rounding::kStochastic) {
+    return "rounding must be nearest or stochastic, got " + std::to_string(static_cast<int32_t>(o.rounding));
+  }
   return "";
 }
+
+// How a row's float32 columns lie in its bytes: [compact area CompactBytes(storage, compact_cols) | (width -
+// compact_cols) float32], row_bytes in all (a multiple of 4, so every row and its float32 columns stay 4-byte
+// aligned). Float32 tables have no compact area: column c is the float at byte 4c, as before compact rows.
+struct RowFormat {
+  RowStorage storage = RowStorage::kFloat32;
+  Rounding rounding = Rounding::kNearest;
+  int64_t width = 0;
+  int64_t compact_cols = 0;   // 0 for float32 tables
+  int64_t compact_bytes = 0;  // CompactBytes(storage, compact_cols)
+  int64_t row_bytes = 0;
+
+  static RowFormat Of(const GpuTableOptions& o) {
+    RowFormat f;
+    f.width = o.width;
+    if (o.storage != RowStorage::kFloat32 && o.compact_cols > 0) {
+      f.storage = o.storage;
+      f.compact_cols = o.compact_cols;
+      f.compact_bytes = CompactBytes(o.storage, o.compact_cols);
+      f.rounding = o.rounding;
+    }
+    f.row_bytes = f.compact_bytes + 4 * (o.width - f.compact_cols);
+    return f;
+  }
+
+  TFEXT_HOST_DEVICE bool compact() const { return compact_cols > 0; }
+
+  // Column c of a row, as float32.
+  TFEXT_HOST_DEVICE float Read(const char* row, int64_t c) const {
+    if (c >= compact_cols) return reinterpret_cast<const float*>(row + compact_bytes)[c - compact_cols];
+    float v;
+    DecodeElements(storage, row, c, 1, &v);
+    return v;
+  }
+
+  // Writes v to column c of a row; a compact column rounds by `r` (stochastic: with the bits of the key and the
+  // version the row holds, which the caller passes).
+  TFEXT_HOST_DEVICE void Write(char* row, int64_t c, float v, Rounding r, int64_t key, int64_t version) const {
+    if (c >= compact_cols) {
+      reinterpret_cast<float*>(row + compact_bytes)[c - compact_cols] = v;
+    } else {
+      EncodeElements(storage, &v, c, 1, row, r, key, version);
+    }
+  }
+};
 
 // Device-side counters of a table (one struct in device memory).
 struct TableCounters {
@@ -316,7 +393,7 @@ TFEXT_HOST_DEVICE inline uint64_t MatchBytes(uint64_t word, uint32_t b) { return
 struct TableArrays {
   uint64_t* digests = nullptr;  // [capacity / 8]: 8 one-byte digests per word
   int64_t* keys = nullptr;      // [capacity]
-  float* rows = nullptr;        // [capacity * width]
+  char* rows = nullptr;         // [capacity * format.row_bytes]
   int64_t* versions = nullptr;  // [capacity]
   uint32_t* freqs = nullptr;    // [capacity]
   uint32_t* epochs = nullptr;   // [capacity], capped tables: the last write batch that touched the slot
@@ -324,6 +401,7 @@ struct TableArrays {
   TableCounters* counters = nullptr;
   int64_t capacity = 0;  // slots: a power of two >= kBucketSlots
   int64_t width = 0;
+  RowFormat format;
   bool capped = false;
   EvictPolicy policy = EvictPolicy::kLru;
 };
@@ -369,6 +447,7 @@ class ReadView {
         freqs_(a.freqs),
         capacity_(a.capacity),
         width_(a.width),
+        format_(a.format),
         capped_(a.capped) {}
 
   // The slot holding key, or -1.
@@ -393,7 +472,10 @@ class ReadView {
   TFEXT_HOST_DEVICE bool Occupied(int64_t slot) const {
     return DigestByte(digests_[slot / kDigestsPerWord], static_cast<int>(slot % kDigestsPerWord)) >= kFirstDigest;
   }
-  TFEXT_HOST_DEVICE const float* Row(int64_t slot) const { return rows_ + slot * width_; }
+  // Column c of the slot's row, as float32 (decoded from a compact column).
+  TFEXT_HOST_DEVICE float Column(int64_t slot, int64_t c) const { return format_.Read(Row(slot), c); }
+  TFEXT_HOST_DEVICE const char* Row(int64_t slot) const { return rows_ + slot * format_.row_bytes; }
+  TFEXT_HOST_DEVICE const RowFormat& format() const { return format_; }
   TFEXT_HOST_DEVICE int64_t Key(int64_t slot) const { return keys_[slot]; }
   TFEXT_HOST_DEVICE int64_t Version(int64_t slot) const { return versions_[slot]; }
   TFEXT_HOST_DEVICE uint32_t Frequency(int64_t slot) const { return freqs_[slot]; }
@@ -403,11 +485,12 @@ class ReadView {
  private:
   const uint64_t* digests_;
   const int64_t* keys_;
-  const float* rows_;
+  const char* rows_;
   const int64_t* versions_;
   const uint32_t* freqs_;
   int64_t capacity_;
   int64_t width_;
+  RowFormat format_;
   bool capped_;
 };
 
@@ -470,8 +553,41 @@ class MutableView {
     if (s >= 0) a_.epochs[s] = epoch;
   }
 
-  TFEXT_HOST_DEVICE float* Row(int64_t slot) const { return a_.rows + slot * a_.width; }
+  TFEXT_HOST_DEVICE char* Row(int64_t slot) const { return a_.rows + slot * a_.format.row_bytes; }
   TFEXT_HOST_DEVICE int64_t width() const { return a_.width; }
+  TFEXT_HOST_DEVICE const RowFormat& format() const { return a_.format; }
+  // Writes v to column c of the slot's row (compact columns round by r; stochastic bits from the slot's key and
+  // version, so the slot's metadata must be final: writers run after the pass that touched it).
+  TFEXT_HOST_DEVICE void SetColumn(int64_t slot, int64_t c, float v, Rounding r) const {
+    const bool stochastic = r == Rounding::kStochastic && c < a_.format.compact_cols;
+    a_.format.Write(Row(slot), c, v, r, stochastic ? a_.keys[slot] : 0, stochastic ? a_.versions[slot] : 0);
+  }
+  // Column c of the slot's row += delta, atomically (other threads of the kernel may add to the same column or, in
+  // a compact row, to the other half of its 32-bit word). A compact column rounds to nearest at every addition.
+  TFEXT_HOST_DEVICE void AddToColumn(int64_t slot, int64_t c, float delta) const {
+    const RowFormat& f = a_.format;
+    char* row = Row(slot);
+    if (c >= f.compact_cols) {
+      hd::AddF32(reinterpret_cast<float*>(row + f.compact_bytes) + (c - f.compact_cols), delta);
+      return;
+    }
+    // The 16-bit column is half of an aligned 32-bit word (rows and compact areas are 4-byte aligned): a
+    // compare-and-swap of the word, little-endian (x86-64 and CUDA devices).
+    uint32_t* word = reinterpret_cast<uint32_t*>(row + 4 * (c / 2));
+    const int shift = 16 * static_cast<int>(c % 2);
+    uint32_t cur = hd::LoadShared(word);
+    for (;;) {
+      const uint16_t half = static_cast<uint16_t>(cur >> shift);
+      const bool bf16 = f.storage == RowStorage::kBFloat16;
+      const float v = (bf16 ? BFloat16ToFloat(half) : Float16ToFloat(half)) + delta;
+      const uint16_t rounded =
+          bf16 ? FloatToBFloat16(v, Rounding::kNearest, 0) : FloatToFloat16(v, Rounding::kNearest, 0);
+      const uint32_t next = (cur & ~(uint32_t{0xffffu} << shift)) | (static_cast<uint32_t>(rounded) << shift);
+      const uint32_t seen = hd::Cas32(word, cur, next);
+      if (seen == cur) return;
+      cur = seen;
+    }
+  }
   // Metadata of a slot this thread claimed or found (no other thread of the kernel touches it).
   TFEXT_HOST_DEVICE void ResetMeta(int64_t slot) const {
     a_.versions[slot] = 0;
@@ -496,9 +612,9 @@ class MutableView {
   }
   // Copies an entry of another table into the slot this thread claimed (rehash).
   TFEXT_HOST_DEVICE void CopyEntry(int64_t slot, const ReadView& from, int64_t from_slot) const {
-    const float* src = from.Row(from_slot);
-    float* dst = Row(slot);
-    for (int64_t c = 0; c < a_.width; ++c) dst[c] = src[c];
+    const uint32_t* src = reinterpret_cast<const uint32_t*>(from.Row(from_slot));  // the same format: 4-byte words
+    uint32_t* dst = reinterpret_cast<uint32_t*>(Row(slot));
+    for (int64_t w = 0; w < a_.format.row_bytes / 4; ++w) dst[w] = src[w];
     a_.versions[slot] = from.Version(from_slot);
     a_.freqs[slot] = from.Frequency(from_slot);
   }
@@ -696,11 +812,12 @@ struct Find {
 };
 
 // The columns x = c, c + step, c + 2 * step, ... of a new row outside [skip_begin, skip_end) get column_defaults
-// (or zeros): the threads c in [0, step) of one row together write every column outside the range.
-TFEXT_HOST_DEVICE inline void WriteDefaultColumns(float* row, int64_t width, const float* defaults, int64_t c,
+// (or zeros; compact columns round to nearest): the threads c in [0, step) of one row together write every column
+// outside the range.
+TFEXT_HOST_DEVICE inline void WriteDefaultColumns(const MutableView& t, int64_t slot, const float* defaults, int64_t c,
                                                   int64_t step, int64_t skip_begin, int64_t skip_end) {
-  for (int64_t x = c; x < width; x += step) {
-    if (x < skip_begin || x >= skip_end) row[x] = defaults ? defaults[x] : 0.0f;
+  for (int64_t x = c; x < t.width(); x += step) {
+    if (x < skip_begin || x >= skip_end) t.SetColumn(slot, x, defaults ? defaults[x] : 0.0f, Rounding::kNearest);
   }
 }
 
@@ -745,7 +862,8 @@ struct RowOfFirstOccurrence {
 
 // Output rows, one element per call (e = i * cols + c): from the slot batch entry i resolved to (through its
 // representative when rep is non-null); default_row (or untouched, if null) for missing keys. found / inserted
-// flags are written with the first column.
+// flags are written with the first column. A new key's row that FindOrInsert left in the output is kept there in a
+// float32 table; a compact table's is read back as stored (rounded).
 struct Gather {
   ReadView t;
   const long long* rep;  // null: entry i is its own representative
@@ -762,9 +880,9 @@ struct Gather {
     SplitIndex(e, cols, &i, &c);
     const int64_t r = rep ? rep[i] : i;
     const int64_t s = slot_of[r];
-    const bool row_in_output = rep_inserted && r == i && rep_inserted[r];  // FindOrInsert wrote it
+    const bool row_in_output = rep_inserted && r == i && rep_inserted[r] && !t.format().compact();
     if (s >= 0 && !row_in_output) {
-      out[e] = t.Row(s)[col_begin + c];
+      out[e] = t.Column(s, col_begin + c);
     } else if (s == kRowInOutput) {
       if (r != i) out[e] = out[r * cols + c];
     } else if (default_row) {
@@ -803,8 +921,8 @@ struct ClaimSlots {
 };
 
 // Pass 2 of Insert and FindOrInsert (one element per call: e = i * cols + c): the representative's row gets column c
-// of src[src_row[i]] (src_row null: src[i]); a row pass 1 claimed gets column_defaults (or zeros) elsewhere.
-// new_rows_only: rows pass 1 found keep their values (FindOrInsert).
+// of src[src_row[i]] (src_row null: src[i]), compact columns rounded by `rounding`; a row pass 1 claimed gets
+// column_defaults (or zeros) elsewhere. new_rows_only: rows pass 1 found keep their values (FindOrInsert).
 struct WriteColumns {
   MutableView t;
   const long long* rep;
@@ -815,6 +933,7 @@ struct WriteColumns {
   const float* defaults;
   int64_t col_begin, cols;
   bool new_rows_only;
+  Rounding rounding;
   TFEXT_HOST_DEVICE void operator()(int64_t e) const {
     int64_t i, c;
     SplitIndex(e, cols, &i, &c);
@@ -822,9 +941,8 @@ struct WriteColumns {
     const int64_t s = slot_of[i];
     const bool fresh = rep_inserted[i] != 0;
     if (s < 0 || (new_rows_only && !fresh)) return;
-    float* row = t.Row(s);
-    if (fresh) WriteDefaultColumns(row, t.width(), defaults, c, cols, col_begin, col_begin + cols);
-    row[col_begin + c] = src[(src_row ? src_row[i] : i) * cols + c];
+    if (fresh) WriteDefaultColumns(t, s, defaults, c, cols, col_begin, col_begin + cols);
+    t.SetColumn(s, col_begin + c, src[(src_row ? src_row[i] : i) * cols + c], rounding);
   }
 };
 
@@ -847,7 +965,7 @@ struct AccumulateSlots {
     if (insert_missing) {
       bool inserted = false;
       s = t.FindOrClaimTouched(keys[i], epoch, occurrences, version, &inserted);
-      if (inserted) WriteDefaultColumns(t.Row(s), t.width(), defaults, 0, 1, 0, 0);
+      if (inserted) WriteDefaultColumns(t, s, defaults, 0, 1, 0, 0);
       rep_inserted[i] = inserted ? 1 : 0;
     } else {
       s = t.read().FindSlot(keys[i]);
@@ -857,7 +975,8 @@ struct AccumulateSlots {
   }
 };
 
-// Accumulate, pass 2 (one element per call): row += delta, atomically (duplicates add in any order).
+// Accumulate, pass 2 (one element per call): row += delta, atomically (duplicates add in any order; a compact
+// column rounds to nearest after each addition, as the CPU core's).
 struct AccumulateAdd {
   MutableView t;
   const long long* rep;
@@ -868,7 +987,7 @@ struct AccumulateAdd {
     int64_t i, c;
     SplitIndex(e, cols, &i, &c);
     const int64_t s = slot_of[rep[i]];
-    if (s >= 0) hd::AddF32(t.Row(s) + col_begin + c, deltas[e]);
+    if (s >= 0) t.AddToColumn(s, col_begin + c, deltas[e]);
   }
 };
 
@@ -884,7 +1003,9 @@ struct Remove {
 // Update, pass 2 (one element per call: e = i * cols + j; the keys are distinct): a new row (ClaimSlots) gets
 // column_defaults in its columns x with x % cols == j first, as the CPU core's Update does before fn, then
 // fn(i, j, row). Every column this thread writes has x % cols == j, so the threads of one row never write the same
-// column.
+// column. A float32 table's fn works on the stored row. A compact table's works on a float32 copy (scratch, [n,
+// width]): the thread decodes its columns there, runs fn and writes them back rounded by the table's rounding (the
+// CPU core's Update: decode, fn, encode).
 template <class ElementFn>
 struct UpdateElements {
   MutableView t;
@@ -892,15 +1013,24 @@ struct UpdateElements {
   const uint8_t* rep_inserted;
   int64_t cols;
   const float* defaults;
+  float* scratch;  // compact tables: [n, width]
   ElementFn fn;
   TFEXT_HOST_DEVICE void operator()(int64_t e) const {
     int64_t i, j;
     SplitIndex(e, cols, &i, &j);
     const int64_t s = slot_of[i];
     if (s < 0) return;
-    float* row = t.Row(s);
-    if (rep_inserted[i]) WriteDefaultColumns(row, t.width(), defaults, j, cols, 0, 0);
+    if (rep_inserted[i]) WriteDefaultColumns(t, s, defaults, j, cols, 0, 0);
+    const RowFormat& f = t.format();
+    if (!f.compact()) {
+      fn(i, j, reinterpret_cast<float*>(t.Row(s)));
+      return;
+    }
+    float* row = scratch + i * f.width;
+    const ReadView r = t.read();
+    for (int64_t x = j; x < f.width; x += cols) row[x] = r.Column(s, x);
     fn(i, j, row);
+    for (int64_t x = j; x < f.width; x += cols) t.SetColumn(s, x, row[x], f.rounding);
   }
 };
 
@@ -919,8 +1049,7 @@ struct Export {
     if (o >= max_n) return;
     if (keys) keys[o] = t.Key(s);
     if (rows) {
-      const float* src = t.Row(s) + col_begin;
-      for (int64_t c = 0; c < cols; ++c) rows[o * cols + c] = src[c];
+      for (int64_t c = 0; c < cols; ++c) rows[o * cols + c] = t.Column(s, col_begin + c);
     }
     if (versions) versions[o] = t.Version(s);
     if (freqs) freqs[o] = t.Frequency(s);
@@ -987,6 +1116,8 @@ class BucketTable {
   ReadView read_view() const { return ReadView(a_); }
   MutableView mutable_view() { return MutableView(a_); }
   int64_t width() const { return a_.width; }
+  // Bytes of one row as stored (4 * width for float32 rows).
+  int64_t row_bytes() const { return a_.format.row_bytes; }
   int64_t capacity() const { return a_.capacity; }
   bool capped() const { return a_.capped; }
   Backend& backend() { return b_; }
@@ -1018,46 +1149,28 @@ class BucketTable {
   // Missing keys are inserted: columns [col_begin, col_begin + cols) from init_rows[first occurrence] ([n, cols]),
   // the other columns from column_defaults (null: zeros). out[i] gets the key's columns; inserted[i] (may be null)
   // is 1 for the first occurrence of a key this call inserted.
+  // Compact columns of new rows round to nearest (given data, as Insert).
   std::string FindOrInsert(const int64_t* keys, int64_t n, int64_t col_begin, int64_t cols, const float* init_rows,
                            const float* column_defaults, float* out, uint8_t* inserted, bool count, int64_t version) {
     if (init_rows == nullptr) return "FindOrInsert: init_rows must not be null";
-    return FindOrInsertWith(keys, n, col_begin, cols, kernels::RowOfFirstOccurrence{init_rows, cols}, column_defaults,
-                            out, inserted, count, version);
+    return FindOrInsertRounded(keys, n, col_begin, cols, kernels::RowOfFirstOccurrence{init_rows, cols},
+                               column_defaults, out, inserted, count, version, Rounding::kNearest);
   }
 
   // FindOrInsert with the columns [col_begin, col_begin + cols) of new keys from an initializer (as the CPU core's
   // FindOrInsertWith): init(i, key, dst) writes the cols initial columns of key, whose first occurrence is batch
-  // entry i, to dst (device code: one thread per new key, many at once). Keys a capped table cannot store get
-  // init's row in out too.
+  // entry i, to dst (device code: one thread per new key, many at once). Compact columns of new rows round by the
+  // table's rounding; out gets the rows as stored. Keys a capped table cannot store get init's row (unrounded) in
+  // out.
   template <class InitRow>
   std::string FindOrInsertWith(const int64_t* keys, int64_t n, int64_t col_begin, int64_t cols, const InitRow& init,
                                const float* column_defaults, float* out, uint8_t* inserted, bool count,
                                int64_t version) {
-    static_assert(std::is_trivially_copyable<InitRow>::value,
-                  "init travels to the device by value, in a kernel's parameters: it may hold device pointers and "
-                  "plain values only");
-    static_assert(std::is_invocable_r<void, const InitRow&, int64_t, int64_t, float*>::value,
-                  "init(i, key, dst) writes the initial columns of a new key");
-    std::string err = CheckBatch("FindOrInsert", n, col_begin, cols);
-    if (err.empty() && out == nullptr) err = "FindOrInsert: out must not be null";
-    if (!err.empty() || n == 0) return err;
-    uint32_t epoch = 0;
-    if ((err = Dedup(keys, n, kFirst | (count ? kMult : 0))) != "" || (err = EnsureRoom(keys, n)) != "" ||
-        (err = BeginWrite(keys, n, &epoch)) != "") {
-      return err;
-    }
-    kernels::FindOrInsert<InitRow> f{mutable_view(), keys,    s_.rep, s_.first,   s_.mult,         init, cols,
-                                     count,          version, epoch,  s_.slot_of, s_.rep_inserted, out};
-    if ((err = b_.ForEach(n, f)) != "" || (err = CountClaims(n, s_.rep)) != "") return err;
-    kernels::WriteColumns w{mutable_view(), s_.rep, s_.slot_of, s_.rep_inserted, nullptr, out, column_defaults,
-                            col_begin,      cols,   true};
-    if ((err = b_.ForEach(n * cols, w)) != "") return err;
-    kernels::Gather g{read_view(), s_.rep,  s_.slot_of,      col_begin, cols,    nullptr,
-                      out,         nullptr, s_.rep_inserted, s_.first,  inserted};
-    return b_.ForEach(n * cols, g);
+    return FindOrInsertRounded(keys, n, col_begin, cols, init, column_defaults, out, inserted, count, version,
+                               a_.format.rounding);
   }
 
-  // Inserts or overwrites the columns (the last occurrence of a key wins).
+  // Inserts or overwrites the columns (the last occurrence of a key wins); compact columns round to nearest.
   std::string Insert(const int64_t* keys, int64_t n, int64_t col_begin, int64_t cols, const float* values,
                      const float* column_defaults, bool count, int64_t version) {
     std::string err = CheckBatch("Insert", n, col_begin, cols);
@@ -1070,8 +1183,8 @@ class BucketTable {
     kernels::ClaimSlots claim{mutable_view(), keys,  s_.rep,     s_.mult,        count,
                               version,        epoch, s_.slot_of, s_.rep_inserted};
     if ((err = b_.ForEach(n, claim)) != "" || (err = CountClaims(n, s_.rep)) != "") return err;
-    kernels::WriteColumns w{mutable_view(), s_.rep, s_.slot_of, s_.rep_inserted, s_.last, values, column_defaults,
-                            col_begin,      cols,   false};
+    kernels::WriteColumns w{mutable_view(),  s_.rep,    s_.slot_of, s_.rep_inserted, s_.last,           values,
+                            column_defaults, col_begin, cols,       false,           Rounding::kNearest};
     return b_.ForEach(n * cols, w);
   }
 
@@ -1109,7 +1222,9 @@ class BucketTable {
   // slot is found or claimed (a new row gets column_defaults, null: zeros; version as in Insert), then
   // fn(i, j, row) runs once for each batch entry i and each j in [0, cols), one thread per element, the elements of
   // a row at once: fn may read and write only the columns x of row with x % cols == j (the fused optimizer steps
-  // keep column j of the variable and of each slot there). A batch that names a key twice is refused, whole.
+  // keep column j of the variable and of each slot there). A batch that names a key twice is refused, whole. In a
+  // compact table fn sees the row as float32 (a scratch copy of n x width floats, kept for later batches) and its
+  // compact columns are stored back rounded by the table's rounding.
   template <class ElementFn>
   std::string Update(const int64_t* keys, int64_t n, int64_t cols, const ElementFn& fn, const float* column_defaults,
                      int64_t version) {
@@ -1133,8 +1248,9 @@ class BucketTable {
     kernels::ClaimSlots claim{mutable_view(), keys,  nullptr,    nullptr,        false,
                               version,        epoch, s_.slot_of, s_.rep_inserted};
     if ((err = b_.ForEach(n, claim)) != "" || (err = CountClaims(n, nullptr)) != "") return err;
+    if (a_.format.compact() && (err = PrepareUpdateRows(n)) != "") return err;
     return b_.ForEach(n * cols, kernels::UpdateElements<ElementFn>{mutable_view(), s_.slot_of, s_.rep_inserted, cols,
-                                                                   column_defaults, fn});
+                                                                   column_defaults, s_.update_rows, fn});
   }
 
   // Writes up to max_n entries (keys, rows of the column range, versions, frequencies; any may be null) and their
@@ -1173,6 +1289,35 @@ class BucketTable {
   }
 
  private:
+  // FindOrInsert(With), compact columns of new rows rounded by `rounding`.
+  template <class InitRow>
+  std::string FindOrInsertRounded(const int64_t* keys, int64_t n, int64_t col_begin, int64_t cols, const InitRow& init,
+                                  const float* column_defaults, float* out, uint8_t* inserted, bool count,
+                                  int64_t version, Rounding rounding) {
+    static_assert(std::is_trivially_copyable<InitRow>::value,
+                  "init travels to the device by value, in a kernel's parameters: it may hold device pointers and "
+                  "plain values only");
+    static_assert(std::is_invocable_r<void, const InitRow&, int64_t, int64_t, float*>::value,
+                  "init(i, key, dst) writes the initial columns of a new key");
+    std::string err = CheckBatch("FindOrInsert", n, col_begin, cols);
+    if (err.empty() && out == nullptr) err = "FindOrInsert: out must not be null";
+    if (!err.empty() || n == 0) return err;
+    uint32_t epoch = 0;
+    if ((err = Dedup(keys, n, kFirst | (count ? kMult : 0))) != "" || (err = EnsureRoom(keys, n)) != "" ||
+        (err = BeginWrite(keys, n, &epoch)) != "") {
+      return err;
+    }
+    kernels::FindOrInsert<InitRow> f{mutable_view(), keys,    s_.rep, s_.first,   s_.mult,         init, cols,
+                                     count,          version, epoch,  s_.slot_of, s_.rep_inserted, out};
+    if ((err = b_.ForEach(n, f)) != "" || (err = CountClaims(n, s_.rep)) != "") return err;
+    kernels::WriteColumns w{mutable_view(), s_.rep, s_.slot_of, s_.rep_inserted, nullptr, out, column_defaults,
+                            col_begin,      cols,   true,       rounding};
+    if ((err = b_.ForEach(n * cols, w)) != "") return err;
+    kernels::Gather g{read_view(), s_.rep,  s_.slot_of,      col_begin, cols,    nullptr,
+                      out,         nullptr, s_.rep_inserted, s_.first,  inserted};
+    return b_.ForEach(n * cols, g);
+  }
+
   struct Scratch {
     int64_t n = 0;        // entries the batch arrays hold
     int64_t n_batch = 0;  // entries of the batch last deduplicated
@@ -1183,6 +1328,8 @@ class BucketTable {
     long long* slot_of = nullptr;
     uint32_t* mult = nullptr;
     uint8_t* rep_inserted = nullptr;
+    int64_t update_rows_n = 0;     // entries update_rows holds
+    float* update_rows = nullptr;  // compact tables' Update: [update_rows_n, width] float32 rows
   };
 
   // Slots of the dedup set of a batch of n keys: a power of two, at most half full.
@@ -1224,12 +1371,13 @@ class BucketTable {
     TableArrays t;
     t.capacity = slots;
     t.width = o_.width;
+    t.format = RowFormat::Of(o_);
     t.capped = o_.capacity_limit > 0;
     t.policy = o_.policy;
     t.counters = counters_;
     const size_t n = static_cast<size_t>(slots);
     // The row array's bytes must not wrap (2^40 slots x 2^24 columns would).
-    if (slots > (int64_t{1} << 61) / (o_.width * static_cast<int64_t>(sizeof(float)))) {
+    if (slots > (int64_t{1} << 61) / t.format.row_bytes) {
       return "a table of " + std::to_string(slots) + " slots of width " + std::to_string(o_.width) +
              " needs more memory than a device has";
     }
@@ -1241,7 +1389,7 @@ class BucketTable {
     };
     alloc(&t.digests, n);
     alloc(&t.keys, n * sizeof(int64_t));
-    alloc(&t.rows, n * static_cast<size_t>(o_.width) * sizeof(float));
+    alloc(&t.rows, n * static_cast<size_t>(t.format.row_bytes));
     alloc(&t.versions, n * sizeof(int64_t));
     alloc(&t.freqs, n * sizeof(uint32_t));
     if (t.capped) {
@@ -1269,17 +1417,32 @@ class BucketTable {
   }
 
   void FreeScratch() {
-    void* ptrs[] = {s_.set, s_.rep, s_.first, s_.last, s_.slot_of, s_.mult, s_.rep_inserted};
+    void* ptrs[] = {s_.set, s_.rep, s_.first, s_.last, s_.slot_of, s_.mult, s_.rep_inserted, s_.update_rows};
     for (void* p : ptrs) {
       if (p) b_.Free(p);
     }
     s_ = Scratch();
   }
 
+  // Compact tables' Update: float32 rows for n entries (kept and reused: they only grow).
+  std::string PrepareUpdateRows(int64_t n) {
+    if (n <= s_.update_rows_n) return "";
+    if (s_.update_rows) b_.Free(s_.update_rows);
+    s_.update_rows = nullptr;
+    s_.update_rows_n = 0;
+    void* p = nullptr;
+    const size_t bytes = static_cast<size_t>(n) * static_cast<size_t>(a_.width) * sizeof(float);
+    const std::string err = b_.Alloc(&p, bytes);
+    if (!err.empty()) return "cannot allocate the float32 rows of an update of " + std::to_string(n) + " keys: " + err;
+    s_.update_rows = static_cast<float*>(p);
+    s_.update_rows_n = n;
+    return "";
+  }
+
   // Batch arrays for n entries (kept and reused: they only grow).
   std::string PrepareScratch(int64_t n) {
     if (n <= s_.n) return "";
-    FreeScratch();
+    FreeScratch();  // the update rows too: they grow again on the next compact Update
     const int64_t set_slots = SetSlotsFor(n);
     std::string err;
     auto alloc = [&](auto** p, size_t bytes) {

@@ -396,6 +396,237 @@ TFEXT_TEST(UpdatesMatchTheCpuCore) {
         std::string::npos);
 }
 
+// ---- compact rows (bfloat16 / float16 columns) ----
+using tfext::table::Rounding;
+using tfext::table::RowStorage;
+using tfext::table::gpu::testing::CompactOptions;
+using tfext::table::gpu::testing::RoundRow;
+
+// New keys' initial columns that every storage holds exactly: small integers, a function of the key and column.
+struct IntegerRow {
+  int64_t cols;
+  void operator()(int64_t /*first*/, int64_t key, float* dst) const {
+    for (int64_t c = 0; c < cols; ++c) {
+      dst[c] = static_cast<float>(static_cast<int64_t>(SplitMix64(static_cast<uint64_t>(key) + c) % 33) - 16);
+    }
+  }
+};
+
+// Every operation of a compact table against the float32 CPU core, with values every storage holds exactly (small
+// integers): the layout (odd and partial compact areas, float32 columns after them), decoding in find and export,
+// defaults, rehash copies and Accumulate's compare-and-swap on the two halves of one 32-bit word, under races.
+TFEXT_TEST(CompactRowsHoldExactValuesAsFloat32Rows) {
+  const int64_t w = 7;
+  for (RowStorage storage : {RowStorage::kBFloat16, RowStorage::kFloat16}) {
+    for (int64_t compact_cols : {int64_t{1}, int64_t{4}, w}) {
+      Table g(HostBackend{4});
+      CHECK_EQ(g.Init(CompactOptions(w, storage, compact_cols, Rounding::kStochastic)), "");
+      CHECK_EQ(g.row_bytes(), (2 * compact_cols + 3) / 4 * 4 + 4 * (w - compact_cols));
+      TableOptions co;
+      co.width = w;
+      HashTable c(co);
+      const auto pf = InlineParallelFor();
+      std::mt19937_64 rng(static_cast<uint64_t>(compact_cols) * 3 + static_cast<uint64_t>(storage));
+      const std::vector<float> defaults = {-1, -2, -3, -4, -5, -6, -7};
+      for (int round = 0; round < 50; ++round) {
+        const int64_t n = 1 + static_cast<int64_t>(rng() % 300);
+        const std::vector<int64_t> keys = RandomKeys(rng, n, 1500);
+        const int64_t col_begin = static_cast<int64_t>(rng() % 3);
+        const int64_t cols = 1 + static_cast<int64_t>(rng() % (w - col_begin));
+        const int op = static_cast<int>(rng() % 5);
+        if (op == 0) {  // FindOrInsertWith: exact values, so the stochastic rounding leaves them
+          std::vector<float> go(n * cols), co_out(n * cols);
+          const IntegerRow init{cols};
+          CHECK_EQ(g.FindOrInsertWith(keys.data(), n, col_begin, cols, init, defaults.data(), go.data(), nullptr, true,
+                                      round),
+                   "");
+          c.FindOrInsertWith(
+              keys.data(), n, col_begin, cols,
+              [&](const int64_t* index, float* const* dst, int64_t count) {
+                for (int64_t j = 0; j < count; ++j) init(index[j], keys[index[j]], dst[j]);
+              },
+              defaults.data(), co_out.data(), nullptr, true, round, pf);
+          CHECK(go == co_out);
+        } else if (op == 1) {  // Insert
+          std::vector<float> vals(n * cols);
+          for (auto& v : vals) v = static_cast<float>(static_cast<int>(rng() % 129) - 64);
+          CHECK_EQ(g.Insert(keys.data(), n, col_begin, cols, vals.data(), defaults.data(), true, round), "");
+          c.Insert(keys.data(), n, col_begin, cols, vals.data(), defaults.data(), true, round, pf);
+        } else if (op == 2) {  // Accumulate, duplicates racing
+          std::vector<float> deltas(n * cols);
+          for (auto& v : deltas) v = static_cast<float>(static_cast<int>(rng() % 9) - 4);
+          CHECK_EQ(g.Accumulate(keys.data(), n, col_begin, cols, deltas.data(), defaults.data(), true, true, -1), "");
+          c.Accumulate(keys.data(), n, col_begin, cols, deltas.data(), defaults.data(), true, true, -1, pf);
+        } else if (op == 3) {
+          int64_t removed = -1;
+          CHECK_EQ(g.Remove(keys.data(), n / 4 + 1, &removed), "");
+          CHECK_EQ(removed, c.Remove(keys.data(), n / 4 + 1, pf));
+        } else {
+          std::vector<float> go(n * cols, 42.0f), co_out(n * cols, 42.0f);
+          CHECK_EQ(g.Find(keys.data(), n, col_begin, cols, go.data(), nullptr, defaults.data()), "");
+          c.Find(keys.data(), n, col_begin, cols, co_out.data(), nullptr, defaults.data(), pf);
+          CHECK(go == co_out);
+        }
+      }
+      const auto snap = Snapshot(g);
+      CHECK(snap == Snapshot(c));
+      for (const auto& [k, e] : snap) {
+        for (float v : e.row) CHECK(std::fabs(v) < 256.0f);  // exact in bfloat16 too: the comparison was exact
+      }
+      GpuTableStats s;
+      CHECK_EQ(g.Stats(&s), "");
+      CHECK_GT(s.capacity, 128);  // it grew: rehash copied compact rows
+    }
+  }
+}
+
+// Writes round as the CPU core's do (row_codec.h): Insert, FindOrInsert's given rows, defaults and Accumulate to
+// nearest; FindOrInsertWith's initialized rows and Update by the table's rounding, stochastic bits from the key,
+// the version the write leaves in the row and the column. The reference is the float32 CPU core fed the rounded
+// values (its Update rounds the row after the step, as a compact core's does).
+TFEXT_TEST(CompactRowsRoundAsTheCodec) {
+  const int64_t cols = 4, w = 2 * cols + 1;
+  for (RowStorage storage : {RowStorage::kBFloat16, RowStorage::kFloat16}) {
+    for (Rounding rounding : {Rounding::kNearest, Rounding::kStochastic}) {
+      for (int64_t compact_cols : {int64_t{3}, int64_t{cols}, w}) {
+        Table g(HostBackend{4});
+        CHECK_EQ(g.Init(CompactOptions(w, storage, compact_cols, rounding)), "");
+        TableOptions co;
+        co.width = w;
+        HashTable c(co);
+        const auto pf = InlineParallelFor();
+        std::vector<float> defaults(w), rounded_defaults(w);
+        for (int64_t x = 0; x < w; ++x) defaults[x] = 0.1f + 0.01f * static_cast<float>(x);
+        rounded_defaults = defaults;
+        RoundRow(storage, Rounding::kNearest, compact_cols, 0, 0, rounded_defaults.data(), 0, w);
+        std::mt19937_64 rng(5);
+        std::normal_distribution<float> nd;
+        // Initialized rows (KeyRow: 20-bit fractions, inexact in both storages), version 3.
+        std::vector<int64_t> keys(300);
+        for (auto& k : keys) k = static_cast<int64_t>(rng() % 1000) - 500;
+        const KeyRow init{17, cols};
+        std::vector<float> go(keys.size() * cols), co_out(keys.size() * cols);
+        CHECK_EQ(
+            g.FindOrInsertWith(keys.data(), keys.size(), 0, cols, init, defaults.data(), go.data(), nullptr, false, 3),
+            "");
+        c.FindOrInsertWith(
+            keys.data(), keys.size(), 0, cols,
+            [&](const int64_t* index, float* const* dst, int64_t count) {
+              for (int64_t j = 0; j < count; ++j) {
+                init(index[j], keys[index[j]], dst[j]);
+                RoundRow(storage, rounding, compact_cols, keys[index[j]], 3, dst[j], 0, cols);
+              }
+            },
+            rounded_defaults.data(), co_out.data(), nullptr, false, 3, pf);
+        CHECK(go == co_out);  // the output holds the rows as stored
+        CHECK(Snapshot(g) == Snapshot(c));
+        // Insert and Accumulate (one occurrence per key) round to nearest.
+        std::vector<int64_t> distinct;
+        std::set<int64_t> seen;
+        for (int64_t k : keys) {
+          if (seen.insert(k).second) distinct.push_back(k);
+        }
+        const int64_t n = static_cast<int64_t>(distinct.size());
+        std::vector<float> vals(n * 2), rounded(n * 2), deltas(n * 2);
+        for (auto& v : vals) v = nd(rng);
+        for (auto& v : deltas) v = nd(rng) * 0.01f;
+        rounded = vals;
+        for (int64_t i = 0; i < n; ++i)
+          RoundRow(storage, Rounding::kNearest, compact_cols, 0, 0, &rounded[2 * i], 2, 2);
+        CHECK_EQ(g.Insert(distinct.data(), n, 2, 2, vals.data(), defaults.data(), false, 4), "");
+        c.Insert(distinct.data(), n, 2, 2, rounded.data(), rounded_defaults.data(), false, 4, pf);
+        CHECK_EQ(g.Accumulate(distinct.data(), n, 1, 2, deltas.data(), defaults.data(), true, false, -1), "");
+        c.Update(
+            distinct.data(), n, rounded_defaults.data(),
+            [&](int64_t i, float* row, KeyMeta*) {
+              for (int64_t x = 1; x < 3; ++x) row[x] += deltas[2 * i + x - 1];
+              RoundRow(storage, Rounding::kNearest, compact_cols, 0, 0, row + 1, 1, 2);
+            },
+            pf);
+        CHECK(Snapshot(g) == Snapshot(c));
+        // Update steps, new keys among them (they start from the rounded defaults).
+        for (int64_t step = 5; step < 9; ++step) {
+          std::vector<int64_t> batch;
+          std::set<int64_t> in_batch;
+          while (batch.size() < 200) {
+            const int64_t k = static_cast<int64_t>(rng() % 1200) - 600;
+            if (in_batch.insert(k).second) batch.push_back(k);
+          }
+          std::vector<float> grads(batch.size() * cols);
+          for (auto& x : grads) x = nd(rng);
+          const SquareAndStep fn{grads.data(), cols};
+          CHECK_EQ(g.Update(batch.data(), batch.size(), cols, fn, defaults.data(), step), "");
+          c.Update(
+              batch.data(), batch.size(), rounded_defaults.data(),
+              [&](int64_t i, float* row, KeyMeta* meta) {
+                for (int64_t j = 0; j < cols; ++j) fn(i, j, row);
+                meta->version = step;
+                RoundRow(storage, rounding, compact_cols, batch[i], step, row, 0, w);
+              },
+              pf);
+        }
+        CHECK(Snapshot(g) == Snapshot(c));
+      }
+    }
+  }
+}
+
+// Stochastic rounding is deterministic (two tables fed the same steps hold the same bits), depends on the step, and
+// keeps the small updates that round-to-nearest loses in bfloat16 on average.
+TFEXT_TEST(StochasticRoundingIsDeterministicAndKeepsSmallUpdates) {
+  const int64_t cols = 8;
+  std::vector<int64_t> keys(512);
+  for (int64_t i = 0; i < 512; ++i) keys[i] = i * 7919;
+  std::vector<float> grads(keys.size() * cols, 1e-3f);
+  struct Step {  // var -= g (an update far below a bfloat16 ulp of 1.0)
+    const float* grads;
+    int64_t cols;
+    void operator()(int64_t i, int64_t j, float* row) const { row[j] -= grads[i * cols + j]; }
+  };
+  std::vector<float> ones(cols, 1.0f);
+  std::map<int64_t, tfext::table::gpu::testing::Entry> snaps[3];
+  const Rounding roundings[3] = {Rounding::kStochastic, Rounding::kStochastic, Rounding::kNearest};
+  for (int t = 0; t < 3; ++t) {
+    Table g(HostBackend{4});
+    CHECK_EQ(g.Init(CompactOptions(cols, RowStorage::kBFloat16, cols, roundings[t])), "");
+    for (int64_t step = 1; step <= 100; ++step) {
+      CHECK_EQ(g.Update(keys.data(), keys.size(), cols, Step{grads.data(), cols}, ones.data(), step), "");
+    }
+    snaps[t] = Snapshot(g);
+  }
+  CHECK(snaps[0] == snaps[1]);
+  double stochastic_mean = 0, nearest_mean = 0;
+  for (const auto& [k, e] : snaps[0]) {
+    for (float v : e.row) stochastic_mean += v;
+  }
+  for (const auto& [k, e] : snaps[2]) {
+    for (float v : e.row) nearest_mean += v;
+  }
+  stochastic_mean /= static_cast<double>(keys.size() * cols);
+  nearest_mean /= static_cast<double>(keys.size() * cols);
+  CHECK_EQ(nearest_mean, 1.0);                     // every 1 - 1e-3 rounds back to 1
+  CHECK(std::fabs(stochastic_mean - 0.9) < 0.01);  // 100 steps of -1e-3 kept on average
+}
+
+TFEXT_TEST(CompactOptionsAreChecked) {
+  Table g;
+  GpuTableOptions o = CompactOptions(4, RowStorage::kInt8Row, 4, Rounding::kNearest);
+  CHECK(g.Init(o).find("serving format") != std::string::npos);
+  o = CompactOptions(4, RowStorage::kBFloat16, 5, Rounding::kNearest);
+  Table g2;
+  CHECK(g2.Init(o).find("compact_cols must be in [0, width=4], got 5") != std::string::npos);
+  o = CompactOptions(4, static_cast<RowStorage>(9), 4, Rounding::kNearest);
+  Table g3;
+  CHECK(g3.Init(o).find("storage must be") != std::string::npos);
+  // A float32 storage ignores compact_cols: float32 rows.
+  Table g4;
+  CHECK_EQ(g4.Init(CompactOptions(4, RowStorage::kFloat32, 4, Rounding::kStochastic)), "");
+  CHECK_EQ(g4.row_bytes(), 16);
+  Table g5;  // dim 16 bfloat16 values + one float32 accumulator
+  CHECK_EQ(g5.Init(CompactOptions(17, RowStorage::kBFloat16, 16, Rounding::kStochastic)), "");
+  CHECK_EQ(g5.row_bytes(), 36);
+}
+
 TFEXT_TEST(BadArgumentsAreNamed) {
   Table g;
   CHECK(g.Init(Options(0)).find("width") != std::string::npos);

@@ -6,7 +6,8 @@ are two kinds, told apart by type (as cuCollections' ``MutableView``/``ReadView`
 - `MutableTableRef`: a training table (``TfExtTableHandle``): int64 keys -> rows of `width` float32
   ``[embedding (dim) | extra columns]`` with per-key metadata (version = last-update step, frequency). Every row
   operation takes a column range ``[col_begin, col_begin + cols)``; `TableLayout.columns` resolves it (default: the
-  embedding ``[0, dim)``).
+  embedding ``[0, dim)``). The table may store the leading columns compactly (`TableLayout.storage`); the ops
+  still read and write float32.
 - `FrozenTableRef`: a read-only serving table (``TfExtFrozenTableHandle``): keys -> ``dim`` floats, no extra
   columns, no metadata. It is filled once (`FrozenTableRef.build`) and then only read.
 
@@ -18,13 +19,71 @@ public `HashTable` checks and converts user input before it reaches its ref). Re
 each method adds one op (two for `export_split`'s padding) and returns its outputs.
 """
 
+import numpy as np
 import tensorflow as tf
 from tensorflow.core.framework import attr_value_pb2
 
 from tensorflow_ext.tf_compat import graph_edits
 from tensorflow_ext.utils import loader
 
-__all__ = ["TableLayout", "MutableTableRef", "FrozenTableRef", "release_free_memory"]
+__all__ = [
+    "STORAGES",
+    "ROUNDINGS",
+    "storage_name",
+    "storage_dtype",
+    "TableLayout",
+    "MutableTableRef",
+    "FrozenTableRef",
+    "release_free_memory",
+]
+
+# The row storages, by the names the ops' `storage` attrs and checkpoints use (the C++ names are in
+# table/kernels/storage_attrs.h), and the dtype each stands for. "int8_row" is 1 byte per column plus a per-row
+# fp16 scale and bias (a serving format).
+_STORAGE_DTYPES = (
+    ("float32", tf.float32),
+    ("bfloat16", tf.bfloat16),
+    ("float16", tf.float16),
+    ("int8_row", tf.int8),
+)
+STORAGES = tuple(name for name, _ in _STORAGE_DTYPES)
+# How writes round values into compact columns (the ops' `rounding` attr).
+ROUNDINGS = ("nearest", "stochastic")
+
+
+def storage_name(dtype):
+    """The storage name ("float32", "bfloat16", "float16", "int8_row") of rows stored as `dtype`.
+
+    Args:
+      dtype: tf.float32, tf.bfloat16, tf.float16 or tf.int8 (int8 rows: per-row scale and bias), or anything
+        `tf.as_dtype` takes for them.
+
+    Raises:
+      ValueError: another dtype, naming the supported ones.
+    """
+    try:
+        as_dtype = tf.as_dtype(dtype)
+    except TypeError:
+        as_dtype = None
+    for name, storage_as_dtype in _STORAGE_DTYPES:
+        if as_dtype == storage_as_dtype:
+            return name
+    raise ValueError(
+        "unsupported row dtype %r: rows are stored as one of %s"
+        % (dtype, ", ".join("tf.%s" % d.name for _, d in _STORAGE_DTYPES))
+    )
+
+
+def storage_dtype(name):
+    """The dtype (tf.float32, tf.bfloat16, tf.float16, tf.int8) of the storage `name` (see `storage_name`).
+
+    Raises:
+      ValueError: an unknown name, naming the known ones.
+    """
+    for storage, dtype in _STORAGE_DTYPES:
+        if isinstance(name, str) and name == storage:
+            return dtype
+    raise ValueError("unknown row storage %r: expected one of %s" % (name, ", ".join(STORAGES)))
 
 
 def invalid_argument(msg):
@@ -33,22 +92,38 @@ def invalid_argument(msg):
 
 
 class TableLayout(object):
-    """The columns of a table's rows: `dim` embedding columns, `width` columns in all, and new keys' values.
+    """The columns of a table's rows: `dim` embedding columns, `width` columns in all, new keys' values, and how
+    the rows are stored.
 
-    Invariants: 1 <= dim <= width; the stored defaults are empty (all zeros) or exactly `width` floats. A subclass
-    may widen the layout (`_widen`), keeping them.
+    Every operation reads and writes float32 columns. A compact `storage` keeps the leading `compact_cols` columns
+    of each row in fewer bytes: the embedding columns, or (`compact_slots`) every column, optimizer slots included;
+    the other columns stay float32. Reads decode exactly; writes round: optimizer updates and initialised new rows
+    with `rounding`, other writes (insert, import, accumulate) to nearest.
+
+    Invariants: 1 <= dim <= width; the stored defaults are empty (all zeros) or exactly `width` floats; storage and
+    rounding are valid names, int8 rows with nearest rounding and without compact slots. A subclass may widen the
+    layout (`_widen`), keeping them (with `compact_slots` the compact columns widen too).
 
     Args:
       dim: int >= 1, the embedding columns `[0, dim)`.
       width: floats per row, >= dim (default: dim).
       column_defaults: None/empty (zeros) or `width` floats: the values of a new key's columns that the inserting
         op does not provide.
+      storage: one of `STORAGES`: "float32" (default), "bfloat16", "float16" (2 bytes a column), "int8_row"
+        (1 byte a column plus a per-row scale and bias; a serving format). `storage_name(dtype)` maps a dtype.
+      compact_slots: store the columns past dim (optimizer slots) in `storage` too (default: float32). Ignored
+        for float32 storage.
+      rounding: "nearest" (round to nearest even) or "stochastic" (deterministic per key, step and column, so a
+        rerun stores the same bits): how optimizer updates round into compact columns. Ignored for float32.
 
     Raises:
-      tf.errors.InvalidArgumentError: dim < 1, width < dim, or column_defaults of another length than width.
+      tf.errors.InvalidArgumentError: dim < 1, width < dim, column_defaults of another length than width, an
+        unknown storage or rounding, int8 rows with stochastic rounding or compact slots.
     """
 
-    def __init__(self, dim, width=None, column_defaults=None):
+    def __init__(
+        self, dim, width=None, column_defaults=None, storage="float32", compact_slots=False, rounding="nearest"
+    ):
         dim = int(dim)
         width = dim if width is None else int(width)
         column_defaults = [] if column_defaults is None else [float(v) for v in column_defaults]
@@ -60,9 +135,24 @@ class TableLayout(object):
             raise invalid_argument(
                 "column_defaults must be empty or have width (%d) entries, got %d" % (width, len(column_defaults))
             )
+        if not isinstance(storage, str) or storage not in STORAGES:
+            raise invalid_argument("storage must be one of %s, got %r" % (", ".join(STORAGES), storage))
+        if rounding not in ROUNDINGS:
+            raise invalid_argument("rounding must be one of %s, got %r" % (", ".join(ROUNDINGS), rounding))
+        if not isinstance(compact_slots, (bool, np.bool_)):
+            raise invalid_argument("compact_slots must be True or False, got %r" % (compact_slots,))
+        if storage == "int8_row" and rounding != "nearest":
+            raise invalid_argument(
+                'storage "int8_row" rounds to nearest only: rounding must be "nearest", got %r' % rounding
+            )
+        if storage == "int8_row" and compact_slots:
+            raise invalid_argument('storage "int8_row" holds the embedding columns only: compact_slots must be False')
         self._dim = dim
         self._width = width
         self._defaults = column_defaults
+        self._storage = storage
+        self._compact_slots = bool(compact_slots)
+        self._rounding = rounding
 
     @property
     def dim(self):
@@ -73,6 +163,29 @@ class TableLayout(object):
     def width(self):
         """Floats per row: dim + the extra (optimizer slot) columns."""
         return self._width
+
+    @property
+    def storage(self):
+        """How the compact columns are stored: one of `STORAGES` ("float32": no compact columns)."""
+        return self._storage
+
+    @property
+    def rounding(self):
+        """How optimizer updates round into compact columns: "nearest" or "stochastic"."""
+        return self._rounding
+
+    @property
+    def compact_slots(self):
+        """Whether the columns past dim (optimizer slots) are stored in `storage` too."""
+        return self._compact_slots
+
+    @property
+    def compact_cols(self):
+        """The leading columns of each row stored in `storage`: 0 for float32, else width with compact slots,
+        else dim (the handle op's `compact_cols` attr)."""
+        if self._storage == "float32":
+            return 0
+        return self._width if self._compact_slots else self._dim
 
     @property
     def column_defaults(self):
@@ -147,6 +260,9 @@ class MutableTableRef(object):
             dim=layout.dim,
             width=layout.width,
             column_defaults=layout.column_defaults_attr,
+            storage=layout.storage,
+            compact_cols=layout.compact_cols,
+            rounding=layout.rounding,
             initial_capacity=initial_capacity,
             shard_bits=shard_bits,
             huge_pages=huge_pages,
@@ -179,13 +295,14 @@ class MutableTableRef(object):
         return self._layout.width
 
     def set_handle_layout(self):
-        """Writes the layout's current width and column defaults into the handle op's attrs.
+        """Writes the layout's current width, column defaults and compact columns into the handle op's attrs.
 
         For a layout that grew after the handle op was built (optimizer slot columns): the table is created with
         the attrs the op carries when it first runs, so this must happen before that (graph construction time).
         """
         op = self._handle.op
         graph_edits.set_attr(op, "width", attr_value_pb2.AttrValue(i=int(self._layout.width)))
+        graph_edits.set_attr(op, "compact_cols", attr_value_pb2.AttrValue(i=int(self._layout.compact_cols)))
         graph_edits.set_attr(
             op,
             "column_defaults",
@@ -319,34 +436,46 @@ class FrozenTableRef(object):
     """A read-only serving table's handle: keys -> `dim` floats, no extra columns, no metadata.
 
     The read methods match `MutableTableRef`'s (column ranges aside: a frozen row is its embedding); `build` fills
-    the table once (a restore), and nothing else writes it.
+    the table once (a restore), and nothing else writes it. The table stores its rows as `storage` (one of
+    `STORAGES`; "int8_row": a uint8 per column plus a per-row fp16 scale and bias, each column within scale / 2 of
+    the value it was built from); reads return float32 rows whatever the storage.
 
     Args:
       handle: the scalar `resource` tensor of a ``TfExtFrozenTableHandle`` op.
       dim: the embedding columns per row.
+      storage: the handle op's storage name.
     """
 
     writable = False
 
-    def __init__(self, handle, dim):
+    def __init__(self, handle, dim, storage="float32"):
         self._handle = handle
         self._dim = int(dim)
+        self._storage = storage
 
     @classmethod
-    def create(cls, dim, container="", shared_name="", use_node_name_sharing=False, name=None):
+    def create(cls, dim, storage="float32", container="", shared_name="", use_node_name_sharing=False, name=None):
         """Adds a ``TfExtFrozenTableHandle`` op (the table is created empty when it first runs).
+
+        Args:
+          storage: how the rows are stored, one of `STORAGES` (`storage_name(dtype)` maps a dtype).
 
         Returns:
           The `FrozenTableRef`.
+
+        Raises:
+          ValueError: an unknown storage, naming the known ones.
         """
+        storage_dtype(storage)  # validates the name
         handle = loader.load_ops().tf_ext_frozen_table_handle(
             dim=int(dim),
+            storage=storage,
             container=container,
             shared_name=shared_name,
             use_node_name_sharing=use_node_name_sharing,
             name=name,
         )
-        return cls(handle, dim)
+        return cls(handle, dim, storage)
 
     @property
     def handle(self):
@@ -363,8 +492,15 @@ class FrozenTableRef(object):
         """Floats per row: dim (a frozen table holds no extra columns)."""
         return self._dim
 
+    @property
+    def storage(self):
+        """How the rows are stored: one of `STORAGES`."""
+        return self._storage
+
     def build(self, keys, values, name=None):
-        """The op that fills the table with keys [n] and values [n, dim] (replacing what it held)."""
+        """The op that fills the table with keys [n] and float32 values [n, dim] (replacing what it held), stored
+        as `storage`: rounded to nearest for "bfloat16" and "float16", quantized per row for "int8_row" (which
+        refuses, when the op runs, a row holding a value that is not finite or beyond +-65504, naming its key)."""
         return loader.load_ops().tf_ext_frozen_table_build(self._handle, keys, values, name=name)
 
     def find(self, keys, default_value, name=None):

@@ -77,8 +77,35 @@ def _int64_scalar(x, what):
     return tf.convert_to_tensor(x, dtype=tf.int64)
 
 
+# The storages a HashTable's rows may take: int8 rows are a serving format (they cannot be updated in place).
+_TRAINABLE_STORAGES = ("float32", "bfloat16", "float16")
+
+
+def _value_storage(value_dtype, what):
+    """The storage name of a HashTable's `value_dtype` (`what` names the table), checked: a trainable storage."""
+    try:
+        storage = refs.storage_name(value_dtype)
+    except ValueError:
+        storage = None
+    if storage not in _TRAINABLE_STORAGES:
+        hint = (
+            " (int8 rows are a serving format: tf_ext.serving.freeze_for_serving(value_dtype=tf.int8))"
+            if storage == "int8_row"
+            else ""
+        )
+        raise ValueError(
+            "HashTable %r: value_dtype must be tf.float32, tf.bfloat16 or tf.float16, got %r%s"
+            % (what, value_dtype, hint)
+        )
+    return storage
+
+
 class HashTable(lookup_ops.LookupInterface):
     """A tf_ext hash table: int64 keys -> rows of `width` float32, with metadata.
+
+    The embedding columns may be stored in half precision (`value_dtype` tf.bfloat16 or tf.float16: 2 bytes a
+    column instead of 4); every operation still reads and writes float32 (lookups and exports return the stored
+    values decoded exactly, writes round them: see `value_dtype` and `rounding` below).
 
     The table is created in the session's resource manager the first time its
     handle op runs (no initializer to run). Tables with the same `shared_name`
@@ -105,6 +132,8 @@ class HashTable(lookup_ops.LookupInterface):
         shared_name=None,
         container=None,
         checkpoint=False,
+        value_dtype=tf.float32,
+        rounding="nearest",
     ):
         """Creates the table's handle op.
 
@@ -140,14 +169,30 @@ class HashTable(lookup_ops.LookupInterface):
           checkpoint: if True, `tf.compat.v1.train.Saver()` saves and restores the
             table (full rows and metadata, as `<name>-keys`, `-values`,
             `-versions`, `-freqs`) through the SAVEABLE_OBJECTS collection.
-            (Dynamic embeddings register their own saveables instead.)
+            (Dynamic embeddings register their own saveables instead.) The
+            saved values are float32 (a half-precision table's are exact);
+            restoring into a table of another value_dtype rounds to nearest.
+          value_dtype: how the embedding columns `[0, dim)` are stored:
+            tf.float32 (default), tf.bfloat16 (float32's range, 8 significant
+            bits) or tf.float16 (IEEE half: 11 significant bits, finite values
+            saturate at +-65504). Columns past dim stay float32. Lookups,
+            finds and exports return float32 either way.
+          rounding: how writes that train the rows (fused optimizer updates and
+            initialised new rows) round into half-precision columns: "nearest"
+            (round to nearest even, the default) or "stochastic" (rounds up
+            with probability proportional to the distance, so small updates
+            are not lost on average; deterministic per key, step and column).
+            insert, import_ and accumulate always round to nearest. Ignored for
+            float32.
 
         Raises:
-          tf.errors.InvalidArgumentError: an invalid layout or capacity.
+          tf.errors.InvalidArgumentError: an invalid layout, capacity or
+            rounding.
           TypeError, ValueError: preallocate not a bool, or True without an
-            initial_capacity.
+            initial_capacity; a value_dtype other than float32, bfloat16 or
+            float16.
         """
-        layout = refs.TableLayout(dim, width, column_defaults)
+        layout = refs.TableLayout(dim, width, column_defaults, _value_storage(value_dtype, name), rounding=rounding)
         initial_capacity = int(initial_capacity)
         if initial_capacity < 0:
             raise refs.invalid_argument("initial_capacity must be >= 0, got %d" % initial_capacity)
@@ -213,6 +258,17 @@ class HashTable(lookup_ops.LookupInterface):
     def column_defaults(self):
         """The values of a new key's columns that an op does not provide (width floats)."""
         return self._layout.column_defaults
+
+    @property
+    def storage_dtype(self):
+        """How the embedding columns are stored: tf.float32, tf.bfloat16 or tf.float16 (the `value_dtype` given;
+        `value_dtype`, TF's lookup-table contract, is the float32 that lookups return)."""
+        return refs.storage_dtype(self._layout.storage)
+
+    @property
+    def rounding(self):
+        """How training writes round into half-precision columns: "nearest" or "stochastic"."""
+        return self._layout.rounding
 
     @property
     def default_value(self):

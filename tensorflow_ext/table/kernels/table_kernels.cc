@@ -14,6 +14,7 @@
 #include "tensorflow/core/platform/mutex.h"
 #include "tensorflow_ext/table/core/table_limits.h"
 #include "tensorflow_ext/table/kernels/column_range.h"
+#include "tensorflow_ext/table/kernels/storage_attrs.h"
 #include "tensorflow_ext/table/kernels/table_resource.h"
 #include "tensorflow_ext/table/kernels/tensor_checks.h"
 
@@ -46,6 +47,13 @@ class TableHandleOp : public OpKernel {
     OP_REQUIRES_OK(ctx, ctx->GetAttr("width", &width));
     layout_.width = width < 0 ? layout_.dim : width;
     OP_REQUIRES_OK(ctx, ctx->GetAttr("column_defaults", &layout_.column_defaults));
+    std::string storage;
+    OP_REQUIRES_OK(ctx, ctx->GetAttr("storage", &storage));
+    OP_REQUIRES_OK(ctx, ParseRowStorage(storage, &layout_.storage));
+    OP_REQUIRES_OK(ctx, ctx->GetAttr("compact_cols", &layout_.compact_cols));
+    std::string rounding;
+    OP_REQUIRES_OK(ctx, ctx->GetAttr("rounding", &rounding));
+    OP_REQUIRES_OK(ctx, ParseRounding(rounding, &layout_.rounding));
     OP_REQUIRES_OK(ctx, layout_.Validate());
     int64_t capacity = 0;
     OP_REQUIRES_OK(ctx, ctx->GetAttr("initial_capacity", &capacity));
@@ -61,6 +69,9 @@ class TableHandleOp : public OpKernel {
                                 "exponent, got ",
                                 shard_bits));
     options_.width = layout_.width;
+    options_.storage = layout_.storage;
+    options_.compact_cols = layout_.compact_cols;
+    options_.rounding = layout_.rounding;
     options_.initial_capacity = capacity;
     options_.shard_bits = static_cast<int>(shard_bits);
     OP_REQUIRES_OK(ctx, ctx->GetAttr("huge_pages", &options_.huge_pages));

@@ -120,11 +120,17 @@ Status ScalarOutputShape(InferenceContext* c) {
       .Attr("Tvalues: type = DT_FLOAT") \
       .TFEXT_COLUMN_ATTRS
 
+// storage/compact_cols/rounding: how the leading compact_cols columns of each
+// row are stored (storage_attrs.h names the choices; TableLayout in
+// table_resource.h the rules). Every op still reads and writes float32.
 REGISTER_OP("TfExtTableHandle")
     .Output("table_handle: resource")
     .Attr("dim: int")
     .Attr("width: int = -1")
     .Attr("column_defaults: list(float) = []")
+    .Attr("storage: string = 'float32'")
+    .Attr("compact_cols: int = 0")
+    .Attr("rounding: string = 'nearest'")
     .Attr("initial_capacity: int = 0")
     .Attr("shard_bits: int = -1")
     .Attr("huge_pages: bool = true")

@@ -15,6 +15,7 @@
 #include "tensorflow/core/lib/strings/strcat.h"
 #include "tensorflow/core/platform/str_util.h"
 #include "tensorflow/core/platform/threadpool.h"
+#include "tensorflow_ext/table/kernels/storage_attrs.h"
 #include "tensorflow_ext/table/kernels/tensor_checks.h"
 
 namespace tfext {
@@ -42,6 +43,21 @@ Status TableLayout::Validate() const {
     return InvalidArgument("column_defaults must be empty or have width (", width, ") entries, got ",
                            column_defaults.size());
   }
+  if (storage == table::RowStorage::kFloat32) {
+    if (compact_cols != 0) {
+      return InvalidArgument("compact_cols must be 0 for storage \"float32\" (rows are all float32), got ",
+                             compact_cols);
+    }
+    return tensorflow::OkStatus();
+  }
+  if (compact_cols < 1 || compact_cols > width) {
+    return InvalidArgument("compact_cols must be in [1, width=", width, "] for storage \"", RowStorageName(storage),
+                           "\", got ", compact_cols);
+  }
+  if (storage == table::RowStorage::kInt8Row && rounding != table::Rounding::kNearest) {
+    return InvalidArgument("storage \"int8_row\" rounds to nearest only: rounding must be \"nearest\", got \"",
+                           RoundingName(rounding), "\"");
+  }
   return tensorflow::OkStatus();
 }
 
@@ -56,6 +72,8 @@ static bool SameDefault(float a, float b) { return a == b || (std::isnan(a) && s
 
 bool TableLayout::SameAs(const TableLayout& other) const {
   if (dim != other.dim || width != other.width) return false;
+  if (storage != other.storage || compact_cols != other.compact_cols) return false;
+  if (storage != table::RowStorage::kFloat32 && rounding != other.rounding) return false;
   const std::vector<float> a = EffectiveDefaults(*this);
   const std::vector<float> b = EffectiveDefaults(other);
   return std::equal(a.begin(), a.end(), b.begin(), b.end(), SameDefault);
@@ -71,13 +89,19 @@ std::string TableLayout::DebugString() const {
     }
     tensorflow::strings::StrAppend(&s, column_defaults[i], i + 1 < n ? ", " : "");
   }
-  tensorflow::strings::StrAppend(&s, "]");
+  tensorflow::strings::StrAppend(&s, "], storage=", RowStorageName(storage));
+  if (storage != table::RowStorage::kFloat32) {
+    tensorflow::strings::StrAppend(&s, ", compact_cols=", compact_cols, ", rounding=", RoundingName(rounding));
+  }
   return s;
 }
 
 TableResource::TableResource(const TableLayout& layout, table::TableOptions options)
     : layout_(layout), options_(options) {
   options_.width = layout_.width;
+  options_.storage = layout_.storage;
+  options_.compact_cols = layout_.compact_cols;
+  options_.rounding = layout_.rounding;
   column_defaults_ = EffectiveDefaults(layout_);
   table_ = std::make_unique<table::HashTable>(options_);
 }

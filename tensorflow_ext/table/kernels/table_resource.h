@@ -9,7 +9,9 @@
 //
 // Layout: rows are `width` floats = [embedding (dim) | slot columns]. The
 // LookupInterface methods read/write the embedding columns [0, dim); new keys
-// get column_defaults() for the other columns.
+// get column_defaults() for the other columns. A layout may store its leading
+// columns compactly (TableLayout::storage); every method here still takes
+// and returns float32 (the core converts).
 //
 // This header is a stable interface: the fused optimizer kernels
 // (tensorflow_ext/embedding/kernels) build on it.
@@ -38,18 +40,34 @@
 namespace tfext {
 
 // The layout of a table, as given by the TfExtTableHandle attrs.
+//
+// Storage: the leading `compact_cols` columns of every row are stored in
+// `storage` (row_codec.h: bf16, fp16 or an int8 row), the others as float32;
+// callers always read and write float32 columns (the core decodes and
+// rounds). Plain float32 rows are storage kFloat32 with compact_cols 0; a
+// compact storage takes compact_cols in [1, width]. `rounding` is how the
+// core rounds optimizer updates and initialised new rows into compact
+// columns (other writes round to nearest); int8 rows round to nearest only.
 struct TableLayout {
   int64_t dim = 1;
   int64_t width = 1;
   // Empty (= zeros) or exactly `width` entries.
   std::vector<float> column_defaults;
+  table::RowStorage storage = table::RowStorage::kFloat32;
+  int64_t compact_cols = 0;
+  table::Rounding rounding = table::Rounding::kNearest;
 
   // Returns OK or an InvalidArgument naming the problem (dim < 1,
-  // width < dim, column_defaults length not in {0, width}).
+  // width < dim, column_defaults length not in {0, width}, compact_cols
+  // outside [0, width], or not 0 for float32 / 0 for a compact storage,
+  // int8 rows with stochastic rounding).
   tensorflow::Status Validate() const;
-  // Same layout (dim, width and effective column defaults).
+  // Same layout: dim, width, effective column defaults, storage and
+  // compact_cols, and the rounding of compact rows (a float32 table rounds
+  // nothing, so its rounding attr does not matter).
   bool SameAs(const TableLayout& other) const;
-  // "dim=8, width=24, column_defaults=[0, ..., 0.1]" (long lists abbreviated).
+  // "dim=8, width=24, column_defaults=[0, ..., 0.1], storage=float32" (long
+  // lists abbreviated); a compact layout adds compact_cols and rounding.
   std::string DebugString() const;
 };
 
@@ -57,8 +75,8 @@ class TableResource : public tensorflow::lookup::LookupInterface {
  public:
   // `layout` must be valid (TableLayout::Validate) and `options` must pass
   // table::ValidateOptions (the core throws std::invalid_argument otherwise).
-  // options.width is set from the layout. May throw std::bad_alloc; use
-  // Create() from a kernel.
+  // options.width, storage, compact_cols and rounding are set from the
+  // layout. May throw std::bad_alloc; use Create() from a kernel.
   TableResource(const TableLayout& layout, table::TableOptions options);
 
   // Creates a table; InvalidArgument for invalid options, ResourceExhausted

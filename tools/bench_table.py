@@ -11,7 +11,9 @@ Backends (pluggable, see BACKENDS; one that cannot be built is skipped with the 
   dense     tf.gather / scatter_update on a [N, dim] resource variable (no hashing: the limit)
   tfdense   tf.lookup.experimental.DenseHashTable
   tfra      TFRA 0.7.2 CuckooHashTable (tfra.dynamic_embedding)
-  ours      tensorflow_ext.table.table_ops.HashTable (find, and insert for upsert)
+  ours      tensorflow_ext.table.table_ops.HashTable (find, and insert for upsert), float32 rows
+  ours_bf16 the same with value_dtype=tf.bfloat16 (rows stored as bf16, read and written as float32)
+  ours_fp16 the same with value_dtype=tf.float16
 
 Timing: every backend has its own graph and session, all alive at once; the
 repeats are interleaved round-robin (backend order reshuffled each round) so
@@ -168,6 +170,7 @@ class TFRABackend(Backend):
 class OursBackend(Backend):
     name = "ours"
     label = "tensorflow_ext HashTable"
+    value_dtype = tf.float32  # the storage of the rows (every op reads and writes float32)
 
     @classmethod
     def unavailable_reason(cls):
@@ -177,7 +180,9 @@ class OursBackend(Backend):
     def build(self, n_keys):
         table_ops, _ = bc.import_ours_table()
         self.make_fill_placeholders()
-        self.table = table_ops.HashTable(dim=self.dim, width=self.dim, initial_capacity=0, name="ours_table")
+        self.table = table_ops.HashTable(
+            dim=self.dim, width=self.dim, initial_capacity=0, name="ours_table", value_dtype=self.value_dtype
+        )
         self.fill_op = self.table.insert(self.fill_keys, self.fill_values)
         self.find_op = tf.reduce_sum(self.table.find(self.batch_keys))
         self.upsert_op = self.table.insert(self.batch_keys, self.batch_values)
@@ -188,7 +193,19 @@ class OursBackend(Backend):
         return int(self.sess.run(self.size_op))
 
 
-BACKENDS = [DenseBackend, TFDenseHashBackend, TFRABackend, OursBackend]
+class OursBFloat16Backend(OursBackend):
+    name = "ours_bf16"
+    label = "tensorflow_ext HashTable, bfloat16 rows"
+    value_dtype = tf.bfloat16
+
+
+class OursFloat16Backend(OursBackend):
+    name = "ours_fp16"
+    label = "tensorflow_ext HashTable, float16 rows"
+    value_dtype = tf.float16
+
+
+BACKENDS = [DenseBackend, TFDenseHashBackend, TFRABackend, OursBackend, OursBFloat16Backend, OursFloat16Backend]
 BY_NAME = {b.name: b for b in BACKENDS}
 
 
@@ -316,10 +333,20 @@ def markdown(out):
         ("ours", "tfra", "ours / TFRA"),
         ("tfra", "dense", "TFRA / dense"),
         ("tfdense", "dense", "DenseHashTable / dense"),
+        ("ours_bf16", "ours", "bfloat16 rows / float32 rows"),
+        ("ours_fp16", "ours", "float16 rows / float32 rows"),
     ):
         vals = [ratio(get(results, d, num, op), get(results, d, den, op)) for d, op in cols]
         if any(v is not None for v in vals):
             lines.append("| *%s* | " % what + " | ".join(("%.2fx" % v if v is not None else "-") for v in vals) + " |")
+    memory = [
+        "%s %.1f B/key at dim %d" % (out["labels"].get(name, name), res["memory_bytes"] / res["size"], d)
+        for d in dims
+        for name, res in results.get(str(d), {}).items()
+        if res.get("memory_bytes") and res.get("size")
+    ]
+    if memory:
+        lines += ["", "memory_bytes(): " + "; ".join(memory)]
     if out["skipped"]:
         lines.append("")
         for k, v in out["skipped"].items():

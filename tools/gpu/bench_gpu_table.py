@@ -17,8 +17,10 @@ room left so that no timed call rehashes (checked: the capacity is printed befor
 keys per call: find, insert (assign: existing keys), accumulate (existing keys), find_or_insert (new keys; the table
 is cleared and prefilled again before each repeat, so every call starts at the same load), apply_adam (a separate
 table of width 3 * dim, existing distinct keys). keys/s = keys / (median ms / 1e3), median of --repeats calls after
-one warm-up call. CPU figures: the CPU core (tfext_cpu_time, wall time on --threads host threads), prefilled with the
-same keys: find, insert, find_or_insert (fresh keys per repeat: its table grows by --keys per repeat).
+one warm-up call. --storages: the same for each row storage; a bfloat16 / float16 table stores the dim value
+columns compactly (Adam's two slots stay float32) with stochastic rounding. CPU figures (float32 rows only): the CPU
+core (tfext_cpu_time, wall time on --threads host threads), prefilled with the same keys: find, insert,
+find_or_insert (fresh keys per repeat: its table grows by --keys per repeat).
 """
 
 import argparse
@@ -32,7 +34,17 @@ import sys
 import numpy as np
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from test_gpu_table import GpuError, Table, find_lib, last_error, load_lib, ptr  # noqa: E402
+from test_gpu_table import (  # noqa: E402
+    STOCHASTIC,
+    STORAGES,
+    GpuError,
+    Table,
+    find_lib,
+    last_error,
+    load_lib,
+    ptr,
+    splitmix64,
+)
 
 MAX_LOAD_FACTOR = 0.95  # the largest the table accepts: the most room above the prefill for the timed batches
 # HierarchicalKV's published figures on an A100-80GB (1M keys per call, load factor 0.5, dim 8-64), keys/s.
@@ -43,13 +55,6 @@ TARGETS = {"find": 4.0e9, "insert": 1.5e9}  # keys/s on an H100 at dim 16, load 
 ADAM_VS_FIND = 1.5  # fused Adam apply: at most 1.5x the time of a find of the same keys
 GPU_OPS = ("find", "insert", "accumulate", "find_or_insert", "apply_adam")
 CPU_OPS = ("find", "insert", "find_or_insert")
-
-
-def splitmix64(x):
-    with np.errstate(over="ignore"):
-        x = (x ^ (x >> np.uint64(30))) * np.uint64(0xBF58476D1CE4E5B9)
-        x = (x ^ (x >> np.uint64(27))) * np.uint64(0x94D049BB133111EB)
-        return x ^ (x >> np.uint64(31))
 
 
 def distinct_keys(n, salt):
@@ -122,7 +127,7 @@ def repeat(fn, repeats):
     return [fn() for _ in range(repeats)]
 
 
-def bench_config(lib, args, dim, load, rng):
+def bench_config(lib, args, dim, load, storage, rng):
     slots, n = 1 << args.slots_log2, args.keys
     prefill_n = int(load * slots)
     if prefill_n < n:
@@ -151,8 +156,9 @@ def bench_config(lib, args, dim, load, rng):
         def timed(table, op, d_keys, d_in=None, d_out=None):
             return repeat(lambda: gpu_time(lib, table, op, d_keys, n, dim, d_in, d_out), args.repeats)
 
-        with Table(lib, dim, initial_capacity, MAX_LOAD_FACTOR) as t:
-            cap0 = t.stats()["capacity"]
+        compact = dict(storage=storage, compact_cols=0 if storage == "float32" else dim, rounding=STOCHASTIC)
+        with Table(lib, dim, initial_capacity, MAX_LOAD_FACTOR, **compact) as t:
+            cap0, row_bytes = t.stats()["capacity"], t.stats()["row_bytes"]
             fill(t)
             s = t.stats()
             ms = {"find": timed(t, "find", d_existing, None, d_out), "insert": timed(t, "insert", d_existing, d_values)}
@@ -165,26 +171,28 @@ def bench_config(lib, args, dim, load, rng):
 
             ms["find_or_insert"] = repeat(find_or_insert_fresh, args.repeats)
             cap1 = t.stats()["capacity"]
-        with Table(lib, 3 * dim, initial_capacity, MAX_LOAD_FACTOR) as t:
+        with Table(lib, 3 * dim, initial_capacity, MAX_LOAD_FACTOR, **compact) as t:
             fill(t)  # var columns; the Adam slots start at 0
             ms["apply_adam"] = timed(t, "apply_adam", d_existing, d_values)
             cap1 = max(cap1, t.stats()["capacity"])
     finally:
         dev.free()
     print(
-        "dim %d, load %.2f: %d slots (capacity %d after prefill, %d at the end), %d keys prefilled, load %.4f"
-        % (dim, load, cap0, s["capacity"], cap1, s["size"], s["size"] / s["capacity"]),
+        "%s rows (%d bytes), dim %d, load %.2f: %d slots (capacity %d after prefill, %d at the end), %d keys "
+        "prefilled, load %.4f"
+        % (storage, row_bytes, dim, load, cap0, s["capacity"], cap1, s["size"], s["size"] / s["capacity"]),
         flush=True,
     )
     for op in GPU_OPS:
         med = statistics.median(ms[op])
         results[op] = {"gpu_ms": med, "gpu_ms_all": ms[op], "gpu_keys_per_s": n / (med / 1e3)}
-    if not args.no_cpu:
+    if not args.no_cpu and storage == "float32":
         for op, r in bench_cpu(lib, args, dim, prefill, existing, new, values).items():
             results[op].update(r)
     rows = []
     for op in GPU_OPS:
-        r = dict(op=op, dim=dim, load=load, keys=n, slots=slots, capacity_before=cap0, capacity_after=cap1)
+        r = dict(op=op, storage=storage, row_bytes=row_bytes, dim=dim, load=load, keys=n, slots=slots)
+        r.update(capacity_before=cap0, capacity_after=cap1)
         r.update(results[op])
         rows.append(r)
     return rows
@@ -223,15 +231,18 @@ def report(rows, device, threads):
     print("find_or_insert: new keys; GPU: the table is cleared and prefilled before each call (same load every call);")
     print("CPU: fresh keys per call (its table grows by one batch per call). insert: existing keys (assign).")
     print()
-    print("| op | dim | load | GPU ms | GPU keys/s | CPU keys/s (%d thr) | GPU/CPU | %s |" % (threads, HKV_NOTE))
-    print("|---|---:|---:|---:|---:|---:|---:|---|")
+    print(
+        "| op | storage | dim | load | GPU ms | GPU keys/s | CPU keys/s (%d thr) | GPU/CPU | %s |" % (threads, HKV_NOTE)
+    )
+    print("|---|---|---:|---:|---:|---:|---:|---:|---|")
     for r in rows:
         cpu = r.get("cpu_keys_per_s")
-        hkv = HKV_A100.get(r["op"])
+        hkv = HKV_A100.get(r["op"]) if r["storage"] == "float32" else None
         print(
-            "| %s | %d | %.2f | %.3f | %s | %s | %s | %s |"
+            "| %s | %s | %d | %.2f | %.3f | %s | %s | %s | %s |"
             % (
                 r["op"],
+                r["storage"],
                 r["dim"],
                 r["load"],
                 r["gpu_ms"],
@@ -243,7 +254,7 @@ def report(rows, device, threads):
         )
     print()
     targets = []
-    by = {(r["op"], r["dim"], r["load"]): r for r in rows}
+    by = {(r["op"], r["dim"], r["load"]): r for r in rows if r["storage"] == "float32"}
     on = "" if "H100" in device else " (target set for an H100; this is %s)" % device
     for op, want in TARGETS.items():
         r = by.get((op, TARGET_DIM, TARGET_LOAD))
@@ -269,6 +280,7 @@ def main():
     ap.add_argument("--keys", type=int, default=1_000_000, help="keys per timed call (default 1M)")
     ap.add_argument("--dims", default="8,16,32,64")
     ap.add_argument("--loads", default="0.5,0.75", help="load factors after prefill")
+    ap.add_argument("--storages", default="float32", help="row storages: float32, bfloat16, float16 (comma-separated)")
     ap.add_argument("--repeats", type=int, default=5, help="timed GPU calls per figure, after one warm-up")
     ap.add_argument("--cpu-repeats", type=int, default=3)
     ap.add_argument("--slots-log2", type=int, default=23, help="slots of each table (default 2^23)")
@@ -292,9 +304,14 @@ def main():
     print("device: %s; CPU: %s (%d threads); harness %s" % (device, cpu, args.threads, path), flush=True)
     rng = np.random.default_rng(args.seed)
     rows = []
+    storages = args.storages.split(",")
+    unknown = sorted(set(storages) - set(STORAGES))
+    if unknown:
+        ap.error("--storages: unknown %s (choose from %s)" % (", ".join(unknown), ", ".join(STORAGES)))
     for dim in [int(d) for d in args.dims.split(",")]:
         for load in [float(x) for x in args.loads.split(",")]:
-            rows += bench_config(lib, args, dim, load, rng)
+            for storage in storages:
+                rows += bench_config(lib, args, dim, load, storage, rng)
     targets = report(rows, device, args.threads)
     if args.json:
         doc = {

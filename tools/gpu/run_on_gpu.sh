@@ -1,14 +1,20 @@
 #!/usr/bin/env bash
 # One call on a GPU machine (no TensorFlow needed): build the CUDA table's harness, run the device correctness
-# checks, then the throughput benchmark. Logs and the benchmark's JSON go to $1 (default: build/gpu-run).
+# checks (float32, bfloat16 and float16 rows), then the throughput benchmark (find / insert / accumulate /
+# find-or-insert / fused Adam keys/s per row storage). Logs and the benchmark's JSON go to $1 (default:
+# build/gpu-run).
 #
 #   bash tools/gpu/run_on_gpu.sh [OUT_DIR] [BENCH_ARGS...]
 #
-# Each step has its own time limit, so a hang in one still leaves the others' logs.
+# Builds for sm_90 only by default (an H100 / H200; CUDA_ARCHS="80 90" builds both, as `make cuda`). Without
+# BENCH_ARGS the benchmark runs dims 16 and 64 at load 0.5 for every storage. Each step has its own time limit
+# (BUILD_TIMEOUT, TEST_TIMEOUT, BENCH_TIMEOUT seconds; 120 + 70 + 50 by default, so the whole call stays under four
+# minutes), and a hang in one still leaves the others' logs.
 set -u
 out=${1:-build/gpu-run}
 shift || true
 mkdir -p "$out"
+out=$(cd "$out" && pwd)
 cd "$(dirname "$0")/../.."
 export PYTHONUNBUFFERED=1
 {
@@ -18,16 +24,21 @@ export PYTHONUNBUFFERED=1
   nproc
 } 2>&1 | tee "$out/machine.txt"
 NVCC=${NVCC:-$(command -v nvcc || echo /usr/local/cuda/bin/nvcc)}
-if ! timeout 300 make --no-print-directory cuda NVCC="$NVCC" >"$out/build.log" 2>&1; then
+echo "== build (make cuda CUDA_ARCHS=\"${CUDA_ARCHS:-90}\")"
+if ! timeout "${BUILD_TIMEOUT:-120}" make --no-print-directory -j2 cuda NVCC="$NVCC" CUDA_ARCHS="${CUDA_ARCHS:-90}" \
+  >"$out/build.log" 2>&1; then
   echo "== build failed"
   tail -30 "$out/build.log"
   exit 1
 fi
 lib=build/cuda/libtfext_gpu_table.so
 echo "== correctness (tools/gpu/test_gpu_table.py)"
-timeout "${TEST_TIMEOUT:-240}" python3 tools/gpu/test_gpu_table.py --lib "$lib" 2>&1 | tee "$out/test.log"
+timeout "${TEST_TIMEOUT:-70}" python3 tools/gpu/test_gpu_table.py --lib "$lib" 2>&1 | tee "$out/test.log"
 echo "== test exit: ${PIPESTATUS[0]}"
+if [ $# -eq 0 ]; then
+  set -- --dims 16,64 --loads 0.5 --storages float32,bfloat16,float16 --repeats 5 --cpu-repeats 2
+fi
 echo "== benchmark (tools/gpu/bench_gpu_table.py $*)"
-timeout "${BENCH_TIMEOUT:-300}" python3 tools/gpu/bench_gpu_table.py --lib "$lib" --json "$out/bench_gpu_table.json" "$@" \
+timeout "${BENCH_TIMEOUT:-50}" python3 tools/gpu/bench_gpu_table.py --lib "$lib" --json "$out/bench_gpu_table.json" "$@" \
   2>&1 | tee "$out/bench.log"
 echo "== bench exit: ${PIPESTATUS[0]}"

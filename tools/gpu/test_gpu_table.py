@@ -1,6 +1,8 @@
 #!/usr/bin/env python3
 """Checks the CUDA table (tensorflow_ext/table/gpu) and the embedding layer's initializers and optimizer steps on it
-against numpy references, through the ctypes harness (tensorflow_ext/embedding/kernels/gpu/gpu_table_harness.cu.cc).
+against numpy references, through the ctypes harness (tensorflow_ext/embedding/kernels/gpu/gpu_table_harness.cu.cc),
+for float32 rows and for rows whose leading columns are stored as bfloat16 or float16 (row_codec.h's rounding,
+reimplemented in numpy: round-to-nearest-even and the deterministic stochastic rounding).
 
 Run on a machine with an NVIDIA GPU (sm_80 / sm_90); needs only python3 and numpy (no TensorFlow):
 
@@ -30,6 +32,8 @@ INT64_MIN, INT64_MAX = int(np.iinfo(np.int64).min), int(np.iinfo(np.int64).max)
 SPECIAL_KEYS = np.array([INT64_MIN, INT64_MAX, -1, 0, INT64_MIN + 1], np.int64)
 F = np.float32
 LRU, LFU = 0, 1
+STORAGES = {"float32": 0, "bfloat16": 1, "float16": 2}  # row_codec.h's RowStorage
+NEAREST, STOCHASTIC = 0, 1  # row_codec.h's Rounding
 TRUNC_NORMAL = (2, 0.0, 0.05, 7, 8)  # init_kind, a (mean), b (stddev), seed, seed2
 
 
@@ -78,7 +82,7 @@ def load_lib(path):
     signatures = {
         "tfext_gpu_last_error": (cp, []),
         "tfext_gpu_device_count": (i32, []),
-        "tfext_gpu_table_create": (vp, [i64, i64, f64, i64, i32]),
+        "tfext_gpu_table_create": (vp, [i64, i64, f64, i64, i32, i32, i64, i32]),
         "tfext_gpu_table_destroy": (None, [vp]),
         "tfext_gpu_table_stats": (i32, [vp, vp]),
         "tfext_gpu_table_find": (i32, [vp, vp, i64, i64, i64, vp, vp, vp]),
@@ -130,9 +134,23 @@ def opt_f32(a):
 class Table:
     """One BucketTable<DeviceBackend> through the harness (host arrays in and out)."""
 
-    def __init__(self, lib, width, initial_capacity=0, max_load_factor=0.75, capacity_limit=0, policy=LRU):
+    def __init__(
+        self,
+        lib,
+        width,
+        initial_capacity=0,
+        max_load_factor=0.75,
+        capacity_limit=0,
+        policy=LRU,
+        storage="float32",
+        compact_cols=0,
+        rounding=NEAREST,
+    ):
+        """storage ("float32", "bfloat16", "float16") holds the leading compact_cols columns of every row."""
         self.lib, self.width = lib, width
-        self.h = lib.tfext_gpu_table_create(width, initial_capacity, max_load_factor, capacity_limit, policy)
+        self.h = lib.tfext_gpu_table_create(
+            width, initial_capacity, max_load_factor, capacity_limit, policy, STORAGES[storage], compact_cols, rounding
+        )
         if not self.h:
             raise GpuError("create: " + last_error(lib))
 
@@ -154,9 +172,9 @@ class Table:
         return keys, (ptr(keys), len(keys), col_begin, cols or self.width - col_begin)
 
     def stats(self):
-        out = np.zeros(5, np.int64)
+        out = np.zeros(6, np.int64)
         self._call("stats", ptr(out))
-        return dict(zip(("size", "used", "failed", "evicted", "capacity"), out.tolist()))
+        return dict(zip(("size", "used", "failed", "evicted", "capacity", "row_bytes"), out.tolist()))
 
     def find(self, keys, default=None, col_begin=0, cols=None, fill=0.0):
         keys, batch = self._batch(keys, col_begin, cols)
@@ -253,6 +271,14 @@ def last_wins(keys, rows):
     return uk, rows[::-1][idx]
 
 
+def splitmix64(x):
+    """SplitMix64 (mix.h) of uint64 values."""
+    with np.errstate(over="ignore"):
+        x = (x ^ (x >> np.uint64(30))) * np.uint64(0xBF58476D1CE4E5B9)
+        x = (x ^ (x >> np.uint64(27))) * np.uint64(0x94D049BB133111EB)
+        return x ^ (x >> np.uint64(31))
+
+
 def fmix64(keys):
     """Murmur3Fmix64 (mix.h): the table's probe hash."""
     h = keys.astype(np.uint64)
@@ -263,6 +289,45 @@ def fmix64(keys):
         h *= np.uint64(0xC4CEB9FE1A85EC53)
         h ^= h >> np.uint64(33)
     return h
+
+
+def stochastic_bits(keys, version, cols):
+    """row_codec.h's StochasticBits(key, version, column): [len(keys), len(cols)] uint32."""
+    k = splitmix64(np.asarray(keys, np.int64).astype(np.uint64))[:, None]
+    with np.errstate(over="ignore"):
+        v = np.uint64(version) * np.uint64(0x9E3779B97F4A7C15)
+        c = (np.asarray(cols).astype(np.uint64) * np.uint64(0xC2B2AE3D27D4EB4F))[None, :]
+    return (fmix64(k ^ v ^ c) >> np.uint64(32)).astype(np.uint32)
+
+
+def round_to(storage, x, random=None):
+    """What a column of `storage` holds for the float32 values x (finite, within the float16 range), as float32:
+    round-to-nearest-even, or row_codec.h's stochastic rounding driven by `random` (uint32 per value)."""
+    x = np.ascontiguousarray(x, np.float32)
+    if storage == "bfloat16":
+        u = x.view(np.uint32).astype(np.uint64)
+        sign, a = u & np.uint64(0x80000000), u & np.uint64(0x7FFFFFFF)
+        add = (np.uint64(0x7FFF) + ((a >> np.uint64(16)) & np.uint64(1))) if random is None else random & 0xFFFF
+        r = np.minimum((a + add.astype(np.uint64)) >> np.uint64(16), np.uint64(0x7F7F))
+        return (((sign >> np.uint64(16)) | r) << np.uint64(16)).astype(np.uint32).view(np.float32)
+    if random is None:
+        return x.astype(np.float16).astype(np.float32)
+    mag = np.abs(x)
+    near = mag.astype(np.float16)
+    down = near.view(np.uint16) - (near.astype(np.float32) > mag).astype(np.uint16)  # truncated toward zero
+    lo = down.view(np.float16).astype(np.float32)
+    hi = (down + np.uint16(1)).view(np.float16).astype(np.float32)
+    u = (random >> 8).astype(np.float32) * np.float32(2.0**-24)
+    return np.copysign(np.where((mag - lo) > u * (hi - lo), hi, lo), x).astype(np.float32)
+
+
+def round_rows(storage, rows, compact_cols, rounding=NEAREST, keys=None, version=0):
+    """rows ([n, width] float32, from column 0) as a table stores them: columns [0, compact_cols) rounded."""
+    out = np.array(rows, np.float32)
+    cols = np.arange(compact_cols)
+    random = None if rounding == NEAREST else stochastic_bits(keys, version, cols)
+    out[:, :compact_cols] = round_to(storage, out[:, :compact_cols], random)
+    return out
 
 
 CHECKS = []
@@ -608,6 +673,103 @@ def clear(lib, rng):
             t.insert(keys[:10], np.full((10, 4), 2, np.float32))
             out, found = t.find(keys[:10])
             expect(found.all() and (out == 2).all() and t.stats()["size"] == 10, "insert after clear")
+
+
+# What one ulp of a storage is, relative to a value (bfloat16: 8 significant bits, float16: 11).
+STORAGE_RTOL = {"bfloat16": 2.0**-7, "float16": 2.0**-10}
+
+
+@check
+def compact_rows(lib, rng):
+    """bfloat16 / float16 rows: insert and find_or_insert's given rows round to nearest, initialized rows by the
+    table's (stochastic) rounding, accumulate after each addition, export decodes, growth copies rows, row bytes."""
+    dim, w = 8, 9  # compact values + one float32 column (a row-wise accumulator)
+    for storage in ("bfloat16", "float16"):
+        what = storage + ": "
+        with Table(lib, w, 1000, storage=storage, compact_cols=dim, rounding=STOCHASTIC) as t:
+            expect(t.stats()["row_bytes"] == 2 * dim + 4, what + "row bytes %d" % t.stats()["row_bytes"])
+            keys = distinct_keys(rng, 200_000)  # grows from 1000 keys: rehash copies compact rows
+            vals = rng.standard_normal((len(keys), w)).astype(np.float32)
+            t.insert(keys, vals, version=1)
+            want = round_rows(storage, vals, dim)
+            out, found = t.find(keys)
+            expect(found.all() and t.stats()["capacity"] > 2048, what + "keys after growth")
+            expect_equal(out, want, what + "inserted rows (nearest)")
+            expect_equal(t.find(keys, col_begin=5, cols=4)[0], want[:, 5:], what + "columns [5, 9)")
+            ek, er, ev, _ = t.export()
+            order = np.argsort(keys)
+            expect(np.array_equal(ek, keys[order]) and (ev == 1).all(), what + "exported keys and versions")
+            expect_equal(er, want[order], what + "exported rows")
+            # Accumulate: small integers stay exact in both storages, so any order of the duplicates' additions
+            # gives the numpy sums; adjacent half columns race on their 32-bit words.
+            ints = rng.integers(-50, 50, (len(keys), w)).astype(np.float32)
+            t.insert(keys, ints)
+            batch = keys[rng.integers(0, 2000, 30_000)]
+            deltas = rng.integers(-3, 4, (len(batch), w)).astype(np.float32)
+            t.accumulate(batch, deltas)
+            ref = dict(zip(keys[:2000].tolist(), ints[:2000].copy()))
+            for k, d in zip(batch.tolist(), deltas):
+                ref[k] += d
+            probe = np.array(list(ref), np.int64)
+            expect_equal(t.find(probe)[0], np.stack([ref[k] for k in probe.tolist()]), what + "accumulated rows")
+            # Initialized rows: the truncated normal, rounded by the table's stochastic rounding with the bits of
+            # (key, version 7, column); given rows (init_kind -1) round to nearest.
+            new = distinct_keys(rng, 50_000)
+            _, host = initial_rows(lib, new, w)
+            out, inserted = t.find_or_insert(new, version=7)
+            expect(inserted.all(), what + "inserted flags")
+            want_new = round_rows(storage, host, dim, STOCHASTIC, new, 7)
+            expect_equal(out, want_new, what + "initialized rows (stochastic), as returned")
+            expect_equal(t.find(new)[0], want_new, what + "initialized rows (stochastic), as stored")
+            given = rng.standard_normal((1000, w)).astype(np.float32)
+            fresh = distinct_keys(rng, 1000)
+            out, _ = t.find_or_insert(fresh, init=given, version=8)
+            expect_equal(out, round_rows(storage, given, dim), what + "given new rows (nearest)")
+
+
+@check
+def compact_apply(lib, rng):
+    """The fused Adagrad and Adam steps on bfloat16 / float16 rows (the variable compact, or the whole row):
+    numpy's step, then the row rounded by the stochastic rounding with the bits of (key, step, column). numpy's
+    float32 math may differ from the device's in the last bit, which can move a rounded value by one ulp of the
+    storage: at least 99% of the values must equal numpy's bit for bit, all within two ulps. Two tables given the
+    same steps hold the same bits."""
+    dim = 8
+    adam_h = [[F(0.9) ** t, F(0.999) ** t, 0.01, 0.9, 0.999, 1e-7] for t in (1, 2, 3)]
+    for name, ref_fn, steps, width in (
+        ("adagrad", adagrad_ref, [[0.1]] * 3, 2 * dim),
+        ("adam", adam_ref, adam_h, 3 * dim),
+    ):
+        for storage in ("bfloat16", "float16"):
+            for compact_cols in (dim, width):
+                what = "%s on %s, %d compact columns" % (name, storage, compact_cols)
+                keys = distinct_keys(rng, 6000)
+                defaults = np.concatenate([np.zeros(dim), np.full(width - dim, 0.1)]).astype(np.float32)
+                kw = dict(storage=storage, compact_cols=compact_cols, rounding=STOCHASTIC)
+                with Table(lib, width, **kw) as t, Table(lib, width, **kw) as twin:
+                    ref = {}
+                    stored_defaults = round_rows(storage, defaults[None, :], compact_cols)[0]
+                    for step, h in enumerate(steps, start=1):
+                        batch = rng.permutation(keys)[:4000]
+                        grads = rng.standard_normal((len(batch), dim)).astype(np.float32)
+                        t.apply(name, h, dim, batch, grads, defaults=defaults, version=step)
+                        twin.apply(name, h, dim, batch, grads, defaults=defaults, version=step)
+                        rows = np.stack([ref.get(k, stored_defaults) for k in batch.tolist()]).astype(np.float32)
+                        ref_fn(rows, grads, h, dim)
+                        rows = round_rows(storage, rows, compact_cols, STOCHASTIC, batch, step)
+                        ref.update(zip(batch.tolist(), rows))
+                    probe = np.array(list(ref), np.int64)
+                    out, found = t.find(probe)
+                    want = np.stack([ref[k] for k in probe.tolist()])
+                    expect(found.all(), what + ": keys")
+                    exact = (out.view(np.uint32) == want.view(np.uint32)).mean()
+                    close = np.abs(out - want) <= 2 * STORAGE_RTOL[storage] * np.abs(want) + 1e-6
+                    expect(
+                        exact >= 0.99 and close.all(),
+                        "%s: %.4f of the values bit-exact, %d beyond two ulps, e.g. %s vs %s"
+                        % (what, exact, (~close).sum(), out[~close][:3], want[~close][:3]),
+                    )
+                    expect(np.array_equal(t.export()[1], twin.export()[1]), what + ": two tables differ")
 
 
 def main():

@@ -164,15 +164,19 @@ int tfext_gpu_device_count() {
   return n;
 }
 
-// policy: 0 = LRU, 1 = LFU. capacity_limit 0 = growing table.
+// policy: 0 = LRU, 1 = LFU. capacity_limit 0 = growing table. storage (row_codec.h's RowStorage): 0 float32,
+// 1 bfloat16, 2 float16 for the leading compact_cols columns; rounding: 0 nearest, 1 stochastic.
 void* tfext_gpu_table_create(int64_t width, int64_t initial_capacity, double max_load_factor, int64_t capacity_limit,
-                             int policy) {
+                             int policy, int storage, int64_t compact_cols, int rounding) {
   GpuTableOptions o;
   o.width = width;
   o.initial_capacity = initial_capacity;
   o.max_load_factor = max_load_factor;
   o.capacity_limit = capacity_limit;
   o.policy = static_cast<EvictPolicy>(policy);
+  o.storage = static_cast<tfext::table::RowStorage>(storage);
+  o.compact_cols = compact_cols;
+  o.rounding = static_cast<tfext::table::Rounding>(rounding);
   auto* t = new (std::nothrow) GpuTable();
   if (!t) {
     Fail("out of host memory");
@@ -189,7 +193,7 @@ void* tfext_gpu_table_create(int64_t width, int64_t initial_capacity, double max
 
 void tfext_gpu_table_destroy(void* t) { delete AsTable(t); }
 
-// out: size, used, failed, evicted, capacity.
+// out: size, used, failed, evicted, capacity, row bytes.
 int tfext_gpu_table_stats(void* t, int64_t* out) {
   GpuTableStats s;
   const std::string err = AsTable(t)->Stats(&s);
@@ -199,6 +203,7 @@ int tfext_gpu_table_stats(void* t, int64_t* out) {
   out[2] = s.failed;
   out[3] = s.evicted;
   out[4] = s.capacity;
+  out[5] = AsTable(t)->row_bytes();
   return 0;
 }
 

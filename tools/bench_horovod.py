@@ -15,11 +15,16 @@ Variants:
 
 Reported per configuration: median step time (ms), examples/s total and per rank, payload bytes each rank hands to
 collectives per step (what the graph passes to allreduce/allgather/alltoall; the wire traffic of a ring allreduce is
-about 2(N-1)/N of it), and table bytes per rank (tf_ext: TfExtTableMemoryBytes of the local tables; static: the
-variable and its Adagrad slot).
+about 2(N-1)/N of it), of which the alltoalls of a model-parallel lookup (the keys and the rows it sends, and the
+rows' gradients), and table bytes per rank (tf_ext: TfExtTableMemoryBytes of the local tables; static: the variable
+and its Adagrad slot).
+
+`--value_dtypes` runs the tf_ext variants once per storage dtype of the embedding (float32, bfloat16, float16); a
+half-precision model-parallel embedding sends its rows as 2-byte values.
 
     .venv/bin/python tools/bench_horovod.py --json docs/bench_horovod.json          # ~5 min on 2 cores
     .venv/bin/python tools/bench_horovod.py --ranks 1 2 --steps 10 --quick           # smoke run
+    .venv/bin/python tools/bench_horovod.py --ranks 2 --variants tfext_model --value_dtypes float32 bfloat16
 """
 
 import argparse
@@ -33,6 +38,8 @@ import time
 HERE = os.path.dirname(os.path.abspath(__file__))
 ROOT = os.path.dirname(HERE)
 VARIANTS = ("tfext_model", "tfext_data", "hvd_static")
+VALUE_DTYPES = ("float32", "bfloat16", "float16")
+COLLECTIVES = ("HorovodAllreduce", "HorovodAllgather", "HorovodAlltoall", "HorovodGroupedAllreduce")
 DIM, VOCAB_BITS, STATIC_BUCKETS = 16, 22, 1 << 20
 
 
@@ -58,7 +65,8 @@ def worker(args):
     rank, size = hvd.rank(), hvd.size()
     per_rank = args.global_batch // size
     fields = args.fields
-    payload = []  # (tensor, multiplier) handed to collectives per step, bytes
+    payload = []  # bytes handed to collectives per step
+    alltoall = {"keys": [], "rows": [], "row_gradients": []}  # the model-parallel lookup's share of it
 
     with tf.Graph().as_default() as g:
         gs = tf.compat.v1.train.get_or_create_global_step()
@@ -71,7 +79,11 @@ def worker(args):
             table_bytes = lambda sess: 2 * STATIC_BUCKETS * DIM * 4  # noqa: E731  (variable + Adagrad slot)
         else:
             emb = tfe_hvd.get_dynamic_embedding(
-                "emb", DIM, parallelism="model" if args.variant == "tfext_model" else "data", initializer=init
+                "emb",
+                DIM,
+                parallelism="model" if args.variant == "tfext_model" else "data",
+                initializer=init,
+                value_dtype=args.value_dtype,
             )
             x = tf_ext.embedding_lookup(emb, ids)
             mem = emb.memory_bytes()
@@ -90,22 +102,29 @@ def worker(args):
         train = opt.apply_gradients(grads_and_vars, global_step=gs)
         # Payload per step: look at what the graph hands to Horovod's collectives (inputs of Horovod ops).
         for op in g.get_operations():
-            if op.type.startswith("Horovod") and op.type in (
-                "HorovodAllreduce",
-                "HorovodAllgather",
-                "HorovodAlltoall",
-                "HorovodGroupedAllreduce",
-            ):
+            if op.type in COLLECTIVES:
                 for t in op.inputs:
-                    if t.dtype in (tf.float32, tf.float16, tf.int64, tf.int32) and t.op.type != "Const":
-                        payload.append(tf.cast(tf.size(t), tf.int64) * t.dtype.size)
-        payload_bytes = tf.add_n(payload) if payload else tf.constant(0, tf.int64)
+                    # (uint16: half rows on the wire; the model check's one-time collectives send other dtypes.)
+                    if t.dtype in (tf.float32, tf.float16, tf.uint16, tf.int64, tf.int32) and t.op.type != "Const":
+                        nbytes = tf.cast(tf.size(t), tf.int64) * t.dtype.size
+                        payload.append(nbytes)
+                        if op.type == "HorovodAlltoall":
+                            # tf.gradients builds the backward alltoall under "gradients/".
+                            part = (
+                                "row_gradients"
+                                if op.name.startswith("gradients")
+                                else ("keys" if t.dtype == tf.int64 else "rows")
+                            )
+                            alltoall[part].append(nbytes)
+        total = lambda sizes: tf.add_n(sizes) if sizes else tf.constant(0, tf.int64)  # noqa: E731
+        payload_bytes = {"payload_bytes": total(payload)}
+        payload_bytes.update({"alltoall_%s_bytes" % part: total(sizes) for part, sizes in alltoall.items()})
         bcast = hvd.broadcast_global_variables(0)
         config = tf.compat.v1.ConfigProto(intra_op_parallelism_threads=args.intra_op, inter_op_parallelism_threads=1)
         with tf.compat.v1.Session(graph=g, config=config) as sess:
             sess.run(tf.compat.v1.global_variables_initializer())
             sess.run(bcast)
-            times, sent = [], []
+            times, sent = [], {name: [] for name in payload_bytes}
             for step in range(args.warmup + args.steps):
                 rng = np.random.RandomState(1000 + step)  # the same global batch on every rank count
                 gids = _zipf_ids(rng, args.global_batch, fields)
@@ -116,20 +135,21 @@ def worker(args):
                 dt = time.perf_counter() - t0
                 if step >= args.warmup:
                     times.append(dt)
-                    sent.append(int(b))
+                    for name, value in b.items():
+                        sent[name].append(int(value))
             out = {
                 "rank": rank,
                 "size": size,
                 "variant": args.variant,
                 "step_ms": float(np.median(times) * 1e3),
-                "payload_bytes": float(np.median(sent)),
                 "table_bytes": table_bytes(sess),
             }
+            out.update({name: float(np.median(values)) for name, values in sent.items()})
     with open(os.path.join(args.out, "rank-%d.json" % rank), "w") as f:
         json.dump(out, f)
 
 
-def run_config(variant, ranks, args):
+def run_config(variant, ranks, value_dtype, args):
     with tempfile.TemporaryDirectory() as out:
         cmd = [
             os.path.join(os.path.dirname(sys.executable), "horovodrun"),
@@ -143,6 +163,8 @@ def run_config(variant, ranks, args):
             "--worker",
             "--variant",
             variant,
+            "--value_dtype",
+            value_dtype,
             "--out",
             out,
             "--global_batch",
@@ -166,11 +188,15 @@ def run_config(variant, ranks, args):
     step_ms = max(p["step_ms"] for p in per_rank)  # a synchronous step is as slow as its slowest rank
     return {
         "variant": variant,
+        "value_dtype": value_dtype,
         "ranks": ranks,
         "step_ms": step_ms,
         "examples_per_s": args.global_batch / (step_ms / 1e3),
         "examples_per_s_per_rank": args.global_batch / ranks / (step_ms / 1e3),
         "payload_bytes_per_rank": max(p["payload_bytes"] for p in per_rank),
+        "alltoall_bytes_per_rank": {
+            part: max(p["alltoall_%s_bytes" % part] for p in per_rank) for part in ("keys", "rows", "row_gradients")
+        },
         "table_bytes_per_rank": max(p["table_bytes"] for p in per_rank),
         "table_bytes_all_ranks": sum(p["table_bytes"] for p in per_rank),
     }
@@ -180,9 +206,17 @@ def main():
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--worker", action="store_true", help=argparse.SUPPRESS)
     parser.add_argument("--variant", choices=VARIANTS)
+    parser.add_argument("--value_dtype", choices=VALUE_DTYPES, default="float32", help=argparse.SUPPRESS)
     parser.add_argument("--out", help=argparse.SUPPRESS)
     parser.add_argument("--variants", nargs="+", choices=VARIANTS, default=list(VARIANTS))
     parser.add_argument("--ranks", nargs="+", type=int, default=[1, 2, 4])
+    parser.add_argument(
+        "--value_dtypes",
+        nargs="+",
+        choices=VALUE_DTYPES,
+        default=["float32"],
+        help="storage dtypes of the tf_ext embeddings (hvd_static runs once, in float32)",
+    )
     parser.add_argument("--global_batch", type=int, default=4096)
     parser.add_argument("--fields", type=int, default=8)
     parser.add_argument("--steps", type=int, default=30)
@@ -199,22 +233,28 @@ def main():
     results = []
     for ranks in args.ranks:
         for variant in args.variants:
-            res = run_config(variant, ranks, args)
-            results.append(res)
-            print(
-                "%-12s ranks=%d  step %7.1f ms  %8.0f ex/s (%7.0f per rank)  payload %6.2f MB/rank/step  "
-                "table %7.1f MB/rank"
-                % (
-                    variant,
-                    ranks,
-                    res["step_ms"],
-                    res["examples_per_s"],
-                    res["examples_per_s_per_rank"],
-                    res["payload_bytes_per_rank"] / 1e6,
-                    res["table_bytes_per_rank"] / 1e6,
-                ),
-                flush=True,
-            )
+            for value_dtype in args.value_dtypes if variant != "hvd_static" else ["float32"]:
+                res = run_config(variant, ranks, value_dtype, args)
+                results.append(res)
+                a2a = res["alltoall_bytes_per_rank"]
+                print(
+                    "%-12s %-8s ranks=%d  step %7.1f ms  %8.0f ex/s (%7.0f per rank)  payload %6.2f MB/rank/step "
+                    "(alltoall keys %.3f, rows %.3f, row gradients %.3f)  table %7.1f MB/rank"
+                    % (
+                        variant,
+                        value_dtype,
+                        ranks,
+                        res["step_ms"],
+                        res["examples_per_s"],
+                        res["examples_per_s_per_rank"],
+                        res["payload_bytes_per_rank"] / 1e6,
+                        a2a["keys"] / 1e6,
+                        a2a["rows"] / 1e6,
+                        a2a["row_gradients"] / 1e6,
+                        res["table_bytes_per_rank"] / 1e6,
+                    ),
+                    flush=True,
+                )
     if args.json:
         with open(args.json, "w") as f:
             json.dump(

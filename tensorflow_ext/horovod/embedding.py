@@ -8,7 +8,9 @@
   ``owner(key) = HashKey(key ^ OWNER_SALT) % num_ranks``. A lookup deduplicates its ids, sends each to its owner with
   one Horovod alltoall, the owner reads (and in training inserts) the rows, and a second alltoall brings them back.
   The gradient travels back to the owners the same way (alltoall's gradient), so each rank updates only its keys.
-  Memory per rank is about 1/N of the table.
+  Memory per rank is about 1/N of the table. The rows of an embedding stored in half precision (`value_dtype`
+  tf.bfloat16 or tf.float16) travel in it: 2 bytes per value instead of 4, and lossless for stored rows, which
+  hold exactly such values. Their gradients travel in float32 (the optimizer's math is float32).
 """
 
 import contextlib
@@ -146,7 +148,8 @@ class ModelParallel(object):
           width: the columns lookup_local returns, when not dim (e.g. a row and what the owner knows of the key).
 
         Returns:
-          float32 [n, width or dim], differentiable: the gradient reaches each key's owner.
+          float32 [n, width or dim], differentiable: the gradient reaches each key's owner. The rows of an
+          embedding stored in half precision travel in it (see `_send_rows_back`).
         """
         hvd = _hvd.require_horovod()
         n = self.num_ranks()
@@ -164,11 +167,43 @@ class ModelParallel(object):
             # Several ranks may ask for one key: read each once (its gradient is the sum of theirs).
             recv_unique, recv_idx = tf.unique(recv, out_idx=tf.int32)
             rows = tf.gather(lookup_local(emb, recv_unique), recv_idx)
-            back, _ = hvd.alltoall(
-                rows, splits=recv_splits, process_set=self._process_set, name=emb.name.replace("/", "_") + "_rows"
+            back = _send_rows_back(
+                rows, recv_splits, emb.value_dtype, self._process_set, emb.name.replace("/", "_") + "_rows"
             )
             back = tf.reshape(back, [-1, width or emb.dim])
             return tf.gather(back, tf.math.invert_permutation(order))
+
+
+# The half-precision storage dtypes whose rows travel as their 2-byte values, with the integer type that carries
+# them: Horovod's alltoall takes no bfloat16 tensor, and a bitcast keeps the bits as they are.
+_WIRE_DTYPES = {tf.bfloat16: tf.uint16, tf.float16: tf.uint16}
+
+
+def _send_rows_back(rows, splits, value_dtype, process_set, name):
+    """alltoall of float32 `rows` [m, width] (`splits` rows to each rank): the rows each rank receives, float32.
+
+    For a `value_dtype` of `_WIRE_DTYPES` the rows travel as 2-byte values: exact for the rows the table stores,
+    which hold values of that dtype; any other value (e.g. the default row of a key not admitted) arrives rounded
+    to the nearest one. The gradient returns by an alltoall of float32 values either way, so the owner's update
+    gets the gradients the ranks computed, unrounded.
+    """
+    hvd = _hvd.require_horovod()
+    wire_dtype = _WIRE_DTYPES.get(value_dtype)
+    if wire_dtype is None:
+        return hvd.alltoall(rows, splits=splits, process_set=process_set, name=name)[0]
+
+    @tf.custom_gradient
+    def exchange(rows):
+        wire = tf.bitcast(tf.cast(rows, value_dtype), wire_dtype)
+        received, received_splits = hvd.alltoall(wire, splits=splits, process_set=process_set, name=name)
+
+        def grad(upstream):
+            # alltoall's own gradient, in float32: each rank's gradient rows go back to the rank that sent the row.
+            return hvd.alltoall(upstream, splits=received_splits, process_set=process_set, name=name + "_grad")[0]
+
+        return tf.cast(tf.bitcast(received, value_dtype), tf.float32), grad
+
+    return exchange(rows)
 
 
 _PARALLELISMS = ("data", "model")

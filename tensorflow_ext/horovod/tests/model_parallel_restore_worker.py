@@ -2,7 +2,10 @@
 TRUTH, an .npz of every key's row) into a model-parallel Adagrad embedding "emb" of NUM_SHARDS local shards, and
 checks every key this rank owns: its row, slots, version and frequency, and the local shard it sits in.
 
-  model_parallel_restore_worker.py PATH TRUTH NUM_SHARDS
+  model_parallel_restore_worker.py PATH TRUTH NUM_SHARDS [VALUE_DTYPE]
+
+VALUE_DTYPE (float32 by default, or bfloat16 / float16) is the embedding's storage dtype; TRUTH's rows must then be
+values of that dtype (a restore rounds the checkpoint's float32 rows to it).
 """
 
 import sys
@@ -21,11 +24,13 @@ from tensorflow_ext.horovod.embedding import owner_of_numpy  # noqa: E402  pylin
 DIM = 3
 
 
-def main(path, truth_path, num_shards):
+def main(path, truth_path, num_shards, value_dtype):
     hvd.init()
     rank, size = hvd.rank(), hvd.size()
     truth = dict(np.load(truth_path))
-    emb = tfe_hvd.get_dynamic_embedding("emb", DIM, parallelism="model", num_shards=num_shards, initializer=9.0)
+    emb = tfe_hvd.get_dynamic_embedding(
+        "emb", DIM, parallelism="model", num_shards=num_shards, initializer=9.0, value_dtype=value_dtype
+    )
     loss = tf.reduce_sum(tf_ext.embedding_lookup(emb, tf.constant([11, -11], tf.int64)))
     tf.compat.v1.train.AdagradOptimizer(0.1, initial_accumulator_value=0.3).minimize(loss)  # slot columns
     saver = tf.compat.v1.train.Saver(var_list=emb.saveables)
@@ -48,4 +53,4 @@ def main(path, truth_path, num_shards):
 
 
 if __name__ == "__main__":
-    main(sys.argv[1], sys.argv[2], int(sys.argv[3]))
+    main(sys.argv[1], sys.argv[2], int(sys.argv[3]), tf.as_dtype(sys.argv[4] if len(sys.argv) > 4 else "float32"))

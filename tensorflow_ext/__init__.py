@@ -39,6 +39,7 @@ _LAZY = {
     "tf_compat": (("tensorflow_ext.tf_compat",), None),
     "xla": (("tensorflow_ext.xla",), None),
     "DynamicEmbeddingOptimizer": (("tensorflow_ext.tfra",), "DynamicEmbeddingOptimizer"),
+    "RowwiseAdagradOptimizer": (("tensorflow_ext.optimizers",), "RowwiseAdagradOptimizer"),
     "examples": (("tensorflow_ext.examples",), None),
 }
 

@@ -365,11 +365,11 @@ def test_apply_gradients_keeps_per_call_state_per_call(monkeypatch):
     a_inside, b_done = threading.Event(), threading.Event()
     real_add = DynamicEmbeddingShard.add_slot_columns
 
-    def held_add(shard, optimizer, names, inits):
+    def held_add(shard, optimizer, names, inits, widths=None):
         if shard.embedding.name == "a":
             a_inside.set()
             assert b_done.wait(120), "the other graph was not built"
-        return real_add(shard, optimizer, names, inits)
+        return real_add(shard, optimizer, names, inits, widths)
 
     monkeypatch.setattr(DynamicEmbeddingShard, "add_slot_columns", held_add)
     built, failures = {}, []

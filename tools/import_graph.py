@@ -36,7 +36,7 @@ LAYERS = (
         ("tensorflow_ext.errors", "tensorflow_ext.version", "tensorflow_ext.utils", "tensorflow_ext._build_info"),
     ),
     ("L1 tf_compat", ("tensorflow_ext.tf_compat",)),
-    ("L2 table", ("tensorflow_ext.table",)),
+    ("L2 table, optimizers", ("tensorflow_ext.table", "tensorflow_ext.optimizers")),
     ("L3 embedding", ("tensorflow_ext.embedding",)),
     (
         "L4 integrations",

@@ -29,8 +29,8 @@ keys an int64 vector of unique keys, grad float32 [n, dim]):
     TfExtShardIndex(keys, num_shards) -> int32 shard ids, keys.shape
 
 The optimizers, their hyper-parameters (in op order), flags and slots are defined once, in optimizer_spec.py.
-Slot k of an optimizer occupies columns `[slot_offset + k*dim, slot_offset + (k+1)*dim)` of a row
-`[embedding (dim) | ...]`.
+Slot k of an optimizer occupies columns `[slot_offset + k*w, slot_offset + (k+1)*w)` of a row
+`[embedding (dim) | ...]`, w = dim (w = 1 for a row-wise optimizer's slots: RowwiseAdagrad).
 
 The apply ops reproduce TF 2.15's sparse update formulas (training_ops SparseApply*, and TF1
 AdamOptimizer's sparse path for Adam). Adam is exact for the rows of the batch; TF1's dense-variable
@@ -57,6 +57,7 @@ __all__ = [
     "sparse_apply_adam",
     "sparse_apply_ftrl",
     "sparse_apply_rmsprop",
+    "sparse_apply_rowwise_adagrad",
     "num_slots",
     "HANDLE_GRAD_DENSE_ROWS",
     "embedding_lookup_ids",
@@ -97,7 +98,8 @@ tf.register_tensor_conversion_function(tf.IndexedSlices, _refuse_densifying, pri
 
 
 def num_slots(optimizer, **flags):
-    """Number of dim-wide slot column blocks the fused `optimizer` uses with `flags` (e.g. centered=True)."""
+    """Number of slot column blocks (each dim wide, or 1 for a row-wise slot) the fused `optimizer` uses with `flags`
+    (e.g. centered=True)."""
     return len(optimizer_spec.by_name(optimizer, fused=True).slot_names(flags))
 
 
@@ -238,7 +240,8 @@ def sparse_apply(optimizer, table_handle, keys, grad, hypers, step=None, dim=Non
     """Fused sparse update TfExtEmbeddingSparseApply<optimizer> (returns the op).
 
     Args:
-      optimizer: a key of OPTIMIZER_HYPERS ("GradientDescent", "Momentum", "Adagrad", "Adam", "Ftrl", "RMSProp").
+      optimizer: a key of OPTIMIZER_HYPERS ("GradientDescent", "Momentum", "Adagrad", "Adam", "Ftrl", "RMSProp",
+        "RowwiseAdagrad").
       table_handle: tf_ext table handle.
       keys: int64 vector of UNIQUE keys (deduplicate and sum gradients first).
       grad: float32 [n, dim].
@@ -396,6 +399,14 @@ def sparse_apply_rmsprop(
         slot_offset=slot_offset,
         centered=centered,
         name=name,
+    )
+
+
+def sparse_apply_rowwise_adagrad(table_handle, keys, grad, lr, step=None, dim=None, slot_offset=-1, name=None):
+    """tf_ext.RowwiseAdagradOptimizer's step: accum += mean(grad^2) per row; var -= lr * grad / sqrt(accum).
+    Slot: [accumulator], one column."""
+    return sparse_apply(
+        "RowwiseAdagrad", table_handle, keys, grad, dict(lr=lr), step=step, dim=dim, slot_offset=slot_offset, name=name
     )
 
 

@@ -1,9 +1,10 @@
 """The row layout of a dynamic embedding's table: `[embedding (dim) | slot columns of each optimizer]`.
 
 A stock optimizer applied to a dynamic embedding keeps its slots (Adagrad's accumulator, Adam's m and v, ...) as
-extra columns of the same row, so one probe per key reads and updates everything. The layout grows when an
-optimizer is first applied (before the graph runs) and is frozen once something reads every column (a Saver,
-an export with slots): a layout change after that would make the saved columns ambiguous.
+extra columns of the same row, so one probe per key reads and updates everything. A slot takes `dim` columns (one
+value per embedding column) or, for a row-wise optimizer (tf_ext.RowwiseAdagradOptimizer), one column. The layout
+grows when an optimizer is first applied (before the graph runs) and is frozen once something reads every column (a
+Saver, an export with slots): a layout change after that would make the saved columns ambiguous.
 """
 
 import threading
@@ -20,15 +21,21 @@ __all__ = ["SlotGroup", "RowLayout", "DynamicEmbeddingSlot"]
 class SlotGroup(object):
     """The slot columns one optimizer added to a shard's rows.
 
+    Invariant: the slots are contiguous, in `slot_names` order, from column `offset`; each is `dim` or 1 columns wide.
+
     Attributes:
       optimizer_name, optimizer_class: for error messages and checkpoints.
-      slot_names: the optimizer's slot names, in column order (each takes `dim` columns).
+      slot_names: the optimizer's slot names, in column order.
       initial_values: one float per slot: the value of a new key's slot.
+      slot_widths: one int per slot: its columns, `dim` (one value per embedding column) or 1 (one value per row).
       offset: the first column of the group.
       dim: the embedding dimension.
+
+    Raises:
+      ValueError: slot_widths has another length than slot_names, or a width other than dim or 1.
     """
 
-    def __init__(self, optimizer, slot_names, initial_values, offset, dim):
+    def __init__(self, optimizer, slot_names, initial_values, offset, dim, slot_widths=None):
         self.optimizer_ref = weakref.ref(optimizer)
         self.optimizer_name = optimizer.get_name()
         self.optimizer_class = type(optimizer).__name__
@@ -36,10 +43,25 @@ class SlotGroup(object):
         self.initial_values = [float(v) for v in initial_values]
         self.offset = int(offset)
         self.dim = int(dim)
+        self.slot_widths = [self.dim] * len(self.slot_names) if slot_widths is None else [int(w) for w in slot_widths]
+        if len(self.slot_widths) != len(self.slot_names) or any(w not in (1, self.dim) for w in self.slot_widths):
+            raise ValueError(
+                "slot_widths of optimizer %r must give each of its slots %s dim (%d) or 1 columns, got %s"
+                % (self.optimizer_name, self.slot_names, self.dim, slot_widths)
+            )
+
+    @property
+    def width(self):
+        """The group's columns, all slots together."""
+        return sum(self.slot_widths)
+
+    def slot_width(self, slot_name):
+        """The columns of slot_name: dim, or 1 for a row-wise slot."""
+        return self.slot_widths[self.slot_names.index(slot_name)]
 
     def column(self, slot_name):
         """First column of slot_name."""
-        return self.offset + self.slot_names.index(slot_name) * self.dim
+        return self.offset + sum(self.slot_widths[: self.slot_names.index(slot_name)])
 
 
 class RowLayout(refs.TableLayout):
@@ -52,12 +74,15 @@ class RowLayout(refs.TableLayout):
       embedding_defaults: the `dim` initial values of the embedding columns (used when a key is inserted without
         its embedding), or None for zeros.
       owner_name: the embedding's name, for error messages.
+      storage, compact_slots, rounding: how the rows are stored (see `refs.TableLayout`).
     """
 
-    def __init__(self, dim, embedding_defaults, owner_name):
+    def __init__(self, dim, embedding_defaults, owner_name, storage="float32", compact_slots=False, rounding="nearest"):
         if embedding_defaults is None or all(v == 0.0 for v in embedding_defaults):
             embedding_defaults = None  # all zeros: the handle op's empty column_defaults
-        super(RowLayout, self).__init__(dim, dim, embedding_defaults)
+        super(RowLayout, self).__init__(
+            dim, dim, embedding_defaults, storage=storage, compact_slots=compact_slots, rounding=rounding
+        )
         self._groups = []
         self._frozen_by = None
         self._owner_name = owner_name
@@ -80,19 +105,20 @@ class RowLayout(refs.TableLayout):
                 return group
         return None
 
-    def add_slot_columns(self, optimizer, slot_names, initial_values):
+    def add_slot_columns(self, optimizer, slot_names, initial_values, slot_widths=None):
         """Appends `optimizer`'s slot columns (once per optimizer).
 
         Args:
           optimizer: the optimizer object.
-          slot_names: list of slot names (each takes `dim` columns).
+          slot_names: list of slot names.
           initial_values: one float per slot.
+          slot_widths: one int per slot, dim or 1 (see `SlotGroup`); None: dim for every slot.
 
         Returns:
           (the `SlotGroup`, True if the width or defaults changed).
 
         Raises:
-          ValueError: the layout was frozen.
+          ValueError: the layout was frozen, or slot_widths are not dim or 1 per slot.
         """
         with self._lock:
             group = self.group(optimizer)
@@ -109,11 +135,11 @@ class RowLayout(refs.TableLayout):
                     "creating the Saver (or calling export(with_slots=True))."
                     % (slot_names, optimizer.get_name(), self._owner_name, self._frozen_by)
                 )
-            group = SlotGroup(optimizer, slot_names, initial_values, self._width, self._dim)
+            group = SlotGroup(optimizer, slot_names, initial_values, self._width, self._dim, slot_widths)
             defaults = self.column_defaults
-            for value in group.initial_values:
-                defaults.extend([value] * self._dim)
-            self._widen(self._width + self._dim * len(slot_names), defaults)
+            for value, width in zip(group.initial_values, group.slot_widths):
+                defaults.extend([value] * width)
+            self._widen(self._width + group.width, defaults)
             self._groups.append(group)
             return group, True
 
@@ -164,12 +190,11 @@ class DynamicEmbeddingSlot(object):
 
     @property
     def shape(self):
-        """`[None, dim]`, like the shard."""
-        return self._shard.shape
+        """`[None, width]`: `[None, dim]` like the shard, or `[None, 1]` for a row-wise slot."""
+        return tf.TensorShape([None, self._group().slot_width(self._slot_name)])
 
-    def _column(self):
-        group = self._shard.slot_group(self._optimizer)
-        return group.column(self._slot_name), group.initial_values[group.slot_names.index(self._slot_name)]
+    def _group(self):
+        return self._shard.slot_group(self._optimizer)
 
     def lookup(self, keys, name=None):
         """The slot values of int64 table keys of this shard (missing keys: the slot's initial value).
@@ -179,16 +204,17 @@ class DynamicEmbeddingSlot(object):
           name: optional name scope.
 
         Returns:
-          float32 [n, dim].
+          float32 [n, width] (width: dim, or 1 for a row-wise slot).
         """
-        col, default = self._column()
-        dim = self._shard.dim
+        group = self._group()
+        width = group.slot_width(self._slot_name)
+        default = group.initial_values[group.slot_names.index(self._slot_name)]
         with tf.name_scope(name or "slot_lookup"), tf_ops.colocate_with(self._shard.handle):
             values, _ = self._shard.table.find(
                 tf.convert_to_tensor(keys, tf.int64),
-                tf.fill([dim], tf.constant(default, tf.float32)),
-                col_begin=col,
-                cols=dim,
+                tf.fill([width], tf.constant(default, tf.float32)),
+                col_begin=group.column(self._slot_name),
+                cols=width,
             )
             return values
 

@@ -1,17 +1,20 @@
 """What tensorflow_ext knows about each optimizer that trains dynamic embeddings, in one place.
 
-For every supported `tf.compat.v1.train` optimizer: the fused op that updates a table (or None: the generic
+For every supported `tf.compat.v1.train` optimizer (and tf_ext's own, `tensorflow_ext.optimizers`): the fused op that updates a table (or None: the generic
 read-modify-write path), the op's hyper-parameter inputs in op order, its bool flag attrs and how the optimizer
 sets them, and the optimizer's slots in row order with TF's initial values. The raw op wrappers
 (`embedding_ops.sparse_apply`) and the optimizer integration (`optimizers.py`) both read this table; a test checks
 it against the registered op definitions of the op library (the C++ side: kernels/optimizer_functors.h).
 
-A row of a trained table is `[embedding (dim) | slot 0 (dim) | slot 1 (dim) | ...]`, slots in the order below.
+A row of a trained table is `[embedding (dim) | slot 0 | slot 1 | ...]`, slots in the order below, each `dim` columns
+wide (one value per embedding column) or, for a row-wise slot (`Slot.rowwise`), one column (one value per row).
 """
 
 import collections
 
 import tensorflow as tf
+
+from tensorflow_ext.optimizers import rowwise_adagrad
 
 __all__ = ["Slot", "Flag", "OptimizerSpec", "SPECS", "FUSED", "by_name", "for_optimizer"]
 
@@ -21,21 +24,26 @@ APPLY_TRAILING_INPUTS = ("step",)
 APPLY_ATTRS = ("dim", "slot_offset")
 
 
-class Slot(collections.namedtuple("Slot", ("name", "initial", "only_if"))):
-    """One dim-wide block of slot columns.
+class Slot(collections.namedtuple("Slot", ("name", "initial", "only_if", "rowwise"))):
+    """One slot: a block of slot columns in each row.
 
     Attributes:
       name: the slot's name (as TF's `optimizer.get_slot_names()` reports it).
       initial: TF's initial value of the slot: a float, or a function of the optimizer returning one.
       only_if: the flag that must be on for the optimizer to keep this slot, or None (always kept).
+      rowwise: False: `dim` columns (one value per embedding column); True: one column (one value per row).
     """
 
-    def __new__(cls, name, initial=0.0, only_if=None):
-        return super(Slot, cls).__new__(cls, name, initial, only_if)
+    def __new__(cls, name, initial=0.0, only_if=None, rowwise=False):
+        return super(Slot, cls).__new__(cls, name, initial, only_if, bool(rowwise))
 
     def initial_value(self, optimizer):
         """TF's initial value of the slot for `optimizer` (a float)."""
         return float(self.initial(optimizer) if callable(self.initial) else self.initial)
+
+    def width(self, dim):
+        """The slot's columns in a row of an embedding of `dim` columns: 1 if row-wise, else dim."""
+        return 1 if self.rowwise else int(dim)
 
 
 class Flag(collections.namedtuple("Flag", ("name", "of_optimizer"))):
@@ -54,7 +62,7 @@ class OptimizerSpec(
 
     Attributes:
       name: short name ("Adam"), the key of `by_name` and of `embedding_ops.sparse_apply`.
-      optimizer_class: the `tf.compat.v1.train` optimizer class (subclasses are trained alike).
+      optimizer_class: the optimizer class (subclasses are trained alike).
       op_name: the fused op (``TfExtEmbeddingSparseApply<name>``), or None: generic path only.
       hypers: the fused op's float hyper-parameter inputs, in op order (between grad and step).
       flags: tuple of `Flag`, the fused op's bool attrs in op order (after dim and slot_offset).
@@ -83,8 +91,15 @@ class OptimizerSpec(
 
     def slots_of(self, optimizer):
         """[(slot name, TF's initial value)] that `optimizer` keeps, in row order."""
+        return [(s.name, s.initial_value(optimizer)) for s in self._kept_slots(optimizer)]
+
+    def slot_widths(self, optimizer, dim):
+        """[columns of each slot that `optimizer` keeps] in a row of `dim` embedding columns, in row order."""
+        return [s.width(dim) for s in self._kept_slots(optimizer)]
+
+    def _kept_slots(self, optimizer):
         names = set(self.slot_names(self.flag_values(optimizer)))
-        return [(s.name, s.initial_value(optimizer)) for s in self.slots if s.name in names]
+        return [s for s in self.slots if s.name in names]
 
 
 def _initial_accumulator(opt):
@@ -144,6 +159,14 @@ SPECS = (
         hypers=("lr", "rho", "momentum", "epsilon"),
         flags=(Flag("centered", lambda opt: opt._centered),),
         slots=(Slot("rms", 1.0), Slot("momentum"), Slot("mg", only_if="centered")),
+    ),
+    OptimizerSpec(
+        "RowwiseAdagrad",
+        rowwise_adagrad.RowwiseAdagradOptimizer,
+        "TfExtEmbeddingSparseApplyRowwiseAdagrad",
+        hypers=("lr",),
+        flags=(),
+        slots=(Slot("accumulator", _initial_accumulator, rowwise=True),),
     ),
     OptimizerSpec(
         "AdagradDA",

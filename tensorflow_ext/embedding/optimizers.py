@@ -29,7 +29,8 @@ a one-shard embedding yields IndexedSlices whose indices are the output of
 TfExtEmbeddingLookupIds, already unique and summed), then one fused op
 (`TfExtEmbeddingSparseApply*`) updates embedding and slots with one probe per
 key, for GradientDescent, Momentum (incl. Nesterov), Adagrad, Adam, Ftrl
-(incl. l1/l2/shrinkage/beta) and RMSProp (incl. centered). AdagradDA,
+(incl. l1/l2/shrinkage/beta), RMSProp (incl. centered) and tf_ext's
+RowwiseAdagrad (its accumulator is one column per row). AdagradDA,
 Adadelta, ProximalAdagrad and ProximalGradientDescent (and every optimizer
 with TF_EXT_EMBEDDING_FORCE_GENERIC=1) use the generic path: read the rows'
 embedding and slot columns (`TfExtTableFind`), apply TF's sparse formula
@@ -54,6 +55,7 @@ from tensorflow_ext.embedding import eviction
 from tensorflow_ext.embedding import optimizer_spec
 from tensorflow_ext.embedding import shard as shard_lib
 from tensorflow_ext.tf_compat import graph_edits
+from tensorflow_ext.optimizers import rowwise_adagrad
 from tensorflow_ext.utils import loader
 
 __all__ = ["supported_optimizers", "slot_names"]
@@ -79,7 +81,7 @@ class _Handler(abc.ABC):
 
     @abc.abstractmethod
     def generic(self, opt, var, slots, grad):
-        """TF's sparse formula: returns (new var, [new slots]); all [n, dim] f32."""
+        """TF's sparse formula: returns (new var, [new slots]); var and grad [n, dim] f32, each slot [n, its width]."""
 
 
 class _GradientDescent(_Handler):
@@ -116,6 +118,16 @@ class _Adagrad(_Handler):
         lr = self.hypers(opt)["lr"]
         accum = slots[0] + grad * grad
         return var - lr * grad * tf.math.rsqrt(accum), [accum]
+
+
+class _RowwiseAdagrad(_Handler):
+
+    def hypers(self, opt):
+        return {"lr": _f32(opt._learning_rate_tensor)}
+
+    def generic(self, opt, var, slots, grad):
+        accumulator, delta = rowwise_adagrad.rowwise_update(self.hypers(opt)["lr"], slots[0][:, 0], grad)
+        return var - delta, [tf.expand_dims(accumulator, 1)]
 
 
 class _Adam(_Handler):
@@ -278,6 +290,7 @@ _HANDLERS = {
     "Adam": _Adam(),
     "Ftrl": _Ftrl(),
     "RMSProp": _RMSProp(),
+    "RowwiseAdagrad": _RowwiseAdagrad(),
     "Adadelta": _Adadelta(),
     "ProximalAdagrad": _ProximalAdagrad(),
     "ProximalGradientDescent": _ProximalGradientDescent(),
@@ -433,21 +446,22 @@ def _apply_generic(handler, opt, shard, group, keys, grad, step):
     find = shard.table.find
     insert = shard.table.insert
     defaults = shard.column_defaults
+    ends = [sum(group.slot_widths[: k + 1]) for k in range(nslots)]  # each slot's end in the group's columns
     contiguous = nslots == 0 or group.offset == dim
     if contiguous:
-        cols = dim * (1 + nslots)
+        cols = dim + group.width
         rows, _ = find(keys, tf.constant(defaults[:cols], tf.float32), col_begin=0, cols=cols)
         var = rows[:, :dim]
-        slots = [rows[:, dim * (1 + k) : dim * (2 + k)] for k in range(nslots)]
+        srows = rows[:, dim:]
     else:
         var, _ = find(keys, tf.constant(defaults[:dim], tf.float32), col_begin=0, cols=dim)
         srows, _ = find(
             keys,
-            tf.constant(defaults[group.offset : group.offset + nslots * dim], tf.float32),
+            tf.constant(defaults[group.offset : group.offset + group.width], tf.float32),
             col_begin=group.offset,
-            cols=nslots * dim,
+            cols=group.width,
         )
-        slots = [srows[:, dim * k : dim * (k + 1)] for k in range(nslots)]
+    slots = [srows[:, end - width : end] for end, width in zip(ends, group.slot_widths)]
     new_var, new_slots = handler.generic(opt, var, slots, grad)
     if contiguous:
         return insert(
@@ -455,11 +469,11 @@ def _apply_generic(handler, opt, shard, group, keys, grad, step):
             tf.concat([new_var] + list(new_slots), 1),
             step,
             col_begin=0,
-            cols=dim * (1 + nslots),
+            cols=dim + group.width,
             count=False,
         )
     w1 = insert(keys, new_var, step, col_begin=0, cols=dim, count=False)
-    w2 = insert(keys, tf.concat(list(new_slots), 1), step, col_begin=group.offset, cols=nslots * dim, count=False)
+    w2 = insert(keys, tf.concat(list(new_slots), 1), step, col_begin=group.offset, cols=group.width, count=False)
     return tf.group(w1, w2)
 
 
@@ -468,7 +482,9 @@ def _apply_to_shard(opt, shard, grad):
     group = shard.slot_group(opt)
     if group is None:  # apply_gradients registers the columns first; this covers direct processor calls
         slots = spec.slots_of(opt)
-        group = shard.add_slot_columns(opt, [n for n, _ in slots], [v for _, v in slots])
+        group = shard.add_slot_columns(
+            opt, [n for n, _ in slots], [v for _, v in slots], spec.slot_widths(opt, shard.dim)
+        )
     with tf.name_scope("tf_ext_" + type(opt).__name__):
         keys, values = _dedup(grad, shard)
         step = _step_for(opt)

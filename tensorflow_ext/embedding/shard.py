@@ -233,7 +233,7 @@ class DynamicEmbeddingShard(object):
         """The `SlotGroup`s of this shard (a new list), in layout order."""
         return self._layout.groups
 
-    def add_slot_columns(self, optimizer, slot_names, initial_values):
+    def add_slot_columns(self, optimizer, slot_names, initial_values, slot_widths=None):
         """Appends `optimizer`'s slot columns to the rows (once per optimizer).
 
         The table is created when the graph first runs, with the layout its
@@ -242,8 +242,9 @@ class DynamicEmbeddingShard(object):
 
         Args:
           optimizer: the optimizer object.
-          slot_names: list of slot names (each takes `dim` columns).
+          slot_names: list of slot names.
           initial_values: one float per slot: the value of a new key's slot.
+          slot_widths: one int per slot, dim or 1 (a row-wise slot); None: dim each.
 
         Returns:
           The `SlotGroup` (its `offset` is the first slot column).
@@ -253,7 +254,7 @@ class DynamicEmbeddingShard(object):
             built for this embedding already).
         """
         self.check_writable("an optimizer (%s)" % type(optimizer).__name__)
-        group, changed = self._layout.add_slot_columns(optimizer, slot_names, initial_values)
+        group, changed = self._layout.add_slot_columns(optimizer, slot_names, initial_values, slot_widths)
         if changed:
             self._table.set_handle_layout()
         return group

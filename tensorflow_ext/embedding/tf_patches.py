@@ -372,7 +372,7 @@ def _make_apply_gradients(original):
             if dense:
                 orig_create_slots(dense)
             for shard in shards:
-                shard.add_slot_columns(self, names, inits)
+                shard.add_slot_columns(self, names, inits, spec.slot_widths(self, shard.dim))
             handler.create_non_slots(self, dense, shards)
 
         step = global_step if global_step is not None else tf.compat.v1.train.get_global_step()

@@ -390,7 +390,8 @@ class DynamicEmbedding(object):
           name: optional name scope.
 
         Returns:
-          float32 `ids.shape + [dim]`; keys not in the table read the slot's
+          float32 `ids.shape + [dim]` (`ids.shape + [1]` for a row-wise slot,
+          e.g. RowwiseAdagradOptimizer's); keys not in the table read the slot's
           initial value.
 
         Raises:
@@ -412,17 +413,18 @@ class DynamicEmbedding(object):
             keys = self.to_keys(ids)
             flat = tf.reshape(keys, [-1])
             default = group.initial_values[group.slot_names.index(slot_name)]
+            width = group.slot_width(slot_name)
             parts, positions = self._partition.split(flat)
             outs = []
             for shard, part in zip(self._shards, parts):
                 shard_col = shard.slot_group(optimizer).column(slot_name)
                 with internals.ops.colocate_with(shard.handle):
                     values, _ = shard.table.find(
-                        part, tf.fill([self.dim], tf.constant(default, tf.float32)), col_begin=shard_col, cols=self.dim
+                        part, tf.fill([width], tf.constant(default, tf.float32)), col_begin=shard_col, cols=width
                     )
                 outs.append(values)
             rows = outs[0] if positions is None else tf.dynamic_stitch(positions, outs)
-            return tf.reshape(rows, tf.concat([tf.shape(keys), [self.dim]], 0))
+            return tf.reshape(rows, tf.concat([tf.shape(keys), [width]], 0))
 
     def insert(self, ids, values, name=None):
         """Inserts/overwrites the embeddings of keys (used to preload rows).

@@ -366,9 +366,11 @@ InitOnStartupMarker RegisterApplyOp() {
   w.Doc(
       "Fused sparse optimizer update of a tf_ext table: for each (unique) key, "
       "one probe updates the embedding row[0, dim) and the slot columns "
-      "row[slot_offset + k*dim, slot_offset + (k+1)*dim) (slot_offset -1 means "
+      "row[slot_offset + k*w, slot_offset + (k+1)*w), w = dim (w = 1 for a "
+      "row-wise optimizer: one slot value per row; slot_offset -1 means "
       "dim: the slots follow the embedding) with TensorFlow's "
-      "sparse update formula. Missing keys are inserted with the table's "
+      "sparse update formula (RowwiseAdagrad: tf_ext.RowwiseAdagradOptimizer's). "
+      "Missing keys are inserted with the table's "
       "column defaults first. step >= 0 sets the keys' version.");
   return w();
 }

@@ -4,12 +4,19 @@
 // generic kernel (sparse_apply_kernels.cc) reads the struct's static table
 // (op name, hyper-parameter input names, attrs, slot count), validates the
 // inputs, and calls Apply() once per key under the table's shard lock with
-// the key's whole row: var = row[0, dim), slot k = row[slot_offset + k*dim,
-// slot_offset + (k+1)*dim). Every update is element-wise: a struct defines
-// ApplyElement (column j of a row of dim columns; dim picks TF's path where
-// TF's scalar and vector paths differ) and Apply is the loop over j, once,
-// in ElementwiseOptimizer. The GPU table runs ApplyElement one thread per
-// element, so that a warp reads and writes whole rows.
+// the key's whole row: var = row[0, dim), slot k = row[slot_offset +
+// k*SlotWidth(dim), slot_offset + (k+1)*SlotWidth(dim)). SlotWidth(dim) is
+// dim for the element-wise optimizers (one slot value per embedding column)
+// and 1 for the row-wise ones (one slot value per row).
+//
+// Element-wise optimizers define ApplyElement (column j of a row of dim
+// columns; dim picks TF's path where TF's scalar and vector paths differ)
+// and Apply is the loop over j, once, in ElementwiseOptimizer. The GPU table
+// runs ApplyElement one thread per element, so that a warp reads and writes
+// whole rows. A row-wise optimizer (RowwiseAdagradOpt) reduces the whole row
+// before it updates any column: it has Apply only, is no
+// ElementwiseOptimizer, and the GPU table's per-element launch refuses it at
+// compile time (gpu/gpu_embedding.h's static_assert).
 //
 // The formulas reproduce TensorFlow 2.15's SPARSE update paths element by
 // element, including the order of floating-point operations, so that a
@@ -28,6 +35,8 @@
 //                    the lr_power == -0.5 fast path and the general pow
 //                    path, multiply_linear_by_lr.
 //   RMSProp          SparseApplyRMSProp / SparseApplyCenteredRMSProp.
+// RowwiseAdagrad has no TF kernel: it matches tf_ext.RowwiseAdagradOptimizer
+// (tensorflow_ext/optimizers/rowwise_adagrad.py) on dense variables, bit for bit.
 // TF's kernels use a vectorized (Eigen) path for rows of more than one
 // element and a scalar path for dim == 1; where the two associate the
 // arithmetic differently (Adagrad, Ftrl) we follow the same split.
@@ -65,9 +74,11 @@ using HyperCheck = std::string;
 TFEXT_HOST_DEVICE inline float ClampMin(float a, float b) { return (b < a) ? b : a; }
 TFEXT_HOST_DEVICE inline float ClampMax(float a, float b) { return (a < b) ? b : a; }
 
-// The row loop of every optimizer (CRTP): Derived::ApplyElement does column j.
+// The row loop of every element-wise optimizer (CRTP): Derived::ApplyElement does column j. Each slot takes dim
+// columns.
 template <class Derived>
 struct ElementwiseOptimizer {
+  static int64_t SlotWidth(int64_t dim) { return dim; }
   TFEXT_HOST_DEVICE void Apply(float* var, float* slots, int64_t slot_stride, const float* g, int64_t dim) const {
     const Derived& self = static_cast<const Derived&>(*this);
     for (int64_t j = 0; j < dim; ++j) self.ApplyElement(var, slots, slot_stride, g, j, dim);
@@ -318,6 +329,55 @@ struct RMSPropOpt : ElementwiseOptimizer<RMSPropOpt> {
       mom[j] = mom[j] * momentum + ((1.0f / std::sqrt(ms[j] + epsilon)) * lr) * gj;
     }
     var[j] -= mom[j];
+  }
+};
+
+// ---------------------------------------------------------------------------
+// The mean of g[j]^2 over j in [0, dim), the sum taken pairwise: the squares, padded with zeros to the smallest
+// power of two >= dim, are added in adjacent pairs, the pair sums in adjacent pairs, ... (a balanced binary tree
+// over the columns in order), then multiplied by the float nearest 1/dim (TF's graph optimizer rewrites a division
+// by a constant into that multiplication, so the dense side can only compute this). One rounding per operation, in
+// an order that tf_ext.RowwiseAdagradOptimizer reproduces with whole-tensor ops (x[:, 0::2] + x[:, 1::2] per tree
+// level) on dense variables, so both give the same float. dim < 2^62.
+TFEXT_HOST_DEVICE inline float RowMeanSquare(const float* g, int64_t dim) {
+  int levels = 0;
+  while ((int64_t{1} << levels) < dim) ++levels;
+  // pending[l]: the sum of a completed block of 2^l leaves whose right sibling block is not complete yet.
+  float pending[64];
+  for (int64_t k = 0; k < (int64_t{1} << levels); ++k) {
+    float sum = k < dim ? g[k] * g[k] : 0.0f;
+    int level = 0;
+    for (int64_t c = k; c & 1; c >>= 1, ++level) sum = pending[level] + sum;
+    pending[level] = sum;
+  }
+  return pending[levels] * (1.0f / static_cast<float>(dim));
+}
+
+// ---------------------------------------------------------------------------
+// Row-wise Adagrad (FBGEMM's EXACT_ROWWISE_ADAGRAD without weight decay): one accumulator per row,
+//   acc += mean_j(g_j^2)   (RowMeanSquare)
+//   var_j -= lr * g_j / sqrt(acc)
+// with the float operations in this order (tf_ext.RowwiseAdagradOptimizer does the same on dense variables). The
+// slot is one column: row[slot_offset].
+struct RowwiseAdagradOpt {
+  static constexpr const char* kOpName = "TfExtEmbeddingSparseApplyRowwiseAdagrad";
+  static constexpr int kNumHypers = 1;
+  static constexpr const char* kHypers[kNumHypers] = {"lr"};
+  static constexpr int kNumFlags = 0;
+  static constexpr const char* kFlagAttrs[1] = {nullptr};
+  static int NumSlots(const OptimizerFlags&) { return 1; }  // [accumulator], one column
+  static int64_t SlotWidth(int64_t /*dim*/) { return 1; }
+
+  float lr = 0;
+  HyperCheck Prepare(const float* h, const OptimizerFlags&) {
+    lr = h[0];
+    return "";
+  }
+  TFEXT_HOST_DEVICE void Apply(float* var, float* slots, int64_t /*slot_stride*/, const float* g, int64_t dim) const {
+    float& acc = slots[0];
+    acc = acc + RowMeanSquare(g, dim);
+    const float root = std::sqrt(acc);
+    for (int64_t j = 0; j < dim; ++j) var[j] = var[j] - (lr * g[j]) / root;
   }
 };
 

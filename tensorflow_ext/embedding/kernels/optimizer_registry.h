@@ -18,7 +18,8 @@
   X(::tfext::embedding::AdagradOpt)           \
   X(::tfext::embedding::AdamOpt)              \
   X(::tfext::embedding::FtrlOpt)              \
-  X(::tfext::embedding::RMSPropOpt)
+  X(::tfext::embedding::RMSPropOpt)           \
+  X(::tfext::embedding::RowwiseAdagradOpt)
 
 namespace tfext {
 

@@ -6,7 +6,9 @@
 //   3 .. 3+H-1 the optimizer's scalar float hyper-parameters (Opt::kHypers),
 //   3+H step (int64 scalar; >= 0 sets the keys' version).
 // Each key's row is updated under one probe (HashTable::Update): missing keys
-// are inserted with the table's column defaults first.
+// are inserted with the table's column defaults first. Slot k of a row is
+// columns [slot_offset + k*w, slot_offset + (k+1)*w), w = Opt::SlotWidth(dim)
+// (dim, or 1 for a row-wise optimizer).
 
 #include <cstdint>
 #include <memory>
@@ -67,14 +69,15 @@ tensorflow::Status CheckLayout(const std::string& op, const TableResource& table
     return InvalidArgument(op, ": attr dim=", dim, " does not match the table's dim=", table.dim(),
                            " (table layout: ", table.layout().DebugString(), ")");
   }
-  // Slot k occupies columns [slot_offset + k*dim, slot_offset + (k+1)*dim).
+  // Slot k occupies columns [slot_offset + k*w, slot_offset + (k+1)*w), w = Opt::SlotWidth(dim).
   if (num_slots > 0) {
     if (slot_offset < dim) {
       return InvalidArgument(op, ": slot_offset=", slot_offset, " overlaps the embedding columns [0, ", dim, ")");
     }
-    const int64_t end = slot_offset + num_slots * dim;
+    const int64_t slot_width = Opt::SlotWidth(dim);
+    const int64_t end = slot_offset + num_slots * slot_width;
     if (end > table.width()) {
-      return InvalidArgument(op, ": the ", num_slots, " slot column block(s) of dim ", dim,
+      return InvalidArgument(op, ": the ", num_slots, " slot column block(s) of width ", slot_width,
                              " starting at slot_offset=", slot_offset, " need width >= ", end,
                              ", but the table's width is ", table.width(),
                              " (table layout: ", table.layout().DebugString(), ")");
@@ -132,7 +135,7 @@ tensorflow::Status ApplyRows(const Opt& opt, TableResource* table, const int64_t
     table->table()->UpdateRows(
         k, refs ? refs->refs.data() : nullptr, refs ? refs->epoch : 0, n, table->column_defaults().data(),
         [&opt, g, dim, slot_offset, step](int64_t i, float* row, table::KeyMeta* meta) {
-          opt.Apply(row, row + slot_offset, dim, g + i * dim, dim);
+          opt.Apply(row, row + slot_offset, Opt::SlotWidth(dim), g + i * dim, dim);
           if (step >= 0) meta->version = step;
         },
         pf, g, dim);

@@ -7,6 +7,8 @@ import pytest
 import tensorflow as tf
 from tensorflow.python.framework import op_def_registry
 
+import tensorflow_ext as tf_ext
+
 from tensorflow_ext.embedding import embedding_ops
 from tensorflow_ext.embedding import optimizer_spec
 from tensorflow_ext.embedding import optimizers
@@ -29,6 +31,7 @@ _OPTIMIZERS = {
     "Adadelta": lambda: _train.AdadeltaOptimizer(0.1),
     "ProximalAdagrad": lambda: _train.ProximalAdagradOptimizer(0.1, initial_accumulator_value=0.6),
     "ProximalGradientDescent": lambda: _train.ProximalGradientDescentOptimizer(0.1),
+    "RowwiseAdagrad": lambda: tf_ext.RowwiseAdagradOptimizer(0.1, initial_accumulator_value=0.4),
 }
 
 
@@ -77,6 +80,7 @@ def test_typed_wrappers_take_the_spec_hyper_parameters_and_flags(spec):
         "Adam": embedding_ops.sparse_apply_adam,
         "Ftrl": embedding_ops.sparse_apply_ftrl,
         "RMSProp": embedding_ops.sparse_apply_rmsprop,
+        "RowwiseAdagrad": embedding_ops.sparse_apply_rowwise_adagrad,
     }[spec.name]
     params = set(inspect.signature(wrapper).parameters)
     common = {"table_handle", "keys", "grad", "step", "dim", "slot_offset", "name"}
@@ -85,7 +89,8 @@ def test_typed_wrappers_take_the_spec_hyper_parameters_and_flags(spec):
 
 @pytest.mark.parametrize("name", sorted(_OPTIMIZERS))
 def test_slots_and_initial_values_are_tfs(name):
-    """The spec's slots of an optimizer are the ones TF makes for a dense variable, with TF's initial values."""
+    """The spec's slots of an optimizer are the ones TF makes for a dense variable, with TF's initial values; a
+    row-wise slot (one column in an embedding's rows) is one value per row of the dense variable."""
     with tf.Graph().as_default():
         opt = _OPTIMIZERS[name]()
         spec = optimizer_spec.for_optimizer(opt)
@@ -95,12 +100,13 @@ def test_slots_and_initial_values_are_tfs(name):
         tf_slots = sorted(opt.get_slot_names())
         ours = spec.slots_of(opt)
         assert sorted(n for n, _ in ours) == tf_slots
+        widths = spec.slot_widths(opt, 2)
         with tf.compat.v1.Session() as sess:
             sess.run(tf.compat.v1.global_variables_initializer())
-            for slot_name, initial in ours:
+            for (slot_name, initial), width in zip(ours, widths):
                 np.testing.assert_allclose(
                     sess.run(opt.get_slot(var, slot_name).initialized_value()),
-                    np.full([3, 2], initial, np.float32),
+                    np.full([3, 2] if width == 2 else [3], initial, np.float32),
                     err_msg=slot_name,
                 )
 
@@ -127,6 +133,14 @@ def test_flags_follow_the_optimizer():
         assert spec.slot_names(spec.flag_values(plain)) == ("rms", "momentum")
         assert embedding_ops.num_slots("RMSProp", centered=True) == 3
         assert embedding_ops.num_slots("Adam") == 2
+
+
+def test_slot_widths_are_dim_or_one_column_for_a_rowwise_slot():
+    with tf.Graph().as_default():
+        rowwise, adam = _OPTIMIZERS["RowwiseAdagrad"](), _OPTIMIZERS["Adam"]()
+        assert optimizer_spec.for_optimizer(rowwise).slot_widths(rowwise, 16) == [1]
+        assert optimizer_spec.for_optimizer(adam).slot_widths(adam, 16) == [16, 16]
+        assert [s.name for s in optimizer_spec.SPECS if any(slot.rowwise for slot in s.slots)] == ["RowwiseAdagrad"]
 
 
 def test_unknown_optimizers_and_flags_are_named():

@@ -6,7 +6,11 @@
 // tf.load_op_library). Compiled in CI; never run here: the TensorFlow wheel tested with is CPU-only (no GPU device
 // exists to place the ops on), and the GPU machines have no TensorFlow.
 //
-// Limitations: int64 keys and float32 rows only; Export's frequencies saturate at 2^32 - 1 (the CPU table's too);
+// Rows are float32, or their leading compact_cols columns bfloat16 / float16 (the handle's storage, compact_cols and
+// rounding attrs, as the CPU table's); every op reads and writes float32 columns.
+//
+// Limitations: int64 keys only; int8_row storage (a serving format) is refused; Export's frequencies saturate at
+// 2^32 - 1 (the CPU table's too);
 // the ops that read or write a table's change log, import, evict or export by version run on CPU tables only.
 #define EIGEN_USE_GPU
 
@@ -21,6 +25,7 @@
 #include "tensorflow_ext/table/gpu/bucket_table.h"
 #include "tensorflow_ext/table/gpu/device_backend.h"
 #include "tensorflow_ext/table/kernels/column_range.h"
+#include "tensorflow_ext/table/kernels/storage_attrs.h"
 
 namespace tfext {
 namespace table {
@@ -50,18 +55,20 @@ Status ToStatus(const std::string& err) {
 
 class GpuTableResource : public tensorflow::ResourceBase {
  public:
-  GpuTableResource(int64_t dim, std::vector<float> column_defaults)
-      : dim_(dim), defaults_(std::move(column_defaults)) {}
+  GpuTableResource(int64_t dim, std::vector<float> column_defaults, const GpuTableOptions& options)
+      : dim_(dim), defaults_(std::move(column_defaults)), options_(options) {}
   ~GpuTableResource() override {
     if (d_defaults_) cudaFree(d_defaults_);
   }
 
   std::string DebugString() const override {
-    return "tf_ext GPU table (dim=" + std::to_string(dim_) + ", width=" + std::to_string(table_.width()) + ")";
+    return "tf_ext GPU table (dim=" + std::to_string(dim_) + ", width=" + std::to_string(table_.width()) +
+           ", storage=" + RowStorageName(options_.storage) + ", compact_cols=" + std::to_string(options_.compact_cols) +
+           ", rounding=" + RoundingName(options_.rounding) + ")";
   }
 
-  Status Init(const GpuTableOptions& options) {
-    TF_RETURN_IF_ERROR(ToStatus(table_.Init(options)));
+  Status Init() {
+    TF_RETURN_IF_ERROR(ToStatus(table_.Init(options_)));
     if (defaults_.empty()) return tensorflow::OkStatus();
     const size_t bytes = defaults_.size() * sizeof(float);
     cudaError_t err = cudaMalloc(&d_defaults_, bytes);
@@ -71,6 +78,11 @@ class GpuTableResource : public tensorflow::ResourceBase {
 
   int64_t dim() const { return dim_; }
   int64_t width() const { return table_.width(); }
+  // The same table: width and row storage.
+  bool SameAs(const GpuTableOptions& o) const {
+    return o.width == options_.width && o.storage == options_.storage && o.compact_cols == options_.compact_cols &&
+           o.rounding == options_.rounding;
+  }
   // column_defaults on the device (null: zeros).
   const float* device_defaults() const { return d_defaults_; }
   // The table, driven on the op's stream; callers hold mu().
@@ -83,6 +95,7 @@ class GpuTableResource : public tensorflow::ResourceBase {
  private:
   const int64_t dim_;
   const std::vector<float> defaults_;
+  const GpuTableOptions options_;
   float* d_defaults_ = nullptr;
   tensorflow::mutex mu_;
   BucketTable<DeviceBackend> table_;
@@ -102,6 +115,12 @@ class GpuTableHandleOp : public OpKernel {
                 InvalidArgument("column_defaults must be empty or hold width=", options_.width, " values, got ",
                                 defaults_.size()));
     OP_REQUIRES_OK(ctx, ctx->GetAttr("initial_capacity", &options_.initial_capacity));
+    std::string storage, rounding;
+    OP_REQUIRES_OK(ctx, ctx->GetAttr("storage", &storage));
+    OP_REQUIRES_OK(ctx, ParseRowStorage(storage, &options_.storage));
+    OP_REQUIRES_OK(ctx, ctx->GetAttr("compact_cols", &options_.compact_cols));
+    OP_REQUIRES_OK(ctx, ctx->GetAttr("rounding", &rounding));
+    OP_REQUIRES_OK(ctx, ParseRounding(rounding, &options_.rounding));
     const std::string problem = ValidateGpuTableOptions(options_);
     OP_REQUIRES(ctx, problem.empty(), InvalidArgument(problem));
     OP_REQUIRES_OK(ctx, ctx->GetAttr("use_node_name_sharing", &use_node_name_sharing_));
@@ -115,8 +134,8 @@ class GpuTableHandleOp : public OpKernel {
     GpuTableResource* table = nullptr;
     OP_REQUIRES_OK(ctx, cinfo_.resource_manager()->LookupOrCreate<GpuTableResource>(
                             cinfo_.container(), cinfo_.name(), &table, [this](GpuTableResource** ret) {
-                              auto* t = new GpuTableResource(dim_, defaults_);
-                              const Status s = t->Init(options_);
+                              auto* t = new GpuTableResource(dim_, defaults_, options_);
+                              const Status s = t->Init();
                               if (!s.ok()) {
                                 t->Unref();
                                 return s;
@@ -125,7 +144,7 @@ class GpuTableHandleOp : public OpKernel {
                               return tensorflow::OkStatus();
                             }));
     tensorflow::core::ScopedUnref unref(table);
-    OP_REQUIRES(ctx, table->dim() == dim_ && table->width() == options_.width,
+    OP_REQUIRES(ctx, table->dim() == dim_ && table->SameAs(options_),
                 tensorflow::errors::FailedPrecondition("tf_ext GPU table '", cinfo_.name(), "' already exists as ",
                                                        table->DebugString()));
     initialized_ = true;

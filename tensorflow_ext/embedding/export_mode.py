@@ -1,8 +1,11 @@
 """The modes in which dynamic embeddings are built and checkpointed: frozen serving tables, SavedModel exports, and
 the Saver's save or restore build.
 
-* `freeze_for_serving()` / `freezing()`: embeddings created inside the scope (in this thread) are read-only serving
-  tables (`tensorflow_ext.serving` re-exports both: that is where users find them).
+* `freeze_for_serving(value_dtype)` / `freezing()`: embeddings created inside the scope (in this thread) are read-only
+  serving tables (`tensorflow_ext.serving` re-exports both: that is where users find them).
+* `export_rows(value_dtype)`: embeddings created inside the scope keep plain (mutable) tables whose embedding columns
+  are stored as `value_dtype`, for a lean export. `serving_storage()` is the storage name the innermost of the two
+  scopes asks for (both set it the same way: one mechanism for frozen and plain exports).
 * `in_saved_model_export()`: whether TF's SavedModel export is on the call stack (the Builder's `add_meta_graph*`,
   the Estimator's export of a mode); the Savers built there write and read lean tables (keys and embeddings only).
 * `saver_build()`: what the Saver being built in this thread asks a saveable for: its save tensors or its restore
@@ -20,14 +23,45 @@ import contextlib
 import threading
 
 from tensorflow_ext import tf_compat
+from tensorflow_ext.table import refs
 
-__all__ = ["SaverBuild", "freeze_for_serving", "freezing", "in_saved_model_export", "saver_build"]
+__all__ = [
+    "SaverBuild",
+    "export_rows",
+    "freeze_for_serving",
+    "freezing",
+    "in_saved_model_export",
+    "saver_build",
+    "serving_storage",
+    "table_storage",
+]
 
 _state = threading.local()
 
 
+def _serving_storage_name(value_dtype, scope):
+    """The storage name of `value_dtype` for a serving export, or a ValueError naming the supported dtypes."""
+    try:
+        return refs.storage_name(value_dtype)
+    except ValueError:
+        raise ValueError(
+            "%s(value_dtype=%r): serving rows are stored as one of %s"
+            % (scope, value_dtype, ", ".join("tf." + refs.storage_dtype(name).name for name in refs.STORAGES))
+        ) from None
+
+
 @contextlib.contextmanager
-def freeze_for_serving():
+def _serving_scope(frozen, storage):
+    scopes = getattr(_state, "serving_scopes", [])
+    _state.serving_scopes = scopes + [(frozen, storage)]
+    try:
+        yield
+    finally:
+        _state.serving_scopes = scopes
+
+
+@contextlib.contextmanager
+def freeze_for_serving(value_dtype=None):
     """Dynamic embeddings created inside this scope (in this thread) are frozen read-only serving tables.
 
     Use it around `Estimator.export_saved_model(...)`, or around the building of an inference graph that a
@@ -35,23 +69,76 @@ def freeze_for_serving():
     keys and embedding values; the SavedModel then loads into frozen tables in any process that imported
     tensorflow_ext.
 
+    Args:
+      value_dtype: how the frozen tables store their rows: tf.float32, tf.bfloat16, tf.float16 (rounded to
+        nearest) or tf.int8 (int8 rows: a uint8 per column plus a per-row fp16 scale and bias; every value within
+        scale / 2 of the trained one). None: the embedding's own `value_dtype` (tf.float32 unless it was created
+        with another). Lookups return float32 rows whatever the storage.
+
     Yields:
       None.
+
+    Raises:
+      ValueError: another dtype, naming the supported ones.
     """
-    _state.depth = getattr(_state, "depth", 0) + 1
-    try:
+    storage = None if value_dtype is None else _serving_storage_name(value_dtype, "freeze_for_serving")
+    with _serving_scope(True, storage):
         yield
-    finally:
-        _state.depth -= 1
+
+
+@contextlib.contextmanager
+def export_rows(value_dtype):
+    """Dynamic embeddings created inside this scope (in this thread) store their embedding columns as
+    `value_dtype` in plain (lean-export) tables: the same choice as `freeze_for_serving(value_dtype)`, for an export
+    that keeps mutable tables.
+
+    Args:
+      value_dtype: tf.float32, tf.bfloat16, tf.float16 or tf.int8 (as for `freeze_for_serving`). A table with int8
+        rows is a serving table: it is never trained (applying an optimizer to it is an error).
+
+    Yields:
+      None.
+
+    Raises:
+      ValueError: another dtype, naming the supported ones.
+    """
+    storage = _serving_storage_name(value_dtype, "export_rows")
+    with _serving_scope(False, storage):
+        yield
 
 
 def freezing():
-    """True inside `freeze_for_serving()` (in this thread).
+    """True when the innermost serving scope of this thread is `freeze_for_serving()`.
 
     Returns:
       bool.
     """
-    return getattr(_state, "depth", 0) > 0
+    scopes = getattr(_state, "serving_scopes", [])
+    return bool(scopes) and scopes[-1][0]
+
+
+def serving_storage():
+    """The storage name ("float32", "bfloat16", "float16", "int8_row") the innermost serving scope of this thread
+    asks for, or None (outside both scopes, or inside `freeze_for_serving()` with no value_dtype: the embedding's
+    own storage).
+
+    Returns:
+      str or None.
+    """
+    scopes = getattr(_state, "serving_scopes", [])
+    return scopes[-1][1] if scopes else None
+
+
+def table_storage(storage, compact_slots, rounding):
+    """(storage, compact_slots, rounding) of a table created now, from the embedding's own: inside a serving scope
+    that names a value_dtype, its storage for the embedding columns, rounded to nearest (an export's rows are
+    written once, by its restore), with float32 slot columns; else the embedding's own, unchanged.
+
+    Returns:
+      (str, bool, str).
+    """
+    serving = serving_storage()
+    return (storage, compact_slots, rounding) if serving is None else (serving, False, "nearest")
 
 
 def in_saved_model_export():

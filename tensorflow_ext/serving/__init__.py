@@ -17,10 +17,16 @@ metadata, no growth headroom and no locks on lookups. Wrap the export in it::
 or build the inference graph of a Builder export inside it. Lookups of a frozen embedding return the rows of known
 keys and the initializer's constant (zeros for random initializers) for other keys; nothing can insert, update or
 remove a key of a frozen table, and applying an optimizer to one is a ValueError.
+
+**Compact rows (opt in).** `freeze_for_serving(value_dtype=...)` stores the frozen rows as tf.float32, tf.bfloat16,
+tf.float16 (rounded to nearest) or tf.int8 (int8 rows: a uint8 per column plus a per-row fp16 scale and bias, every
+value within scale / 2 of the trained one); `export_rows(value_dtype)` makes the same choice for a lean export's
+plain tables. Lookups decode inside the kernel and return float32 rows; a table of int8 rows is never trained.
 """
 
+from tensorflow_ext.embedding.export_mode import export_rows
 from tensorflow_ext.embedding.export_mode import freeze_for_serving
 from tensorflow_ext.embedding.export_mode import freezing
 from tensorflow_ext.embedding.export_mode import in_saved_model_export
 
-__all__ = ["freeze_for_serving", "freezing", "in_saved_model_export"]
+__all__ = ["export_rows", "freeze_for_serving", "freezing", "in_saved_model_export"]

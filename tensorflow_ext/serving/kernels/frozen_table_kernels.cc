@@ -7,6 +7,12 @@
 // builds a new table aside and swaps the pointer: lookups running meanwhile
 // finish on the old table, later ones see the new one. No op writes into a
 // built table: FrozenTable has no mutating member.
+//
+// The handle's `storage` attr ("float32", "bfloat16", "float16", "int8_row":
+// table/kernels/storage_attrs.h) is how the table stores its rows; every op
+// still reads and writes float32 rows (Find and Export decode, Build rounds
+// or quantizes). A shared table reopened with another dim or storage is an
+// error naming both.
 
 #include <cstring>
 #include <memory>
@@ -28,11 +34,13 @@
 #include "tensorflow/core/platform/mutex.h"
 #include "tensorflow/core/util/work_sharder.h"
 #include "tensorflow_ext/table/core/frozen_table.h"
+#include "tensorflow_ext/table/kernels/storage_attrs.h"
 
 namespace tfext {
 namespace {
 
 using table::FrozenTable;
+using table::RowStorage;
 using tensorflow::DataTypeString;
 using tensorflow::DEVICE_CPU;
 using tensorflow::DT_FLOAT;
@@ -52,9 +60,11 @@ using tensorflow::shape_inference::ShapeHandle;
 
 class FrozenTableResource : public tensorflow::ResourceBase {
  public:
-  explicit FrozenTableResource(int64_t dim) : dim_(dim), table_(FrozenTable::Build(nullptr, nullptr, 0, dim)) {}
+  FrozenTableResource(int64_t dim, RowStorage storage)
+      : dim_(dim), storage_(storage), table_(FrozenTable::Build(nullptr, nullptr, 0, dim, storage)) {}
 
   int64_t dim() const { return dim_; }
+  RowStorage storage() const { return storage_; }
 
   // The current table; the caller reads it with no lock held.
   std::shared_ptr<const FrozenTable> Get() const {
@@ -74,13 +84,15 @@ class FrozenTableResource : public tensorflow::ResourceBase {
 
   std::string DebugString() const override {
     auto t = Get();
-    return "tf_ext frozen table (dim=" + std::to_string(dim_) + ", " + std::to_string(t->size()) + " keys)";
+    return "tf_ext frozen table (dim=" + std::to_string(dim_) + ", storage=" + RowStorageName(storage_) + ", " +
+           std::to_string(t->size()) + " keys)";
   }
 
   int64_t MemoryUsed() const override { return Get()->memory_bytes(); }
 
  private:
   const int64_t dim_;
+  const RowStorage storage_;
   mutable tensorflow::mutex mu_;
   std::shared_ptr<const FrozenTable> table_ TF_GUARDED_BY(mu_);
 };
@@ -108,6 +120,9 @@ class FrozenTableHandleOp : public OpKernel {
     OP_REQUIRES_OK(ctx, ctx->GetAttr("dim", &dim_));
     OP_REQUIRES(ctx, dim_ >= 1, InvalidArgument("dim must be >= 1, got ", dim_));
     OP_REQUIRES_OK(ctx, ctx->GetAttr("use_node_name_sharing", &use_node_name_sharing_));
+    std::string storage;
+    OP_REQUIRES_OK(ctx, ctx->GetAttr("storage", &storage));
+    OP_REQUIRES_OK(ctx, ParseRowStorage(storage, &storage_));
   }
 
   ~FrozenTableHandleOp() override {
@@ -123,10 +138,11 @@ class FrozenTableHandleOp : public OpKernel {
     }
     FrozenTableResource* table = nullptr;
     const int64_t dim = dim_;
+    const RowStorage storage = storage_;
     OP_REQUIRES_OK(ctx, cinfo_.resource_manager()->LookupOrCreate<FrozenTableResource>(
-                            cinfo_.container(), cinfo_.name(), &table, [dim](FrozenTableResource** ret) {
+                            cinfo_.container(), cinfo_.name(), &table, [dim, storage](FrozenTableResource** ret) {
                               try {
-                                *ret = new FrozenTableResource(dim);
+                                *ret = new FrozenTableResource(dim, storage);
                               } catch (const std::bad_alloc&) {
                                 return tensorflow::errors::ResourceExhausted("cannot allocate a frozen table");
                               }
@@ -137,6 +153,11 @@ class FrozenTableHandleOp : public OpKernel {
                 tensorflow::errors::FailedPrecondition("tf_ext frozen table '", cinfo_.name(),
                                                        "' already exists with dim=", table->dim(),
                                                        " but this op asks for dim=", dim_));
+    OP_REQUIRES(
+        ctx, table->storage() == storage_,
+        tensorflow::errors::FailedPrecondition("tf_ext frozen table '", cinfo_.name(),
+                                               "' already exists with storage=", RowStorageName(table->storage()),
+                                               " but this op asks for storage=", RowStorageName(storage_)));
     initialized_ = true;
     Tensor* handle = nullptr;
     OP_REQUIRES_OK(ctx, ctx->allocate_output(0, TensorShape({}), &handle));
@@ -150,6 +171,7 @@ class FrozenTableHandleOp : public OpKernel {
   tensorflow::ContainerInfo cinfo_;
   bool use_node_name_sharing_ = false;
   int64_t dim_ = 1;
+  RowStorage storage_ = RowStorage::kFloat32;
 };
 
 // ---------------------------------------------------------------------------
@@ -197,7 +219,8 @@ class FrozenTableFindOp : public OpKernel {
 };
 
 // ---------------------------------------------------------------------------
-// TfExtFrozenTableBuild: handle, keys [n], values [n, dim]: replaces the table's contents.
+// TfExtFrozenTableBuild: handle, keys [n], values [n, dim]: replaces the table's contents, stored as the handle's
+// storage (an int8_row table refuses a row with a value that is not finite or beyond the fp16 range, naming its key).
 
 class FrozenTableBuildOp : public OpKernel {
  public:
@@ -215,7 +238,8 @@ class FrozenTableBuildOp : public OpKernel {
                                 " floats per key), got shape ", values.shape().DebugString()));
     std::shared_ptr<const FrozenTable> t;
     try {
-      t = FrozenTable::Build(keys.flat<int64_t>().data(), values.flat<float>().data(), keys.dim_size(0), dim);
+      t = FrozenTable::Build(keys.flat<int64_t>().data(), values.flat<float>().data(), keys.dim_size(0), dim,
+                             res->storage());
     } catch (const std::invalid_argument& e) {
       ctx->CtxFailure(InvalidArgument(e.what(), " (table ", res->DebugString(), ")"));
       return;
@@ -229,7 +253,7 @@ class FrozenTableBuildOp : public OpKernel {
 };
 
 // ---------------------------------------------------------------------------
-// TfExtFrozenTableExport: handle -> keys [n], values [n, dim]
+// TfExtFrozenTableExport: handle -> keys [n], values [n, dim] (decoded float32 rows)
 
 class FrozenTableExportOp : public OpKernel {
  public:
@@ -245,7 +269,7 @@ class FrozenTableExportOp : public OpKernel {
     OP_REQUIRES_OK(ctx, ctx->allocate_output(1, TensorShape({n, t->dim()}), &values));
     if (n == 0) return;
     std::memcpy(keys->flat<int64_t>().data(), t->keys(), n * sizeof(int64_t));
-    std::memcpy(values->flat<float>().data(), t->values(), n * t->dim() * sizeof(float));
+    t->ExportRows(values->flat<float>().data());
   }
 };
 
@@ -286,6 +310,7 @@ Status HandleInput(InferenceContext* c) {
 REGISTER_OP("TfExtFrozenTableHandle")
     .Output("table_handle: resource")
     .Attr("dim: int")
+    .Attr("storage: string = 'float32'")
     .Attr("container: string = ''")
     .Attr("shared_name: string = ''")
     .Attr("use_node_name_sharing: bool = false")

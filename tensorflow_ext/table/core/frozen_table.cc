@@ -17,15 +17,45 @@ uint64_t FrozenTable::Bucket(int64_t key) const {
   return bucket_bits_ == 0 ? 0 : Murmur3Fmix64(static_cast<uint64_t>(key)) >> (64 - bucket_bits_);
 }
 
-std::shared_ptr<const FrozenTable> FrozenTable::Build(const int64_t* keys, const float* values, int64_t n,
-                                                      int64_t dim) {
+namespace {
+
+// Throws std::invalid_argument naming `key` when an int8 row cannot hold `row` within its error bound.
+void CheckInt8Row(int64_t key, const float* row, int64_t dim) {
+  constexpr float kFloat16Max = 65504.0f;
+  for (int64_t c = 0; c < dim; ++c) {
+    if (!RowIsFinite(row + c, 1)) {
+      throw std::invalid_argument("frozen table: the row of key " + std::to_string(key) + " holds " +
+                                  std::to_string(row[c]) + " in column " + std::to_string(c) +
+                                  ": int8 rows hold finite values only");
+    }
+    if (row[c] > kFloat16Max || row[c] < -kFloat16Max) {
+      throw std::invalid_argument("frozen table: the row of key " + std::to_string(key) + " holds " +
+                                  std::to_string(row[c]) + " in column " + std::to_string(c) +
+                                  ": int8 rows hold values in [-65504, 65504] only (their scale and bias are fp16)");
+    }
+  }
+}
+
+}  // namespace
+
+std::shared_ptr<const FrozenTable> FrozenTable::Build(const int64_t* keys, const float* values, int64_t n, int64_t dim,
+                                                      RowStorage storage) {
   if (dim < 1) throw std::invalid_argument("frozen table: dim must be >= 1, got " + std::to_string(dim));
   if (n < 0 || n > kMaxKeys) {
     throw std::invalid_argument("frozen table: the number of keys must be in [0, " + std::to_string(kMaxKeys) +
                                 "], got " + std::to_string(n));
   }
+  if (storage != RowStorage::kFloat32 && storage != RowStorage::kBFloat16 && storage != RowStorage::kFloat16 &&
+      storage != RowStorage::kInt8Row) {
+    throw std::invalid_argument("frozen table: unknown row storage " + std::to_string(static_cast<int>(storage)));
+  }
+  if (storage == RowStorage::kInt8Row) {
+    for (int64_t i = 0; i < n; ++i) CheckInt8Row(keys[i], values + i * dim, dim);
+  }
   std::shared_ptr<FrozenTable> t(new FrozenTable());
   t->dim_ = dim;
+  t->storage_ = storage;
+  t->row_bytes_ = CompactBytes(storage, dim);
   // About 1 to 2 keys per bucket: 2 to 4 directory bytes per key.
   int bits = 0;
   while ((int64_t{1} << (bits + 1)) <= n) ++bits;
@@ -61,37 +91,75 @@ std::shared_ptr<const FrozenTable> FrozenTable::Build(const int64_t* keys, const
     }
   }
   t->keys_.resize(static_cast<size_t>(n));
-  t->values_.resize(static_cast<size_t>(n * dim));
+  const int64_t row_floats = t->row_bytes_ / 4;
+  t->rows_.resize(static_cast<size_t>(n * row_floats));
   for (int64_t j = 0; j < n; ++j) {
     const int64_t i = order[j];
     t->keys_[j] = keys[i];
-    std::memcpy(t->values_.data() + j * dim, values + i * dim, sizeof(float) * dim);
+    float* area = t->rows_.data() + j * row_floats;
+    if (storage == RowStorage::kInt8Row) {
+      EncodeInt8Row(values + i * dim, dim, area);
+    } else {
+      EncodeElements(storage, values + i * dim, 0, dim, area, Rounding::kNearest, keys[i], 0);
+    }
   }
   return t;
 }
 
-const float* FrozenTable::FindRow(int64_t key) const {
-  if (keys_.empty()) return nullptr;
+int64_t FrozenTable::IndexOf(int64_t key) const {
+  if (keys_.empty()) return -1;
   const uint64_t b = Bucket(key);
   const uint32_t end = bucket_start_[b + 1];
   for (uint32_t j = bucket_start_[b]; j < end; ++j) {
-    if (keys_[j] == key) return values_.data() + static_cast<int64_t>(j) * dim_;
+    if (keys_[j] == key) return j;
     if (keys_[j] > key) break;  // sorted inside the bucket
   }
-  return nullptr;
+  return -1;
+}
+
+void FrozenTable::DecodeRow(RowStorage storage, int64_t index, float* out) const {
+  const float* area = rows_.data() + index * (row_bytes_ / 4);
+  if (storage == RowStorage::kInt8Row) {
+    DecodeInt8Row(area, dim_, 0, dim_, out);
+  } else {
+    DecodeElements(storage, area, 0, dim_, out);
+  }
+}
+
+// One instantiation per storage, so that the float32 lookup stays a plain copy with no per-row branch.
+template <RowStorage kStorage>
+void FrozenTable::FindStored(const int64_t* keys, int64_t n, float* out, bool* found, const float* default_row) const {
+  for (int64_t i = 0; i < n; ++i) {
+    const int64_t j = IndexOf(keys[i]);
+    if (j >= 0) {
+      DecodeRow(kStorage, j, out + i * dim_);
+    } else {
+      std::memcpy(out + i * dim_, default_row, sizeof(float) * dim_);
+    }
+    if (found != nullptr) found[i] = j >= 0;
+  }
 }
 
 void FrozenTable::Find(const int64_t* keys, int64_t n, float* out, bool* found, const float* default_row) const {
-  for (int64_t i = 0; i < n; ++i) {
-    const float* row = FindRow(keys[i]);
-    std::memcpy(out + i * dim_, row != nullptr ? row : default_row, sizeof(float) * dim_);
-    if (found != nullptr) found[i] = row != nullptr;
+  switch (storage_) {
+    case RowStorage::kFloat32:
+      return FindStored<RowStorage::kFloat32>(keys, n, out, found, default_row);
+    case RowStorage::kBFloat16:
+      return FindStored<RowStorage::kBFloat16>(keys, n, out, found, default_row);
+    case RowStorage::kFloat16:
+      return FindStored<RowStorage::kFloat16>(keys, n, out, found, default_row);
+    case RowStorage::kInt8Row:
+      return FindStored<RowStorage::kInt8Row>(keys, n, out, found, default_row);
   }
+}
+
+void FrozenTable::ExportRows(float* out) const {
+  for (int64_t j = 0; j < size(); ++j) DecodeRow(storage_, j, out + j * dim_);
 }
 
 int64_t FrozenTable::memory_bytes() const {
   return static_cast<int64_t>(sizeof(FrozenTable) + bucket_start_.capacity() * sizeof(uint32_t) +
-                              keys_.capacity() * sizeof(int64_t) + values_.capacity() * sizeof(float));
+                              keys_.capacity() * sizeof(int64_t) + rows_.capacity() * sizeof(float));
 }
 
 }  // namespace table

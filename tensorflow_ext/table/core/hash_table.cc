@@ -167,19 +167,33 @@ static_assert(kMaxShardBits <= 31 && RowRefShard(MakeRowRef(7, 0xFFFFFFFFu)) == 
                   RowRefId(MakeRowRef(7, 0xFFFFFFFFu)) == 0xFFFFFFFFu,
               "a row reference round-trips every shard index and 32-bit row id");
 
-// Row layout (hash_table.h): [int64 key | width floats | int64 version |
-// uint32 frequency], packed, rows one stride (RowBytes) apart in chunks that
-// are 64-byte aligned.
+// Row layout (hash_table.h): [int64 key | values | int64 version | uint32
+// frequency], packed, rows one stride (RowBytes) apart in chunks that are
+// 64-byte aligned. The values are the compact area of the leading
+// compact_cols columns (row_codec.h: CompactBytes, padded to 4 bytes), then
+// the other columns as float32; a plain row has no compact area.
 constexpr size_t kValuesOffset = sizeof(int64_t);
-constexpr size_t VersionOffset(int64_t width) { return kValuesOffset + sizeof(float) * static_cast<size_t>(width); }
-constexpr size_t FrequencyOffset(int64_t width) { return VersionOffset(width) + sizeof(int64_t); }
-constexpr size_t RowBytes(int64_t width) { return FrequencyOffset(width) + sizeof(uint32_t); }
-static_assert(RowBytes(1) == 24 && RowBytes(64) == 276,
-              "a row is 20 + 4 * width bytes, as hash_table.h states (memory budgets and docs rely on it)");
+constexpr size_t ValuesBytes(RowStorage storage, int64_t compact_cols, int64_t width) {
+  return static_cast<size_t>(CompactBytes(storage, compact_cols)) +
+         sizeof(float) * static_cast<size_t>(width - compact_cols);
+}
+constexpr size_t VersionOffset(size_t values_bytes) { return kValuesOffset + values_bytes; }
+constexpr size_t FrequencyOffset(size_t values_bytes) { return VersionOffset(values_bytes) + sizeof(int64_t); }
+constexpr size_t RowBytes(size_t values_bytes) { return FrequencyOffset(values_bytes) + sizeof(uint32_t); }
+constexpr size_t PlainRowBytes(int64_t width) { return RowBytes(ValuesBytes(RowStorage::kFloat32, 0, width)); }
+static_assert(PlainRowBytes(1) == 24 && PlainRowBytes(64) == 276,
+              "a float32 row is 20 + 4 * width bytes, as hash_table.h states (memory budgets and docs rely on it)");
+static_assert(RowBytes(ValuesBytes(RowStorage::kBFloat16, 16, 17)) == 56 &&
+                  RowBytes(ValuesBytes(RowStorage::kFloat16, 32, 32)) == 84 &&
+                  RowBytes(ValuesBytes(RowStorage::kInt8Row, 16, 16)) == 40 &&
+                  RowBytes(ValuesBytes(RowStorage::kFloat32, 16, 17)) == PlainRowBytes(17),
+              "a compact row is 20 + CompactBytes(storage, compact_cols) + 4 * (width - compact_cols) bytes, as "
+              "hash_table.h states (dim 16 in bf16 + a row-wise accumulator: 56 B)");
 static_assert(sizeof(float) == 4 && kValuesOffset % alignof(float) == 0 && RowBytes(0) % alignof(float) == 0 &&
-                  64 % alignof(float) == 0,
-              "every row's floats are accessed as float*: the stride and the values offset must keep them aligned "
-              "in 64-byte aligned chunks (the 8-byte fields are read with memcpy instead)");
+                  CompactBytes(RowStorage::kBFloat16, 1) % alignof(float) == 0 &&
+                  CompactBytes(RowStorage::kInt8Row, 1) % alignof(float) == 0 && 64 % alignof(float) == 0,
+              "every row's float32 columns are accessed as float*: the stride, the values offset and the compact "
+              "area must keep them aligned in 64-byte aligned chunks (the 8-byte fields are read with memcpy)");
 
 // Rows have a 4-byte stride, so 8-byte fields may be unaligned: memcpy is
 // the portable way to say "unaligned load" and compiles to one mov on x86.
@@ -238,6 +252,19 @@ inline void CopyFloats(float* dst, const float* src, int64_t n) {
   int64_t c = 0;
   for (; c + 4 <= n; c += 4) std::memcpy(dst + c, src + c, 4 * sizeof(float));
   for (; c < n; ++c) dst[c] = src[c];
+}
+
+// Per-thread float32 buffers for compact rows (see HashTable::Impl's
+// columns section), one per use so that one never overwrites another in use:
+// kRow, a row or column range an operation decodes, changes and encodes
+// back (Update's fn and RemoveIf's pred see it); kInit, FindOrInsertWith's
+// batch of new rows for init; kCodec, an int8 row being requantized.
+enum class Scratch { kRow = 0, kInit = 1, kCodec = 2 };
+float* ThreadScratch(Scratch use, size_t floats) {
+  thread_local std::vector<float> buffers[3];
+  std::vector<float>& buffer = buffers[static_cast<int>(use)];
+  if (buffer.size() < floats) buffer.resize(floats);
+  return buffer.data();
 }
 
 // For the batched writers that have no per-key input or output rows.
@@ -922,10 +949,19 @@ struct HashTable::Impl {
   // ---- layout ----
   TableOptions options;
   int64_t width;
-  size_t values_offset = kValuesOffset;  // row = [key | floats | version | frequency]
+  size_t values_offset = kValuesOffset;  // row = [key | values | version | frequency]
   size_t version_offset;
   size_t frequency_offset;
-  size_t stride;  // RowBytes(width)
+  size_t stride;  // RowBytes(values_bytes)
+  // Compact rows (TableOptions::storage): the values are the compact area
+  // of columns [0, compact_cols) in `storage`, then float32 columns from
+  // floats_offset on. compact is false for plain float32 rows (kFloat32 or
+  // compact_cols 0): then values are width floats and compact_cols is 0.
+  bool compact;
+  RowStorage storage;
+  int64_t compact_cols;
+  size_t values_bytes;   // ValuesBytes(storage, compact_cols, width)
+  size_t floats_offset;  // values_offset + CompactBytes(storage, compact_cols)
   // Chunks: a shard's rows [0, 2^chunk_shift) are in small chunks of
   // 2^first_chunk_shift rows, then doubling (see kFirstChunkRows); every
   // chunk after them holds 2^chunk_shift rows (chunk_bytes). Without small
@@ -998,8 +1034,16 @@ struct HashTable::Impl {
     const char* chunk = __builtin_expect(full != 0, 1) ? s.full_chunks[full] : s.chunks[ChunkOf(id)];
     return reinterpret_cast<char*>(reinterpret_cast<uintptr_t>(chunk) + static_cast<uintptr_t>(id) * stride);
   }
-  float* Values(char* row) const { return reinterpret_cast<float*>(row + values_offset); }
-  const float* Values(const char* row) const { return reinterpret_cast<const float*>(row + values_offset); }
+  // The width floats of a plain row (compact rows go through ReadColumns /
+  // WriteColumns).
+  float* Values(char* row) const {
+    TFEXT_DCHECK(!compact, "only a plain row's values are floats");
+    return reinterpret_cast<float*>(row + values_offset);
+  }
+  const float* Values(const char* row) const {
+    TFEXT_DCHECK(!compact, "only a plain row's values are floats");
+    return reinterpret_cast<const float*>(row + values_offset);
+  }
   KeyMeta LoadMeta(const char* row) const {
     KeyMeta m;
     m.version = LoadI64(row + version_offset);
@@ -1023,13 +1067,85 @@ struct HashTable::Impl {
     StoreI64(row + version_offset, version >= 0 ? version : 0);
     StoreU32(row + frequency_offset, count ? 1 : 0);
   }
-  void InitValues(char* row, const float* column_defaults) const {
-    if (column_defaults != nullptr) {
-      std::memcpy(Values(row), column_defaults, sizeof(float) * width);
+
+  // ---- columns ----
+  // Every read and write of a row's values goes through ReadColumns and
+  // WriteColumns (and InitValues for a new row's defaults): plain rows are
+  // copied, compact rows are decoded and encoded (row_codec.h). The plain
+  // branch comes first and inline, so float32 tables run the same copies as
+  // before compact rows existed.
+  //
+  // Reads columns [c0, c0 + n) of the row into dst as float32.
+  void ReadColumns(const char* row, int64_t c0, int64_t n, float* dst) const {
+    if (__builtin_expect(!compact, 1)) {
+      CopyFloats(dst, Values(row) + c0, n);
+      return;
+    }
+    ReadCompactColumns(row, c0, n, dst);
+  }
+  // Writes src into columns [c0, c0 + n) of the row. Compact columns round
+  // with `rounding`, stochastic rounding seeded by the row's key and the
+  // version stored in the row: so a writer stores the metadata first.
+  void WriteColumns(char* row, int64_t c0, int64_t n, const float* src, Rounding rounding) const {
+    if (__builtin_expect(!compact, 1)) {
+      CopyFloats(Values(row) + c0, src, n);
+      return;
+    }
+    EncodeColumns(row + values_offset, c0, n, src, rounding, LoadI64(row), LoadI64(row + version_offset));
+  }
+  void ReadCompactColumns(const char* row, int64_t c0, int64_t n, float* dst) const;
+  // Encodes src into columns [c0, c0 + n) of a values area (a row's, or a
+  // default row's image). An int8 row is quantized as a whole: a write of
+  // part of its compact columns decodes the others and encodes them again.
+  void EncodeColumns(char* values, int64_t c0, int64_t n, const float* src, Rounding rounding, int64_t key,
+                     int64_t version) const;
+  // Bytes [*first, *end) of a row that columns [c0, c0 + max(n, 1)) take
+  // (an int8 column needs its row's scale and bias: the whole compact area).
+  void ColumnBytes(int64_t c0, int64_t n, size_t* first, size_t* end) const;
+
+  // The values of a new row: column_defaults (width floats; null means
+  // zeros) as the row stores them, rounded to nearest. Made once per batch.
+  struct DefaultValues {
+    const void* bytes = nullptr;  // values_bytes bytes, or null: all-zero bytes (zeros in every storage)
+    std::vector<char> encoded;    // the compact image, when column_defaults is given for a compact table
+  };
+  void MakeDefaultValues(const float* column_defaults, DefaultValues* defaults) const {
+    if (!compact || column_defaults == nullptr) {
+      defaults->bytes = column_defaults;
+      return;
+    }
+    defaults->encoded.assign(values_bytes, 0);
+    EncodeColumns(defaults->encoded.data(), 0, width, column_defaults, Rounding::kNearest, 0, 0);
+    defaults->bytes = defaults->encoded.data();
+  }
+  void InitValues(char* row, const DefaultValues& defaults) const {
+    if (defaults.bytes != nullptr) {
+      std::memcpy(row + values_offset, defaults.bytes, values_bytes);
     } else {
-      std::memset(Values(row), 0, sizeof(float) * width);
+      std::memset(row + values_offset, 0, values_bytes);
     }
   }
+  // Runs fn (Update's callback) on the row's width floats and stores the
+  // metadata fn leaves. A compact row is decoded into a per-thread scratch
+  // row, which is encoded back with the table's rounding, seeded by the
+  // version fn set.
+  void ApplyToRow(char* row, int64_t i, KeyMeta* meta, const std::function<void(int64_t, float*, KeyMeta*)>& fn) const {
+    if (__builtin_expect(!compact, 1)) {
+      fn(i, Values(row), meta);
+      StoreMeta(row, *meta);
+      return;
+    }
+    float* scratch = ThreadScratch(Scratch::kRow, static_cast<size_t>(width));
+    ReadCompactColumns(row, 0, width, scratch);
+    fn(i, scratch, meta);
+    StoreMeta(row, *meta);
+    WriteColumns(row, 0, width, scratch, options.rounding);
+  }
+  // FindOrInsertWith (hash_table.h), the init's columns of new rows rounded
+  // with `init_rounding` (FindOrInsert's init_rows: to nearest).
+  void FindOrInsertWith(const int64_t* keys, int64_t n, int64_t col_begin, int64_t cols, const InitRows& init,
+                        const float* column_defaults, float* out, bool* inserted, bool count, int64_t version,
+                        const ParallelFor& pf, uint64_t* refs, Rounding init_rounding) const;
 
   uint64_t GrowAt(uint64_t capacity) const {
     TFEXT_DCHECK(IsPowerOfTwo(capacity), "index capacities are powers of two (I1)");
@@ -1395,9 +1511,14 @@ HashTable::Impl::Impl(const TableOptions& opts) : options(opts) {
   const std::string error = ValidateOptions(opts);
   if (!error.empty()) throw std::invalid_argument("tf_ext table: invalid options: " + error);
   width = opts.width;
-  version_offset = VersionOffset(width);
-  frequency_offset = FrequencyOffset(width);
-  stride = RowBytes(width);
+  compact = opts.storage != RowStorage::kFloat32 && opts.compact_cols > 0;
+  storage = compact ? opts.storage : RowStorage::kFloat32;
+  compact_cols = compact ? opts.compact_cols : 0;
+  values_bytes = ValuesBytes(storage, compact_cols, width);
+  floats_offset = values_offset + static_cast<size_t>(CompactBytes(storage, compact_cols));
+  version_offset = VersionOffset(values_bytes);
+  frequency_offset = FrequencyOffset(values_bytes);
+  stride = RowBytes(values_bytes);
 
   // Largest power-of-two row count whose chunk fits the target (at least 16).
   uint64_t rows = kMinChunkRows;
@@ -1540,6 +1661,57 @@ void HashTable::Impl::RehashIndex(Shard& s, uint64_t new_capacity, bool lazy) co
   s.grow_at = GrowAt(new_capacity);
 }
 
+void HashTable::Impl::ReadCompactColumns(const char* row, int64_t c0, int64_t n, float* dst) const {
+  TFEXT_DCHECK(compact && c0 >= 0 && n >= 0 && c0 + n <= width, "a column range of a compact row");
+  const char* area = row + values_offset;
+  const int64_t in_area = std::min(n, std::max<int64_t>(compact_cols - c0, 0));
+  if (in_area > 0) {
+    if (storage == RowStorage::kInt8Row) {
+      DecodeInt8Row(area, compact_cols, c0, in_area, dst);
+    } else {
+      DecodeElements(storage, area, c0, in_area, dst);
+    }
+  }
+  if (n > in_area) {
+    const float* floats = reinterpret_cast<const float*>(row + floats_offset);
+    CopyFloats(dst + in_area, floats + (c0 + in_area - compact_cols), n - in_area);
+  }
+}
+
+void HashTable::Impl::EncodeColumns(char* values, int64_t c0, int64_t n, const float* src, Rounding rounding,
+                                    int64_t key, int64_t version) const {
+  TFEXT_DCHECK(compact && c0 >= 0 && n >= 0 && c0 + n <= width, "a column range of a compact row");
+  const int64_t in_area = std::min(n, std::max<int64_t>(compact_cols - c0, 0));
+  if (in_area > 0) {
+    if (storage != RowStorage::kInt8Row) {
+      EncodeElements(storage, src, c0, in_area, values, rounding, key, version);
+    } else if (c0 == 0 && in_area == compact_cols) {
+      EncodeInt8Row(src, compact_cols, values);
+    } else {
+      float* whole = ThreadScratch(Scratch::kCodec, static_cast<size_t>(compact_cols));
+      DecodeInt8Row(values, compact_cols, 0, compact_cols, whole);
+      std::copy(src, src + in_area, whole + c0);
+      EncodeInt8Row(whole, compact_cols, values);
+    }
+  }
+  if (n > in_area) {
+    float* floats = reinterpret_cast<float*>(values + (floats_offset - values_offset));
+    CopyFloats(floats + (c0 + in_area - compact_cols), src + in_area, n - in_area);
+  }
+}
+
+void HashTable::Impl::ColumnBytes(int64_t c0, int64_t n, size_t* first, size_t* end) const {
+  const int64_t c1 = c0 + std::max<int64_t>(n, 1);
+  const size_t compact_column_bytes = storage == RowStorage::kInt8Row ? 0 : 2;  // int8: the whole area
+  *first = c0 >= compact_cols ? floats_offset + sizeof(float) * (c0 - compact_cols)
+                              : values_offset + compact_column_bytes * c0;
+  if (c1 > compact_cols) {
+    *end = floats_offset + sizeof(float) * (c1 - compact_cols);
+  } else {
+    *end = storage == RowStorage::kInt8Row ? floats_offset : values_offset + 2 * c1;
+  }
+}
+
 void HashTable::Impl::EraseAt(Shard& s, uint64_t pos) const {
   TFEXT_DCHECK(pos <= s.mask && s.slots[pos] != 0 && s.size.load(std::memory_order_relaxed) > 0,
                "only an occupied slot can be erased");
@@ -1676,13 +1848,13 @@ int64_t HashTable::memory_bytes() const {
 void HashTable::Find(const int64_t* keys, int64_t n, int64_t col_begin, int64_t cols, float* out, bool* found,
                      const float* default_row, const ParallelFor& pf) const {
   const Impl& m = *impl_;
-  const size_t first_byte = m.values_offset + sizeof(float) * col_begin;
-  const size_t end_byte = first_byte + sizeof(float) * std::max<int64_t>(cols, 1);
+  size_t first_byte, end_byte;
+  m.ColumnBytes(col_begin, cols, &first_byte, &end_byte);
   m.ForEachBlockShared(keys, n, pf, [&](int64_t begin, int64_t end) {
     m.VisitKeysShared(keys, begin, end, first_byte, end_byte, [&](int64_t i, const char* row) {
       float* dst = out + i * cols;
       if (row != nullptr) {
-        CopyFloats(dst, reinterpret_cast<const float*>(row + first_byte), cols);
+        m.ReadColumns(row, col_begin, cols, dst);
       } else if (default_row != nullptr) {
         CopyFloats(dst, default_row, cols);
       }
@@ -1713,24 +1885,27 @@ void HashTable::FindOrInsert(const int64_t* keys, int64_t n, int64_t col_begin, 
       for (int64_t j = 0; j < count; ++j) CopyFloats(dst[j], init_rows + index[j] * cols, cols);
     };
   }
-  FindOrInsertWith(keys, n, col_begin, cols, copy_init, column_defaults, out, inserted, count, version, pf);
+  impl_->FindOrInsertWith(keys, n, col_begin, cols, copy_init, column_defaults, out, inserted, count, version, pf,
+                          nullptr, Rounding::kNearest);
 }
 
 void HashTable::Insert(const int64_t* keys, int64_t n, int64_t col_begin, int64_t cols, const float* values,
                        const float* column_defaults, bool count, int64_t version, const ParallelFor& pf) {
   const Impl& m = *impl_;
   const size_t row_bytes = sizeof(float) * cols;
+  Impl::DefaultValues defaults;
+  m.MakeDefaultValues(column_defaults, &defaults);
   const auto prefetch_io = [&](int64_t i) { PrefetchBytes(values + i * cols, row_bytes); };
   m.ForEachKeyExclusive(keys, n, pf, prefetch_io, [&](Shard& s, int64_t i, uint64_t h) {
     bool added;
     char* row = m.FindOrAddRow(s, keys[i], TagOf(h), &added);
     if (added) {
-      if (cols != m.width) m.InitValues(row, column_defaults);
+      if (cols != m.width) m.InitValues(row, defaults);
       m.InitMeta(row, count, version);
     } else {
       m.TouchMeta(row, count, version);
     }
-    CopyFloats(m.Values(row) + col_begin, values + i * cols, cols);
+    m.WriteColumns(row, col_begin, cols, values + i * cols, Rounding::kNearest);
   });
 }
 
@@ -1738,6 +1913,8 @@ void HashTable::Accumulate(const int64_t* keys, int64_t n, int64_t col_begin, in
                            const float* column_defaults, bool insert_missing, bool count, int64_t version,
                            const ParallelFor& pf) {
   const Impl& m = *impl_;
+  Impl::DefaultValues defaults;
+  m.MakeDefaultValues(column_defaults, &defaults);
   const auto prefetch_io = [&](int64_t i) { PrefetchBytes(deltas + i * cols, sizeof(float) * cols); };
   m.ForEachKeyExclusive(keys, n, pf, prefetch_io, [&](Shard& s, int64_t i, uint64_t h) {
     char* row;
@@ -1745,7 +1922,7 @@ void HashTable::Accumulate(const int64_t* keys, int64_t n, int64_t col_begin, in
       bool added;
       row = m.FindOrAddRow(s, keys[i], TagOf(h), &added);
       if (added) {
-        m.InitValues(row, column_defaults);
+        m.InitValues(row, defaults);
         m.InitMeta(row, count, version);
       } else {
         m.TouchMeta(row, count, version);
@@ -1756,9 +1933,16 @@ void HashTable::Accumulate(const int64_t* keys, int64_t n, int64_t col_begin, in
       if (row == nullptr) return;
       m.TouchMeta(row, count, version);
     }
-    float* dst = m.Values(row) + col_begin;
     const float* delta = deltas + i * cols;
-    for (int64_t c = 0; c < cols; ++c) dst[c] += delta[c];
+    if (__builtin_expect(!m.compact, 1)) {
+      float* dst = m.Values(row) + col_begin;
+      for (int64_t c = 0; c < cols; ++c) dst[c] += delta[c];
+      return;
+    }
+    float* sum = ThreadScratch(Scratch::kRow, static_cast<size_t>(cols));
+    m.ReadCompactColumns(row, col_begin, cols, sum);
+    for (int64_t c = 0; c < cols; ++c) sum[c] += delta[c];
+    m.WriteColumns(row, col_begin, cols, sum, Rounding::kNearest);
   });
 }
 
@@ -1773,18 +1957,19 @@ void HashTable::Update(const int64_t* keys, int64_t n, const float* column_defau
   const auto prefetch_io = [&](int64_t i) {
     if (in_rows != nullptr && in_bytes != 0) PrefetchBytes(in_rows + i * in_cols, in_bytes);
   };
+  Impl::DefaultValues defaults;
+  m.MakeDefaultValues(column_defaults, &defaults);
   m.ForEachKeyExclusive(keys, n, pf, prefetch_io, [&](Shard& s, int64_t i, uint64_t h) {
     bool added;
     char* row = m.FindOrAddRow(s, keys[i], TagOf(h), &added);
     KeyMeta meta;
     if (added) {
-      m.InitValues(row, column_defaults);
+      m.InitValues(row, defaults);
       m.StoreMeta(row, meta);  // a complete row even if fn throws
     } else {
       meta = m.LoadMeta(row);
     }
-    fn(i, m.Values(row), &meta);
-    m.StoreMeta(row, meta);
+    m.ApplyToRow(row, i, &meta, fn);
   });
 }
 
@@ -1811,7 +1996,15 @@ int64_t HashTable::RemoveIf(const std::function<bool(int64_t, const float*, cons
       if (slot == 0) continue;
       const char* row = m.Row(s, SlotRow(slot));
       const int64_t key = LoadI64(row);
-      if (pred(key, m.Values(row), m.LoadMeta(row))) doomed.push_back(key);
+      const float* values;
+      if (m.compact) {
+        float* decoded = ThreadScratch(Scratch::kRow, static_cast<size_t>(m.width));
+        m.ReadCompactColumns(row, 0, m.width, decoded);
+        values = decoded;
+      } else {
+        values = m.Values(row);
+      }
+      if (pred(key, values, m.LoadMeta(row))) doomed.push_back(key);
     }
     for (const int64_t key : doomed) {
       const bool erased = m.EraseKey(s, key, TagOf(ProbeHash(key)));
@@ -1843,7 +2036,7 @@ void HashTable::Export(int64_t col_begin, int64_t cols, const std::function<Expo
       if (slot == 0) continue;
       const char* row = m.Row(s, SlotRow(slot));
       if (out.keys != nullptr) out.keys[k] = LoadI64(row);
-      if (out.rows != nullptr) CopyFloats(out.rows + k * cols, m.Values(row) + col_begin, cols);
+      if (out.rows != nullptr) m.ReadColumns(row, col_begin, cols, out.rows + k * cols);
       if (out.versions != nullptr) out.versions[k] = LoadI64(row + m.version_offset);
       if (out.frequencies != nullptr) out.frequencies[k] = LoadU32(row + m.frequency_offset);
       ++k;
@@ -1876,7 +2069,7 @@ void HashTable::ExportSince(int64_t min_version, int64_t col_begin, int64_t cols
   for (int64_t k = 0; k < total; ++k) {
     const char* row = picked[k];
     if (out.keys != nullptr) out.keys[k] = LoadI64(row);
-    if (out.rows != nullptr) CopyFloats(out.rows + k * cols, m.Values(row) + col_begin, cols);
+    if (out.rows != nullptr) m.ReadColumns(row, col_begin, cols, out.rows + k * cols);
     if (out.versions != nullptr) out.versions[k] = LoadI64(row + m.version_offset);
     if (out.frequencies != nullptr) out.frequencies[k] = LoadU32(row + m.frequency_offset);
   }
@@ -1887,12 +2080,14 @@ void HashTable::Import(const int64_t* keys, int64_t n, int64_t col_begin, int64_
                        const ParallelFor& pf) {
   const Impl& m = *impl_;
   const size_t row_bytes = sizeof(float) * cols;
+  Impl::DefaultValues defaults;
+  m.MakeDefaultValues(column_defaults, &defaults);
   const auto prefetch_io = [&](int64_t i) { PrefetchBytes(rows + i * cols, row_bytes); };
   m.ForEachKeyExclusive(keys, n, pf, prefetch_io, [&](Shard& s, int64_t i, uint64_t h) {
     bool added;
     char* row = m.FindOrAddRow(s, keys[i], TagOf(h), &added);
-    if (added && cols != m.width) m.InitValues(row, column_defaults);
-    CopyFloats(m.Values(row) + col_begin, rows + i * cols, cols);
+    if (added && cols != m.width) m.InitValues(row, defaults);
+    m.WriteColumns(row, col_begin, cols, rows + i * cols, Rounding::kNearest);
     KeyMeta meta;
     meta.version = versions != nullptr ? versions[i] : 0;
     meta.frequency = frequencies != nullptr ? frequencies[i] : 0;
@@ -1966,36 +2161,56 @@ void HashTable::Reserve(int64_t n) {
 void HashTable::FindOrInsertWith(const int64_t* keys, int64_t n, int64_t col_begin, int64_t cols, const InitRows& init,
                                  const float* column_defaults, float* out, bool* inserted, bool count, int64_t version,
                                  const ParallelFor& pf, uint64_t* refs) {
-  const Impl& m = *impl_;
+  impl_->FindOrInsertWith(keys, n, col_begin, cols, init, column_defaults, out, inserted, count, version, pf, refs,
+                          impl_->options.rounding);
+}
+
+void HashTable::Impl::FindOrInsertWith(const int64_t* keys, int64_t n, int64_t col_begin, int64_t cols,
+                                       const InitRows& init, const float* column_defaults, float* out, bool* inserted,
+                                       bool count, int64_t version, const ParallelFor& pf, uint64_t* refs,
+                                       Rounding init_rounding) const {
+  const Impl& m = *this;
   const size_t row_bytes = sizeof(float) * cols;
+  DefaultValues defaults;
+  m.MakeDefaultValues(column_defaults, &defaults);
   const auto prefetch_io = [&](int64_t i) {
     if (out != nullptr) PrefetchBytes(out + i * cols, row_bytes);
   };
   // New rows wait for init in per-shard batches (a shard is one thread's at
   // a time), which run before the shard's lock is released. While a batch
   // waits, out rows wait too, found keys' included: a key may repeat in the
-  // batch, and its row is not final before init.
+  // batch, and its row is not final before init. init writes a plain row's
+  // columns in place; a compact row's go to a per-thread scratch row (a
+  // thread has one shard's batch pending at a time), encoded after init.
   constexpr int64_t kMaxOutRows = 2 * kInitBatch;
   struct alignas(64) PendingRows {  // a cache line apart: neighbouring shards run on other threads
     int64_t fresh = 0;              // new rows
     int64_t fresh_index[kInitBatch];
-    float* fresh_values[kInitBatch];
-    int64_t outs = 0;  // out rows to write after init
+    char* fresh_rows[kInitBatch];
+    float* fresh_values[kInitBatch];  // what init writes
+    int64_t outs = 0;                 // out rows to write after init
     int64_t out_index[kMaxOutRows];
-    const float* out_values[kMaxOutRows];
+    const char* out_rows[kMaxOutRows];
   };
   // A small batch runs on the calling thread, shard after shard (see
   // ForEachKeyExclusive): one buffer, empty at each shard's end, serves all.
   const bool one_thread = n < kSerialBatch;
   std::unique_ptr<PendingRows[]> pending(init ? new PendingRows[one_thread ? 1 : m.num_shards] : nullptr);
   const auto pending_of = [&](const Shard& s) -> PendingRows& { return pending[one_thread ? 0 : &s - &m.shards[0]]; };
-  const auto write_out = [&](int64_t i, const float* values) { CopyFloats(out + i * cols, values, cols); };
+  const auto write_out = [&](int64_t i, const char* row) { m.ReadColumns(row, col_begin, cols, out + i * cols); };
   const auto run_pending = [&](Shard& s) {
     PendingRows& p = pending_of(s);
     const int64_t fresh = p.fresh, outs = p.outs;
     p.fresh = p.outs = 0;  // before init: a throwing init leaves no batch behind
-    if (fresh > 0) init(p.fresh_index, p.fresh_values, fresh);
-    for (int64_t j = 0; j < outs; ++j) write_out(p.out_index[j], p.out_values[j]);
+    if (fresh > 0) {
+      init(p.fresh_index, p.fresh_values, fresh);
+      if (m.compact) {
+        for (int64_t j = 0; j < fresh; ++j) {
+          m.WriteColumns(p.fresh_rows[j], col_begin, cols, p.fresh_values[j], init_rounding);
+        }
+      }
+    }
+    for (int64_t j = 0; j < outs; ++j) write_out(p.out_index[j], p.out_rows[j]);
   };
   const auto after_shard = [&](Shard& s) {
     if (init) run_pending(s);
@@ -2008,28 +2223,36 @@ void HashTable::FindOrInsertWith(const int64_t* keys, int64_t n, int64_t col_beg
         char* row = m.FindOrAddRow(s, keys[i], TagOf(h), &added, &id);
         if (refs != nullptr) refs[i] = MakeRowRef(&s - &m.shards[0], id);
         if (inserted != nullptr) inserted[i] = added;
-        float* values = m.Values(row) + col_begin;
         if (added) {
-          m.InitValues(row, column_defaults);
+          m.InitValues(row, defaults);
           m.InitMeta(row, count, version);  // before init: a complete row even if init throws
         } else {
           m.TouchMeta(row, count, version);
         }
         if (!init) {
-          if (out != nullptr) write_out(i, values);
+          if (out != nullptr) write_out(i, row);
           return;
         }
         PendingRows& p = pending_of(s);
         if (added) {
+          float* values;
+          if (m.compact) {
+            // The scratch rows hold the defaults, as a plain row does before init.
+            values = ThreadScratch(Scratch::kInit, static_cast<size_t>(kInitBatch * cols)) + p.fresh * cols;
+            m.ReadCompactColumns(row, col_begin, cols, values);
+          } else {
+            values = m.Values(row) + col_begin;
+          }
           p.fresh_index[p.fresh] = i;
+          p.fresh_rows[p.fresh] = row;
           p.fresh_values[p.fresh++] = values;
         }
         if (out != nullptr) {
           if (p.fresh == 0) {
-            write_out(i, values);  // nothing waits: final now
+            write_out(i, row);  // nothing waits: final now
           } else {
             p.out_index[p.outs] = i;
-            p.out_values[p.outs++] = values;
+            p.out_rows[p.outs++] = row;
           }
         }
         if (p.fresh == kInitBatch || p.outs == kMaxOutRows) run_pending(s);
@@ -2093,8 +2316,7 @@ int64_t HashTable::UpdateRows(const int64_t* keys, const uint64_t* refs, uint64_
           continue;
         }
         KeyMeta meta = m.LoadMeta(row);
-        fn(i, m.Values(row), &meta);
-        m.StoreMeta(row, meta);
+        m.ApplyToRow(row, i, &meta, fn);
       }
     }
   };

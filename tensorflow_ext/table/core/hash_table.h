@@ -1,5 +1,7 @@
 // tensorflow_ext table core: a concurrent hash table from int64 keys to
-// fixed-width rows of float32, with per-key metadata (version, frequency).
+// fixed-width rows of float32 columns, with per-key metadata (version,
+// frequency). A table may store its leading columns compactly (bf16, fp16 or
+// an int8 row, TableOptions::storage); callers still read and write float32.
 //
 // This header is the whole public interface of the core. The core knows
 // nothing about TensorFlow: it is used by the TF kernels in ../kernels and is
@@ -7,8 +9,27 @@
 //
 // Contract
 //  * Keys: every int64 value is a key (no reserved empty or deleted key).
-//    Rows: width() floats per key, 1 <= width <= 2^24; every read and write
-//    names a column range [col_begin, col_begin + cols) of the row.
+//    Rows: width() float32 columns per key, 1 <= width <= 2^24; every read
+//    and write names a column range [col_begin, col_begin + cols) of the row.
+//  * Compact rows: rows are bytes of a layout the options declare. With
+//    storage != kFloat32 and compact_cols > 0, columns [0, compact_cols) are
+//    stored in `storage` (row_codec.h), the others as float32; the layout is
+//    recorded by the options alone (no per-row tag), so the owner of a table
+//    (a TF resource, a checkpoint's record) keeps the options with it. Every
+//    interface still speaks float32: a read decodes, a write rounds. Rounding
+//    (row_codec.h): Update / UpdateRows (the fn's row) and the columns
+//    FindOrInsertWith's init writes round with TableOptions::rounding,
+//    stochastic rounding seeded by (key, the version the write leaves in the
+//    row, column), so two runs of the same steps store the same bits; Insert,
+//    Import, Accumulate, FindOrInsert's init_rows and column_defaults round
+//    to nearest. A read returns exactly what the last write stored, so a
+//    decoded row written back to a bf16/fp16 table (a checkpoint restore) is
+//    stored unchanged. An int8 row is quantized as a whole: a write of some
+//    of its compact columns (Update always writes all) re-quantizes the row,
+//    moving the others by up to half of the new scale. A key repeated in one
+//    batch is rounded after each occurrence (Accumulate adds to the rounded
+//    sum). Update's fn and RemoveIf's pred see a decoded float32 copy of the
+//    row, not the stored bytes.
 //  * Capacity: initial_capacity (at most kMaxCapacity = 2^40) is a hint; the
 //    table grows on demand as keys arrive, until memory runs out.
 //  * Thread safety: every method may be called from any number of threads at
@@ -62,6 +83,10 @@
 //    staging table included) pre-sizes no index below 16 keys per shard, so a
 //    restored small table takes no more than a filled one. (Tested by
 //    SmallTableMemoryIsAFloorPlusBytesPerKey.)
+//  * Compact rows cost their decode and encode on every access, and their
+//    operations keep per-thread float32 scratch rows (a few rows of width
+//    floats per thread that ever ran one, not counted in memory_bytes()).
+//    A row pointer handed to a callback is valid during that call only.
 //  * Memory only grows until Clear(): removed rows are reused by later
 //    inserts, but a shard's index never shrinks and arena memory is released
 //    only by Clear() or destruction.
@@ -93,11 +118,17 @@
 //    removed rows go to an intrusive free list (no extra memory). Once the
 //    arena is large, chunks are carved from 2 MiB slabs backed by transparent
 //    huge pages (random row reads would otherwise miss the TLB). A row is
-//    [int64 key | width floats | int64 version | uint32 frequency], packed with
-//    a 4-byte stride (20 + 4*width bytes): the key and the floats a lookup
-//    reads are adjacent, the metadata that only writers touch comes last.
-//  * The float part holds the embedding and the optimizer slots side by side,
-//    so one probe serves a lookup and an optimizer update alike.
+//    [int64 key | compact area | float32 columns | int64 version | uint32
+//    frequency], packed with a 4-byte stride: 20 + 4*width bytes for float32
+//    rows, 20 + CompactBytes(storage, compact_cols) + 4*(width - compact_cols)
+//    for compact ones (the area is padded to 4 bytes; dim 16 in bf16 + one
+//    float32 column: 56 bytes). The key and the values a lookup reads are
+//    adjacent, the metadata that only writers touch comes last.
+//  * The values hold the embedding and the optimizer slots side by side, so
+//    one probe serves a lookup and an optimizer update alike. A compact
+//    row's update is decoded into a per-thread float32 row, handed to fn and
+//    encoded back; float32 rows are handed to fn in place (their copies take
+//    the same code as before compact rows: a branch on the table's layout).
 //  * Writers hash all keys, bucket them by shard with a stable counting sort,
 //    then process the shards in parallel (through the caller's ParallelFor),
 //    each under one write-lock acquisition, prefetching index slots and rows a
@@ -279,8 +310,10 @@ class HashTable {
 
   // Runs fn(key_index, row, meta) under the shard's write lock for each key,
   // inserting absent keys with column_defaults first. row points at all
-  // width() floats of the key's row. Used by fused optimizer kernels: one
-  // probe per key reads and updates the embedding and its slots together.
+  // width() floats of the key's row (of a compact row: a decoded copy, valid
+  // during the call, encoded back after fn returns, with the version fn left
+  // in meta seeding stochastic rounding). Used by fused optimizer kernels:
+  // one probe per key reads and updates the embedding and its slots together.
   // Keys must be unique within the batch when fn is not idempotent.
   // in_rows (optional, [n, in_cols] row-major) is only a prefetch hint: the
   // per-key input fn will read (e.g. the gradient rows), which the shard
@@ -292,8 +325,9 @@ class HashTable {
   // Removes the keys (absent ones are ignored). Returns the number removed.
   int64_t Remove(const int64_t* keys, int64_t n, const ParallelFor& pf);
 
-  // Removes every key for which pred(key, row, meta) is true. Returns the
-  // number removed. Used by eviction policies.
+  // Removes every key for which pred(key, row, meta) is true (row: width()
+  // floats, decoded for a compact row). Returns the number removed. Used by
+  // eviction policies.
   int64_t RemoveIf(const std::function<bool(int64_t, const float*, const KeyMeta&)>& pred);
 
   // Metadata for keys (absent keys get zeros and found=false).

@@ -7,6 +7,13 @@
 //       tensorflow_ext/table/core/hash_table_bench.cc -o /tmp/hash_table_bench
 //   /tmp/hash_table_bench [--keys=1048576] [--batch=131072] [--repeats=5]
 //   /tmp/hash_table_bench --growth=1 [--repeats=5]   (a growing training table, prefault off vs on)
+// Compact rows (TableOptions::storage): the speed and memory sections for one
+// width, its leading compact_cols columns stored as bfloat16, float16 or
+// int8_row (default: float32 rows), e.g. dim 16 in bf16 + a row-wise
+// accumulator against float32 rows of the same width:
+//   /tmp/hash_table_bench --width=17 --storage=bfloat16 --compact_cols=16 [--rounding=stochastic]
+//   /tmp/hash_table_bench --width=17
+// --speed=0 or --memory=0 skips that section.
 
 #include <algorithm>
 #include <chrono>
@@ -26,7 +33,10 @@
 namespace {
 
 using tfext::table::HashTable;
+using tfext::table::KeyMeta;
 using tfext::table::ParallelFor;
+using tfext::table::Rounding;
+using tfext::table::RowStorage;
 using tfext::table::TableOptions;
 
 int64_t FlagValue(int argc, char** argv, const char* name, int64_t fallback) {
@@ -37,6 +47,35 @@ int64_t FlagValue(int argc, char** argv, const char* name, int64_t fallback) {
     }
   }
   return fallback;
+}
+
+// A string flag's value, or fallback.
+std::string FlagString(int argc, char** argv, const char* name, const char* fallback) {
+  const std::string prefix = std::string("--") + name + "=";
+  for (int i = 1; i < argc; ++i) {
+    if (std::strncmp(argv[i], prefix.c_str(), prefix.size()) == 0) return argv[i] + prefix.size();
+  }
+  return fallback;
+}
+
+// The row storage named by --storage, with the compact_cols and rounding
+// flags applied to `options` (compact_cols capped at the width).
+void ApplyStorageFlags(const std::string& storage, int64_t compact_cols, const std::string& rounding,
+                       TableOptions* options) {
+  if (storage == "float32") {
+    options->storage = RowStorage::kFloat32;
+  } else if (storage == "bfloat16") {
+    options->storage = RowStorage::kBFloat16;
+  } else if (storage == "float16") {
+    options->storage = RowStorage::kFloat16;
+  } else if (storage == "int8_row") {
+    options->storage = RowStorage::kInt8Row;
+  } else {
+    std::fprintf(stderr, "--storage must be float32, bfloat16, float16 or int8_row, got %s\n", storage.c_str());
+    std::exit(2);
+  }
+  options->compact_cols = options->storage == RowStorage::kFloat32 ? 0 : std::min(compact_cols, options->width);
+  options->rounding = rounding == "stochastic" ? Rounding::kStochastic : Rounding::kNearest;
 }
 
 double Seconds(std::chrono::steady_clock::time_point since) {
@@ -146,15 +185,26 @@ int main(int argc, char** argv) {
   const int64_t batch = FlagValue(argc, argv, "batch", 131072);
   const int repeats = static_cast<int>(FlagValue(argc, argv, "repeats", 5));
   const int64_t only_width = FlagValue(argc, argv, "width", 0);
+  const std::string storage = FlagString(argc, argv, "storage", "float32");
+  const int64_t compact_cols = FlagValue(argc, argv, "compact_cols", only_width);
+  const std::string rounding = FlagString(argc, argv, "rounding", "nearest");
+  const bool speed = FlagValue(argc, argv, "speed", 1) != 0;
+  const bool memory = FlagValue(argc, argv, "memory", 1) != 0;
+  const std::vector<int64_t> speed_widths =
+      only_width != 0 ? std::vector<int64_t>{only_width} : std::vector<int64_t>{16, 64};
+  const std::vector<int64_t> memory_widths =
+      only_width != 0 ? std::vector<int64_t>{only_width} : std::vector<int64_t>{16, 32, 48};
   const Workload w = MakeWorkload(num_keys, batch, 8);
 
-  std::printf("keys=%lld batch=%lld repeats=%d (best of repeats)\n", static_cast<long long>(num_keys),
-              static_cast<long long>(batch), repeats);
-  for (int64_t width : {16, 64}) {
-    if (only_width != 0 && width != only_width) continue;
+  std::printf("keys=%lld batch=%lld repeats=%d storage=%s compact_cols=%lld rounding=%s (best of repeats)\n",
+              static_cast<long long>(num_keys), static_cast<long long>(batch), repeats, storage.c_str(),
+              static_cast<long long>(storage == "float32" ? 0 : compact_cols), rounding.c_str());
+  for (int64_t width : speed_widths) {
+    if (!speed) break;
     TableOptions options;
     options.width = width;
     options.initial_capacity = num_keys;
+    ApplyStorageFlags(storage, compact_cols, rounding, &options);
     HashTable table(options);
     {
       tfext_test::ThreadPool pool(2);
@@ -204,11 +254,23 @@ int main(int argc, char** argv) {
         table.FindOrInsert(keys.data(), keys.size(), 0, width, values.data(), nullptr, out.data(), nullptr, false, -1,
                            pf);
       });
+      // A fused optimizer apply: every column of the row read and written.
+      int64_t step = 0;
+      const Rate update = BestRate(w, repeats, [&](const std::vector<int64_t>& keys) {
+        ++step;
+        table.Update(
+            keys.data(), keys.size(), nullptr,
+            [&](int64_t, float* row, KeyMeta* meta) {
+              for (int64_t c = 0; c < width; ++c) row[c] = row[c] * 0.999f + 0.001f;
+              meta->version = step;
+            },
+            pf);
+      });
       std::printf(
           "width %2lld threads %d: find %5.1f (%5.1f/cpu)  upsert %5.1f (%5.1f/cpu)  "
-          "accumulate %5.1f (%5.1f/cpu)  find_or_insert %5.1f (%5.1f/cpu) Mkeys/s\n",
+          "accumulate %5.1f (%5.1f/cpu)  find_or_insert %5.1f (%5.1f/cpu)  update %5.1f (%5.1f/cpu) Mkeys/s\n",
           static_cast<long long>(width), threads, find.wall, find.per_cpu, insert.wall, insert.per_cpu, accumulate.wall,
-          accumulate.per_cpu, find_or_insert.wall, find_or_insert.per_cpu);
+          accumulate.per_cpu, find_or_insert.wall, find_or_insert.per_cpu, update.wall, update.per_cpu);
       std::fflush(stdout);
     }
     {
@@ -232,14 +294,18 @@ int main(int argc, char** argv) {
 
   // Memory: bytes per key after inserting num_keys random keys into a table
   // created empty, and the worst ratio seen from num_keys/4 on (growth steps).
-  for (int64_t width : {16, 32, 48}) {
+  for (int64_t width : memory_widths) {
+    if (!memory) break;
     TableOptions options;
     options.width = width;
+    ApplyStorageFlags(storage, compact_cols, rounding, &options);
     HashTable table(options);
     tfext_test::ThreadPool pool(2);
     const int64_t step = 8192;
     std::vector<float> init(step * width, 0.5f);
-    const double raw = 8.0 + 4.0 * width;
+    // Key + values as stored (the compact area, then float32 columns).
+    const double raw = 8.0 + static_cast<double>(tfext::table::CompactBytes(options.storage, options.compact_cols)) +
+                       4.0 * static_cast<double>(width - options.compact_cols);
     double worst = 0;
     for (int64_t at = 0; at < num_keys; at += step) {
       const int64_t n = std::min(step, num_keys - at);

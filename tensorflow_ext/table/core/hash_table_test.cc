@@ -19,6 +19,7 @@
 #include <cstdint>
 #include <cstdio>
 #include <cstdlib>
+#include <cstring>
 #include <functional>
 #include <limits>
 #include <map>
@@ -38,6 +39,11 @@
 
 namespace {
 
+using tfext::table::CompactBytes;
+using tfext::table::DecodeElements;
+using tfext::table::DecodeInt8Row;
+using tfext::table::EncodeElements;
+using tfext::table::EncodeInt8Row;
 using tfext::table::HashKey;
 using tfext::table::HashTable;
 using tfext::table::HashTableTestPeer;
@@ -45,6 +51,8 @@ using tfext::table::InlineParallelFor;
 using tfext::table::KeyMeta;
 using tfext::table::OutOfMemoryError;
 using tfext::table::ParallelFor;
+using tfext::table::Rounding;
+using tfext::table::RowStorage;
 using tfext::table::TableOptions;
 using tfext::table::ValidateOptions;
 
@@ -2047,6 +2055,511 @@ TFEXT_TEST(UpdateRowsMatchesUpdate) {
   CHECK_EQ(run(refs, epoch), 0);  // every key absent: inserted through the probe
   CHECK_EQ(a.size(), m);
   CHECK_EQ(a.UpdateRows(keys.data(), nullptr, 0, m, nullptr, apply, InlineParallelFor()), 0);
+}
+
+// ---------------------------------------------------------------------------
+// Compact rows (TableOptions::storage). The reference is a float32 table fed
+// the same operations whose written rows are then rounded as the compact
+// table stores them (RoundAsStored, to nearest): after every operation the
+// two must hold bit-identical contents, and every read must return the same
+// floats. Batches have unique keys: with a key repeated in a batch, a compact
+// table rounds after each occurrence (as documented), which a single rounding
+// of the reference's result would not reproduce.
+
+TableOptions CompactOptions(int64_t width, RowStorage storage, int64_t compact_cols,
+                            Rounding rounding = Rounding::kNearest, int shard_bits = -1) {
+  TableOptions o = Options(width, shard_bits);
+  o.storage = storage;
+  o.compact_cols = compact_cols;
+  o.rounding = rounding;
+  return o;
+}
+
+const char* StorageName(RowStorage storage) {
+  switch (storage) {
+    case RowStorage::kFloat32:
+      return "float32";
+    case RowStorage::kBFloat16:
+      return "bfloat16";
+    case RowStorage::kFloat16:
+      return "float16";
+    case RowStorage::kInt8Row:
+      return "int8_row";
+  }
+  return "?";
+}
+
+// The row as a compact table stores it: columns [0, compact_cols) rounded to
+// nearest, an int8 row quantized as a whole; the others unchanged.
+void RoundAsStored(RowStorage storage, int64_t compact_cols, float* row) {
+  std::vector<char> area(CompactBytes(storage, compact_cols));
+  if (storage == RowStorage::kInt8Row) {
+    EncodeInt8Row(row, compact_cols, area.data());
+    DecodeInt8Row(area.data(), compact_cols, 0, compact_cols, row);
+  } else {
+    EncodeElements(storage, row, 0, compact_cols, area.data(), Rounding::kNearest, 0, 0);
+    DecodeElements(storage, area.data(), 0, compact_cols, row);
+  }
+}
+
+// Rounds the rows of `keys` (those present) in the float32 reference table as
+// a compact table stores them; metadata unchanged.
+void RoundRowsAsStored(HashTable& reference, RowStorage storage, int64_t compact_cols,
+                       const std::vector<int64_t>& keys) {
+  const int64_t width = reference.width();
+  const int64_t n = static_cast<int64_t>(keys.size());
+  std::vector<float> rows(n * width);
+  std::unique_ptr<bool[]> found(new bool[n + 1]);
+  reference.Find(keys.data(), n, 0, width, rows.data(), found.get(), nullptr, InlineParallelFor());
+  std::vector<int64_t> present;
+  std::vector<float> rounded;
+  for (int64_t i = 0; i < n; ++i) {
+    if (!found[i]) continue;
+    RoundAsStored(storage, compact_cols, &rows[i * width]);
+    present.push_back(keys[i]);
+    rounded.insert(rounded.end(), rows.begin() + i * width, rows.begin() + (i + 1) * width);
+  }
+  reference.Insert(present.data(), static_cast<int64_t>(present.size()), 0, width, rounded.data(), nullptr, false, -1,
+                   InlineParallelFor());
+}
+
+std::map<int64_t, std::vector<float>> ExportRange(const HashTable& t, int64_t cb, int64_t cols, int64_t min_version) {
+  std::vector<int64_t> keys;
+  std::vector<float> rows;
+  const auto alloc = [&](int64_t n) {
+    keys.resize(n);
+    rows.resize(n * cols);
+    HashTable::ExportBuffers b;
+    b.keys = keys.data();
+    b.rows = rows.data();
+    return b;
+  };
+  if (min_version < 0) {
+    t.Export(cb, cols, alloc);
+  } else {
+    t.ExportSince(min_version, cb, cols, alloc);
+  }
+  std::map<int64_t, std::vector<float>> out;
+  for (size_t i = 0; i < keys.size(); ++i) out[keys[i]].assign(rows.begin() + i * cols, rows.begin() + (i + 1) * cols);
+  return out;
+}
+
+// Bitwise equality of float vectors (NaN-safe, and -0 differs from +0).
+bool SameBits(const std::vector<float>& a, const std::vector<float>& b) {
+  return a.size() == b.size() && std::memcmp(a.data(), b.data(), sizeof(float) * a.size()) == 0;
+}
+
+void RunCompactOpsAgainstFloat32(RowStorage storage, int64_t width, int64_t compact_cols, uint64_t seed, int ops) {
+  std::printf("  %s, width %lld, compact_cols %lld, seed %llu\n", StorageName(storage), static_cast<long long>(width),
+              static_cast<long long>(compact_cols), static_cast<unsigned long long>(seed));
+  std::mt19937_64 rng(seed);
+  auto uniform = [&](int64_t lo, int64_t hi) {  // [lo, hi]
+    return lo + static_cast<int64_t>(rng() % static_cast<uint64_t>(hi - lo + 1));
+  };
+  std::normal_distribution<float> normal(0.f, 1.f);
+  const float scales[4] = {0.01f, 0.3f, 1.f, 40.f};
+  auto random_float = [&]() { return normal(rng) * scales[uniform(0, 3)]; };
+  HashTable compact(CompactOptions(width, storage, compact_cols, Rounding::kNearest, uniform(0, 1) ? -1 : 2));
+  HashTable reference(Options(width));
+  // Rounds the rows a write reached (an int8 row is encoded again only when
+  // its compact columns are written: a row decoded and encoded again may
+  // move, so the reference must not round rows the table leaves alone).
+  const auto round_written = [&](const std::vector<int64_t>& keys) {
+    RoundRowsAsStored(reference, storage, compact_cols, keys);
+  };
+  // Defaults the compact table stores exactly (an int8 row's compact part is
+  // constant: a constant row quantizes exactly).
+  std::vector<float> defaults(width);
+  for (float& d : defaults) d = random_float();
+  if (storage == RowStorage::kInt8Row) std::fill(defaults.begin(), defaults.begin() + compact_cols, 0.25f);
+  RoundAsStored(storage, compact_cols, defaults.data());
+  const auto same_contents = [&]() {
+    const std::map<int64_t, Entry> a = Snapshot(compact), b = Snapshot(reference);
+    CHECK_EQ(a.size(), b.size());
+    for (const auto& kv : b) {
+      auto it = a.find(kv.first);
+      CHECK(it != a.end());
+      CHECK(SameBits(it->second.row, kv.second.row));
+      CHECK_EQ(it->second.version, kv.second.version);
+      CHECK_EQ(it->second.frequency, kv.second.frequency);
+    }
+  };
+  const int64_t universe = uniform(200, 6000);
+  for (int op = 0; op < ops; ++op) {
+    const ParallelFor pf = uniform(0, 1) ? InlineParallelFor() : PoolParallelFor();
+    const int64_t wanted = uniform(0, 9) == 0 ? uniform(2048, 2500) : uniform(0, 40);
+    std::set<int64_t> unique;
+    while (static_cast<int64_t>(unique.size()) < std::min(wanted, universe)) {
+      unique.insert((uniform(0, universe - 1) - universe / 2) * 7919);
+    }
+    std::vector<int64_t> keys(unique.begin(), unique.end());
+    std::shuffle(keys.begin(), keys.end(), rng);
+    const int64_t n = static_cast<int64_t>(keys.size());
+    // Column ranges inside the compact area, across its end, or after it.
+    const int64_t cb = uniform(0, width - 1);
+    const int64_t cols = uniform(0, 10) == 0 ? 0 : uniform(1, width - cb);
+    const bool writes_compact = cb < compact_cols && cols > 0;
+    std::vector<float> data(n * cols);
+    for (float& v : data) v = random_float();
+    const bool count = uniform(0, 1);
+    const int64_t version = uniform(0, 2) == 0 ? -1 : uniform(0, 1000);
+    const float* defaults_or_null = uniform(0, 3) == 0 ? nullptr : defaults.data();
+    const int kind = static_cast<int>(uniform(0, 99));
+    if (kind < 15) {  // Find, absent keys with a default row
+      std::vector<float> def(cols, 7.f), got(n * cols, 1.f), want(n * cols, 1.f);
+      std::unique_ptr<bool[]> got_found(new bool[n + 1]), want_found(new bool[n + 1]);
+      compact.Find(keys.data(), n, cb, cols, got.data(), got_found.get(), def.data(), pf);
+      reference.Find(keys.data(), n, cb, cols, want.data(), want_found.get(), def.data(), pf);
+      CHECK(SameBits(got, want));
+      for (int64_t i = 0; i < n; ++i) CHECK_EQ(got_found[i], want_found[i]);
+    } else if (kind < 35) {  // FindOrInsert (init_rows) or FindOrInsertWith (an init function)
+      std::vector<float> got(n * cols), want(n * cols);
+      std::unique_ptr<bool[]> got_ins(new bool[n + 1]), want_ins(new bool[n + 1]);
+      if (kind < 25) {
+        compact.FindOrInsert(keys.data(), n, cb, cols, data.data(), defaults_or_null, got.data(), got_ins.get(), count,
+                             version, pf);
+        reference.FindOrInsert(keys.data(), n, cb, cols, data.data(), defaults_or_null, nullptr, want_ins.get(), count,
+                               version, pf);
+      } else {
+        const auto init = [&](const int64_t* index, float* const* dst, int64_t k) {
+          for (int64_t j = 0; j < k; ++j) {
+            for (int64_t c = 0; c < cols; ++c) dst[j][c] = data[index[j] * cols + c] * 0.5f + dst[j][c];
+          }
+        };
+        compact.FindOrInsertWith(keys.data(), n, cb, cols, init, defaults_or_null, got.data(), got_ins.get(), count,
+                                 version, pf);
+        reference.FindOrInsertWith(keys.data(), n, cb, cols, init, defaults_or_null, nullptr, want_ins.get(), count,
+                                   version, pf);
+      }
+      std::vector<int64_t> inserted;
+      for (int64_t i = 0; i < n; ++i) {
+        CHECK_EQ(got_ins[i], want_ins[i]);
+        if (want_ins[i]) inserted.push_back(keys[i]);
+      }
+      round_written(inserted);
+      // out is the row as stored: the reference's rounded row.
+      reference.Find(keys.data(), n, cb, cols, want.data(), nullptr, nullptr, pf);
+      CHECK(SameBits(got, want));
+    } else if (kind < 50) {  // Insert
+      compact.Insert(keys.data(), n, cb, cols, data.data(), defaults_or_null, count, version, pf);
+      reference.Insert(keys.data(), n, cb, cols, data.data(), defaults_or_null, count, version, pf);
+      if (writes_compact) round_written(keys);
+    } else if (kind < 62) {  // Accumulate
+      const bool insert_missing = uniform(0, 1);
+      compact.Accumulate(keys.data(), n, cb, cols, data.data(), defaults_or_null, insert_missing, count, version, pf);
+      reference.Accumulate(keys.data(), n, cb, cols, data.data(), defaults_or_null, insert_missing, count, version, pf);
+      if (writes_compact) round_written(keys);
+    } else if (kind < 72) {  // Update, or UpdateRows through a lookup's references
+      const auto fn = [&](int64_t i, float* row, KeyMeta* meta) {
+        for (int64_t c = 0; c < width; ++c) row[c] = row[c] * 0.75f + 0.01f * static_cast<float>(i % 7) + 0.001f * c;
+        meta->version += 1;
+      };
+      if (kind < 67) {
+        compact.Update(keys.data(), n, defaults_or_null, fn, pf);
+      } else {
+        std::vector<uint64_t> refs(n);
+        const uint64_t epoch = compact.removal_epoch();
+        std::vector<float> ignored(n * cols);
+        compact.FindOrInsertWith(
+            keys.data(), n, cb, cols, [](const int64_t*, float* const*, int64_t) {}, defaults_or_null, nullptr, nullptr,
+            false, -1, pf, refs.data());
+        reference.FindOrInsertWith(
+            keys.data(), n, cb, cols, [](const int64_t*, float* const*, int64_t) {}, defaults_or_null, nullptr, nullptr,
+            false, -1, pf);
+        CHECK_EQ(compact.UpdateRows(keys.data(), refs.data(), epoch, n, defaults_or_null, fn, pf), n);
+      }
+      reference.Update(keys.data(), n, defaults_or_null, fn, pf);
+      round_written(keys);
+    } else if (kind < 80) {  // Remove
+      CHECK_EQ(compact.Remove(keys.data(), n, pf), reference.Remove(keys.data(), n, pf));
+    } else if (kind < 84) {  // RemoveIf: the predicate sees the decoded rows
+      const float bound = random_float();
+      const auto pred = [&](int64_t key, const float* row, const KeyMeta& m) {
+        float norm = 0;
+        for (int64_t c = 0; c < width; ++c) norm += row[c] * row[c];
+        return (key & 7) == 3 || m.version % 5 == 1 || row[0] > bound || norm > 900.f;
+      };
+      CHECK_EQ(compact.RemoveIf(pred), reference.RemoveIf(pred));
+    } else if (kind < 92) {  // Import
+      std::vector<int64_t> versions(n);
+      std::vector<uint32_t> freqs(n);
+      for (int64_t i = 0; i < n; ++i) {
+        versions[i] = uniform(0, 5000);
+        freqs[i] = static_cast<uint32_t>(rng());
+      }
+      compact.Import(keys.data(), n, cb, cols, data.data(), defaults_or_null, versions.data(), freqs.data(), pf);
+      reference.Import(keys.data(), n, cb, cols, data.data(), defaults_or_null, versions.data(), freqs.data(), pf);
+      if (writes_compact) round_written(keys);
+    } else if (kind < 97) {  // Export and ExportSince of a column range
+      const int64_t since = uniform(0, 1) ? -1 : uniform(0, 1000);
+      const auto a = ExportRange(compact, cb, cols, since), b = ExportRange(reference, cb, cols, since);
+      CHECK_EQ(a.size(), b.size());
+      for (const auto& kv : b) CHECK(a.count(kv.first) == 1 && SameBits(a.at(kv.first), kv.second));
+    } else {  // Replace with the table's own decoded contents, written again (an int8 row is requantized)
+      const std::map<int64_t, Entry> before = Snapshot(compact);
+      std::vector<int64_t> all;
+      compact.Replace(static_cast<int64_t>(before.size()), [&](HashTable& staging) {
+        for (const auto& kv : before) {
+          staging.Import(&kv.first, 1, 0, width, kv.second.row.data(), nullptr, &kv.second.version,
+                         &kv.second.frequency, InlineParallelFor());
+          all.push_back(kv.first);
+        }
+      });
+      round_written(all);
+    }
+    CHECK_EQ(compact.size(), reference.size());
+    CHECK_EQ(compact.CheckInvariants(), std::string());
+    if (op % 25 == 24) same_contents();
+  }
+  same_contents();
+}
+
+TFEXT_TEST(CompactRowsMatchAFloat32TableFedRoundedValues) {
+  struct Config {
+    RowStorage storage;
+    int64_t width, compact_cols;
+  };
+  const Config configs[] = {
+      {RowStorage::kBFloat16, 17, 16}, {RowStorage::kBFloat16, 7, 7}, {RowStorage::kBFloat16, 7, 5},
+      {RowStorage::kFloat16, 9, 3},    {RowStorage::kFloat16, 4, 4},  {RowStorage::kInt8Row, 9, 8},
+      {RowStorage::kInt8Row, 5, 5},    {RowStorage::kInt8Row, 6, 1},  {RowStorage::kFloat32, 6, 3},
+  };
+  uint64_t seed = 1;
+  for (const Config& c : configs) RunCompactOpsAgainstFloat32(c.storage, c.width, c.compact_cols, seed++, 100);
+}
+
+TFEXT_TEST(CompactOptionsAreValidated) {
+  CHECK_EQ(ValidateOptions(CompactOptions(17, RowStorage::kBFloat16, 16, Rounding::kStochastic)), std::string());
+  CHECK_EQ(ValidateOptions(CompactOptions(4, RowStorage::kInt8Row, 4)), std::string());
+  CHECK(ValidateOptions(CompactOptions(4, RowStorage::kBFloat16, 5))
+            .find("compact_cols must be in [0, width=4], got 5") != std::string::npos);
+  CHECK(ValidateOptions(CompactOptions(4, RowStorage::kBFloat16, -1)).find("compact_cols") != std::string::npos);
+  CHECK(ValidateOptions(CompactOptions(4, RowStorage::kInt8Row, 4, Rounding::kStochastic)).find("int8 rows") !=
+        std::string::npos);
+  CHECK(ValidateOptions(CompactOptions(4, static_cast<RowStorage>(9), 4)).find("storage") != std::string::npos);
+  bool threw = false;
+  try {
+    HashTable t(CompactOptions(4, RowStorage::kFloat16, 6));
+  } catch (const std::invalid_argument& e) {
+    threw = std::string(e.what()).find("compact_cols") != std::string::npos;
+  }
+  CHECK(threw);
+}
+
+// Update and FindOrInsertWith's new rows round with the table's rounding.
+// Stochastic rounding is seeded by key, the version the write leaves and the
+// column: two tables fed the same steps hold the same bits, other versions
+// give other bits, and small updates that round-to-nearest loses accumulate
+// on average (bf16 at 1.0 has a gap of 2^-7; 1e-3 per step is below half).
+TFEXT_TEST(StochasticRoundingIsDeterministicAndKeepsSmallUpdates) {
+  for (const RowStorage storage : {RowStorage::kBFloat16, RowStorage::kFloat16}) {
+    const float step_delta = storage == RowStorage::kBFloat16 ? 1e-3f : 1.2e-4f;  // fp16 gap at 1.0: 2^-10
+    const int64_t width = 5, compact_cols = 4, n = 2000, steps = 40;
+    HashTable a(CompactOptions(width, storage, compact_cols, Rounding::kStochastic));
+    HashTable b(CompactOptions(width, storage, compact_cols, Rounding::kStochastic, 1));
+    HashTable other_versions(CompactOptions(width, storage, compact_cols, Rounding::kStochastic));
+    HashTable nearest(CompactOptions(width, storage, compact_cols, Rounding::kNearest));
+    HashTable plain(Options(width));
+    std::vector<int64_t> keys(n);
+    for (int64_t i = 0; i < n; ++i) keys[i] = i * 104729 - 77;
+    std::vector<float> ones(n * width, 1.f);
+    for (HashTable* t : {&a, &b, &other_versions, &nearest, &plain}) {
+      t->Insert(keys.data(), n, 0, width, ones.data(), nullptr, false, 0, PoolParallelFor());
+    }
+    for (int64_t step = 1; step <= steps; ++step) {
+      for (HashTable* t : {&a, &b, &other_versions, &nearest, &plain}) {
+        const int64_t version = t == &other_versions ? step + 1000 : step;
+        t->Update(
+            keys.data(), n, nullptr,
+            [&](int64_t, float* row, KeyMeta* meta) {
+              for (int64_t c = 0; c < width; ++c) row[c] += step_delta;
+              meta->version = version;
+            },
+            PoolParallelFor());
+      }
+    }
+    CHECK(Snapshot(a) == Snapshot(b));
+    const std::map<int64_t, Entry> sa = Snapshot(a), so = Snapshot(other_versions), sn = Snapshot(nearest),
+                                   sp = Snapshot(plain);
+    int64_t differ = 0;
+    double mean = 0;
+    for (const auto& kv : sa) {
+      differ += kv.second.row != so.at(kv.first).row;
+      for (int64_t c = 0; c < compact_cols; ++c) mean += kv.second.row[c];
+      CHECK_EQ(sn.at(kv.first).row[0], 1.f);               // nearest loses every update
+      CHECK_EQ(kv.second.row[4], sp.at(kv.first).row[4]);  // the float32 column is exact
+    }
+    mean /= static_cast<double>(n * compact_cols);
+    const double exact = 1.0 + steps * static_cast<double>(step_delta);
+    std::printf("  %s: stochastic mean %.5f, exact %.5f, nearest 1.0; rows differing by version: %lld of %lld\n",
+                StorageName(storage), mean, exact, static_cast<long long>(differ), static_cast<long long>(n));
+    CHECK_LE(std::fabs(mean - exact), 0.1 * (exact - 1.0));
+    CHECK_GT(differ, n / 2);
+    CHECK_EQ(a.CheckInvariants(), std::string());
+  }
+  // FindOrInsertWith's init is rounded stochastically (seeded by the version
+  // the lookup sets), FindOrInsert's init_rows and Insert to nearest.
+  const float x = 1.0f + 0.3f * 0x1p-7f;  // 30% of a bf16 gap above 1
+  const int64_t n = 4000;
+  std::vector<int64_t> keys(n);
+  for (int64_t i = 0; i < n; ++i) keys[i] = i;
+  const auto init = [&](const int64_t*, float* const* dst, int64_t k) {
+    for (int64_t j = 0; j < k; ++j) dst[j][0] = x;
+  };
+  HashTable s1(CompactOptions(2, RowStorage::kBFloat16, 1, Rounding::kStochastic));
+  HashTable s2(CompactOptions(2, RowStorage::kBFloat16, 1, Rounding::kStochastic));
+  s1.FindOrInsertWith(keys.data(), n, 0, 1, init, nullptr, nullptr, nullptr, false, 9, PoolParallelFor());
+  s2.FindOrInsertWith(keys.data(), n, 0, 1, init, nullptr, nullptr, nullptr, false, 9, InlineParallelFor());
+  CHECK(Snapshot(s1) == Snapshot(s2));
+  int64_t up = 0;
+  for (const auto& kv : Snapshot(s1)) {
+    CHECK(kv.second.row[0] == 1.f || kv.second.row[0] == 1.f + 0x1p-7f);
+    up += kv.second.row[0] > 1.f;
+  }
+  CHECK_GT(up, n / 5);
+  CHECK_LT(up, 2 * n / 5);
+  std::vector<float> xs(n, x), out(n);
+  HashTable s3(CompactOptions(2, RowStorage::kBFloat16, 1, Rounding::kStochastic));
+  s3.FindOrInsert(keys.data(), n, 0, 1, xs.data(), nullptr, out.data(), nullptr, false, 9, PoolParallelFor());
+  for (const float v : out) CHECK_EQ(v, 1.f);
+  s3.Insert(keys.data(), n, 0, 1, xs.data(), nullptr, false, 10, PoolParallelFor());
+  s3.Find(keys.data(), n, 0, 1, out.data(), nullptr, nullptr, PoolParallelFor());
+  for (const float v : out) CHECK_EQ(v, 1.f);
+}
+
+// An int8 row is quantized as a whole: writing one column requantizes the
+// others with the new row's scale, each within scale / 2 of what it read
+// before; the float32 columns after the compact area are untouched.
+TFEXT_TEST(Int8RowsAreRequantizedAsAWhole) {
+  const int64_t width = 9, compact_cols = 8;
+  HashTable t(CompactOptions(width, RowStorage::kInt8Row, compact_cols));
+  const ParallelFor pf = InlineParallelFor();
+  const int64_t key = 42;
+  float row[9] = {0.f, 0.01f, 0.02f, 0.03f, 0.04f, 0.05f, 0.06f, 0.07f, 123.456f};
+  t.Insert(&key, 1, 0, width, row, nullptr, false, 1, pf);
+  float before[9];
+  t.Find(&key, 1, 0, width, before, nullptr, nullptr, pf);
+  const float small_scale = 0.07f / 255.f;
+  for (int c = 0; c < 8; ++c) CHECK_LE(std::fabs(before[c] - row[c]), small_scale / 2 * 1.01f + 1e-7f);
+  CHECK_EQ(before[8], 123.456f);
+  // Column 3 becomes 10: the row's range grows, so does its scale.
+  const float ten = 10.f;
+  t.Insert(&key, 1, 3, 1, &ten, nullptr, false, 2, pf);
+  float after[9];
+  t.Find(&key, 1, 0, width, after, nullptr, nullptr, pf);
+  float expected[9];
+  std::copy(before, before + 9, expected);
+  expected[3] = 10.f;
+  float want[9];
+  std::copy(expected, expected + 9, want);
+  RoundAsStored(RowStorage::kInt8Row, compact_cols, want);
+  const float big_scale = 10.f / 255.f;
+  int moved = 0;
+  for (int c = 0; c < 8; ++c) {
+    CHECK_EQ(after[c], want[c]);
+    CHECK_LE(std::fabs(after[c] - expected[c]), big_scale / 2 * 1.01f);
+    moved += after[c] != before[c];
+  }
+  CHECK_GE(moved, 4);            // requantized: the small values moved to the coarser grid
+  CHECK_EQ(after[8], 123.456f);  // the float32 column is not part of the int8 row
+  // A partial read decodes with the row's own scale and bias.
+  float part[2];
+  t.Find(&key, 1, 6, 3, part, nullptr, nullptr, pf);  // reads past the compact area into the float column
+  CHECK_EQ(part[0], after[6]);
+  CHECK_EQ(part[1], after[7]);
+  // Accumulate requantizes too; a write of only the float column does not touch the int8 row.
+  const float delta = -9.5f;
+  t.Accumulate(&key, 1, 3, 1, &delta, nullptr, false, false, -1, pf);
+  float acc[9];
+  t.Find(&key, 1, 0, width, acc, nullptr, nullptr, pf);
+  std::copy(after, after + 9, want);
+  want[3] += delta;
+  RoundAsStored(RowStorage::kInt8Row, compact_cols, want);
+  for (int c = 0; c < 9; ++c) CHECK_EQ(acc[c], want[c]);
+  const float seven = 7.f;
+  t.Insert(&key, 1, 8, 1, &seven, nullptr, false, -1, pf);
+  float last[9];
+  t.Find(&key, 1, 0, width, last, nullptr, nullptr, pf);
+  for (int c = 0; c < 8; ++c) CHECK_EQ(last[c], acc[c]);
+  CHECK_EQ(last[8], 7.f);
+  // A new key's zero row is exact zeros.
+  const int64_t fresh = 7;
+  float zeros[9];
+  t.FindOrInsert(&fresh, 1, 8, 1, &seven, nullptr, zeros, nullptr, false, -1, pf);
+  t.Find(&fresh, 1, 0, width, zeros, nullptr, nullptr, pf);
+  for (int c = 0; c < 8; ++c) CHECK_EQ(zeros[c], 0.f);
+}
+
+// RemoveIf's predicate sees the decoded rows: an L2-norm eviction of a bf16
+// table evicts what the same eviction of the decoded float32 rows would.
+TFEXT_TEST(RemoveIfSeesDecodedRows) {
+  const int64_t width = 3;
+  HashTable t(CompactOptions(width, RowStorage::kBFloat16, 2));
+  const ParallelFor pf = InlineParallelFor();
+  std::vector<int64_t> keys;
+  std::vector<float> rows;
+  for (int64_t k = 0; k < 1000; ++k) {
+    keys.push_back(k);
+    // 1 + k * 2^-10: bf16 keeps 1 + 2^-7 * round(k / 8): the norm the
+    // predicate sees changes only every 8 keys.
+    rows.push_back(1.f + static_cast<float>(k) * 0x1p-10f);
+    rows.push_back(0.f);
+    rows.push_back(static_cast<float>(k));
+  }
+  t.Insert(keys.data(), 1000, 0, width, rows.data(), nullptr, false, 1, pf);
+  int64_t calls = 0;
+  const int64_t removed = t.RemoveIf([&](int64_t key, const float* row, const KeyMeta&) {
+    ++calls;
+    float stored = row[0];
+    RoundAsStored(RowStorage::kBFloat16, 1, &stored);
+    CHECK_EQ(row[0], stored);                        // a value bf16 can hold
+    CHECK_EQ(row[2], static_cast<float>(key));       // the float32 column as written
+    return row[0] * row[0] + row[1] * row[1] > 2.f;  // norm^2 > 2: row[0] > 1.4142
+  });
+  CHECK_EQ(calls, int64_t{1000});
+  // Stored row[0] = 1 + 2^-7 * m, m = round-half-even(k / 8): > sqrt(2) from m = 54 on.
+  int64_t expected = 0;
+  for (int64_t k = 0; k < 1000; ++k) {
+    float v = 1.f + static_cast<float>(k) * 0x1p-10f;
+    RoundAsStored(RowStorage::kBFloat16, 1, &v);
+    expected += v * v > 2.f;
+  }
+  CHECK_EQ(removed, expected);
+  CHECK_GT(expected, int64_t{500});
+  CHECK_EQ(t.size(), 1000 - expected);
+  CHECK_EQ(t.CheckInvariants(), std::string());
+}
+
+// Compact rows are smaller rows: at the same keys (one shard, so that the
+// last chunk's slack, < 16 KiB, is < 0.25 B/key), memory_bytes differs from
+// the float32 table's by the row bytes the storage saves, per key.
+TFEXT_TEST(CompactRowsTakeFewerBytesPerKey) {
+  const int64_t width = 17, n = int64_t{1} << 16;
+  std::vector<int64_t> keys(n);
+  std::mt19937_64 rng(5);
+  for (int64_t& k : keys) k = static_cast<int64_t>(rng());
+  std::vector<float> values(n * width, 0.5f);
+  HashTable plain(Options(width, 0));
+  plain.Insert(keys.data(), n, 0, width, values.data(), nullptr, false, -1, InlineParallelFor());
+  const double plain_per_key = static_cast<double>(plain.memory_bytes()) / n;
+  struct Case {
+    RowStorage storage;
+    int64_t compact_cols;
+    int64_t row_bytes;  // 20 + CompactBytes + 4 * (width - compact_cols)
+  };
+  for (const Case c :
+       {Case{RowStorage::kBFloat16, 16, 56}, Case{RowStorage::kFloat16, 16, 56}, Case{RowStorage::kBFloat16, 17, 56},
+        Case{RowStorage::kInt8Row, 16, 44}, Case{RowStorage::kFloat16, 1, 88}}) {
+    HashTable t(CompactOptions(width, c.storage, c.compact_cols, Rounding::kNearest, 0));
+    t.Insert(keys.data(), n, 0, width, values.data(), nullptr, false, -1, InlineParallelFor());
+    const double per_key = static_cast<double>(t.memory_bytes()) / n;
+    const double saved = plain_per_key - per_key;
+    std::printf("  %s, compact_cols %lld: %.1f B/key (float32 rows: %.1f): saves %.2f B/key, rows %lld B shorter\n",
+                StorageName(c.storage), static_cast<long long>(c.compact_cols), per_key, plain_per_key, saved,
+                static_cast<long long>(20 + 4 * width - c.row_bytes));
+    CHECK_LE(std::fabs(saved - static_cast<double>(20 + 4 * width - c.row_bytes)), 2.0 * 16384 / n);
+    CHECK_EQ(t.CheckInvariants(), std::string());
+  }
 }
 
 // In a debug-check build a damaged index stops the process at the first

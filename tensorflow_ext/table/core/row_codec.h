@@ -27,10 +27,11 @@
 //    fp16; an int8 row holding any NaN or Inf reads back as NaN in every
 //    column (the row cannot be scaled). Writers that must not lose data
 //    (serving exports) check rows with RowIsFinite first and report the key.
-//  * Error bounds (tested against numpy): bf16 nearest |x - x'| <= 2^-9 |x|,
-//    fp16 nearest <= 2^-11 |x| in the normal range (2^-25 absolute below it);
-//    int8 rows |x - x'| <= scale / 2 for every column of a row whose values
-//    lie in the fp16 range.
+//  * Error bounds (row_codec_test.cc): bf16 nearest |x - x'| <= 2^-8 |x|
+//    (8 significant bits), fp16 nearest <= 2^-11 |x| in the normal range
+//    (2^-25 absolute below it); int8 rows |x - x'| <= scale / 2 (plus a few
+//    float32 ulps of the values, from the float arithmetic of encode and
+//    decode) for every column of a row whose values lie in the fp16 range.
 //  * An int8 row is quantized as a whole: writing some of its columns decodes
 //    the row, replaces them and encodes it again (the other columns may move
 //    by up to scale / 2 of the new scale). Tables do that for the caller.
@@ -129,7 +130,7 @@ namespace codec_internal {
 // |f| (finite, below 65520) to binary16 magnitude bits, rounded to nearest
 // even (toward_zero: truncated).
 TFEXT_HOST_DEVICE inline uint32_t HalfMagnitude(uint32_t a, bool toward_zero) {
-  if (a < 0x38800000u) {  // below 2^-14: a subnormal half, round(a / 2^-24)
+  if (a < 0x38800000u) {            // below 2^-14: a subnormal half, round(a / 2^-24)
     if (a < 0x33000000u) return 0;  // below 2^-25: rounds (ties to even) or truncates to 0
     const uint32_t e = a >> 23;
     const uint32_t m = (a & 0x7FFFFFu) | 0x800000u;  // value = m * 2^(e - 150)
@@ -151,7 +152,7 @@ TFEXT_HOST_DEVICE inline uint16_t FloatToFloat16(float f, Rounding rounding, uin
   const uint32_t x = codec_internal::Bits(f);
   const uint16_t sign = static_cast<uint16_t>((x >> 16) & 0x8000u);
   const uint32_t a = x & 0x7FFFFFFFu;
-  if (a > 0x7F800000u) return static_cast<uint16_t>(sign | 0x7E00u);  // NaN
+  if (a > 0x7F800000u) return static_cast<uint16_t>(sign | 0x7E00u);   // NaN
   if (a == 0x7F800000u) return static_cast<uint16_t>(sign | 0x7C00u);  // +-Inf
   if (rounding == Rounding::kNearest) {
     if (a >= 0x477FF000u) return static_cast<uint16_t>(sign | kFloat16MaxFinite);  // >= 65520 saturates
@@ -201,8 +202,7 @@ TFEXT_HOST_DEVICE inline void EncodeElements(RowStorage storage, const float* sr
   for (int64_t j = 0; j < n; j += 16) {
     const int64_t m = n - j < 16 ? n - j : 16;
     for (int64_t k = 0; k < m; ++k) {
-      const uint32_t random =
-          rounding == Rounding::kStochastic ? StochasticBits(key, version, c0 + j + k) : 0u;
+      const uint32_t random = rounding == Rounding::kStochastic ? StochasticBits(key, version, c0 + j + k) : 0u;
       h[k] = storage == RowStorage::kBFloat16 ? FloatToBFloat16(src[j + k], rounding, random)
                                               : FloatToFloat16(src[j + k], rounding, random);
     }

@@ -521,6 +521,19 @@ def adagrad_ref(row, g, h, dim):
         var -= lr * g * (F(1) / np.sqrt(acc))
 
 
+def rowwise_adagrad_ref(row, g, h, dim):
+    """RowwiseAdagradOpt::Apply: acc += RowMeanSquare(g) (squares summed as a balanced binary tree over the columns,
+    padded with zeros to a power of two, times the float nearest 1 / dim); var -= (lr * g) / sqrt(acc)."""
+    var, acc = row[:, :dim], row[:, dim]
+    leaves = 1 << max(dim - 1, 0).bit_length()
+    tree = np.zeros((len(g), leaves), np.float32)
+    tree[:, :dim] = g * g
+    while tree.shape[1] > 1:
+        tree = tree[:, 0::2] + tree[:, 1::2]
+    acc += tree[:, 0] * (F(1) / F(dim))
+    var -= (F(h[0]) * g) / np.sqrt(acc)[:, None]
+
+
 def adam_ref(row, g, h, dim):
     var, m, v = row[:, :dim], row[:, dim : 2 * dim], row[:, 2 * dim :]
     b1p, b2p, lr, b1, b2, eps = (F(x) for x in h)
@@ -564,6 +577,7 @@ def apply_optimizers(lib, rng):
     adam_h = [[F(0.9) ** t, F(0.999) ** t, 0.01, 0.9, 0.999, 1e-7] for t in (1, 2, 3)]
     cases = [
         ("adagrad", "", adagrad_ref, [[0.1]] * 3),
+        ("rowwise_adagrad", "", rowwise_adagrad_ref, [[0.1]] * 3),
         ("adam", "", adam_ref, adam_h),
         ("ftrl", " (lr_power -0.5)", ftrl_ref, [[0.05, 0.001, 0.01, 0.0, -0.5]] * 3),
         ("ftrl", " (lr_power -0.6, l2_shrinkage)", ftrl_ref, [[0.05, 0.001, 0.01, 0.02, -0.6]] * 3),
@@ -729,7 +743,7 @@ def compact_rows(lib, rng):
 
 @check
 def compact_apply(lib, rng):
-    """The fused Adagrad and Adam steps on bfloat16 / float16 rows (the variable compact, or the whole row):
+    """The fused Adagrad, row-wise Adagrad and Adam steps on bfloat16 / float16 rows (the variable compact, or the whole row):
     numpy's step, then the row rounded by the stochastic rounding with the bits of (key, step, column). numpy's
     float32 math may differ from the device's in the last bit, which can move a rounded value by one ulp of the
     storage: at least 99% of the values must equal numpy's bit for bit, all within two ulps. Two tables given the
@@ -738,6 +752,7 @@ def compact_apply(lib, rng):
     adam_h = [[F(0.9) ** t, F(0.999) ** t, 0.01, 0.9, 0.999, 1e-7] for t in (1, 2, 3)]
     for name, ref_fn, steps, width in (
         ("adagrad", adagrad_ref, [[0.1]] * 3, 2 * dim),
+        ("rowwise_adagrad", rowwise_adagrad_ref, [[0.1]] * 3, dim + 1),  # bfloat16 values + a float32 accumulator
         ("adam", adam_ref, adam_h, 3 * dim),
     ):
         for storage in ("bfloat16", "float16"):

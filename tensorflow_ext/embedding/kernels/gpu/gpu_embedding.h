@@ -8,8 +8,10 @@
 //    FillInitialRow): for the same RowInitParams, the same floats as the CPU kernels, bit for bit (--fmad=false on
 //    the device, see row_initializer.h).
 //  * SparseApply: one step of an optimizer of optimizer_functors.h on distinct keys; rows are [var | slot 0 | ...],
-//    dim columns each, the CPU kernels' layout. A key the table lacks gets column_defaults first, as in the CPU
-//    kernels. The same floats as the CPU kernels' step (ApplyElement, one rounding per operation).
+//    dim columns for the variable and Opt::SlotWidth(dim) per slot (dim, or 1 for a row-wise optimizer), the CPU
+//    kernels' layout. A key the table lacks gets column_defaults first, as in the CPU kernels. The same floats as
+//    the CPU kernels' step (one rounding per operation). On a table with compact (bfloat16 / float16) columns the
+//    step sees float32 and the table rounds the result back (bucket_table.h), as the CPU table does.
 //  * Both return an empty string on success, else a message naming the problem (as the table's operations).
 //
 // Limitations
@@ -20,8 +22,9 @@
 //
 // Design
 //  * The initializer runs one thread per new key (a key's values are drawn in sequence: the truncated normal skips
-//    values in stream order); the optimizer one thread per element, so that a warp reads and writes consecutive
-//    columns of a row.
+//    values in stream order); an element-wise optimizer one thread per element, so that a warp reads and writes
+//    consecutive columns of a row; a row-wise one (RowwiseAdagradOpt: the row's mean squared gradient feeds every
+//    column) one thread per row (Apply over the whole row).
 //  * Column ownership: the table's Update lets the thread of element j touch only the row's columns x with
 //    x % cols == j. An optimizer's ApplyElement(var, slots, dim, g, j, dim) touches var[j] and slots[k * dim + j],
 //    i.e. row columns j + m * dim: with cols = dim, exactly its own.
@@ -63,6 +66,19 @@ struct OptimizerElement {
   }
 };
 
+// Batch entry i's whole optimizer step (the table's Update fn with cols = 1: the thread owns the whole row), for the
+// optimizers that reduce over the row first.
+template <class Opt>
+struct OptimizerRow {
+  Opt opt;
+  const float* grads;  // [n, dim], device memory of the table's backend
+  int64_t dim;
+  int64_t slot_width;  // Opt::SlotWidth(dim), from the host
+  TFEXT_HOST_DEVICE void operator()(int64_t i, int64_t /*j*/, float* row) const {
+    opt.Apply(row, row + dim, slot_width, grads + i * dim, dim);
+  }
+};
+
 // Missing keys are inserted with the initializer's values in columns [col_begin, col_begin + cols), the other columns
 // from column_defaults (null: zeros); out[i] gets the key's columns, inserted[i] (may be null) is 1 for the first
 // occurrence of a key this call inserted (BucketTable::FindOrInsertWith).
@@ -82,17 +98,19 @@ std::string FindOrInitialize(table::gpu::BucketTable<Backend>* table, const int6
 template <class Backend, class Opt>
 std::string SparseApply(table::gpu::BucketTable<Backend>* table, const int64_t* keys, int64_t n, const float* grads,
                         int64_t dim, int64_t num_slots, const Opt& opt, const float* column_defaults, int64_t version) {
-  static_assert(std::is_base_of<ElementwiseOptimizer<Opt>, Opt>::value,
-                "Opt must be an optimizer of optimizer_functors.h: the table runs its ApplyElement one thread per "
-                "element, which only an element-wise optimizer allows");
   static_assert(std::is_trivially_copyable<Opt>::value,
                 "the prepared optimizer travels to the device by value, in a kernel's parameters");
   if (n < 0) return "Apply: n must be >= 0, got " + std::to_string(n);
-  if (dim < 1 || dim * (1 + num_slots) > table->width()) {
-    return "Apply: dim " + std::to_string(dim) + " with " + std::to_string(num_slots) +
-           " slots does not fit rows of width " + std::to_string(table->width());
+  if (dim < 1 || dim + num_slots * Opt::SlotWidth(dim) > table->width()) {
+    return "Apply: dim " + std::to_string(dim) + " with " + std::to_string(num_slots) + " slots of " +
+           std::to_string(Opt::SlotWidth(dim)) + " columns does not fit rows of width " +
+           std::to_string(table->width());
   }
-  return table->Update(keys, n, dim, OptimizerElement<Opt>{opt, grads, dim}, column_defaults, version);
+  if constexpr (std::is_base_of<ElementwiseOptimizer<Opt>, Opt>::value) {
+    return table->Update(keys, n, dim, OptimizerElement<Opt>{opt, grads, dim}, column_defaults, version);
+  } else {
+    return table->Update(keys, n, 1, OptimizerRow<Opt>{opt, grads, dim, Opt::SlotWidth(dim)}, column_defaults, version);
+  }
 }
 
 }  // namespace gpu

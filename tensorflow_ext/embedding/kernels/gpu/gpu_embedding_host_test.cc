@@ -29,6 +29,7 @@ using tfext::embedding::MomentumOpt;
 using tfext::embedding::OptimizerFlags;
 using tfext::embedding::RMSPropOpt;
 using tfext::embedding::RowInitParams;
+using tfext::embedding::RowwiseAdagradOpt;
 using tfext::embedding::gpu::FindOrInitialize;
 using tfext::embedding::gpu::SparseApply;
 using tfext::table::HashTable;
@@ -135,7 +136,7 @@ template <class Opt>
 void CheckApply(const float* hypers, int num_slots, const OptimizerFlags& flags,
                 RowStorage storage = RowStorage::kFloat32, Rounding rounding = Rounding::kNearest,
                 bool slots_too = false) {
-  const int64_t dim = 5, w = dim * (1 + num_slots);
+  const int64_t dim = 5, slot_width = Opt::SlotWidth(dim), w = dim + num_slots * slot_width;
   Opt opt;
   CHECK_EQ(opt.Prepare(hypers, flags), "");
   CHECK_EQ(Opt::NumSlots(flags), num_slots);
@@ -164,7 +165,7 @@ void CheckApply(const float* hypers, int num_slots, const OptimizerFlags& flags,
     c.Update(
         keys.data(), keys.size(), rounded_defaults.data(),
         [&](int64_t i, float* row, KeyMeta* meta) {
-          opt.Apply(row, row + dim, dim, grads.data() + i * dim, dim);
+          opt.Apply(row, row + dim, slot_width, grads.data() + i * dim, dim);
           meta->version = step;
           RoundRow(storage, rounding, compact_cols, keys[i], step, row, 0, w);
         },
@@ -195,6 +196,8 @@ TFEXT_TEST(FusedAppliesMatchTheCpuCore) {
   centered.centered = true;
   const float rmsprop[] = {0.01f, 0.9f, 0.5f, 1e-6f};
   CheckApply<RMSPropOpt>(rmsprop, 3, centered);
+  const float rowwise_adagrad[] = {0.05f};  // one accumulator column per row: the step runs a thread per row
+  CheckApply<RowwiseAdagradOpt>(rowwise_adagrad, 1, OptimizerFlags());
 }
 
 TFEXT_TEST(FusedAppliesOnCompactRowsMatchTheRoundedCpuCore) {
@@ -206,6 +209,7 @@ TFEXT_TEST(FusedAppliesOnCompactRowsMatchTheRoundedCpuCore) {
       for (bool slots_too : {false, true}) {
         CheckApply<AdagradOpt>(adagrad, 1, OptimizerFlags(), storage, rounding, slots_too);
         CheckApply<AdamOpt>(adam, 2, OptimizerFlags(), storage, rounding, slots_too);
+        CheckApply<RowwiseAdagradOpt>(adagrad, 1, OptimizerFlags(), storage, rounding, slots_too);
       }
     }
   }
@@ -226,6 +230,11 @@ TFEXT_TEST(BadArgumentsAreNamed) {
   CHECK_EQ(adam.Prepare(hypers, OptimizerFlags()), "");
   const float grad[2] = {1, 1};
   CHECK(SparseApply(&t, &k, 1, grad, 2, 2, adam, nullptr, -1).find("does not fit rows of width 4") !=
+        std::string::npos);
+  RowwiseAdagradOpt rowwise;
+  CHECK_EQ(rowwise.Prepare(hypers, OptimizerFlags()), "");
+  const float grad4[4] = {1, 1, 1, 1};
+  CHECK(SparseApply(&t, &k, 1, grad4, 4, 1, rowwise, nullptr, -1).find("1 slots of 1 columns does not fit") !=
         std::string::npos);
 }
 

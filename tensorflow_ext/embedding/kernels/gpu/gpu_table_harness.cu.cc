@@ -32,6 +32,7 @@ using tfext::embedding::MomentumOpt;
 using tfext::embedding::OptimizerFlags;
 using tfext::embedding::RMSPropOpt;
 using tfext::embedding::RowInitParams;
+using tfext::embedding::RowwiseAdagradOpt;
 using tfext::embedding::gpu::FindOrInitialize;
 using tfext::embedding::gpu::SparseApply;
 using tfext::table::SplitMix64;
@@ -103,6 +104,11 @@ std::string WithOptimizer(const char* name, const float* hypers, Fn fn) {
     std::string e = o.Prepare(hypers, flags);
     return e.empty() ? fn(o, 1) : e;
   }
+  if (n == "rowwise_adagrad") {
+    RowwiseAdagradOpt o;
+    std::string e = o.Prepare(hypers, flags);
+    return e.empty() ? fn(o, 1) : e;
+  }
   if (n == "adam") {
     AdamOpt o;
     std::string e = o.Prepare(hypers, flags);
@@ -132,7 +138,8 @@ std::string WithOptimizer(const char* name, const float* hypers, Fn fn) {
     return e.empty() ? fn(o, flags.centered ? 3 : 2) : e;
   }
   return "unknown optimizer '" + n +
-         "' (adagrad, adam, ftrl, ftrl_multiply_linear_by_lr, sgd, momentum, momentum_nesterov, rmsprop, "
+         "' (adagrad, rowwise_adagrad, adam, ftrl, ftrl_multiply_linear_by_lr, sgd, momentum, momentum_nesterov, "
+         "rmsprop, "
          "rmsprop_centered)";
 }
 
@@ -291,8 +298,9 @@ int64_t tfext_gpu_table_remove(void* t, const int64_t* keys, int64_t n) {
   return err.empty() ? removed : Fail(err);
 }
 
-// optimizer: "adagrad" (hypers: lr), "adam" (beta1_power, beta2_power, lr, beta1, beta2, epsilon), "ftrl" (lr, l1,
-// l2, l2_shrinkage, lr_power). Row layout: [var | slot 0 | slot 1], dim columns each. Keys must be distinct.
+// optimizer: "adagrad" (hypers: lr), "rowwise_adagrad" (lr), "adam" (beta1_power, beta2_power, lr, beta1, beta2,
+// epsilon), "ftrl" (lr, l1, l2, l2_shrinkage, lr_power). Row layout: [var | slot 0 | slot 1], dim columns each (one
+// column: rowwise_adagrad's accumulator). Keys must be distinct.
 int tfext_gpu_table_apply(void* t, const char* optimizer, const float* hypers, int64_t dim, const int64_t* keys,
                           int64_t n, const float* grads, const float* column_defaults, int64_t version) {
   GpuTable* table = AsTable(t);

@@ -400,7 +400,7 @@ TFEXT_TEST(UpdatesMatchTheCpuCore) {
 using tfext::table::Rounding;
 using tfext::table::RowStorage;
 using tfext::table::gpu::testing::CompactOptions;
-using tfext::table::gpu::testing::RoundRow;
+using tfext::table::gpu::testing::CoreOptions;
 
 // New keys' initial columns that every storage holds exactly: small integers, a function of the key and column.
 struct IntegerRow {
@@ -412,19 +412,20 @@ struct IntegerRow {
   }
 };
 
-// Every operation of a compact table against the float32 CPU core, with values every storage holds exactly (small
-// integers): the layout (odd and partial compact areas, float32 columns after them), decoding in find and export,
-// defaults, rehash copies and Accumulate's compare-and-swap on the two halves of one 32-bit word, under races.
-TFEXT_TEST(CompactRowsHoldExactValuesAsFloat32Rows) {
+// Every operation of a compact table against the CPU core with the same storage, on random batches with duplicates,
+// with values every storage holds exactly (small integers, so that the order in which Accumulate adds a key's
+// occurrences cannot matter): the layout (odd and partial compact areas, float32 columns after them), decoding in
+// find and export, defaults, rehash copies and Accumulate's compare-and-swap on the two halves of one 32-bit word,
+// under races.
+TFEXT_TEST(CompactRowsMatchTheCpuCoreOnRandomBatches) {
   const int64_t w = 7;
   for (RowStorage storage : {RowStorage::kBFloat16, RowStorage::kFloat16}) {
     for (int64_t compact_cols : {int64_t{1}, int64_t{4}, w}) {
+      const GpuTableOptions options = CompactOptions(w, storage, compact_cols, Rounding::kStochastic);
       Table g(HostBackend{4});
-      CHECK_EQ(g.Init(CompactOptions(w, storage, compact_cols, Rounding::kStochastic)), "");
+      CHECK_EQ(g.Init(options), "");
       CHECK_EQ(g.row_bytes(), (2 * compact_cols + 3) / 4 * 4 + 4 * (w - compact_cols));
-      TableOptions co;
-      co.width = w;
-      HashTable c(co);
+      HashTable c(CoreOptions(options));
       const auto pf = InlineParallelFor();
       std::mt19937_64 rng(static_cast<uint64_t>(compact_cols) * 3 + static_cast<uint64_t>(storage));
       const std::vector<float> defaults = {-1, -2, -3, -4, -5, -6, -7};
@@ -482,23 +483,20 @@ TFEXT_TEST(CompactRowsHoldExactValuesAsFloat32Rows) {
 
 // Writes round as the CPU core's do (row_codec.h): Insert, FindOrInsert's given rows, defaults and Accumulate to
 // nearest; FindOrInsertWith's initialized rows and Update by the table's rounding, stochastic bits from the key,
-// the version the write leaves in the row and the column. The reference is the float32 CPU core fed the rounded
-// values (its Update rounds the row after the step, as a compact core's does).
-TFEXT_TEST(CompactRowsRoundAsTheCodec) {
+// the version the write leaves in the row and the column. Values that no storage holds exactly; the reference is the
+// CPU core with the same storage, bit for bit.
+TFEXT_TEST(CompactRowsRoundAsTheCpuCore) {
   const int64_t cols = 4, w = 2 * cols + 1;
   for (RowStorage storage : {RowStorage::kBFloat16, RowStorage::kFloat16}) {
     for (Rounding rounding : {Rounding::kNearest, Rounding::kStochastic}) {
       for (int64_t compact_cols : {int64_t{3}, int64_t{cols}, w}) {
+        const GpuTableOptions options = CompactOptions(w, storage, compact_cols, rounding);
         Table g(HostBackend{4});
-        CHECK_EQ(g.Init(CompactOptions(w, storage, compact_cols, rounding)), "");
-        TableOptions co;
-        co.width = w;
-        HashTable c(co);
+        CHECK_EQ(g.Init(options), "");
+        HashTable c(CoreOptions(options));
         const auto pf = InlineParallelFor();
-        std::vector<float> defaults(w), rounded_defaults(w);
+        std::vector<float> defaults(w);
         for (int64_t x = 0; x < w; ++x) defaults[x] = 0.1f + 0.01f * static_cast<float>(x);
-        rounded_defaults = defaults;
-        RoundRow(storage, Rounding::kNearest, compact_cols, 0, 0, rounded_defaults.data(), 0, w);
         std::mt19937_64 rng(5);
         std::normal_distribution<float> nd;
         // Initialized rows (KeyRow: 20-bit fractions, inexact in both storages), version 3.
@@ -509,42 +507,26 @@ TFEXT_TEST(CompactRowsRoundAsTheCodec) {
         CHECK_EQ(
             g.FindOrInsertWith(keys.data(), keys.size(), 0, cols, init, defaults.data(), go.data(), nullptr, false, 3),
             "");
-        c.FindOrInsertWith(
-            keys.data(), keys.size(), 0, cols,
-            [&](const int64_t* index, float* const* dst, int64_t count) {
-              for (int64_t j = 0; j < count; ++j) {
-                init(index[j], keys[index[j]], dst[j]);
-                RoundRow(storage, rounding, compact_cols, keys[index[j]], 3, dst[j], 0, cols);
-              }
-            },
-            rounded_defaults.data(), co_out.data(), nullptr, false, 3, pf);
+        c.FindOrInsertWith(keys.data(), keys.size(), 0, cols, CpuInit(init, keys.data()), defaults.data(),
+                           co_out.data(), nullptr, false, 3, pf);
         CHECK(go == co_out);  // the output holds the rows as stored
         CHECK(Snapshot(g) == Snapshot(c));
-        // Insert and Accumulate (one occurrence per key) round to nearest.
+        // Insert and Accumulate (one occurrence per key: the order of additions cannot matter) round to nearest.
         std::vector<int64_t> distinct;
         std::set<int64_t> seen;
         for (int64_t k : keys) {
           if (seen.insert(k).second) distinct.push_back(k);
         }
         const int64_t n = static_cast<int64_t>(distinct.size());
-        std::vector<float> vals(n * 2), rounded(n * 2), deltas(n * 2);
+        std::vector<float> vals(n * 2), deltas(n * 2);
         for (auto& v : vals) v = nd(rng);
         for (auto& v : deltas) v = nd(rng) * 0.01f;
-        rounded = vals;
-        for (int64_t i = 0; i < n; ++i)
-          RoundRow(storage, Rounding::kNearest, compact_cols, 0, 0, &rounded[2 * i], 2, 2);
         CHECK_EQ(g.Insert(distinct.data(), n, 2, 2, vals.data(), defaults.data(), false, 4), "");
-        c.Insert(distinct.data(), n, 2, 2, rounded.data(), rounded_defaults.data(), false, 4, pf);
+        c.Insert(distinct.data(), n, 2, 2, vals.data(), defaults.data(), false, 4, pf);
         CHECK_EQ(g.Accumulate(distinct.data(), n, 1, 2, deltas.data(), defaults.data(), true, false, -1), "");
-        c.Update(
-            distinct.data(), n, rounded_defaults.data(),
-            [&](int64_t i, float* row, KeyMeta*) {
-              for (int64_t x = 1; x < 3; ++x) row[x] += deltas[2 * i + x - 1];
-              RoundRow(storage, Rounding::kNearest, compact_cols, 0, 0, row + 1, 1, 2);
-            },
-            pf);
+        c.Accumulate(distinct.data(), n, 1, 2, deltas.data(), defaults.data(), true, false, -1, pf);
         CHECK(Snapshot(g) == Snapshot(c));
-        // Update steps, new keys among them (they start from the rounded defaults).
+        // Update steps, new keys among them (they start from the defaults as stored).
         for (int64_t step = 5; step < 9; ++step) {
           std::vector<int64_t> batch;
           std::set<int64_t> in_batch;
@@ -557,11 +539,10 @@ TFEXT_TEST(CompactRowsRoundAsTheCodec) {
           const SquareAndStep fn{grads.data(), cols};
           CHECK_EQ(g.Update(batch.data(), batch.size(), cols, fn, defaults.data(), step), "");
           c.Update(
-              batch.data(), batch.size(), rounded_defaults.data(),
+              batch.data(), batch.size(), defaults.data(),
               [&](int64_t i, float* row, KeyMeta* meta) {
                 for (int64_t j = 0; j < cols; ++j) fn(i, j, row);
                 meta->version = step;
-                RoundRow(storage, rounding, compact_cols, batch[i], step, row, 0, w);
               },
               pf);
         }

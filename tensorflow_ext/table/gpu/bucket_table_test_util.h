@@ -1,6 +1,6 @@
 // Helpers for the host tests of the CUDA table's code (BucketTable<HostBackend>): whole-table snapshots of the GPU
-// table and of the CPU core in one form, so that a test compares them with ==, table options in one line, the
-// values a compact (bfloat16 / float16) table stores for given floats, and
+// table and of the CPU core in one form, so that a test compares them with ==, table options in one line (and the
+// CPU core's for the same rows), and
 // random batches that repeat keys and name the keys a table might reserve. Used
 // by the table's own test (bucket_table_host_test.cc) and the embedding layer's (gpu_embedding_host_test.cc).
 
@@ -14,7 +14,6 @@
 #include <vector>
 
 #include "tensorflow_ext/table/core/hash_table.h"
-#include "tensorflow_ext/table/core/row_codec.h"
 #include "tensorflow_ext/table/core/test_util.h"
 #include "tensorflow_ext/table/gpu/bucket_table.h"
 #include "tensorflow_ext/table/gpu/host_backend.h"
@@ -89,22 +88,14 @@ inline GpuTableOptions CompactOptions(int64_t width, RowStorage storage, int64_t
   return o;
 }
 
-// What a compact column of `storage` stores for v (row_codec.h), read back as float32.
-inline float Stored(RowStorage storage, Rounding rounding, int64_t key, int64_t version, int64_t col, float v) {
-  std::vector<uint16_t> area(col + 1);
-  EncodeElements(storage, &v, col, 1, area.data(), rounding, key, version);
-  float out;
-  DecodeElements(storage, area.data(), col, 1, &out);
-  return out;
-}
-
-// Columns [col_begin, col_begin + cols) of a row (row[0] is column col_begin) as a table whose leading compact_cols
-// columns are of `storage` keeps them: the float32 CPU core fed these values holds what a compact table holds.
-inline void RoundRow(RowStorage storage, Rounding rounding, int64_t compact_cols, int64_t key, int64_t version,
-                     float* row, int64_t col_begin, int64_t cols) {
-  for (int64_t c = 0; c < cols; ++c) {
-    if (col_begin + c < compact_cols) row[c] = Stored(storage, rounding, key, version, col_begin + c, row[c]);
-  }
+// The CPU core's options for the same rows (width and row storage) as a GPU table's.
+inline TableOptions CoreOptions(const GpuTableOptions& o) {
+  TableOptions co;
+  co.width = o.width;
+  co.storage = o.storage;
+  co.compact_cols = o.compact_cols;
+  co.rounding = o.rounding;
+  return co;
 }
 
 // Keys from a small pool (so batches repeat keys and hit earlier ones), with the values a table might reserve.

@@ -1,7 +1,7 @@
 // The embedding layer's operations on the CUDA table (gpu_embedding.h), run on host threads (HostBackend) and checked
 // against the CPU core with the CPU kernels' formulas: lookups insert FillInitialRow's rows, and the fused applies
-// give what the CPU core's Update gives with the same optimizer, bit for bit; on compact (bfloat16 / float16) rows,
-// what the float32 core holds when fed the values rounded as row_codec.h rounds them (a compact core's semantics).
+// give what the CPU core's Update gives with the same optimizer, bit for bit, on float32 rows and on compact
+// (bfloat16 / float16) rows alike (the CPU core with the same storage).
 // (The device itself is checked by tools/gpu/test_gpu_table.py on a GPU machine.)
 #include <cstdint>
 #include <random>
@@ -38,13 +38,12 @@ using tfext::table::KeyMeta;
 using tfext::table::Rounding;
 using tfext::table::RowStorage;
 using tfext::table::SplitMix64;
-using tfext::table::TableOptions;
 using tfext::table::gpu::GpuTableOptions;
 using tfext::table::gpu::HostBackend;
 using tfext::table::gpu::testing::CompactOptions;
+using tfext::table::gpu::testing::CoreOptions;
 using tfext::table::gpu::testing::Options;
 using tfext::table::gpu::testing::RandomKeys;
-using tfext::table::gpu::testing::RoundRow;
 using tfext::table::gpu::testing::Snapshot;
 
 using Table = tfext::table::gpu::testing::HostTable;
@@ -61,20 +60,16 @@ RowInitParams Initializer(RowInitParams::Kind kind, uint64_t seed) {
 
 // Lookups that insert equal the CPU core's FindOrInsertWith filled by FillInitialRow (the CPU kernels' rows), for
 // every initializer kind, on random batches with duplicates, the keys a table might reserve, and growth.
-// The same on compact rows: new rows round by the table's rounding (stochastic bits from key, version, column).
+// The same on compact rows (new rows round by the table's rounding), against the core with the same storage.
 void CheckInitializedLookups(const GpuTableOptions& options) {
   const int64_t w = options.width;
   const std::vector<float> defaults = {-1.1f, -2.2f, -3.3f, -4.4f, -5.5f, -6.6f};
-  std::vector<float> rounded_defaults = defaults;
-  RoundRow(options.storage, Rounding::kNearest, options.compact_cols, 0, 0, rounded_defaults.data(), 0, w);
   for (RowInitParams::Kind kind :
        {RowInitParams::kConstant, RowInitParams::kNormal, RowInitParams::kTruncatedNormal, RowInitParams::kUniform}) {
     const RowInitParams init = Initializer(kind, 11);
     Table g(HostBackend{4});
     CHECK_EQ(g.Init(options), "");
-    TableOptions co;
-    co.width = w;
-    HashTable c(co);
+    HashTable c(CoreOptions(options));
     std::mt19937_64 rng(7);
     for (int round = 0; round < 20; ++round) {
       const int64_t n = 1 + static_cast<int64_t>(rng() % 400);
@@ -90,13 +85,9 @@ void CheckInitializedLookups(const GpuTableOptions& options) {
       c.FindOrInsertWith(
           keys.data(), n, col_begin, cols,
           [&](const int64_t* index, float* const* dst, int64_t count) {
-            for (int64_t j = 0; j < count; ++j) {
-              FillInitialRow(init, keys[index[j]], dst[j], cols, InlineBoxMuller());
-              RoundRow(options.storage, options.rounding, options.compact_cols, keys[index[j]], round, dst[j],
-                       col_begin, cols);
-            }
+            for (int64_t j = 0; j < count; ++j) FillInitialRow(init, keys[index[j]], dst[j], cols, InlineBoxMuller());
           },
-          rounded_defaults.data(), co_out.data(), reinterpret_cast<bool*>(ci.data()), true, round, InlineParallelFor());
+          defaults.data(), co_out.data(), reinterpret_cast<bool*>(ci.data()), true, round, InlineParallelFor());
       CHECK(go == co_out);
       for (int64_t i = 0; i < n; ++i) CHECK_EQ(static_cast<int>(gi[i]), static_cast<int>(ci[i]));
     }
@@ -130,8 +121,8 @@ TFEXT_TEST(UnstoredKeysGetTheInitializersRow) {
   }
 }
 
-// The fused optimizer apply on the table equals the CPU core's Update with the same functor, new keys included. A
-// compact table (storage: compact_cols = dim, the variable; slots_too: the whole row) rounds the row after the step.
+// The fused optimizer apply on the table equals the CPU core's Update with the same functor, new keys included, with
+// the same row storage (compact storage: compact_cols = dim, the variable; slots_too: the whole row).
 template <class Opt>
 void CheckApply(const float* hypers, int num_slots, const OptimizerFlags& flags,
                 RowStorage storage = RowStorage::kFloat32, Rounding rounding = Rounding::kNearest,
@@ -141,15 +132,12 @@ void CheckApply(const float* hypers, int num_slots, const OptimizerFlags& flags,
   CHECK_EQ(opt.Prepare(hypers, flags), "");
   CHECK_EQ(Opt::NumSlots(flags), num_slots);
   const int64_t compact_cols = storage == RowStorage::kFloat32 ? 0 : (slots_too ? w : dim);
+  const GpuTableOptions options = CompactOptions(w, storage, compact_cols, rounding);
   Table g(HostBackend{4});
-  CHECK_EQ(g.Init(CompactOptions(w, storage, compact_cols, rounding)), "");
-  TableOptions co;
-  co.width = w;
-  HashTable c(co);
+  CHECK_EQ(g.Init(options), "");
+  HashTable c(CoreOptions(options));
   std::vector<float> defaults(w, 0.0f);
   for (int64_t j = dim; j < w; ++j) defaults[j] = 0.1f;  // accumulators start positive
-  std::vector<float> rounded_defaults = defaults;
-  RoundRow(storage, Rounding::kNearest, compact_cols, 0, 0, rounded_defaults.data(), 0, w);
   std::mt19937_64 rng(1);
   for (int step = 0; step < 5; ++step) {
     std::vector<int64_t> keys;
@@ -163,11 +151,10 @@ void CheckApply(const float* hypers, int num_slots, const OptimizerFlags& flags,
     for (auto& x : grads) x = nd(rng);
     CHECK_EQ(SparseApply(&g, keys.data(), keys.size(), grads.data(), dim, num_slots, opt, defaults.data(), step), "");
     c.Update(
-        keys.data(), keys.size(), rounded_defaults.data(),
+        keys.data(), keys.size(), defaults.data(),
         [&](int64_t i, float* row, KeyMeta* meta) {
           opt.Apply(row, row + dim, slot_width, grads.data() + i * dim, dim);
           meta->version = step;
-          RoundRow(storage, rounding, compact_cols, keys[i], step, row, 0, w);
         },
         InlineParallelFor());
   }
@@ -200,7 +187,7 @@ TFEXT_TEST(FusedAppliesMatchTheCpuCore) {
   CheckApply<RowwiseAdagradOpt>(rowwise_adagrad, 1, OptimizerFlags());
 }
 
-TFEXT_TEST(FusedAppliesOnCompactRowsMatchTheRoundedCpuCore) {
+TFEXT_TEST(FusedAppliesOnCompactRowsMatchTheCpuCore) {
   const float adagrad[] = {0.05f};
   const float adam[] = {0.9f, 0.999f, 0.001f, 0.9f, 0.999f, 1e-7f};
   const float ftrl[] = {0.1f, 0.01f, 0.02f, 0.0f, -0.5f};

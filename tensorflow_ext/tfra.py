@@ -164,7 +164,9 @@ def get_variable(
     Args:
       name: the embedding's name (variable-scope prefixed, reused under AUTO_REUSE as in TFRA).
       key_dtype: tf.int64, tf.int32 or tf.string.
-      value_dtype: tf.float32.
+      value_dtype: tf.float32, or tf.bfloat16 / tf.float16 (TFRA's half value_dtype): rows stored in half
+        precision, converted at the table's boundary (lookups return float32; optimizer slots stay float32, updates
+        round with the default rounding; see `tf_ext.get_dynamic_embedding`'s value_dtype, slot_dtype, rounding).
       dim: the embedding dimension.
       devices: list of device strings; one shard per device (as in TFRA; one device string is one shard).
       partitioner: TFRA's `default_partition_fn` (tensorflow_ext always partitions keys by a 64-bit hash; other

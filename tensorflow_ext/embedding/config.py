@@ -1,7 +1,7 @@
 """The configuration of a dynamic embedding: one frozen value, checked once.
 
-`EmbeddingConfig` is everything fixed when a `DynamicEmbedding` is created: its name, dimension, dtypes,
-initializer, shards and their devices, capacity, preallocation, its admission and eviction policies and its
+`EmbeddingConfig` is everything fixed when a `DynamicEmbedding` is created: its name, dimension, dtypes (how its
+rows are stored and rounded), initializer, shards and their devices, capacity, preallocation, its admission and eviction policies and its
 distribution over processes.
 `EmbeddingConfig.from_arguments` is the one place where `get_dynamic_embedding`'s arguments are checked and
 completed (variable-scope defaults, a partitioner's shard count); every error names the embedding and says what
@@ -10,7 +10,10 @@ to pass. A config is a value: it cannot change after it is built, and two config
 Invariants of a built config:
 
 * `name` is the embedding's full (variable-scope prefixed) name; `1 <= dim <= MAX_DIM`;
-* `key_dtype` is int64, int32 or string; `value_dtype` is float32;
+* `key_dtype` is int64, int32 or string; `value_dtype` (how the embedding columns are stored) is one of
+  `VALUE_DTYPES` (lookups return float32 whatever it is); `slot_dtype` is None (float32 optimizer slots) or
+  `value_dtype` (the slot columns stored the same way), and always None for float32 values; `rounding` is one of
+  `refs.ROUNDINGS`, always "nearest" for float32 values (float32 rows are never rounded);
 * `initializer` is an `InitSpec` whose kernel seeds are pinned for `name` (a key's initial row depends only on the
   seeds and the key, whichever op inserts it);
 * `1 <= num_shards <= MAX_SHARDS`; `devices` is None or a non-empty tuple (shard i on `devices[i % len]`);
@@ -31,11 +34,18 @@ from tensorflow_ext.embedding import admission as admission_lib
 from tensorflow_ext.embedding import distribution as distribution_lib
 from tensorflow_ext.embedding import eviction as eviction_lib
 from tensorflow_ext.embedding import initializers as init_lib
+from tensorflow_ext.table import refs
 from tensorflow_ext.table import table_ops
 
 MAX_DIM = 1 << 20
 MAX_SHARDS = 1 << 16
 MAX_CAPACITY = table_ops.MAX_CAPACITY  # the table core's limit, kMaxCapacity in table_limits.h
+# How a training embedding's rows may be stored (float32, or half precision converted at the table's boundary).
+VALUE_DTYPES = (tf.float32, tf.bfloat16, tf.float16)
+# How optimizer updates round into half-precision rows when the caller does not say (one of refs.ROUNDINGS):
+# stochastic rounding is deterministic per key, step and column (reruns are bit-identical) and unbiased, so updates
+# smaller than half a bfloat16 step still move the weights on average.
+DEFAULT_ROUNDING = "stochastic"
 
 
 @dataclasses.dataclass(frozen=True)
@@ -55,6 +65,8 @@ class EmbeddingConfig(object):
     trainable: bool
     initial_capacity: int
     preallocate: bool
+    slot_dtype: object = None
+    rounding: str = "nearest"
     admission: object = admission_lib.ADMIT_EVERY_KEY
     eviction: object = eviction_lib.NEVER_EVICT
     distribution: object = distribution_lib.SINGLE_PROCESS
@@ -64,6 +76,11 @@ class EmbeddingConfig(object):
         """The expected number of keys per shard: initial_capacity split evenly, rounded up (every shard of a
         preallocated embedding gets memory, even below one key per shard)."""
         return -(-self.initial_capacity // self.num_shards) if self.initial_capacity else 0
+
+    @property
+    def compact_slots(self):
+        """Whether the optimizer slot columns are stored as `value_dtype` too (else float32)."""
+        return self.slot_dtype is not None
 
     def shard_device(self, index):
         """The device of shard `index`: `devices[index % len(devices)]`, or None (the active device functions)."""
@@ -88,6 +105,8 @@ class EmbeddingConfig(object):
         scope,
         capacity_from="initial_capacity",
         scope_defaults=True,
+        slot_dtype=None,
+        rounding=None,
     ):
         """`get_dynamic_embedding`'s arguments, checked and completed: the config of the embedding they describe.
 
@@ -95,7 +114,8 @@ class EmbeddingConfig(object):
           name: the name as the caller passed it (errors name the embedding by it); the config's name is the
             current variable scope's name + "/" + name.
           dim, key_dtype, value_dtype, initializer, num_shards, devices, partitioner, trainable, initial_capacity,
-            preallocate, admission, eviction: as `get_dynamic_embedding` takes them (None: the default).
+            preallocate, admission, eviction, slot_dtype, rounding: as `get_dynamic_embedding` takes them (None:
+            the default).
           scope: the current `tf.compat.v1.VariableScope` (its partitioner and initializer are the defaults).
           capacity_from: how errors about initial_capacity name it ("init_size" when it came from TFRA's init_size).
           scope_defaults: whether the scope's partitioner and initializer stand in for those not passed. False when
@@ -126,11 +146,7 @@ class EmbeddingConfig(object):
                 "key_dtype of dynamic embedding %r must be tf.int64, tf.int32 or tf.string, got %s"
                 % (name, key_dtype.name)
             )
-        value_dtype = tf.as_dtype(value_dtype)
-        if value_dtype != tf.float32:
-            raise ValueError(
-                "value_dtype of dynamic embedding %r must be tf.float32, got %s" % (name, value_dtype.name)
-            )
+        value_dtype, slot_dtype, rounding = _check_row_storage(name, value_dtype, slot_dtype, rounding)
         initial_capacity = _check_initial_capacity(name, initial_capacity, capacity_from)
         preallocate = table_ops.check_preallocate(preallocate, initial_capacity, "dynamic embedding %r" % name)
         if devices is not None:
@@ -182,12 +198,55 @@ class EmbeddingConfig(object):
             preallocate=preallocate,
             admission=admission,
             eviction=eviction,
+            slot_dtype=slot_dtype,
+            rounding=rounding,
         )
 
 
 def scoped_name(scope, name):
     """The full name of embedding `name` (a non-empty str) got in variable scope `scope`: "<scope name>/<name>"."""
     return scope.name + "/" + name if scope.name else name
+
+
+def _as_dtype(name, what, dtype):
+    try:
+        return tf.as_dtype(dtype)
+    except TypeError:
+        raise TypeError("%s of dynamic embedding %r must be a tf.DType, got %r" % (what, name, dtype)) from None
+
+
+def _check_row_storage(name, value_dtype, slot_dtype, rounding):
+    """(value_dtype, slot_dtype, rounding) checked and completed (see the module docstring's invariants)."""
+    supported = ", ".join("tf." + d.name for d in VALUE_DTYPES)
+    value_dtype = tf.float32 if value_dtype is None else _as_dtype(name, "value_dtype", value_dtype)
+    if value_dtype in (tf.int8, tf.uint8):
+        raise ValueError(
+            "value_dtype=tf.%s for dynamic embedding %r: int8 rows (with a per-row scale and bias) are a serving "
+            "format, not a training one. Train with value_dtype %s and export int8 rows with "
+            "tf_ext.serving.freeze_for_serving(value_dtype=tf.int8)." % (value_dtype.name, name, supported)
+        )
+    if value_dtype not in VALUE_DTYPES:
+        raise ValueError(
+            "value_dtype of dynamic embedding %r must be one of %s (how the rows are stored; lookups return "
+            "float32), got %s" % (name, supported, value_dtype.name)
+        )
+    if slot_dtype is not None:
+        slot_dtype = _as_dtype(name, "slot_dtype", slot_dtype)
+        if slot_dtype != value_dtype:
+            raise ValueError(
+                "slot_dtype of dynamic embedding %r must be None (float32 optimizer slots) or its value_dtype "
+                "(tf.%s: the slots stored as the values are), got tf.%s" % (name, value_dtype.name, slot_dtype.name)
+            )
+    if rounding is None:
+        rounding = DEFAULT_ROUNDING
+    elif rounding not in refs.ROUNDINGS:
+        raise ValueError(
+            "rounding of dynamic embedding %r must be None (the default, %r) or one of %s, got %r"
+            % (name, DEFAULT_ROUNDING, ", ".join(repr(r) for r in refs.ROUNDINGS), rounding)
+        )
+    if value_dtype == tf.float32:
+        return value_dtype, None, "nearest"  # float32 rows are stored as they are: nothing to round
+    return value_dtype, slot_dtype, rounding
 
 
 def _check_int(what, value, lo, hi):

@@ -69,6 +69,11 @@ def dense_variables(var_list=None):
     return [v for v in var_list if not isinstance(v, var_lib.DynamicEmbeddingShard)]
 
 
+def _describe(value):
+    """A dtype as `tf.<name>`, other values as repr (for reuse errors)."""
+    return "tf." + value.name if isinstance(value, tf.DType) else repr(value)
+
+
 def _find(graph, full_name):
     for emb in get_dynamic_embeddings(graph):
         if emb.name == full_name:
@@ -80,7 +85,7 @@ def get_dynamic_embedding(
     name,
     dim,
     key_dtype=tf.int64,
-    value_dtype=tf.float32,
+    value_dtype=None,
     initializer=None,
     num_shards=None,
     devices=None,
@@ -91,6 +96,8 @@ def get_dynamic_embedding(
     reuse=None,
     admission=None,
     eviction=None,
+    slot_dtype=None,
+    rounding=None,
     **tfra_kwargs,
 ):
     """Gets an existing dynamic embedding or creates a new one (variable_scope rules).
@@ -111,7 +118,13 @@ def get_dynamic_embedding(
       dim: int >= 1, the embedding dimension.
       key_dtype: tf.int64 (default), tf.int32, or tf.string. String ids are
         mapped to int64 keys by a 64-bit fingerprint (`string_to_key`).
-      value_dtype: tf.float32 (the only supported value type).
+      value_dtype: how the embedding columns are stored: tf.float32 (None, the
+        default, for a new embedding), tf.bfloat16 or tf.float16 (half the
+        bytes; rows are converted at the table's boundary, so lookups return
+        float32 and optimizers compute in float32, their results rounded back;
+        see docs/embedding.md, "Compact rows"). tf.int8 is a serving format
+        (`tf_ext.serving.freeze_for_serving(value_dtype=tf.int8)`), a ValueError
+        here.
       initializer: None (the variable scope's initializer, else
         truncated_normal(0, 1/sqrt(dim))), a python number (constant), any
         TF/Keras initializer, or a callable `init(shape, dtype)`. Every new key
@@ -145,6 +158,14 @@ def get_dynamic_embedding(
       eviction: None or a `tf_ext.embedding.EvictionPolicy` (time to live, minimum
         frequency, capacity, L2 norm; run every N steps in training and before
         saves, see eviction.py).
+      slot_dtype: None (default): optimizer slot columns are float32;
+        `value_dtype`: they are stored as the values are. Anything else is a
+        ValueError.
+      rounding: how writes to half-precision rows round: "stochastic"
+        (unbiased, deterministic per key, step and column, so reruns are
+        bit-identical) or "nearest"; None: the default
+        (`tf_ext.embedding.config.DEFAULT_ROUNDING`). Float32 rows are not
+        rounded.
       **tfra_kwargs: TFRA's `get_variable` keywords, for code ported by
         renaming: `init_size` (= initial_capacity). The others of TFRA
         (kv_creator, restrict_policy, bp_v2, checkpoint, shared_name) raise a
@@ -154,16 +175,17 @@ def get_dynamic_embedding(
     A reused embedding keeps what it was created with: its shards, devices,
     initializer and capacity are not compared with the arguments (nor is the
     variable scope's partitioner or initializer consulted), but the arguments
-    passed are checked as for a new embedding, and a dim, key dtype or policy
-    given must equal the embedding's.
+    passed are checked as for a new embedding, and a dim, key dtype, policy,
+    value dtype, slot dtype or rounding given must equal the embedding's.
 
     Returns:
       A `DynamicEmbedding`.
 
     Raises:
       ValueError: the embedding exists and the scope does not reuse, it does not
-        exist and reuse=True, a reused embedding has another dim/key dtype or
-        admission/eviction policy, a creation hook would change a reused
+        exist and reuse=True, a reused embedding has another dim/key dtype,
+        admission/eviction policy or row storage (value_dtype, slot_dtype,
+        rounding), a creation hook would change a reused
         embedding (e.g. its Horovod parallelism), a dense variable of that name
         exists, dim <= 0, num_shards <= 0, or unsupported dtypes.
       TypeError: dim/num_shards not integers, bad initializer.
@@ -207,6 +229,8 @@ def get_dynamic_embedding(
         scope,
         capacity_from="init_size" if from_init_size else "initial_capacity",
         scope_defaults=existing is None,
+        slot_dtype=slot_dtype,
+        rounding=rounding,
     )
     if reuse is None:
         reuse = scope.reuse
@@ -238,6 +262,13 @@ def get_dynamic_embedding(
                 "Trying to share dynamic embedding %s with eviction=%r, but it has %r"
                 % (full_name, eviction, existing.eviction)
             )
+        # The row storage given again must be the embedding's; what was left out is not compared.
+        for field, given in (("value_dtype", value_dtype), ("slot_dtype", slot_dtype), ("rounding", rounding)):
+            if given is not None and getattr(existing.config, field) != getattr(config, field):
+                raise ValueError(
+                    "Trying to share dynamic embedding %s with %s=%s, but it has %s"
+                    % (full_name, field, _describe(getattr(config, field)), _describe(getattr(existing.config, field)))
+                )
         hooked = _through_hooks(existing.config)
         if hooked != existing.config:
             raise ValueError(

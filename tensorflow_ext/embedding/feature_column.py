@@ -398,7 +398,6 @@ class DynamicEmbeddingColumn(
             _EMBEDDING_NAME,
             dim=self.dimension,
             key_dtype=self.key_dtype,
-            value_dtype=tf.float32,
             initializer=self.initializer,
             num_shards=self.num_shards,
             trainable=bool(self.trainable and (trainable is None or trainable)),
@@ -588,7 +587,9 @@ def categorical_column_with_dynamic_embedding(
         dropped. Default None: every cell is an id. ``SparseTensor`` entries
         are always ids.
       **embedding_kwargs: further keyword arguments of
-        ``tf_ext.get_dynamic_embedding`` (e.g. ``initial_capacity``).
+        ``tf_ext.get_dynamic_embedding`` (e.g. ``initial_capacity``, or
+        ``value_dtype=tf.bfloat16`` for half-precision rows; the column's
+        output is float32 either way).
 
     Returns:
       A :class:`DynamicEmbeddingColumn`.
@@ -665,7 +666,8 @@ def embedding_column(
         examples with no id a zero vector.
       max_norm: if set, embeddings are l2-clipped to this norm before pooling.
       **embedding_kwargs: further keyword arguments of
-        ``tf_ext.get_dynamic_embedding``.
+        ``tf_ext.get_dynamic_embedding`` (e.g. ``value_dtype=tf.bfloat16``
+        for half-precision rows; the column's output is float32 either way).
 
     Returns:
       A :class:`DynamicEmbeddingColumn`.

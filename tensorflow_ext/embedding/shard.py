@@ -58,8 +58,18 @@ class DynamicEmbeddingShard(object):
         self._index = index
         self._name = name
         self._dim = embedding.dim
+        config = embedding.config
+        # A serving export's scope may store the rows otherwise (tf_ext.serving.export_rows, freeze_for_serving).
+        storage, compact_slots, rounding = export_mode.table_storage(
+            refs.storage_name(config.value_dtype), config.compact_slots, config.rounding
+        )
         self._layout = layout_lib.RowLayout(
-            self._dim, embedding.initializer.embedding_column_defaults(self._dim), embedding.name
+            self._dim,
+            embedding.initializer.embedding_column_defaults(self._dim),
+            embedding.name,
+            storage=storage,
+            compact_slots=compact_slots,
+            rounding=rounding,
         )
         self._lookups = shard_lookups.ShardLookups(name)
         with tf.control_dependencies(None), tf.compat.v1.name_scope(None):
@@ -71,7 +81,9 @@ class DynamicEmbeddingShard(object):
     def _create_table(self, name, index, initial_capacity, preallocate):
         if export_mode.freezing():
             # Created inside tf_ext.serving.freeze_for_serving(): a read-only serving table (no slots, no metadata).
-            return refs.FrozenTableRef.create(self._dim, shared_name=name, name="part_%d" % index)
+            return refs.FrozenTableRef.create(
+                self._dim, storage=self._layout.storage, shared_name=name, name="part_%d" % index
+            )
         return refs.MutableTableRef.create(
             self._layout,
             initial_capacity=int(initial_capacity),
@@ -109,11 +121,18 @@ class DynamicEmbeddingShard(object):
         return not self._table.writable
 
     def check_writable(self, what):
-        """Raises a ValueError naming `what` when the shard is a frozen (read-only) serving table."""
+        """Raises a ValueError naming `what` when the shard is a frozen (read-only) serving table or stores int8
+        rows."""
         if not self._table.writable:
             raise ValueError(
                 "%s: dynamic embedding %r was created inside tf_ext.serving.freeze_for_serving() and is a read-only "
                 "serving table (lookups only); build training and table updates outside that scope"
+                % (what, self._embedding.name)
+            )
+        if self._layout.storage == "int8_row":
+            raise ValueError(
+                "%s: dynamic embedding %r stores int8 rows (made inside tf_ext.serving.export_rows(tf.int8)), a "
+                "serving format that is never trained or updated; build training outside that scope"
                 % (what, self._embedding.name)
             )
 
@@ -134,8 +153,13 @@ class DynamicEmbeddingShard(object):
 
     @property
     def dtype(self):
-        """The value dtype (float32), as optimizers expect of a variable."""
+        """float32, as optimizers expect of a variable: what the rows read as, whatever `storage` is."""
         return tf.float32
+
+    @property
+    def storage(self):
+        """How the table stores the embedding columns: a `refs.STORAGES` name ("float32", "bfloat16", ...)."""
+        return self._layout.storage
 
     @property
     def key_dtype(self):

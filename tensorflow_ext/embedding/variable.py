@@ -1,7 +1,8 @@
 """Dynamic embedding variables: `DynamicEmbedding`, the object users hold.
 
 A dynamic embedding maps arbitrary keys (int64, or strings through a 64-bit
-fingerprint) to rows of ``dim`` float32, with no vocabulary: a row is created
+fingerprint) to rows of ``dim`` float32 (stored as float32, bfloat16 or float16:
+``value_dtype``), with no vocabulary: a row is created
 the first time a training lookup sees its key. It is made of ``num_shards``
 tables (one ``TfExtTableHandle`` resource each, `DynamicEmbeddingShard`); a key
 lives in shard ``HashKey(key) % num_shards`` (``TfExtShardIndex``).
@@ -144,13 +145,23 @@ class DynamicEmbedding(object):
 
     @property
     def value_dtype(self):
-        """The dtype of the embedding values (float32)."""
+        """How the embedding values are stored: tf.float32, tf.bfloat16 or tf.float16 (lookups return float32)."""
         return self._config.value_dtype
 
     @property
+    def slot_dtype(self):
+        """How the optimizer slot columns are stored: None (float32) or `value_dtype`."""
+        return self._config.slot_dtype
+
+    @property
+    def rounding(self):
+        """How writes to half-precision rows round: "stochastic" or "nearest" ("nearest" for float32 rows)."""
+        return self._config.rounding
+
+    @property
     def dtype(self):
-        """Same as value_dtype (float32)."""
-        return self._config.value_dtype
+        """The dtype of what lookups return and optimizers compute in: tf.float32, whatever `value_dtype` is."""
+        return tf.float32
 
     @property
     def initializer(self):

@@ -6,16 +6,25 @@ C++ restore op (`TfExtCheckpointRestoreRows`) reads the same delta record format
 Tensors per shard (prefix = the shard's name, e.g. `user_emb/part_0`):
 
   <shard>-keys       int64 [n]          the keys (string embeddings: fingerprints)
-  <shard>-values     float32 [n, dim]   the embeddings
+  <shard>-values     float32 [n, dim]   the embeddings (float32 whatever the table stores: its rows decoded)
   <shard>-slots      float32 [n, s]     the optimizer slot columns (s may be 0)
   <shard>-versions   int64 [n]          global step of each key's last update
   <shard>-freqs      int64 [n]          training lookup counts
   <shard>-num_shards int64 []           the embedding's shard count when it was saved
   <shard>-layout     string []          the layout record (below)
+  <shard>-storage    string []          how the table stored the embedding columns, where not "float32"
   <shard>-removed    int64 [m]          delta checkpoints: keys removed since the previous save
   <shard>-delta      string []          delta checkpoints: the delta record (below)
 
-A SavedModel export (and a frozen serving table) writes and reads `LEAN_SUFFIXES` only.
+A SavedModel export (and a frozen serving table) writes and reads `LEAN_SUFFIXES` only (and writes the storage
+record where the storage is not float32).
+
+The storage record is one of the row storages of `refs.STORAGES` ("bfloat16", "float16", "int8_row"); a
+checkpoint without it (a float32 table's, or one written before tables stored rows compactly) stands for
+"float32". The saved values are float32 whatever the storage: exact copies of the stored values. A restore into a
+table of another storage rounds them to nearest (float32 -> bfloat16 -> float32 keeps the 8 leading significand
+bits), except that a training table refuses int8_row values (a model restored from an int8 serving export:
+approximations of trained values).
 
 The layout record is a JSON object: format (`LAYOUT_FORMAT`), embedding, dim, width, signature (what a restore
 compares: dim and each optimizer's class and slot names in column order; optimizer names and initial values may
@@ -24,8 +33,9 @@ initial values). The delta record is text: a header line, then `key=value` lines
 `link=<id> <file name>` line per checkpoint of its chain (oldest first, in the same directory) and one
 `owned=<file name>` line per file the delta listener keeps for the chain.
 
-A shard is read through its interface only: `dim`, `width`, `slot_groups` (each with `optimizer_name`,
-`optimizer_class`, `slot_names`, `offset`, `initial_values`, `dim`, `column(name)`) and `embedding.name`.
+A shard is read through its interface only: `dim`, `width`, `storage`, `slot_groups` (each with `optimizer_name`,
+`optimizer_class`, `slot_names`, `offset`, `initial_values`, `dim`, `column(name)`, `slot_width(name)`) and
+`embedding.name`.
 """
 
 import json
@@ -39,7 +49,10 @@ __all__ = [
     "LEAN_SUFFIXES",
     "REMOVED_SUFFIX",
     "ROW_SUFFIXES",
+    "SERVING_ONLY_STORAGE",
+    "STORAGE_SUFFIX",
     "SUFFIXES",
+    "UNRECORDED_STORAGE",
     "delta_record",
     "delta_record_links",
     "delta_record_owned",
@@ -50,6 +63,7 @@ __all__ = [
     "record_field_pattern",
     "signature_field",
     "slot_signature",
+    "storage_record",
 ]
 
 # The rows of a shard (what a delta checkpoint's chain merges), then its shard count.
@@ -58,11 +72,16 @@ SUFFIXES = ROW_SUFFIXES + ("-num_shards",)
 # What a SavedModel export writes and reads per shard (see tensorflow_ext.serving): the embedding only.
 LEAN_SUFFIXES = ("-keys", "-values", "-num_shards")
 LAYOUT_SUFFIX = "-layout"
+STORAGE_SUFFIX = "-storage"
 REMOVED_SUFFIX = "-removed"
 DELTA_SUFFIX = "-delta"
 
 LAYOUT_FORMAT = 1
 _LAYOUT_FIELDS = ("format", "embedding", "dim", "width", "signature", "description", "slot_groups")
+# The storage a checkpoint without a storage record stands for (nothing is written for it).
+UNRECORDED_STORAGE = "float32"
+# The storage whose values a training table refuses: int8 rows of a serving export are approximations.
+SERVING_ONLY_STORAGE = "int8_row"
 _DELTA_HEADER = "tf_ext delta checkpoint 1"
 
 
@@ -86,10 +105,17 @@ def describe_layout(shard):
             % (
                 g.optimizer_name,
                 g.optimizer_class,
-                ", ".join("%s [%d:%d]" % (n, g.column(n), g.column(n) + g.dim) for n in g.slot_names),
+                ", ".join("%s [%d:%d]" % (n, g.column(n), g.column(n) + g.slot_width(n)) for n in g.slot_names),
             )
         )
-    return "dim=%d, width=%d, slot columns: %s" % (shard.dim, shard.width, "; ".join(parts) if parts else "none")
+    # The storage is named where it is not float32 (the only one before tables stored rows compactly).
+    storage = "" if shard.storage == UNRECORDED_STORAGE else ", storage=%s" % shard.storage
+    return "dim=%d, width=%d%s, slot columns: %s" % (
+        shard.dim,
+        shard.width,
+        storage,
+        "; ".join(parts) if parts else "none",
+    )
 
 
 def layout_record(shard):
@@ -124,6 +150,12 @@ def layout_record(shard):
         },
         sort_keys=True,
     )
+
+
+def storage_record(shard):
+    """The storage record a checkpoint of `shard` writes (tensor `<shard>-storage`): the table's storage name, or
+    None where it is `UNRECORDED_STORAGE` (float32: nothing is written, as before tables stored rows compactly)."""
+    return None if shard.storage == UNRECORDED_STORAGE else shard.storage
 
 
 def parse_layout_record(text):

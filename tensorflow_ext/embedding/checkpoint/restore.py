@@ -11,7 +11,9 @@ from), and each shard's restore runs these steps with it:
    `tf.compat.v1.train.warm_start`); the layout record (read by its own op, `TfExtCheckpointReadOptionalString`:
    older checkpoints lack it and the Saver's read would fail; it also checks that the shard's tensors lie inside
    their data file, and names both counts where the graph has more shards than the checkpoint) against the graph's
-   optimizer slots; then, for a delta checkpoint, the rows of its chain (`TfExtCheckpointRestoreRows`).
+   optimizer slots; the storage record (read by its own op too: float32 checkpoints have none), where a training
+   table refuses int8_row values (before the Saver's read, whose error on a serving export's missing tensors would
+   not say why); then, for a delta checkpoint, the rows of its chain (`TfExtCheckpointRestoreRows`).
 2. place by partition (`EmbeddingRestore.place`): every key goes to the shard the current partition
    (`HashKey(key) % num_shards`) gives it, not to the shard whose tensors held it. A key of another shard's
    tensors is inserted into its shard after that shard's own import when the same Saver restores both (and at once
@@ -20,6 +22,10 @@ from), and each shard's restore runs these steps with it:
    swapped in under the table's locks: a concurrent lookup sees the old rows or the new ones).
 4. gate (`EmbeddingRestore.gate`): no import of the embedding runs before every shard's tensors of the same Saver
    were read and checked, so a truncated file or a mismatch fails the restore with every table unchanged.
+
+Storage: checkpoints hold float32 values whatever the table stored (see `format`); a table of another storage than
+the checkpoint's rounds them to nearest as it imports them (float32 -> bfloat16 keeps 8 significand bits, and a
+bfloat16 table's checkpoint restores into a float32 or bfloat16 table exactly).
 
 Slots: where the graph's rows have slot columns, the checkpoint's layout record must have the same signature
 (dim, and each optimizer's class and slot names in column order), else the restore fails naming both layouts. A
@@ -159,6 +165,35 @@ def _read_layout(shard, name, restored_tensors):
     return record, found
 
 
+def _refuse_serving_only_values(shard, name, restored_tensors):
+    """An Assert, run before the Saver's read, that the checkpoint's storage record is not int8_row, for a training
+    table (`SERVING_ONLY_STORAGE`: a model restored from an int8 serving export holds approximations of its trained
+    values; a read-only serving table takes them). None where there is nothing to check: a serving table (frozen,
+    or a plain one storing int8 rows, which is never trained), or a restore built outside a Saver (no checkpoint to
+    read the record from)."""
+    prefix, restore_op = checkpoint_source(restored_tensors[0])
+    refused = ckpt_format.SERVING_ONLY_STORAGE
+    if prefix is None or not shard.table.writable or shard.storage == refused:
+        return None
+    with tf.control_dependencies(None), internals.ops.colocate_with(restore_op, ignore_existing=True):
+        storage, found = loader.load_ops().tf_ext_checkpoint_read_optional_string(
+            prefix, tensor_name=name + ckpt_format.STORAGE_SUFFIX, name=name.replace("/", "_") + "_read_storage"
+        )
+        check = tf.debugging.Assert(
+            tf.logical_not(tf.logical_and(found, tf.equal(storage, refused))),
+            [
+                "Checkpoint tensors %s-* hold %s values (int8 rows with a per-row scale and bias, as a serving export "
+                "stores them: approximations of the trained values), and dynamic embedding %s here is a training "
+                "table storing %s rows: refused. Restore training tables from a training checkpoint (storage "
+                "float32, bfloat16 or float16); serve int8 rows with tf_ext.serving.freeze_for_serving(value_dtype="
+                "tf.int8)." % (name, refused, shard.embedding.name, shard.storage)
+            ],
+            name="check_storage",
+        )
+    graph_edits.add_control_input(restore_op, check)
+    return check
+
+
 def _check_layout(shard, name, record, found, slots):
     """An Assert that the checkpoint's slot columns are the graph's (see the module docstring).
 
@@ -259,8 +294,11 @@ def read_and_check(shard, name, restored_tensors, lean, with_slots):
         keys, values, slots, versions, freqs, num_shards = restored_tensors[: len(ckpt_format.SUFFIXES)]
     # Read for its checks even where the layout is not compared (a truncated file, another shard count).
     record, found = _read_layout(shard, name, restored_tensors)
+    storage_check = _refuse_serving_only_values(shard, name, restored_tensors)
     with internals.ops.colocate_with(shard.handle, ignore_existing=True):
         checks = _shape_checks(shard, name, num_shards, values)
+        if storage_check is not None:
+            checks.append(storage_check)
         if with_slots:
             # After the shard-count and dim checks: those errors say more when they apply.
             with tf.control_dependencies(checks):

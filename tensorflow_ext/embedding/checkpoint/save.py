@@ -7,11 +7,13 @@ argument. The tensors are those of `format` (the module docstring lists them).
 A saveable's specs depend on the Saver that asks, given as a `SpecMode` (from `export_mode.saver_build()`, set
 while TF builds the Saver; never from the call stack):
 
-  FULL           a training Saver's save: rows, slots, versions, frequencies, shard count, the layout record, and in
-                 a graph with delta checkpoints the removed keys and the delta record
+  FULL           a training Saver's save: rows, slots, versions, frequencies, shard count, the layout record, the
+                 storage record of a compact table, and in a graph with delta checkpoints the removed keys and the
+                 delta record
   RESTORE_BUILD  a training Saver's restore: `format.SUFFIXES` (what every checkpoint has; the restore reads the
-                 layout record and the delta chain with ops of its own)
-  LEAN_EXPORT    a SavedModel export's Saver (save and restore): keys, embeddings and shard count
+                 layout and storage records and the delta chain with ops of its own)
+  LEAN_EXPORT    a SavedModel export's Saver: keys, embeddings and shard count (its save also the storage record of
+                 a compact table, which its restore reads with an op of its own)
 
 The tensors of each mode are built once, the first time it is asked for (FULL freezes the table layout: create
 optimizers, i.e. minimize / apply_gradients, before the Saver). Restoring is `restore`'s job (its steps and checks
@@ -108,7 +110,10 @@ class ShardSaveable(internals.saveable_object.SaveableObject):
     def specs_for(self, mode):
         """The SaveSpecs of `mode` (built the first time each is asked for)."""
         if mode is SpecMode.LEAN_EXPORT:
-            return self._lean_specs()
+            specs = self._lean_specs()
+            build = export_mode.saver_build()
+            # The storage record is optional (float32 tables write none): the restore reads it itself.
+            return specs[: len(ckpt_format.LEAN_SUFFIXES)] if build is not None and build.restoring else specs
         specs = self._full_specs()
         if mode is SpecMode.RESTORE_BUILD:
             # The Saver reads every spec it restores in one RestoreV2, which fails on a tensor missing from the
@@ -138,6 +143,7 @@ class ShardSaveable(internals.saveable_object.SaveableObject):
                     ckpt_format.layout_record(shard), tf.string, name=self.name.replace("/", "_") + "_layout"
                 )
             specs += self._save_specs((record,), (ckpt_format.LAYOUT_SUFFIX,))
+            specs += self._storage_specs()
             if delta_tensors:
                 specs += self._save_specs(delta_tensors, (ckpt_format.REMOVED_SUFFIX, ckpt_format.DELTA_SUFFIX))
                 self._wrote_deltas = True
@@ -147,6 +153,15 @@ class ShardSaveable(internals.saveable_object.SaveableObject):
     def _save_specs(self, tensors, suffixes):
         return [internals.saveable_object.SaveSpec(t, "", self.name + suffix) for t, suffix in zip(tensors, suffixes)]
 
+    def _storage_specs(self):
+        """The spec of the storage record (`format.storage_record`), or none for a float32 table."""
+        record = ckpt_format.storage_record(self._shard)
+        if record is None:
+            return []
+        with internals.ops.colocate_with(self._shard.handle, ignore_existing=True):
+            tensor = tf.constant(record, tf.string, name=self.name.replace("/", "_") + "_storage")
+        return self._save_specs((tensor,), (ckpt_format.STORAGE_SUFFIX,))
+
     def _lean_specs(self):
         if self._lean is None:
             shard = self._shard
@@ -155,6 +170,7 @@ class ShardSaveable(internals.saveable_object.SaveableObject):
                     keys, values = self._export_embedding()
                     num_shards = tf.constant(shard.embedding.num_shards, tf.int64, name="num_shards")
             self._lean = self._save_specs((keys, values, num_shards), ckpt_format.LEAN_SUFFIXES)
+            self._lean += self._storage_specs()
         return self._lean
 
     def _export_embedding(self):

@@ -24,11 +24,19 @@ class _SlotGroup(object):
     def column(self, name):
         return self.offset + self.slot_names.index(name) * self.dim
 
+    def slot_width(self, name):
+        del name
+        return self.dim
 
-def _shard(dim=4, groups=(), embedding="user_emb"):
+
+def _shard(dim=4, groups=(), embedding="user_emb", storage="float32"):
     width = dim + sum(len(g.slot_names) * g.dim for g in groups)
     return types.SimpleNamespace(
-        dim=dim, width=width, slot_groups=list(groups), embedding=types.SimpleNamespace(name=embedding)
+        dim=dim,
+        width=width,
+        slot_groups=list(groups),
+        embedding=types.SimpleNamespace(name=embedding),
+        storage=storage,
     )
 
 
@@ -69,6 +77,16 @@ def test_signature_ignores_optimizer_names_and_initial_values_but_not_classes_or
     assert ckpt_format.slot_signature(_shard(groups=[_adam()])) == "dim=4;AdamOptimizer(m,v)"
     assert ckpt_format.slot_signature(_shard()) == "dim=4;no slots"
     assert ckpt_format.describe_layout(_shard()) == "dim=4, width=4, slot columns: none"
+
+
+def test_a_compact_shard_writes_its_storage_and_a_float32_one_writes_none():
+    compact = _shard(groups=[_adagrad()], storage="bfloat16")
+    assert ckpt_format.storage_record(compact) == "bfloat16"
+    assert ckpt_format.parse_layout_record(ckpt_format.layout_record(compact))["description"] == (
+        "dim=4, width=8, storage=bfloat16, slot columns: Adagrad (AdagradOptimizer): accumulator [4:8]"
+    )
+    assert ckpt_format.storage_record(_shard()) is None  # float32 checkpoints are written as before
+    assert ckpt_format.UNRECORDED_STORAGE == "float32"
 
 
 @pytest.mark.parametrize(

@@ -14,9 +14,9 @@
 // and Apply is the loop over j, once, in ElementwiseOptimizer. The GPU table
 // runs ApplyElement one thread per element, so that a warp reads and writes
 // whole rows. A row-wise optimizer (RowwiseAdagradOpt) reduces the whole row
-// before it updates any column: it has Apply only, is no
-// ElementwiseOptimizer, and the GPU table's per-element launch refuses it at
-// compile time (gpu/gpu_embedding.h's static_assert).
+// before it updates any column: it has Apply only and is no
+// ElementwiseOptimizer, so a per-element launch cannot run it (a GPU caller
+// runs its Apply one thread per row; gpu/gpu_embedding.h).
 //
 // The formulas reproduce TensorFlow 2.15's SPARSE update paths element by
 // element, including the order of floating-point operations, so that a

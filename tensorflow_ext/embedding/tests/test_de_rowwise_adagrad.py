@@ -143,3 +143,45 @@ def test_checkpoint_of_another_optimizer_is_refused_naming_both(tmp_path):
         with tf.compat.v1.Session() as sess:
             with pytest.raises(tf.errors.OpError, match="AdagradOptimizer.*RowwiseAdagradOptimizer|Rowwise.*Adagrad"):
                 m["saver"].restore(sess, prefix)
+
+
+def _train_three_tables(fuse):
+    """Rows and accumulators of three embeddings (dims 3, 4, 1) after 3 steps, and the apply op types that ran."""
+    config = session_config()
+    if fuse:
+        config = tf_ext.graph.enable_optimizations(config)
+    with tf.Graph().as_default():
+        ids = tf.compat.v1.placeholder(tf.int64, [None])
+        tables = [
+            tf_ext.get_dynamic_embedding("t%d" % i, dim, initializer=tf.compat.v1.random_normal_initializer(seed=i + 1))
+            for i, dim in enumerate((3, 4, 1))
+        ]
+        loss = tf.add_n([tf.reduce_sum(tf.square(tf_ext.embedding_lookup(t, ids) - 0.5)) for t in tables])
+        opt = tf_ext.RowwiseAdagradOptimizer(0.3)
+        train = opt.minimize(loss)
+        keys = tf.range(12, dtype=tf.int64)
+        reads = [
+            (tf_ext.embedding_lookup(t, keys, is_training=False), t.slot_values(opt, "accumulator", keys))
+            for t in tables
+        ]
+        md = tf.compat.v1.RunMetadata()
+        with tf.compat.v1.Session(config=config) as sess:
+            sess.run(tf.compat.v1.global_variables_initializer())
+            for step in range(3):
+                kw = dict(options=tf.compat.v1.RunOptions(output_partition_graphs=True), run_metadata=md)
+                sess.run(train, {ids: np.array([step, step + 1, step + 1, 7], np.int64)}, **(kw if step == 0 else {}))
+            ops = [n.op for g in md.partition_graphs for n in g.node if n.op.startswith("TfExtEmbeddingSparseApply")]
+            return sess.run(reads), ops
+
+
+def test_multi_table_fused_update_equals_the_single_table_updates():
+    """The graph passes fuse the three tables' updates into one TfExtEmbeddingSparseApplyRowwiseAdagradMulti: the
+    same tables bit for bit."""
+    fused, fused_ops = _train_three_tables(True)
+    single, single_ops = _train_three_tables(False)
+    assert single_ops.count("TfExtEmbeddingSparseApplyRowwiseAdagrad") == 3
+    assert fused_ops == ["TfExtEmbeddingSparseApplyRowwiseAdagradMulti"]
+    for (f_rows, f_acc), (s_rows, s_acc) in zip(fused, single):
+        np.testing.assert_array_equal(f_rows, s_rows)
+        np.testing.assert_array_equal(f_acc, s_acc)
+        assert f_acc.shape == (12, 1) and not np.allclose(f_acc, 0.1)

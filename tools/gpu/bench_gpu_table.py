@@ -200,7 +200,7 @@ def bench_config(lib, args, dim, load, storage, rng):
 
 def bench_cpu(lib, args, dim, prefill, existing, new, values):
     n, threads = args.keys, args.threads
-    t = lib.tfext_cpu_table_create(dim, len(prefill) + n * (args.cpu_repeats + 1))
+    t = lib.tfext_cpu_table_create(dim, len(prefill) + n * (args.cpu_repeats + 1), STORAGES["float32"], 0, 0)
     if not t:
         raise GpuError("cpu create: " + last_error(lib))
     out = np.zeros_like(values)

@@ -101,8 +101,10 @@ def load_lib(path):
         "tfext_gpu_upload": (vp, [vp, i64]),
         "tfext_gpu_free": (None, [vp]),
         "tfext_gpu_time": (f64, [vp, cp, vp, i64, i64, vp, vp]),
-        "tfext_cpu_table_create": (vp, [i64, i64]),
+        "tfext_cpu_table_create": (vp, [i64, i64, i32, i64, i32]),
         "tfext_cpu_table_destroy": (None, [vp]),
+        "tfext_cpu_table_apply": (i32, [vp, cp, vp, i64, vp, i64, vp, vp, i64]),
+        "tfext_cpu_table_find": (i32, [vp, vp, i64, vp, vp]),
         "tfext_cpu_time": (f64, [vp, cp, vp, i64, i64, vp, vp, i32]),
     }
     for name, (restype, argtypes) in signatures.items():
@@ -225,6 +227,37 @@ class Table:
 
     def clear(self):
         self._call("clear")
+
+
+class CpuTable:
+    """The CPU core (hash_table.h) through the harness: the fused steps and full-row finds, to compare with Table."""
+
+    def __init__(self, lib, width, storage="float32", compact_cols=0, rounding=NEAREST):
+        self.lib, self.width = lib, width
+        self.h = lib.tfext_cpu_table_create(width, 0, STORAGES[storage], compact_cols, rounding)
+        if not self.h:
+            raise GpuError("cpu create: " + last_error(lib))
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc):
+        self.lib.tfext_cpu_table_destroy(self.h)
+        self.h = None
+
+    def apply(self, optimizer, hypers, dim, keys, grads, defaults=None, version=-1):
+        keys, hypers = np.ascontiguousarray(keys, np.int64), np.ascontiguousarray(hypers, np.float32)
+        grads, defaults = rows_of(grads, len(keys), dim), ptr(opt_f32(defaults))
+        args = (optimizer.encode(), ptr(hypers), dim, ptr(keys), len(keys), ptr(grads), defaults, version)
+        if self.lib.tfext_cpu_table_apply(self.h, *args) < 0:
+            raise GpuError("cpu apply: " + last_error(self.lib))
+
+    def find(self, keys):
+        keys = np.ascontiguousarray(keys, np.int64)
+        out, found = np.zeros((len(keys), self.width), np.float32), np.zeros(len(keys), np.uint8)
+        if self.lib.tfext_cpu_table_find(self.h, ptr(keys), len(keys), ptr(out), ptr(found)) < 0:
+            raise GpuError("cpu find: " + last_error(self.lib))
+        return out, found.astype(bool)
 
 
 def initial_rows(lib, keys, dim, init=TRUNC_NORMAL):
@@ -785,6 +818,37 @@ def compact_apply(lib, rng):
                         % (what, exact, (~close).sum(), out[~close][:3], want[~close][:3]),
                     )
                     expect(np.array_equal(t.export()[1], twin.export()[1]), what + ": two tables differ")
+
+
+@check
+def apply_matches_cpu_core(lib, rng):
+    """The fused steps give the CPU core's rows bit for bit (the same formulas, --fmad=false, IEEE sqrt and division)
+    on float32 rows and on bfloat16 / float16 rows with stochastic rounding (the whole row compact). Ftrl with
+    lr_power -0.5 only: its general path's powf is not correctly rounded on the device."""
+    dim = 8
+    adam_h = [[F(0.9) ** t, F(0.999) ** t, 0.01, 0.9, 0.999, 1e-7] for t in (1, 2, 3)]
+    cases = [
+        ("adagrad", [[0.1]] * 3, 2 * dim),
+        ("rowwise_adagrad", [[0.1]] * 3, dim + 1),
+        ("adam", adam_h, 3 * dim),
+        ("ftrl", [[0.05, 0.001, 0.01, 0.0, -0.5]] * 3, 3 * dim),
+    ]
+    for name, steps, width in cases:
+        for storage in ("float32", "bfloat16", "float16"):
+            kw = dict(storage=storage, compact_cols=0 if storage == "float32" else width, rounding=STOCHASTIC)
+            keys = distinct_keys(rng, 6000)
+            defaults = np.concatenate([np.zeros(dim), np.full(width - dim, 0.1)]).astype(np.float32)
+            with Table(lib, width, **kw) as t, CpuTable(lib, width, **kw) as c:
+                for step, h in enumerate(steps, start=1):
+                    batch = rng.permutation(keys)[:4000]
+                    grads = rng.standard_normal((len(batch), dim)).astype(np.float32)
+                    t.apply(name, h, dim, batch, grads, defaults=defaults, version=step)
+                    c.apply(name, h, dim, batch, grads, defaults=defaults, version=step)
+                out, found = t.find(keys)
+                want, want_found = c.find(keys)
+                what = "%s on %s rows" % (name, storage)
+                expect(np.array_equal(found, want_found), what + ": keys")
+                expect_equal(out.view(np.uint32), want.view(np.uint32), what + ": rows (bits) against the CPU core")
 
 
 def main():

@@ -15,6 +15,7 @@
 #include <new>
 #include <string>
 #include <thread>
+#include <type_traits>
 #include <vector>
 
 #include "tensorflow_ext/embedding/kernels/gpu/gpu_embedding.h"
@@ -441,10 +442,14 @@ double tfext_gpu_time(void* t, const char* op, const int64_t* d_keys, int64_t n,
 }
 
 // ---- the CPU core on the same keys (host arrays) -----------------------------------------------------------------
-void* tfext_cpu_table_create(int64_t width, int64_t initial_capacity) {
+// storage, compact_cols, rounding: as tfext_gpu_table_create's.
+void* tfext_cpu_table_create(int64_t width, int64_t initial_capacity, int storage, int64_t compact_cols, int rounding) {
   tfext::table::TableOptions o;
   o.width = width;
   o.initial_capacity = initial_capacity;
+  o.storage = static_cast<tfext::table::RowStorage>(storage);
+  o.compact_cols = compact_cols;
+  o.rounding = static_cast<tfext::table::Rounding>(rounding);
   try {
     return new tfext::table::HashTable(o);
   } catch (const std::exception& e) {
@@ -454,6 +459,41 @@ void* tfext_cpu_table_create(int64_t width, int64_t initial_capacity) {
 }
 
 void tfext_cpu_table_destroy(void* t) { delete static_cast<tfext::table::HashTable*>(t); }
+
+// The CPU core's fused step of tfext_gpu_table_apply (the same optimizers and arguments, on one host thread), so
+// that a check compares the two tables' rows bit for bit.
+int tfext_cpu_table_apply(void* t, const char* optimizer, const float* hypers, int64_t dim, const int64_t* keys,
+                          int64_t n, const float* grads, const float* column_defaults, int64_t version) {
+  auto* table = static_cast<tfext::table::HashTable*>(t);
+  const std::string err = WithOptimizer(optimizer, hypers, [&](const auto& opt, int /*num_slots*/) {
+    const int64_t slot_width = std::decay_t<decltype(opt)>::SlotWidth(dim);
+    try {
+      table->Update(
+          keys, n, column_defaults,
+          [&](int64_t i, float* row, tfext::table::KeyMeta* meta) {
+            opt.Apply(row, row + dim, slot_width, grads + i * dim, dim);
+            if (version >= 0) meta->version = version;
+          },
+          tfext::table::InlineParallelFor());
+    } catch (const std::exception& e) {
+      return std::string(e.what());
+    }
+    return std::string();
+  });
+  return err.empty() ? 0 : Fail(err);
+}
+
+// Full rows of keys (found[i] = 0 and out untouched for a missing key).
+int tfext_cpu_table_find(void* t, const int64_t* keys, int64_t n, float* out, uint8_t* found) {
+  auto* table = static_cast<tfext::table::HashTable*>(t);
+  try {
+    table->Find(keys, n, 0, table->width(), out, reinterpret_cast<bool*>(found), nullptr,
+                tfext::table::InlineParallelFor());
+  } catch (const std::exception& e) {
+    return Fail(e.what());
+  }
+  return 0;
+}
 
 // Wall milliseconds of one operation on `threads` host threads: op = "find", "insert", "find_or_insert".
 double tfext_cpu_time(void* t, const char* op, const int64_t* keys, int64_t n, int64_t cols, const float* values,

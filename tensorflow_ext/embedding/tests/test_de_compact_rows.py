@@ -33,6 +33,7 @@ ROUND = {tf.bfloat16: to_bf16, tf.float16: to_f16}
 OPTIMIZERS = {
     "sgd": lambda: tf.compat.v1.train.GradientDescentOptimizer(0.3),
     "adagrad": lambda: tf.compat.v1.train.AdagradOptimizer(0.3),
+    "rowwise_adagrad": lambda: tf_ext.RowwiseAdagradOptimizer(0.3),  # its one-column slot after the compact columns
 }
 
 

@@ -311,7 +311,10 @@ def main():
     for dim in [int(d) for d in args.dims.split(",")]:
         for load in [float(x) for x in args.loads.split(",")]:
             for storage in storages:
-                rows += bench_config(lib, args, dim, load, storage, rng)
+                config_rows = bench_config(lib, args, dim, load, storage, rng)
+                # As soon as measured (a run cut short by a time limit keeps them).
+                print("  " + ", ".join("%s %s keys/s" % (r["op"], fmt_rate(r["gpu_keys_per_s"])) for r in config_rows))
+                rows += config_rows
     targets = report(rows, device, args.threads)
     if args.json:
         doc = {

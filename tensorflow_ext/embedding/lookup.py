@@ -80,6 +80,30 @@ def _frozen_find_grad(op, *grads):
     )
 
 
+@tf.RegisterGradient("TfExtRowsInStorageDtype")
+def _rows_in_storage_dtype_grad(op, grad):
+    """Both casts of `_send_in_storage_dtype` pass the float32 gradient on unrounded."""
+    del op
+    return grad
+
+
+def _send_in_storage_dtype(shard, rows):
+    """Float32 rows [n, dim] read from `shard`'s table (ops colocated with it), as the reader receives them.
+
+    A table placed on a task of a cluster job (a parameter server) that stores half values sends its rows as such:
+    cast to the storage dtype next to the table and back to float32 where the reader runs, half the bytes over the
+    network and exact (the table holds values of that dtype). Elsewhere the rows are returned as they are.
+    """
+    value_dtype = shard.embedding.value_dtype
+    # ("localhost" is the job of a process without a cluster.)
+    if value_dtype == tf.float32 or tf.DeviceSpec.from_string(shard.handle.device).job in (None, "localhost"):
+        return rows
+    with tf.compat.v1.get_default_graph().gradient_override_map({"Cast": "TfExtRowsInStorageDtype"}):
+        with tf_ops.colocate_with(shard.handle):
+            stored = tf.cast(rows, value_dtype)
+        return tf.cast(stored, tf.float32)
+
+
 def _lookup_shard(shard, keys, is_training, step):
     """Rows [n, dim] of unique int64 keys [n] in one shard: a find in a serving table, else a training lookup."""
     if isinstance(shard.table, refs.FrozenTableRef):
@@ -125,6 +149,7 @@ def _lookup_training_table(shard, keys, is_training, step):
 
                     shard.lookups.when_training(activate, [find_op])
         values = embedding_ops.with_handle_gradient(values, handle, keys)
+    values = _send_in_storage_dtype(shard, values)
     shard.lookups.record_read(keys, lambda: values)
     return values
 
@@ -218,6 +243,7 @@ def _lookup_ids_fused(emb, flat_keys, is_training):
     shard, (values, unique_keys, idx) = _one_shard_kernel(
         emb, loader.load_ops().tf_ext_embedding_lookup_ids, [flat_keys], is_training
     )
+    values = _send_in_storage_dtype(shard, values)
     # The rows of the unique keys, for the shard's value as a tensor: every occurrence of a key holds the same
     # row, so the segment mean is that row, and its gradient (grad / count per occurrence) sums back to grad.
     shard.lookups.record_read(unique_keys, lambda: tf.math.unsorted_segment_mean(values, idx, tf.size(unique_keys)))

@@ -48,6 +48,27 @@ def test_golden_ranks_match_one_process(ranks, optimizer, parallelism, flavour):
         assert "RANK %d OK" % r in out, out[-6000:]
 
 
+@pytest.mark.parametrize(
+    "ranks,optimizer,parallelism,flavour,value_dtype",
+    [
+        (2, "Adagrad", "model", "lookup", "bfloat16"),
+        (2, "Adam", "data", "sparse", "bfloat16"),
+        (3, "Ftrl", "model", "sparse", "float16"),
+    ],
+)
+def test_golden_half_rows_match_one_process(ranks, optimizer, parallelism, flavour, value_dtype):
+    """An embedding stored in bf16/fp16 trains on N ranks like one process with the same storage: the rows within
+    one unit in the last place of the storage dtype (most equal), slots and dense weights as for float32 rows. A
+    model-parallel lookup sends the rows as 2-byte values and their gradients in float32 (the worker checks the
+    alltoall dtypes)."""
+    code, out = horovodrun(
+        ranks, os.path.join(HERE, "golden_worker.py"), optimizer, parallelism, flavour, "4", value_dtype
+    )
+    assert code == 0, out[-6000:]
+    for r in range(ranks):
+        assert "RANK %d OK" % r in out, out[-6000:]
+
+
 def test_model_parallel_table_is_split_across_ranks():
     """Each rank holds only the keys it owns: about 1/N of the table, all keys held exactly once."""
     code, out = horovodrun(2, os.path.join(HERE, "golden_worker.py"), "Adagrad", "model", "lookup", "4")

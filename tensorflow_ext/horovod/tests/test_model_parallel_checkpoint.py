@@ -19,9 +19,10 @@ WORKER = os.path.join(HERE, "model_parallel_restore_worker.py")
 DIM = 3
 
 
-def _checkpoint(tmp_path, num_shards, layout):
+def _checkpoint(tmp_path, num_shards, layout, value_dtype="float32"):
     """Writes, with a plain Saver of tf.Variables, the shard tensors of an Adagrad embedding "emb" (`layout`: each
-    key in its hash shard's tensors, as a save writes them, or in another one); returns (path, truth .npz path)."""
+    key in its hash shard's tensors, as a save writes them, or in another one); returns (path, truth .npz path).
+    The rows are values of `value_dtype`, the storage of the embedding that restores them."""
     rng = np.random.RandomState(7)
     keys = np.unique(rng.randint(-(2**62), 2**62, size=200)).astype(np.int64)
     n = len(keys)
@@ -31,7 +32,7 @@ def _checkpoint(tmp_path, num_shards, layout):
     truth = dict(
         keys=keys,
         shard=right,
-        values=rng.normal(size=[n, DIM]).astype(np.float32),
+        values=rng.normal(size=[n, DIM]).astype(tf.as_dtype(value_dtype).as_numpy_dtype).astype(np.float32),
         slots=rng.uniform(0.1, 2.0, size=[n, DIM]).astype(np.float32),
         versions=rng.randint(0, 100, size=n).astype(np.int64),
         freqs=rng.randint(1, 50, size=n).astype(np.int64),
@@ -47,6 +48,17 @@ def _checkpoint(tmp_path, num_shards, layout):
 def test_model_parallel_restore_gives_every_owned_key_its_row(tmp_path, ranks, num_shards, layout):
     path, truth_path = _checkpoint(tmp_path, num_shards, layout)
     code, out = horovodrun(ranks, WORKER, path, truth_path, str(num_shards))
+    assert code == 0, out[-6000:]
+    for r in range(ranks):
+        assert "RESTORE OK %d" % r in out, out[-6000:]
+
+
+@pytest.mark.parametrize("ranks,value_dtype", [(3, "bfloat16"), (2, "float16")])
+def test_model_parallel_half_rows_restore_at_any_rank_count(tmp_path, ranks, value_dtype):
+    """An embedding stored in bf16/fp16 restores, at 2 and 3 ranks, every key it owns with its exact row (rows
+    of its storage dtype), slots, metadata and shard."""
+    path, truth_path = _checkpoint(tmp_path, 2, "hashed", value_dtype)
+    code, out = horovodrun(ranks, WORKER, path, truth_path, "2", value_dtype)
     assert code == 0, out[-6000:]
     for r in range(ranks):
         assert "RESTORE OK %d" % r in out, out[-6000:]

@@ -4,7 +4,8 @@ In auto mode the table handle is captured by both branches of the precision
 ``tf.cond``. Golden comparisons: auto mode held in float32 (half) must train
 the embedding rows, the dense layer and ``global_step`` exactly like
 ``mode="float32"`` (``"half"``), for the fused one-shard lookup, sharded
-lookups and ``embedding_lookup_sparse``.
+lookups and ``embedding_lookup_sparse``; an embedding stored in bf16/fp16 trains
+through the precision switch like one stored in float32.
 """
 
 import os
@@ -52,12 +53,26 @@ def _model(emb, lookup, poison=None):
     return fn
 
 
-def _train(mode, lookup, num_shards, optimizer, policy=None, initial_precision="half", steps=STEPS, poison_at=()):
+def _train(
+    mode,
+    lookup,
+    num_shards,
+    optimizer,
+    policy=None,
+    initial_precision="half",
+    steps=STEPS,
+    poison_at=(),
+    value_dtype=tf.float32,
+):
     """Trains; returns per-step snapshots and the final state."""
     with tf.Graph().as_default():
         tf.compat.v1.set_random_seed(0)
         emb = tf_ext.get_dynamic_embedding(
-            "emb", dim=DIM, num_shards=num_shards, initializer=tf.compat.v1.random_normal_initializer(0.0, 0.5, seed=7)
+            "emb",
+            dim=DIM,
+            num_shards=num_shards,
+            initializer=tf.compat.v1.random_normal_initializer(0.0, 0.5, seed=7),
+            value_dtype=value_dtype,
         )
         amp = mp.MixedPrecision(
             mode=mode,
@@ -148,6 +163,29 @@ def test_switching_run_trains_the_embedding_in_both_branches(lookup, num_shards)
     assert [s["gs"] for s in snaps] == [1, 2, 2, 3, 4, 5, 6, 7]
     m = final["metrics"]
     assert m["num_switches"] == 2 and m["applied_steps"] == 7 and m["attempted_steps"] == 8
+
+
+@pytest.mark.parametrize("value_dtype", [tf.bfloat16, tf.float16])
+def test_half_rows_train_through_the_switch(value_dtype):
+    """The switching run of an embedding stored in bf16/fp16 (lookups return float32 rows; the model casts them
+    to its compute dtype): the same switches, steps and skipped step as with float32 rows, rows that hold values
+    of the storage dtype and stay within a few of its units in the last place of the float32-row run."""
+    snaps, final = _train("auto", "ids", 1, "adagrad", policy=FAST, steps=8, poison_at=(2,), value_dtype=value_dtype)
+    ref, ref_final = _train("auto", "ids", 1, "adagrad", policy=FAST, steps=8, poison_at=(2,))
+    assert [s["precision"] for s in snaps] == [s["precision"] for s in ref] == [1, 1, 1, 0, 0, 1, 1, 1]
+    assert [s["gs"] for s in snaps] == [s["gs"] for s in ref]
+    np.testing.assert_array_equal(snaps[2]["rows"], snaps[1]["rows"])  # the skipped step leaves the table alone
+    ulp = 2.0 ** -{tf.bfloat16: 7, tf.float16: 10}[value_dtype]
+    for i, (s, r) in enumerate(zip(snaps, ref)):
+        np.testing.assert_array_equal(s["keys"], r["keys"])
+        rows = s["rows"]
+        np.testing.assert_array_equal(rows, rows.astype(value_dtype.as_numpy_dtype).astype(np.float32))
+        # A new row is rounded once, and each update once more (stochastic rounding: less than an ulp each time).
+        np.testing.assert_allclose(rows, r["rows"], rtol=(i + 2) * ulp, atol=1e-3, err_msg="step %d" % i)
+        if i not in (0, 2):
+            assert np.abs(rows - snaps[i - 1]["rows"]).max() > 1e-3, "rows did not change at step %d" % i
+    assert final["metrics"]["num_switches"] == ref_final["metrics"]["num_switches"] == 2
+    np.testing.assert_allclose(final["kernel"], ref_final["kernel"], rtol=0.05)
 
 
 _SCRIPT = textwrap.dedent(

@@ -237,6 +237,23 @@ def test_int8_row_values_are_refused_by_a_training_table_naming_both_storages(tm
     assert "freeze_for_serving(value_dtype=tf.int8)" in msg
 
 
+def test_a_checkpoint_of_a_graph_served_with_int8_rows_is_refused_by_a_training_table(tmp_path):
+    path, _ = _save(tmp_path, tf.float32)
+    with tf.Graph().as_default():
+        with tf_ext.serving.freeze_for_serving(value_dtype=tf.int8):
+            tf_ext.get_dynamic_embedding("emb", DIM, num_shards=2)
+        saver = tf.compat.v1.train.Saver()
+        with tf.compat.v1.Session(config=session_config()) as sess:
+            saver.restore(sess, path)  # int8 serving rows from the training checkpoint
+            served = saver.save(sess, str(tmp_path / "served"))
+    assert tf.compat.v1.train.NewCheckpointReader(served).get_tensor("emb/part_1-storage") == b"int8_row"
+    with tf.Graph().as_default():
+        _, _, saver = _checkpointed(tf.float32)
+        with tf.compat.v1.Session(config=session_config()) as sess:
+            with pytest.raises(tf.errors.InvalidArgumentError, match="hold int8_row values .* storing float32 rows"):
+                saver.restore(sess, served)
+
+
 def test_values_saved_in_another_dtype_are_an_error_naming_the_tensor_and_both_dtypes(tmp_path):
     # A checkpoint's values are float32 whatever the table stores; half values (as TFRA's half tables save them)
     # are not converted silently.

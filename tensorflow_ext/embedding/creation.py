@@ -212,6 +212,9 @@ def get_dynamic_embedding(
     scope = tf.compat.v1.get_variable_scope()
     graph = tf.compat.v1.get_default_graph()
     existing = _find(graph, config_lib.scoped_name(scope, name)) if isinstance(name, str) and name else None
+    if value_dtype is None and existing is not None:
+        # A slot_dtype or rounding given on reuse is checked against the embedding's own storage.
+        value_dtype = existing.value_dtype
     config = config_lib.EmbeddingConfig.from_arguments(
         name,
         dim,

@@ -230,10 +230,13 @@ class DynamicEmbedding(object):
         return _other_attributes(self, name)
 
     def __repr__(self):
-        return "<tf_ext.DynamicEmbedding %r dim=%d key_dtype=%s shards=%d>" % (
+        # The storage is named where it is not float32 (as before compact rows).
+        storage = "" if self.value_dtype == tf.float32 else " value_dtype=%s" % self.value_dtype.name
+        return "<tf_ext.DynamicEmbedding %r dim=%d key_dtype=%s%s shards=%d>" % (
             self.name,
             self.dim,
             self.key_dtype.name,
+            storage,
             len(self._shards),
         )
 

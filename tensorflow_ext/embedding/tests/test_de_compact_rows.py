@@ -451,9 +451,11 @@ def test_unsupported_row_storage_arguments_are_clear_errors(graph):
 def test_reuse_compares_the_row_storage_given(graph):
     emb = tf_ext.get_dynamic_embedding("x", DIM, value_dtype=tf.bfloat16, slot_dtype=tf.bfloat16)
     assert (emb.slot_dtype, emb.rounding, emb.config.compact_slots) == (tf.bfloat16, "stochastic", True)
+    assert repr(emb) == "<tf_ext.DynamicEmbedding 'x' dim=4 key_dtype=int64 value_dtype=bfloat16 shards=1>"
     with tf.compat.v1.variable_scope(tf.compat.v1.get_variable_scope(), reuse=True):
         assert tf_ext.get_dynamic_embedding("x", DIM) is emb  # what is left out is not compared
         assert tf_ext.get_dynamic_embedding("x", DIM, value_dtype=tf.bfloat16, rounding="stochastic") is emb
+        assert tf_ext.get_dynamic_embedding("x", DIM, slot_dtype=tf.bfloat16, rounding="stochastic") is emb
         with pytest.raises(ValueError, match="with value_dtype=tf.float16, but it has tf.bfloat16"):
             tf_ext.get_dynamic_embedding("x", DIM, value_dtype=tf.float16)
         with pytest.raises(ValueError, match="with rounding='nearest', but it has 'stochastic'"):

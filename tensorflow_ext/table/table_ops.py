@@ -110,7 +110,8 @@ class HashTable(lookup_ops.LookupInterface):
     The table is created in the session's resource manager the first time its
     handle op runs (no initializer to run). Tables with the same `shared_name`
     (and container) are one table; they must agree on the layout (dim, width,
-    column_defaults), else the handle op fails with FailedPrecondition.
+    column_defaults, value_dtype, and rounding for half-precision rows), else
+    the handle op fails with FailedPrecondition naming both layouts.
 
     Keys may have any rank; outputs of row operations have shape
     `keys.shape + [cols]`. Column-range arguments `col_begin`/`cols` select

@@ -259,7 +259,9 @@ def main():
         with open(args.json, "w") as f:
             json.dump(
                 {
-                    "args": {k: v for k, v in vars(args).items() if k not in ("worker", "out", "variant")},
+                    "args": {
+                        k: v for k, v in vars(args).items() if k not in ("worker", "out", "variant", "value_dtype")
+                    },
                     "load_avg": os.getloadavg(),
                     "results": results,
                 },

@@ -48,6 +48,7 @@ def parse():
     p.add_argument("--parallelism", default="model")
     p.add_argument("--optimizer", default="Adagrad")
     p.add_argument("--num-shards", type=int, default=2)
+    p.add_argument("--value-dtype", default="float32", help="storage dtype of both embeddings")
     p.add_argument(
         "--rank1",
         default="",
@@ -97,13 +98,14 @@ def input_fn():
 
 def embeddings():
     init = tf.compat.v1.random_normal_initializer(0.0, 0.1, seed=7)
+    kwargs = dict(initializer=init, value_dtype=ARGS.value_dtype)
     if hvd is None:
-        user = tf_ext.get_dynamic_embedding("user", ARGS.dim, initializer=init, num_shards=ARGS.num_shards)
+        user = tf_ext.get_dynamic_embedding("user", ARGS.dim, num_shards=ARGS.num_shards, **kwargs)
     else:
         user = hvd.get_dynamic_embedding(
-            "user", ARGS.dim, parallelism=ARGS.parallelism, initializer=init, num_shards=ARGS.num_shards
+            "user", ARGS.dim, parallelism=ARGS.parallelism, num_shards=ARGS.num_shards, **kwargs
         )
-    item = tf_ext.get_dynamic_embedding("item", ARGS.dim, initializer=init)
+    item = tf_ext.get_dynamic_embedding("item", ARGS.dim, **kwargs)
     return user, item
 
 

@@ -159,6 +159,24 @@ def test_restore_at_another_rank_count_repartitions(trained, tmp_path, ranks):
         assert_tables_equal(table_of(d, "item"), checkpoint_table(trained["model_dir"], "item", 1), "item")
 
 
+def test_half_rows_restore_at_another_rank_count(tmp_path):
+    """Embeddings stored in bf16 trained on 2 ranks, restored on 3: every key of the model-parallel table lands on
+    its new owner once, and both tables hold the checkpoint's rows (bf16 values) and slots exactly."""
+    model_dir = tmp_path / "model"
+    run_worker(2, "train", "--model-dir", model_dir, "--max-steps", 2, "--value-dtype", "bfloat16")
+    text = run_worker(3, "restore", "--model-dir", model_dir, "--value-dtype", "bfloat16", out=tmp_path / "three")
+    for r in range(3):
+        assert "RANK %d RESTORED" % r in text, text[-4000:]
+    dumps = load_dumps(str(tmp_path / "three"), 3)
+    user = checkpoint_table(str(model_dir), "user")
+    assert len(user) > 10
+    values = np.array([v for v, _ in user.values()], np.float32)
+    assert not (values.view(np.uint32) & 0xFFFF).any()  # bf16 values: float32s whose low 16 bits are zero
+    assert_partitioned(dumps, user)
+    for d in dumps:
+        assert_tables_equal(table_of(d, "item"), checkpoint_table(str(model_dir), "item", 1), "item")
+
+
 def test_restart_with_the_same_rank_count_continues_exactly(tmp_path):
     """Training 3 steps, stopping, and training 3 more equals 6 uninterrupted steps (tables, slots, weights)."""
     straight, resumed = tmp_path / "straight", tmp_path / "resumed"

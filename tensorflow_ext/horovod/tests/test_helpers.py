@@ -90,6 +90,32 @@ def test_the_model_check_covers_every_setting_that_changes_the_collectives(tmp_p
     ), out
 
 
+def test_the_model_check_compares_the_storage_dtype():
+    """Ranks whose embedding stores rows in other dtypes would send rows of other sizes through the lookup's
+    alltoall: the check names the difference."""
+    out = run(
+        """
+        import tensorflow as tf
+        tf.compat.v1.disable_v2_behavior()
+        import tensorflow_ext as tf_ext
+        import tensorflow_ext.horovod as tfe_hvd
+        from tensorflow_ext.horovod import consistency
+        tfe_hvd.init()
+
+        def lines(value_dtype):
+            with tf.Graph().as_default() as g:
+                emb = tfe_hvd.get_dynamic_embedding(
+                    "user", 4, parallelism="model", initializer=0.1, value_dtype=value_dtype
+                )
+                tf_ext.embedding_lookup(emb, tf.constant([1, 2], tf.int64))
+                return "\\n".join(consistency.config_lines(g))
+
+        print(consistency.describe_mismatch([lines(tf.float32), lines(tf.bfloat16)]))
+    """
+    ).splitlines()
+    assert out == ["dynamic embedding 'user': value_dtype differs across ranks: rank 0: float32, rank 1: bfloat16"], out
+
+
 def test_synchronized_input_flags_the_last_element():
     """Each element carries whether another follows; empty, one-element and ragged last batches."""
     out = run(

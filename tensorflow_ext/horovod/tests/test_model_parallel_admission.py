@@ -1,8 +1,11 @@
 """Admission on model-parallel embeddings under horovodrun: pooled lookups leave the ids not admitted out, as in one
-process (each key's owner counts it and sends back whether it has a row with the row)."""
+process (each key's owner counts it and sends back whether it has a row with the row), also for rows stored in
+bf16 (the row travels as 2-byte values, whether it has a row beside it)."""
 
 import json
 import textwrap
+
+import pytest
 
 from tensorflow_ext.horovod.tests.test_horovod import horovodrun
 
@@ -19,7 +22,7 @@ WORKER = textwrap.dedent(
     gs = tf.compat.v1.train.get_or_create_global_step()
     emb = tfe_hvd.get_dynamic_embedding(
         "user", 2, parallelism="model", initializer=0.5,
-        admission=tf_ext.embedding.CountAdmission(2, default_value=0.25),
+        admission=tf_ext.embedding.CountAdmission(2, default_value=0.25), value_dtype=VALUE_DTYPE,
     )
     # Example 0: ids 1 and 3; example 1: id 3 only. Keys 1, 2 (owned by either rank) are trained twice: admitted.
     sp = tf.SparseTensor([[0, 0], [0, 1], [1, 0]], tf.constant([1, 3, 3], tf.int64), [2, 2])
@@ -39,9 +42,10 @@ WORKER = textwrap.dedent(
 )
 
 
-def test_model_parallel_pooling_leaves_not_admitted_ids_out(tmp_path):
+@pytest.mark.parametrize("value_dtype", ["float32", "bfloat16"])
+def test_model_parallel_pooling_leaves_not_admitted_ids_out(tmp_path, value_dtype):
     script = tmp_path / "worker.py"
-    script.write_text(WORKER)
+    script.write_text(WORKER.replace("VALUE_DTYPE", repr(value_dtype)))
     code, out = horovodrun(2, str(script))
     assert code == 0, out[-6000:]
     results = [line.split(" RESULT ", 1)[1] for line in out.splitlines() if " RESULT " in line]

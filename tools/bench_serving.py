@@ -1,6 +1,7 @@
 """Serving benchmark: memory of the served tables and predictions/s, mutable vs frozen tables, fresh processes.
 
     python tools/bench_serving.py [--keys 3000000] [--dim 16] [--fields 4] [--seconds 5]
+    python tools/bench_serving.py --row_dtypes [--keys 1000000] [--dims 16,64] [--fields 4] [--seconds 2]
 
 Builds a checkpoint of `--fields` dynamic embeddings holding `--keys` keys in all (random rows), exports it twice
 with `tf.compat.v1.saved_model.Builder` (the plain form and inside `tf_ext.serving.freeze_for_serving()`), plus the
@@ -9,12 +10,18 @@ only imports tensorflow_ext: it reports its resident memory (RSS) after the load
 `--batch` examples, half of the ids known) with 1 and 16 threads on one session. The memory attributable to the tables
 is RSS(full export) - RSS(baseline export) of the same form; the raw embedding bytes are keys * (8 + 4 * dim).
 Prints one JSON line at the end.
+
+`--row_dtypes` compares the row dtypes of a serving export instead: for each of `--dims`, one checkpoint of `--keys`
+keys is exported with rows stored as float32, bfloat16, float16 and int8 (`freeze_for_serving(value_dtype)` and
+`export_rows(value_dtype)`: frozen and plain tables); each export is loaded by a fresh process, which reports the
+tables' memory_bytes() per key, the SavedModel's size per key and predictions/s (1 thread).
 """
 
 import argparse
 import contextlib
 import json
 import os
+import shutil
 import subprocess
 import sys
 import tempfile
@@ -32,6 +39,15 @@ def _rss_bytes(field="VmRSS"):
     return 0
 
 
+# The row dtypes `--row_dtypes` compares (tf dtype names).
+ROW_DTYPES = ("float32", "bfloat16", "float16", "int8")
+
+
+def _serving_scope(tf, tf_ext, form, row_dtype):
+    dtype = tf.as_dtype(row_dtype)
+    return tf_ext.serving.freeze_for_serving(dtype) if form == "frozen" else tf_ext.serving.export_rows(dtype)
+
+
 def _model(tf, tf_ext, ids, fields, dim):
     vecs, embs = [], []
     for f in range(fields):
@@ -42,46 +58,106 @@ def _model(tf, tf_ext, ids, fields, dim):
     return tf.identity(tf.sigmoid(tf.matmul(tf.concat(vecs, 1), w))[:, 0], name="prob"), embs
 
 
-def _build_exports(args, workdir):
+def _write_checkpoint(tf, tf_ext, ckpt, fields, dim, n):
+    """A checkpoint of `fields` embeddings of `n` keys each (random normal rows): field f holds f, f + fields, ..."""
     import numpy as np
+
+    with tf.Graph().as_default(), tf.compat.v1.Session() as sess:
+        ids = tf.compat.v1.placeholder(tf.int64, [None, fields])
+        _, embs = _model(tf, tf_ext, ids, fields, dim)
+        keys_ph = tf.compat.v1.placeholder(tf.int64, [None])
+        rows_ph = tf.compat.v1.placeholder(tf.float32, [None, dim])
+        inserts = [emb.insert(keys_ph, rows_ph) for emb in embs]
+        sess.run(tf.compat.v1.global_variables_initializer())
+        rng = np.random.RandomState(0)
+        for f, insert in enumerate(inserts):
+            # Field f holds the keys f, f + fields, ...: the served ids below know which are present.
+            keys = np.arange(n, dtype=np.int64) * fields + f
+            for start in range(0, n, 1 << 20):
+                k = keys[start : start + (1 << 20)]
+                sess.run(insert, {keys_ph: k, rows_ph: rng.standard_normal([len(k), dim]).astype(np.float32)})
+        tf.compat.v1.train.Saver().save(sess, ckpt)
+
+
+def _export(tf, tf_ext, ckpt, export_dir, fields, dim, scope):
+    """A Builder export of the model restored from `ckpt`, its inference graph built inside `scope`."""
+    with tf.Graph().as_default(), tf.compat.v1.Session() as sess:
+        with scope:
+            ids = tf.compat.v1.placeholder(tf.int64, [None, fields], name="ids")
+            prob, _ = _model(tf, tf_ext, ids, fields, dim)
+        tf.compat.v1.train.Saver().restore(sess, ckpt)
+        builder = tf.compat.v1.saved_model.Builder(export_dir)
+        sig = tf.compat.v1.saved_model.predict_signature_def({"ids": ids}, {"prob": prob})
+        builder.add_meta_graph_and_variables(sess, ["serve"], signature_def_map={"serving_default": sig})
+        builder.save()
+
+
+def _import_tf():
     import tensorflow as tf
 
     import tensorflow_ext as tf_ext
 
     tf.compat.v1.disable_v2_behavior()
+    return tf, tf_ext
+
+
+def _build_exports(args, workdir):
+    tf, tf_ext = _import_tf()
     per_field = args.keys // args.fields
     exports = {}
     for size_name, n in (("full", per_field), ("empty", 1)):
         ckpt = os.path.join(workdir, "ckpt_%s" % size_name)
-        with tf.Graph().as_default(), tf.compat.v1.Session() as sess:
-            ids = tf.compat.v1.placeholder(tf.int64, [None, args.fields])
-            _, embs = _model(tf, tf_ext, ids, args.fields, args.dim)
-            keys_ph = tf.compat.v1.placeholder(tf.int64, [None])
-            rows_ph = tf.compat.v1.placeholder(tf.float32, [None, args.dim])
-            inserts = [emb.insert(keys_ph, rows_ph) for emb in embs]
-            sess.run(tf.compat.v1.global_variables_initializer())
-            rng = np.random.RandomState(0)
-            for f, insert in enumerate(inserts):
-                # Field f holds the keys f, f + fields, ...: the served ids below know which are present.
-                keys = np.arange(n, dtype=np.int64) * args.fields + f
-                for start in range(0, n, 1 << 20):
-                    k = keys[start : start + (1 << 20)]
-                    sess.run(insert, {keys_ph: k, rows_ph: rng.standard_normal([len(k), args.dim]).astype(np.float32)})
-            tf.compat.v1.train.Saver().save(sess, ckpt)
+        _write_checkpoint(tf, tf_ext, ckpt, args.fields, args.dim, n)
         for form in ("mutable", "frozen"):
             export_dir = os.path.join(workdir, "%s_%s" % (form, size_name))
-            with tf.Graph().as_default(), tf.compat.v1.Session() as sess:
-                scope = tf_ext.serving.freeze_for_serving() if form == "frozen" else contextlib.nullcontext()
-                with scope:
-                    ids = tf.compat.v1.placeholder(tf.int64, [None, args.fields], name="ids")
-                    prob, _ = _model(tf, tf_ext, ids, args.fields, args.dim)
-                tf.compat.v1.train.Saver().restore(sess, ckpt)
-                builder = tf.compat.v1.saved_model.Builder(export_dir)
-                sig = tf.compat.v1.saved_model.predict_signature_def({"ids": ids}, {"prob": prob})
-                builder.add_meta_graph_and_variables(sess, ["serve"], signature_def_map={"serving_default": sig})
-                builder.save()
+            scope = tf_ext.serving.freeze_for_serving() if form == "frozen" else contextlib.nullcontext()
+            _export(tf, tf_ext, ckpt, export_dir, args.fields, args.dim, scope)
             exports[(form, size_name)] = export_dir
     return exports, per_field * args.fields
+
+
+def _dir_bytes(path):
+    return sum(os.path.getsize(os.path.join(d, f)) for d, _, files in os.walk(path) for f in files)
+
+
+def _row_dtypes(args):
+    """Bytes per key served and predictions/s per row dtype, frozen and plain tables, for each of `--dims`."""
+    tf, tf_ext = _import_tf()
+    per_field = args.keys // args.fields
+    keys = per_field * args.fields
+    result = dict(keys=keys, fields=args.fields, batch=args.batch, cpus=os.cpu_count(), rows=[])
+    for dim in (int(d) for d in args.dims.split(",")):
+        with tempfile.TemporaryDirectory() as workdir:
+            ckpt = os.path.join(workdir, "ckpt")
+            _write_checkpoint(tf, tf_ext, ckpt, args.fields, dim, per_field)
+            for form in ("frozen", "plain"):
+                for row_dtype in ROW_DTYPES:
+                    export_dir = os.path.join(workdir, "%s_%s" % (form, row_dtype))
+                    _export(tf, tf_ext, ckpt, export_dir, args.fields, dim, _serving_scope(tf, tf_ext, form, row_dtype))
+                    served = _run_child(args, export_dir, measure_speed=True, onednn="0", threads=(1,))
+                    row = dict(
+                        dim=dim,
+                        form=form,
+                        row_dtype=row_dtype,
+                        table_bytes_per_key=round(served["table_bytes"] / keys, 1),
+                        saved_model_bytes_per_key=round(_dir_bytes(export_dir) / keys, 1),
+                        predictions_per_s_1_thread=round(served["predictions_per_s_1_threads"]),
+                    )
+                    result["rows"].append(row)
+                    print(
+                        "dim %-3d %-6s %-8s served tables: %6.1f B/key   SavedModel: %6.1f B/key   predictions/s: %d"
+                        % (
+                            dim,
+                            form,
+                            row_dtype,
+                            row["table_bytes_per_key"],
+                            row["saved_model_bytes_per_key"],
+                            row["predictions_per_s_1_thread"],
+                        ),
+                        flush=True,
+                    )
+                    shutil.rmtree(export_dir)
+    print(json.dumps(result), flush=True)
 
 
 def _serve_child(args):
@@ -90,6 +166,7 @@ def _serve_child(args):
     import tensorflow as tf
 
     import tensorflow_ext  # noqa: F401  (registers the ops)
+    from tensorflow_ext.utils.loader import load_ops
 
     tf.compat.v1.disable_v2_behavior()
     rss_before = _rss_bytes()
@@ -101,6 +178,11 @@ def _serve_child(args):
     out = dict(
         rss_before=rss_before, rss_loaded=rss_loaded, rss_anon=_rss_bytes("RssAnon"), rss_file=_rss_bytes("RssFile")
     )
+    with graph.as_default():
+        memory = {"TfExtTableHandle": load_ops().tf_ext_table_memory_bytes}
+        memory["TfExtFrozenTableHandle"] = load_ops().tf_ext_frozen_table_memory_bytes
+        table_bytes = [memory[op.type](op.outputs[0]) for op in graph.get_operations() if op.type in memory]
+    out["table_bytes"] = int(sum(sess.run(table_bytes)))
     if args.measure_speed:
         sig = meta.signature_def["serving_default"]
         feed, fetch = sig.inputs["ids"].name, sig.outputs["prob"].name
@@ -114,7 +196,7 @@ def _serve_child(args):
             batches.append(rows.astype(np.int64))
         for b in batches[:4]:
             sess.run(fetch, {feed: b})
-        for threads in (1, 16):
+        for threads in [int(t) for t in args.threads.split(",")]:
             counts = [0] * threads
             stop = time.time() + args.seconds
 
@@ -136,7 +218,7 @@ def _serve_child(args):
     print(json.dumps(out), flush=True)
 
 
-def _run_child(args, export_dir, measure_speed, onednn="1"):
+def _run_child(args, export_dir, measure_speed, onednn="1", threads=(1, 16)):
     cmd = [
         sys.executable,
         os.path.abspath(__file__),
@@ -150,6 +232,8 @@ def _run_child(args, export_dir, measure_speed, onednn="1"):
         str(args.batch),
         "--seconds",
         str(args.seconds),
+        "--threads",
+        ",".join(str(t) for t in threads),
     ]
     if measure_speed:
         cmd.append("--measure_speed")
@@ -169,7 +253,10 @@ def main():
     p.add_argument("--fields", type=int, default=4, help="tables (one id per example each)")
     p.add_argument("--batch", type=int, default=256, help="examples per request")
     p.add_argument("--seconds", type=float, default=5.0, help="per throughput measurement")
+    p.add_argument("--row_dtypes", action="store_true", help="compare the row dtypes of serving exports instead")
+    p.add_argument("--dims", default="16,64", help="--row_dtypes: the embedding dims (default 16,64)")
     p.add_argument("--child", default=None, help=argparse.SUPPRESS)
+    p.add_argument("--threads", default="1,16", help=argparse.SUPPRESS)
     p.add_argument("--measure_speed", action="store_true", help=argparse.SUPPRESS)
     args = p.parse_args()
     if args.child:
@@ -178,6 +265,9 @@ def main():
     if REPO_ROOT not in sys.path:
         sys.path.insert(0, REPO_ROOT)
     os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
+    if args.row_dtypes:
+        _row_dtypes(args)
+        return
     with tempfile.TemporaryDirectory() as workdir:
         exports, keys = _build_exports(args, workdir)
         raw = keys * (8 + 4 * args.dim)

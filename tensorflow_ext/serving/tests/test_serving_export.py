@@ -353,3 +353,29 @@ def test_frozen_table_build_refuses_bad_rows():
             sess.run(emb.lookup(tf.constant([4, 5, 3], tf.int64))), [[3.0, 4.0], [0.0, 0.0], [1.0, 2.0]]
         )
         assert sess.run(emb.size()) == 2
+
+
+def test_frozen_table_storage_is_fixed_per_table_and_int8_builds_check_rows():
+    with tf.Graph().as_default(), tf.compat.v1.Session() as sess:
+        int8 = refs.FrozenTableRef.create(3, storage="int8_row", shared_name="storage_table")
+        same_name = refs.FrozenTableRef.create(3, storage="bfloat16", shared_name="storage_table")
+        assert int8.storage == "int8_row"
+        sess.run(int8.handle)
+        with pytest.raises(tf.errors.FailedPreconditionError, match="storage=int8_row.*storage=bfloat16"):
+            sess.run(same_name.handle)
+        with pytest.raises(ValueError, match="float32, bfloat16, float16, int8_row"):
+            refs.FrozenTableRef.create(3, storage="int4")
+        # A row an int8 row cannot hold is refused by key; the table keeps what it held.
+        keys = tf.constant([5, 6], tf.int64)
+        with pytest.raises(tf.errors.InvalidArgumentError, match="key 6 holds inf in column 1"):
+            sess.run(int8.build(keys, tf.constant([[0.0, 1.0, 2.0], [0.0, np.inf, 2.0]])))
+        with pytest.raises(tf.errors.InvalidArgumentError, match=r"key 5 holds 70000.* \[-65504, 65504\]"):
+            sess.run(int8.build(keys, tf.constant([[0.0, 7e4, 2.0], [0.0, 1.0, 2.0]])))
+        assert sess.run(int8.size()) == 0
+        rows = np.array([[0.0, 0.0, 0.0], [-1.0, 0.25, 3.0]], np.float32)
+        sess.run(int8.build(keys, rows))
+        exported_keys, exported_rows = sess.run(int8.export())
+        exported = dict(zip(exported_keys.tolist(), exported_rows))
+        np.testing.assert_array_equal(exported[5], 0.0)  # an all-zero row reads exact zeros
+        assert np.all(np.abs(exported[6] - rows[1]) <= _int8_row_bound(rows[1]))
+        np.testing.assert_array_equal(sess.run(int8.find(keys, tf.zeros([3]))[0]), [exported[5], exported[6]])

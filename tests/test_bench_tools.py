@@ -134,6 +134,47 @@ def test_bench_ctr_quick_speed_and_quality(tmp_path):
     assert 0.0 <= budget["dynamic_auc_mean"] <= 1.0
 
 
+def test_bench_compact_rows_and_small_model_tiny(tmp_path):
+    out = tmp_path / "m.json"
+    configs = ("fp32_adagrad", "bf16_rowwise", "frozen_fp32", "frozen_int8")
+    _run(
+        "bench_compact_rows.py",
+        "memory",
+        "--keys",
+        "4096",
+        "--chunk",
+        "1024",
+        "--configs",
+        *configs,
+        "--json",
+        str(out),
+    )
+    res = json.loads(out.read_text())["results"]
+    assert set(res) == set(configs) and all(r["size"] == 4096 for r in res.values())
+    # bf16 rows + one float32 accumulator per row hold less than float32 rows + a float32 accumulator per column;
+    # int8 serving rows less than float32 ones.
+    assert res["bf16_rowwise"]["op_bytes_per_key"] < res["fp32_adagrad"]["op_bytes_per_key"] - 16 * 4
+    assert res["frozen_int8"]["op_bytes_per_key"] < res["frozen_fp32"]["op_bytes_per_key"] - 16 * 2
+    out = tmp_path / "s.json"
+    _run(
+        "bench_small_model.py",
+        "--rounds",
+        "2",
+        "--steps",
+        "5",
+        "--variants",
+        "ours_fp32",
+        "ours_bf16_rowwise",
+        "static",
+        "--json",
+        str(out),
+    )
+    res = json.loads(out.read_text())["results"]
+    assert set(res) == {"ours_fp32", "ours_bf16_rowwise", "static"}
+    assert all(len(r["rounds_s"]) == 2 and r["loss_last_50_steps"] > 0 for r in res.values())
+    assert res["ours_bf16_rowwise"]["table_bytes"] < res["ours_fp32"]["table_bytes"]
+
+
 def test_bench_mixed_precision_tiny():
     text = _run(
         "bench_mixed_precision.py",

@@ -198,6 +198,74 @@ def test_flags():
         assert e.value.code == 2
 
 
+def test_row_storage_flags(capsys):
+    from tensorflow_ext.examples import ctr
+
+    a = ctr.parse_args([])
+    assert (a.value_dtype, a.slot_dtype, a.rounding) == ("float32", "float32", None)
+    assert (a.serve_dtype, a.serve_frozen, a.served_auc) == (None, False, False)  # the export: as the tables
+    a = ctr.parse_args(
+        ["--value_dtype", "bfloat16", "--slot_dtype", "same", "--rounding", "nearest", "--optimizer", "rowwise_adagrad"]
+    )
+    assert (a.value_dtype, a.slot_dtype, a.rounding, a.optimizer) == ("bfloat16", "same", "nearest", "rowwise_adagrad")
+    assert a.learning_rate == 0.5
+    a = ctr.parse_args(["--serve_dtype", "int8", "--serve_frozen", "--served_auc"])
+    assert (a.serve_dtype, a.serve_frozen, a.served_auc) == ("int8", True, True)
+    for bad, message in (
+        (["--value_dtype", "int8"], "invalid choice: 'int8'"),
+        (["--slot_dtype", "bfloat16"], "invalid choice: 'bfloat16'"),
+        (["--serve_dtype", "int4"], "invalid choice: 'int4'"),
+        (["--rounding", "nearest"], "--rounding applies to compact rows"),
+        (["--static_buckets", "100", "--value_dtype", "float16"], "not --static_buckets"),
+        (["--static_buckets", "100", "--serve_dtype", "int8"], "not --static_buckets"),
+        (["--no_export", "--served_auc"], "not with --no_export"),
+        (["--no_export", "--serve_dtype", "bfloat16"], "not with --no_export"),
+    ):
+        with pytest.raises(SystemExit) as e:
+            ctr.parse_args(bad)
+        assert e.value.code == 2
+        assert message in capsys.readouterr().err, bad
+
+
+def test_quick_bf16_rowwise_adagrad_trains_and_int8_export_serves(tmp_path):
+    """bf16 rows + row-wise Adagrad train (AUC, falling loss, one accumulator per row in the checkpoint); the
+    frozen int8 export loads in a fresh session and serves about the trained model's AUC."""
+    model_dir = str(tmp_path / "ctr")
+    s, log, _ = _run_ctr(
+        "--quick",
+        "--model_dir",
+        model_dir,
+        "--value_dtype",
+        "bfloat16",
+        "--optimizer",
+        "rowwise_adagrad",
+        "--serve_frozen",
+        "--serve_dtype",
+        "int8",
+        "--served_auc",
+    )
+    assert (s["value_dtype"], s["optimizer"], s["serve_dtype"], s["serve_frozen"]) == (
+        "bfloat16",
+        "rowwise_adagrad",
+        "int8",
+        True,
+    )
+    assert s["auc"] > 0.6, s
+    losses = [v for _, v in _scalar_series(model_dir, "loss")]
+    assert len(losses) >= 2 and np.mean(losses[-2:]) < losses[0] - 0.05, losses
+    import tensorflow as tf
+
+    ckpt = dict(tf.train.list_variables(model_dir))
+    prefix = "embeddings/input_layer/C1_emb/embedding_weights/part_0"
+    assert ckpt[prefix + "-slots"] == [s["table_sizes"]["C1_emb"], 1]  # one accumulator per row
+    assert s["table_bytes_per_key"] == pytest.approx(s["table_bytes"] / s["total_keys"], abs=0.1)
+    assert "B/key" in log and "bfloat16 rows" in log
+    # The export serves (int8 rows: a few bits of each weight lost) about the AUC the trained tables give.
+    assert s["served_examples"] == 5 * 512
+    assert abs(s["served_auc"] - s["auc"]) < 0.02, s
+    assert "ctr: served AUC %.4f" % s["served_auc"] in log
+
+
 def test_stream_progress_records_follow_the_checkpoints(tmp_path):
     """The stream position recorded with each checkpoint: a record written for a save that a kill interrupted (no
     index file) is never read back (the restart resumes from the checkpoint before it, whose record is kept) and goes

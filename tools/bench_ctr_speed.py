@@ -3,8 +3,8 @@
 
 Workload (tools/bench_ctr_variants.py): 26 categorical fields, batch 4096, embedding dim 16; per field, ids are
 Zipf(1.1) draws folded into 2^22 values (mod), hashed with the field id into one int64 key space; MLP 256-128-1 on
-the concatenated embeddings; sigmoid cross-entropy; Adagrad(0.05) (or Adam(1e-3) with --optimizer adam). Median
-step time of 40 steps after 10 warm-up steps.
+the concatenated embeddings; sigmoid cross-entropy; Adagrad(0.05) (or, by --optimizer, row-wise Adagrad(0.05) or
+Adam(1e-3)). Median step time of 40 steps after 10 warm-up steps.
 
 Variants (each its own graph and session, all alive at once -- for every optimizer
 asked for -- with steps interleaved round-robin so that machine noise hits all
@@ -17,6 +17,9 @@ variants alike; --isolate R runs each in a fresh process instead):
   ours_prealloc    (only when --variants names it) ours with initial_capacity=2^21, preallocate=True
   ours_noprefault  (only when --variants names it) ours with TF_EXT_TABLE_PREFAULT=0:
           arena slabs faulted in by the inserting thread instead of ahead of need
+  ours_bf16        (only when --variants names it) ours with bfloat16 rows and optimizer slots
+  ours_bf16_rows   (only when --variants names it) ours with bfloat16 rows, float32 slots
+                   (with --optimizer rowwise_adagrad: one float32 accumulator per row)
 All variants read the same pre-generated batches through the same input
 pipeline (tf.data from in-memory tensors, fed once at iterator init), so no
 per-step feed_dict.
@@ -24,6 +27,8 @@ per-step feed_dict.
 Model quality at equal memory is tools/bench_ctr_quality.py.
 
 Full run:    python tools/bench_ctr_speed.py --optimizer adagrad adam --json docs/bench_ctr.json
+Compact rows: python tools/bench_ctr_speed.py --variants ours ours_bf16 ours_bf16_rows \
+                --optimizer adagrad rowwise_adagrad --json docs/bench_ctr_compact.json
 Quick run:   python tools/bench_ctr_speed.py --quick
 """
 
@@ -204,6 +209,13 @@ def _targets(res, base):
                 "%s: ours_prealloc / static-Adagrad = %.2f (target <= %.2f): %s"
                 % (opt, p / base, lim, "MET" if p / base <= lim else "not met")
             )
+        for compact in ("ours_bf16", "ours_bf16_rows"):
+            c = r.get(compact, {}).get("median_ms")
+            if o and c:
+                targets.append(
+                    "%s: %s / ours (bf16 rows vs float32 rows) = %.2f (target <= 1.00): %s"
+                    % (opt, compact, c / o, "MET" if c / o <= 1.0 else "not met")
+                )
         n = r.get("ours_noprefault", {}).get("median_ms")
         if o and n:
             targets.append("%s: ours / ours_noprefault (prefaulting on / off) = %.2f" % (opt, o / n))
@@ -245,7 +257,7 @@ def main(argv=None):
     p.add_argument("--buckets", type=int, default=1 << 20, help="rows of the static variant")
     p.add_argument("--steps", type=int, default=40, help="timed steps")
     p.add_argument("--warmup", type=int, default=10)
-    p.add_argument("--optimizer", nargs="+", default=["adagrad"], choices=["adagrad", "adam"])
+    p.add_argument("--optimizer", nargs="+", default=["adagrad"], choices=["adagrad", "rowwise_adagrad", "adam"])
     p.add_argument(
         "--variants",
         nargs="+",

@@ -2,7 +2,8 @@
 
 Workload: 26 categorical fields; per field, ids are Zipf(1.1) draws folded into 2^22 values (mod), hashed with the
 field id into one int64 key space (:func:`make_batches`; labels random, or from a hidden logistic model over per-key
-weights); MLP 256-128-1 on the concatenated embeddings; sigmoid cross-entropy; Adagrad(0.05) or Adam(1e-3).
+weights); MLP 256-128-1 on the concatenated embeddings; sigmoid cross-entropy; Adagrad(0.05), row-wise Adagrad(0.05) or
+Adam(1e-3).
 
 A :class:`Variant` is one way to hold the embeddings, with its own graph and session; every variant reads the same
 pre-generated batches through the same input pipeline (tf.data from in-memory tensors, fed once at iterator init),
@@ -14,6 +15,8 @@ so no per-step feed_dict:
   ours_prealloc    (opt-in) ours with the memory of 2^21 keys allocated when the table is created
   ours_noprefault  (opt-in) ours with TF_EXT_TABLE_PREFAULT=0: arena slabs faulted in by the inserting thread
           instead of ahead of need
+  ours_bf16        (opt-in) ours with bfloat16 rows and optimizer slots
+  ours_bf16_rows   (opt-in) ours with bfloat16 rows, float32 slots
 Not a script: import it from a script in tools/ (which puts tools/ on sys.path).
 """
 
@@ -102,6 +105,10 @@ def mlp_logits(x, seed):
 def make_optimizer(name, lr=None):
     if name == "adagrad":
         return tf.compat.v1.train.AdagradOptimizer(0.05 if lr is None else lr)
+    if name == "rowwise_adagrad":
+        from tensorflow_ext.optimizers import RowwiseAdagradOptimizer
+
+        return RowwiseAdagradOptimizer(0.05 if lr is None else lr)
     if name == "adam":
         return tf.compat.v1.train.AdamOptimizer(1e-3 if lr is None else lr)
     raise ValueError(name)
@@ -304,7 +311,32 @@ class OursPreallocVariant(OursVariant):
     table_options = {"initial_capacity": 1 << 21, "preallocate": True}
 
 
-VARIANTS = [StaticVariant, TFRAVariant, OursVariant, OursPreallocVariant, OursNoPrefaultVariant]
+class OursBF16Variant(OursVariant):
+    """Ours with compact rows: bfloat16 embedding columns and optimizer slots (the optimizer's math stays float32,
+    rounded back stochastically)."""
+
+    name = "ours_bf16"
+    label = "tensorflow_ext, bf16 rows and slots (value_dtype=slot_dtype=tf.bfloat16)"
+    table_options = {"value_dtype": tf.bfloat16, "slot_dtype": tf.bfloat16, "rounding": "stochastic"}
+
+
+class OursBF16RowsVariant(OursVariant):
+    """Ours with bfloat16 embedding columns and float32 optimizer slots (with row-wise Adagrad: one per row)."""
+
+    name = "ours_bf16_rows"
+    label = "tensorflow_ext, bf16 rows, float32 slots (value_dtype=tf.bfloat16)"
+    table_options = {"value_dtype": tf.bfloat16, "rounding": "stochastic"}
+
+
+VARIANTS = [
+    StaticVariant,
+    TFRAVariant,
+    OursVariant,
+    OursPreallocVariant,
+    OursNoPrefaultVariant,
+    OursBF16Variant,
+    OursBF16RowsVariant,
+]
 BY_NAME = {v.name: v for v in VARIANTS}
 # Run only when --variants names them: A/B variants of ours.
-OPT_IN_VARIANTS = ("ours_noprefault", "ours_prealloc")
+OPT_IN_VARIANTS = ("ours_noprefault", "ours_prealloc", "ours_bf16", "ours_bf16_rows")

@@ -30,7 +30,15 @@ exports; its JSON summary is the run's.
 
 Serving: every run ends with a SavedModel export of the trained model under
 ``--export_dir`` (raw features in, ``probability`` out), servable by a process that
-only imports tensorflow_ext.
+only imports tensorflow_ext; ``--serve_frozen`` and ``--serve_dtype`` choose its
+tables (frozen or plain; float32, bfloat16, float16 or int8 rows), ``--served_auc``
+reports the export's AUC on the evaluation data, computed in a fresh session.
+
+Compact rows: ``--value_dtype bfloat16|float16`` stores the tables' embedding
+columns in half precision (``--slot_dtype same``: the optimizer's slots too;
+``--rounding``: how updates are rounded back); ``--optimizer rowwise_adagrad`` keeps
+one accumulator per row. The progress lines and the summary report the tables'
+bytes per key.
 
 Output: progress lines, the evaluation metrics, where the checkpoint and the
 summaries went (stderr), then the JSON summary (stdout). TensorFlow's own
@@ -40,7 +48,8 @@ log, the C++ runtime's info lines) is off unless ``--verbose``.
 The modules, bottom to top: ``flags`` (the command line), ``log`` (output lines,
 TensorFlow's logs), ``data`` (input pipelines, the serving input),
 ``checkpoints`` (what the example keeps in ``--model_dir``), ``progress`` (the
-training hook), ``model`` (the ``model_fn``), ``train`` (one run), ``days``
+training hook), ``model`` (the ``model_fn``), ``served`` (the export's row storage
+and its served AUC), ``train`` (one run), ``days``
 (``--days``), ``cli`` (the command); ``__main__`` runs it. This package exports
 the entry points below.
 """

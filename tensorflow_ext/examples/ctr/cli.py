@@ -63,9 +63,25 @@ def _report(summary, args):
         summary["label_mean"],
         summary["prediction_mean"],
     )
-    log.say("tables: %d keys in %d tables", summary["total_keys"], len(summary["table_sizes"]))
+    log.say(
+        "tables: %d keys in %d tables, %s (%s B/key; %s rows)",
+        summary["total_keys"],
+        len(summary["table_sizes"]),
+        log.mib(summary["table_bytes"] or 0),
+        "%.0f" % summary["table_bytes_per_key"] if summary["table_bytes_per_key"] else "-",
+        summary["value_dtype"],
+    )
     log.say("checkpoint: %s", summary["checkpoint"])
     if summary["export_dir"]:
-        log.say("serving SavedModel: %s", summary["export_dir"])
+        log.say(
+            "serving SavedModel (%s%s rows): %s",
+            "frozen, " if summary["serve_frozen"] else "",
+            summary["serve_dtype"],
+            summary["export_dir"],
+        )
+    if "served_auc" in summary:
+        log.say(
+            "served AUC %.4f (the export, on %d evaluation examples)", summary["served_auc"], summary["served_examples"]
+        )
     log.say("TensorBoard summaries (training, and eval/): tensorboard --logdir %s", args.model_dir)
     log.say("done in %.1f s", summary["wall_seconds"])

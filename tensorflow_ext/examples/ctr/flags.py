@@ -20,8 +20,20 @@ _QUICK = dict(steps=100, batch_size=512, eval_steps=5, dim=4, hidden="64,32", ma
 _DISTRIBUTED = ("model_parallel", "data_parallel")
 _DISTRIBUTED_SAVE_STEPS = 1000
 
-_OPTIMIZERS = ("adagrad", "adam", "ftrl", "sgd", "momentum", "rmsprop")
-_DEFAULT_LR = {"adagrad": 0.5, "adam": 0.001, "ftrl": 0.05, "sgd": 0.5, "momentum": 0.05, "rmsprop": 0.001}
+_OPTIMIZERS = ("adagrad", "rowwise_adagrad", "adam", "ftrl", "sgd", "momentum", "rmsprop")
+_DEFAULT_LR = {
+    "adagrad": 0.5,
+    "rowwise_adagrad": 0.5,
+    "adam": 0.001,
+    "ftrl": 0.05,
+    "sgd": 0.5,
+    "momentum": 0.05,
+    "rmsprop": 0.001,
+}
+
+# How the tables store their rows (training) and the serving export's rows: TensorFlow dtype names.
+VALUE_DTYPES = ("float32", "bfloat16", "float16")
+SERVE_DTYPES = VALUE_DTYPES + ("int8",)
 
 # Flags that count things: each must be >= 1 when given.
 _POSITIVE_FLAGS = (
@@ -54,8 +66,16 @@ def parse_args(argv=None):
         prog="python -m tensorflow_ext.examples.ctr",
         description="DeepFM / Wide&Deep CTR Estimator with tf_ext dynamic embeddings.",
     )
-    # --help lists the flags in this order: the job, its sizes, the run, the feature lifecycle, the process.
-    for add_flags in (_add_job_flags, _add_size_flags, _add_run_flags, _add_lifecycle_flags, _add_process_flags):
+    # --help lists the flags in this order: the job, its sizes, the row storage, the run, the feature lifecycle,
+    # the process.
+    for add_flags in (
+        _add_job_flags,
+        _add_size_flags,
+        _add_storage_flags,
+        _add_run_flags,
+        _add_lifecycle_flags,
+        _add_process_flags,
+    ):
         add_flags(parser)
     args = parser.parse_args(argv)
     _fill_defaults(parser, args)
@@ -138,6 +158,48 @@ def _add_size_flags(p):
         help="default: %s." % ", ".join("%s %g" % kv for kv in sorted(_DEFAULT_LR.items())),
     )
     p.add_argument("--num_shards", type=int, default=1, help="shards per table (default 1).")
+
+
+def _add_storage_flags(p):
+    """How the tables store their rows, and how the serving export stores them."""
+    p.add_argument(
+        "--value_dtype",
+        choices=VALUE_DTYPES,
+        default="float32",
+        help="how the tables store the embedding columns (lookups return float32 either way; optimizer math is "
+        "float32, rounded back to this dtype). Default float32.",
+    )
+    p.add_argument(
+        "--slot_dtype",
+        choices=("float32", "same"),
+        default="float32",
+        help="how the tables store the optimizer's slot columns: float32, or the same dtype as --value_dtype. "
+        "Default float32.",
+    )
+    p.add_argument(
+        "--rounding",
+        choices=("nearest", "stochastic"),
+        default=None,
+        help="how a compact table rounds the rows an optimizer writes (default: the library's).",
+    )
+    p.add_argument(
+        "--serve_dtype",
+        choices=SERVE_DTYPES,
+        default=None,
+        help="how the serving export stores the embedding rows: float32, bfloat16, float16, or int8 (8 bits per "
+        "column with a per-row scale and bias). Default: as the tables store them (--value_dtype).",
+    )
+    p.add_argument(
+        "--serve_frozen",
+        action="store_true",
+        help="export read-only frozen tables (tf_ext.serving.freeze_for_serving) instead of plain ones.",
+    )
+    p.add_argument(
+        "--served_auc",
+        action="store_true",
+        help="after the export, load it in a fresh session and report its AUC on the evaluation data "
+        "(summary: served_auc).",
+    )
 
 
 def _add_run_flags(p):
@@ -288,6 +350,19 @@ def _check(p, args):
         p.error("--days uses the synthetic stream (not --data)")
     if args.quiet and args.verbose:
         p.error("--quiet and --verbose exclude each other")
+    _check_storage(p, args)
+
+
+def _check_storage(p, args):
+    """Refuses row-storage flags that do not apply to the run."""
+    if args.static_buckets and (args.value_dtype != "float32" or args.slot_dtype != "float32" or args.rounding):
+        p.error("--value_dtype, --slot_dtype and --rounding apply to dynamic embeddings, not --static_buckets")
+    if args.rounding and args.value_dtype == "float32":
+        p.error("--rounding applies to compact rows: give --value_dtype bfloat16 or float16")
+    if args.no_export and (args.serve_dtype or args.serve_frozen or args.served_auc):
+        p.error("--serve_dtype, --serve_frozen and --served_auc describe the export: not with --no_export")
+    if args.static_buckets and (args.serve_dtype or args.serve_frozen):
+        p.error("--serve_dtype and --serve_frozen apply to dynamic embeddings, not --static_buckets")
 
 
 def _expand(patterns):

@@ -2,8 +2,10 @@
 
 Each of the 26 categorical fields is one table (``tf_ext.feature_column.categorical_column_with_dynamic_embedding``;
 with ``static_buckets``, the baseline: a static hashed ``embedding_column``), read through
-``tf.compat.v1.feature_column.input_layer``. One stock ``tf.compat.v1.train`` optimizer trains the tables and the
-dense weights (Horovod's ``DistributedOptimizer`` around it under ``--distributed``). The evaluation graph only
+``tf.compat.v1.feature_column.input_layer``; the tables store their rows as float32 or, compact, as bfloat16 or
+float16 (``value_dtype``, optionally the optimizer's slots too). One optimizer (a stock ``tf.compat.v1.train`` one, or
+``tf_ext.RowwiseAdagradOptimizer``) trains the tables and the dense weights (Horovod's ``DistributedOptimizer``
+around it under ``--distributed``). The evaluation graph only
 reads the tables (unseen ids are not inserted), and reports each table's key count as a metric.
 """
 
@@ -13,6 +15,7 @@ from tensorflow_ext import embedding
 from tensorflow_ext.embedding import feature_column
 from tensorflow_ext.examples import synthetic
 from tensorflow_ext.examples.ctr import progress
+from tensorflow_ext.optimizers import RowwiseAdagradOptimizer
 
 
 def model_fn(features, labels, mode, params):
@@ -29,7 +32,9 @@ def model_fn(features, labels, mode, params):
       mode: a ``tf.estimator.ModeKeys``.
       params: dict with ``model``, ``dim``, ``hidden_units``, ``optimizer``,
         ``learning_rate``, ``num_shards``, ``string_ids``, ``init_stddev``,
-        ``log_every``, ``batch_size`` (optional: ``distributed``, ``progress``).
+        ``log_every``, ``batch_size`` (optional: ``distributed``, ``progress``, and the
+        row storage: ``value_dtype`` (a dtype name, default "float32"), ``slot_dtype``
+        ("float32" or "same"), ``rounding``).
 
     Returns:
       A ``tf.estimator.EstimatorSpec``.
@@ -165,9 +170,24 @@ def _categorical_columns(params, dim, suffix):
             name="%s_%s" % (key, suffix),
             ignore_value=ignore,
             **_policies(params),
+            **_row_storage(params),
         )
         for key in synthetic.CATEGORICAL_KEYS
     ]
+
+
+def _row_storage(params):
+    """The feature columns' value_dtype=, slot_dtype= and rounding= from the flags; none of them for float32 rows
+    (the library's defaults)."""
+    value_dtype = params.get("value_dtype", "float32")
+    if value_dtype == "float32":
+        return {}
+    out = {"value_dtype": tf.as_dtype(value_dtype)}
+    if params.get("slot_dtype") == "same":
+        out["slot_dtype"] = out["value_dtype"]
+    if params.get("rounding"):
+        out["rounding"] = params["rounding"]
+    return out
 
 
 def _dense_columns():
@@ -215,11 +235,14 @@ def _eval_metrics(labels, probs, per_example, tables, total_keys):
 
 
 def _optimizer(params):
-    """The stock ``tf.compat.v1.train`` optimizer named by ``params["optimizer"]`` (Horovod's around it if distributed)."""
+    """The optimizer named by ``params["optimizer"]``: a stock ``tf.compat.v1.train`` one, or
+    ``tf_ext.RowwiseAdagradOptimizer`` (one accumulator per row); Horovod's around it if distributed."""
     lr = params["learning_rate"]
     name = params["optimizer"]
     if name == "adagrad":
         opt = tf.compat.v1.train.AdagradOptimizer(lr, initial_accumulator_value=0.1)
+    elif name == "rowwise_adagrad":
+        opt = RowwiseAdagradOptimizer(lr, initial_accumulator_value=0.1)
     elif name == "adam":
         opt = tf.compat.v1.train.AdamOptimizer(lr)
     elif name == "ftrl":

@@ -13,7 +13,8 @@ from tensorflow_ext.examples.ctr import log
 
 
 class ProgressHook(tf.compat.v1.train.SessionRunHook):
-    """Prints step, loss, steps/s, examples/s and table keys; keeps the run's throughput."""
+    """Prints step, loss, steps/s, examples/s, table keys and bytes (and bytes per key); keeps the run's
+    throughput."""
 
     # The last instance made in this process (the Estimator builds the hook inside
     # model_fn), read by the run for its summary.
@@ -75,7 +76,8 @@ class ProgressHook(tf.compat.v1.train.SessionRunHook):
         rate = self._window_steps / dt if dt > 0 else float("nan")
         if self._show:
             log.say(
-                "step %d: loss %.4f (mean of last %d: %.4f), %.1f steps/s, %.0f examples/s, %d table keys (%s)%s",
+                "step %d: loss %.4f (mean of last %d: %.4f), %.1f steps/s, %.0f examples/s, %d table keys (%s, "
+                "%.0f B/key)%s",
                 self.final_step,
                 self.losses[-1],
                 min(len(self.losses), self._every),
@@ -84,6 +86,7 @@ class ProgressHook(tf.compat.v1.train.SessionRunHook):
                 rate * self._batch,
                 self.final_keys,
                 log.mib(self.final_bytes),
+                self.final_bytes / float(max(self.final_keys, 1)),
                 self._where,
             )
 

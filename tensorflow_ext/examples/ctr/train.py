@@ -21,6 +21,7 @@ from tensorflow_ext.examples.ctr import data
 from tensorflow_ext.examples.ctr import log
 from tensorflow_ext.examples.ctr import model
 from tensorflow_ext.examples.ctr import progress
+from tensorflow_ext.examples.ctr import served
 
 
 @dataclasses.dataclass(frozen=True)
@@ -45,7 +46,8 @@ def run(args):
 
     Returns:
       A dict with ``auc``, ``loss``, ``logloss``, ``global_step``, ``steps``,
-      ``steps_per_sec``, ``table_sizes``, ``total_keys``, ``export_dir``, ...;
+      ``steps_per_sec``, ``table_sizes``, ``total_keys``, ``table_bytes_per_key``, ``export_dir``
+      (``served_auc`` with --served_auc), ...;
       None on ranks other than 0 of a distributed run (rank 0 evaluates and exports).
     """
     t_start = time.time()
@@ -65,8 +67,18 @@ def run(args):
     summary["checkpoint"] = tf.train.latest_checkpoint(args.model_dir)
     summary["checkpoint_bytes"] = checkpoints.checkpoint_bytes(summary["checkpoint"])
     summary["table_bytes"] = hook.final_bytes if hook else None
+    summary["table_bytes_per_key"] = (
+        round(summary["table_bytes"] / summary["total_keys"], 1)
+        if summary["table_bytes"] and summary["total_keys"]
+        else None
+    )
     summary.update(checkpoints.lifecycle_counts(summary["checkpoint"]))
     summary["export_dir"] = export_dir
+    summary["serve_dtype"] = None if args.no_export else (args.serve_dtype or args.value_dtype)
+    summary["serve_frozen"] = None if args.no_export else args.serve_frozen
+    if args.served_auc:
+        auc, examples = served.served_auc(export_dir, eval_input_fn)
+        summary["served_auc"], summary["served_examples"] = round(auc, 6), examples
     summary["event_files"] = len(checkpoints.event_files(args.model_dir))
     summary["wall_seconds"] = round(time.time() - t_start, 1)
     return summary
@@ -127,6 +139,9 @@ def _model_params(args, job):
         steps_to_live=args.steps_to_live,
         evict_every=args.evict_every,
         static_buckets=args.static_buckets,
+        value_dtype=args.value_dtype,
+        slot_dtype=args.slot_dtype,
+        rounding=args.rounding,
         log_every=args.log_every,
         batch_size=args.batch_size,
         progress=not args.quiet and job.rank == 0,
@@ -165,7 +180,7 @@ def _run_config(args, job):
 def _announce(args, job):
     """The run's first line: what trains on what, from which step, with which sizes."""
     log.say(
-        "%s on %s%s, %s steps from global step %d (batch %d, dim %d, %s lr %g), model_dir %s",
+        "%s on %s%s, %s steps from global step %d (batch %d, dim %d, %s lr %g, %s rows%s), model_dir %s",
         args.model,
         job.source,
         " (%s, %d ranks; batch per rank)" % (args.distributed, job.num_ranks) if job.hvd else "",
@@ -175,8 +190,18 @@ def _announce(args, job):
         args.dim,
         args.optimizer,
         args.learning_rate,
+        args.value_dtype,
+        _compact_details(args),
         args.model_dir,
     )
+
+
+def _compact_details(args):
+    """The announce line's details of compact rows: slot storage and rounding ("" for float32 rows)."""
+    if args.value_dtype == "float32":
+        return ""
+    slots = args.value_dtype if args.slot_dtype == "same" else "float32"
+    return ", %s slots, %s rounding" % (slots, args.rounding or "default")
 
 
 def _train(args, job, estimator, config, train_input_fn):
@@ -215,7 +240,7 @@ def _evaluate_and_export(args, job, estimator, eval_input_fn):
     eval_seconds = time.time() - t_eval
     export_dir = None
     if not args.no_export:
-        with one_process():
+        with one_process(), served.export_context(args.serve_dtype, args.serve_frozen):
             export_dir = estimator.export_saved_model(args.export_dir, data.serving_input_fn(job.string_ids)).decode()
     return metrics, eval_seconds, export_dir
 
@@ -232,6 +257,10 @@ def _summary(args, job, metrics, hook, train_seconds, eval_seconds):
     return {
         "model": args.model,
         "data": job.source,
+        "optimizer": args.optimizer,
+        "value_dtype": args.value_dtype,
+        "slot_dtype": args.slot_dtype,
+        "rounding": args.rounding,
         "auc": round(float(metrics["auc"]), 4),
         "logloss": round(float(metrics["logloss"]), 4),
         "loss": round(float(np.mean(hook.losses[-args.log_every :])), 4) if hook and hook.losses else None,

@@ -183,9 +183,9 @@ def _send_rows_back(rows, splits, value_dtype, process_set, name):
     """alltoall of float32 `rows` [m, width] (`splits` rows to each rank): the rows each rank receives, float32.
 
     For a `value_dtype` of `_WIRE_DTYPES` the rows travel as 2-byte values: exact for the rows the table stores,
-    which hold values of that dtype; any other value (e.g. the default row of a key not admitted) arrives rounded
-    to the nearest one. The gradient returns by an alltoall of float32 values either way, so the owner's update
-    gets the gradients the ranks computed, unrounded.
+    which hold values of that dtype; any other value (the row of a key missing at inference, the default row of a
+    key not admitted) arrives rounded to the nearest one. The gradient returns by an alltoall of float32 values
+    either way, so the owner's update gets the gradients the ranks computed, unrounded.
     """
     hvd = _hvd.require_horovod()
     wire_dtype = _WIRE_DTYPES.get(value_dtype)

@@ -53,7 +53,7 @@ def test_golden_ranks_match_one_process(ranks, optimizer, parallelism, flavour):
     [
         (2, "Adagrad", "model", "lookup", "bfloat16"),
         (2, "Adam", "data", "sparse", "bfloat16"),
-        (3, "Ftrl", "model", "sparse", "float16"),
+        (2, "Ftrl", "model", "sparse", "float16"),
     ],
 )
 def test_golden_half_rows_match_one_process(ranks, optimizer, parallelism, flavour, value_dtype):

@@ -257,8 +257,8 @@ inline void CopyFloats(float* dst, const float* src, int64_t n) {
 // Per-thread float32 buffers for compact rows (see HashTable::Impl's
 // columns section), one per use so that one never overwrites another in use:
 // kRow, a row or column range an operation decodes, changes and encodes
-// back (Update's fn and RemoveIf's pred see it); kInit, FindOrInsertWith's
-// batch of new rows for init; kCodec, an int8 row being requantized.
+// back (Update's fn sees it); kInit, FindOrInsertWith's batch of new rows
+// for init; kCodec, an int8 row being requantized.
 enum class Scratch { kRow = 0, kInit = 1, kCodec = 2 };
 float* ThreadScratch(Scratch use, size_t floats) {
   thread_local std::vector<float> buffers[3];
@@ -266,6 +266,23 @@ float* ThreadScratch(Scratch use, size_t floats) {
   if (buffer.size() < floats) buffer.resize(floats);
   return buffer.data();
 }
+
+// A float32 row for one key's compact columns: on the stack up to
+// kStackFloats floats, else ThreadScratch(use). Per-key paths take it so
+// that the usual rows cost no thread-local lookup (a call through a shared
+// library's TLS) per key.
+class ScratchRow {
+ public:
+  static constexpr size_t kStackFloats = 128;
+  ScratchRow(Scratch use, size_t floats) : data_(floats <= kStackFloats ? stack_ : ThreadScratch(use, floats)) {}
+  ScratchRow(const ScratchRow&) = delete;
+  ScratchRow& operator=(const ScratchRow&) = delete;
+  float* data() const { return data_; }
+
+ private:
+  float stack_[kStackFloats];
+  float* const data_;
+};
 
 // For the batched writers that have no per-key input or output rows.
 constexpr auto kNoIo = [](int64_t) {};
@@ -1135,11 +1152,11 @@ struct HashTable::Impl {
       StoreMeta(row, *meta);
       return;
     }
-    float* scratch = ThreadScratch(Scratch::kRow, static_cast<size_t>(width));
-    ReadCompactColumns(row, 0, width, scratch);
-    fn(i, scratch, meta);
+    const ScratchRow scratch(Scratch::kRow, static_cast<size_t>(width));
+    ReadCompactColumns(row, 0, width, scratch.data());
+    fn(i, scratch.data(), meta);
     StoreMeta(row, *meta);
-    WriteColumns(row, 0, width, scratch, options.rounding);
+    WriteColumns(row, 0, width, scratch.data(), options.rounding);
   }
   // FindOrInsertWith (hash_table.h), the init's columns of new rows rounded
   // with `init_rounding` (FindOrInsert's init_rows: to nearest).
@@ -1688,10 +1705,10 @@ void HashTable::Impl::EncodeColumns(char* values, int64_t c0, int64_t n, const f
     } else if (c0 == 0 && in_area == compact_cols) {
       EncodeInt8Row(src, compact_cols, values);
     } else {
-      float* whole = ThreadScratch(Scratch::kCodec, static_cast<size_t>(compact_cols));
-      DecodeInt8Row(values, compact_cols, 0, compact_cols, whole);
-      std::copy(src, src + in_area, whole + c0);
-      EncodeInt8Row(whole, compact_cols, values);
+      const ScratchRow whole(Scratch::kCodec, static_cast<size_t>(compact_cols));
+      DecodeInt8Row(values, compact_cols, 0, compact_cols, whole.data());
+      std::copy(src, src + in_area, whole.data() + c0);
+      EncodeInt8Row(whole.data(), compact_cols, values);
     }
   }
   if (n > in_area) {
@@ -1939,10 +1956,10 @@ void HashTable::Accumulate(const int64_t* keys, int64_t n, int64_t col_begin, in
       for (int64_t c = 0; c < cols; ++c) dst[c] += delta[c];
       return;
     }
-    float* sum = ThreadScratch(Scratch::kRow, static_cast<size_t>(cols));
-    m.ReadCompactColumns(row, col_begin, cols, sum);
-    for (int64_t c = 0; c < cols; ++c) sum[c] += delta[c];
-    m.WriteColumns(row, col_begin, cols, sum, Rounding::kNearest);
+    const ScratchRow sum(Scratch::kRow, static_cast<size_t>(cols));
+    m.ReadCompactColumns(row, col_begin, cols, sum.data());
+    for (int64_t c = 0; c < cols; ++c) sum.data()[c] += delta[c];
+    m.WriteColumns(row, col_begin, cols, sum.data(), Rounding::kNearest);
   });
 }
 
@@ -1986,6 +2003,7 @@ int64_t HashTable::RemoveIf(const std::function<bool(int64_t, const float*, cons
   const Impl& m = *impl_;
   int64_t removed = 0;
   std::vector<int64_t> doomed;
+  std::vector<float> decoded(m.compact ? m.width : 0);  // pred sees a compact row decoded
   for (int64_t si = 0; si < m.num_shards; ++si) {
     Shard& s = m.shards[si];
     std::unique_lock<std::shared_mutex> lock(s.mu);
@@ -1998,9 +2016,8 @@ int64_t HashTable::RemoveIf(const std::function<bool(int64_t, const float*, cons
       const int64_t key = LoadI64(row);
       const float* values;
       if (m.compact) {
-        float* decoded = ThreadScratch(Scratch::kRow, static_cast<size_t>(m.width));
-        m.ReadCompactColumns(row, 0, m.width, decoded);
-        values = decoded;
+        m.ReadCompactColumns(row, 0, m.width, decoded.data());
+        values = decoded.data();
       } else {
         values = m.Values(row);
       }

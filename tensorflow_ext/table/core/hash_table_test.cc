@@ -2326,6 +2326,9 @@ TFEXT_TEST(CompactRowsMatchAFloat32TableFedRoundedValues) {
   };
   uint64_t seed = 1;
   for (const Config& c : configs) RunCompactOpsAgainstFloat32(c.storage, c.width, c.compact_cols, seed++, 100);
+  // Rows wider than the on-stack scratch row (128 floats): the per-thread buffers.
+  RunCompactOpsAgainstFloat32(RowStorage::kBFloat16, 200, 150, seed++, 30);
+  RunCompactOpsAgainstFloat32(RowStorage::kInt8Row, 140, 130, seed++, 30);
 }
 
 TFEXT_TEST(CompactOptionsAreValidated) {

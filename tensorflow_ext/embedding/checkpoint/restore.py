@@ -54,8 +54,10 @@ __all__ = [
     "import_rows",
     "own_rows",
     "read_and_check",
+    "refuses_serving_only_values",
     "release_free_memory_after",
     "restore_values_only",
+    "serving_only_values_message",
 ]
 
 _RESTORE_OPS = ("RestoreV2", "Restore", "RestoreSlice")
@@ -165,29 +167,38 @@ def _read_layout(shard, name, restored_tensors):
     return record, found
 
 
+def refuses_serving_only_values(shard):
+    """Whether `shard` refuses values recorded as `format.SERVING_ONLY_STORAGE` (int8 rows of a serving export:
+    approximations of the trained values): a training table does; a serving table (frozen, or a plain one storing
+    int8 rows, which is never trained) takes them."""
+    return shard.table.writable and shard.storage != ckpt_format.SERVING_ONLY_STORAGE
+
+
+def serving_only_values_message(name, shard):
+    """Why `shard` refuses the values of checkpoint tensors `<name>-*` recorded as `format.SERVING_ONLY_STORAGE`."""
+    return (
+        "Checkpoint tensors %s-* hold %s values (int8 rows with a per-row scale and bias, as a serving export "
+        "stores them: approximations of the trained values), and dynamic embedding %s here is a training "
+        "table storing %s rows: refused. Restore training tables from a training checkpoint (storage "
+        "float32, bfloat16 or float16); serve int8 rows with tf_ext.serving.freeze_for_serving(value_dtype="
+        "tf.int8)." % (name, ckpt_format.SERVING_ONLY_STORAGE, shard.embedding.name, shard.storage)
+    )
+
+
 def _refuse_serving_only_values(shard, name, restored_tensors):
-    """An Assert, run before the Saver's read, that the checkpoint's storage record is not int8_row, for a training
-    table (`SERVING_ONLY_STORAGE`: a model restored from an int8 serving export holds approximations of its trained
-    values; a read-only serving table takes them). None where there is nothing to check: a serving table (frozen,
-    or a plain one storing int8 rows, which is never trained), or a restore built outside a Saver (no checkpoint to
-    read the record from)."""
+    """An Assert, run before the Saver's read, that the checkpoint's storage record is not int8_row, for a table
+    that refuses such values (`refuses_serving_only_values`). None where there is nothing to check: a serving table,
+    or a restore built outside a Saver (no checkpoint to read the record from)."""
     prefix, restore_op = checkpoint_source(restored_tensors[0])
-    refused = ckpt_format.SERVING_ONLY_STORAGE
-    if prefix is None or not shard.table.writable or shard.storage == refused:
+    if prefix is None or not refuses_serving_only_values(shard):
         return None
     with tf.control_dependencies(None), internals.ops.colocate_with(restore_op, ignore_existing=True):
         storage, found = loader.load_ops().tf_ext_checkpoint_read_optional_string(
             prefix, tensor_name=name + ckpt_format.STORAGE_SUFFIX, name=name.replace("/", "_") + "_read_storage"
         )
         check = tf.debugging.Assert(
-            tf.logical_not(tf.logical_and(found, tf.equal(storage, refused))),
-            [
-                "Checkpoint tensors %s-* hold %s values (int8 rows with a per-row scale and bias, as a serving export "
-                "stores them: approximations of the trained values), and dynamic embedding %s here is a training "
-                "table storing %s rows: refused. Restore training tables from a training checkpoint (storage "
-                "float32, bfloat16 or float16); serve int8 rows with tf_ext.serving.freeze_for_serving(value_dtype="
-                "tf.int8)." % (name, refused, shard.embedding.name, shard.storage)
-            ],
+            tf.logical_not(tf.logical_and(found, tf.equal(storage, ckpt_format.SERVING_ONLY_STORAGE))),
+            [serving_only_values_message(name, shard)],
             name="check_storage",
         )
     graph_edits.add_control_input(restore_op, check)

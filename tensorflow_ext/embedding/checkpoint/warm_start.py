@@ -18,6 +18,9 @@ in the checkpoint:
 * the previous name defaults to the current one; `var_name_to_prev_var_name`
   may map a shard name (`emb/part_0`) to the previous embedding's name (or
   any of its shards' names): `{"emb/part_0": "old_emb", ...}`;
+* values recorded as int8 rows (a serving export's: approximations of the
+  trained values) are refused, as a Saver's restore refuses them: a ValueError
+  naming both storages (a read-only serving table takes them);
 * the previous embedding must have the same `dim`, else `warm_start` raises a
   ValueError naming both dims. `warm_start_from_checkpoint(...,
   dim_mismatch="truncate")` keeps the first `dim` columns of wider previous
@@ -39,6 +42,7 @@ import tensorflow as tf
 from tensorflow_ext.embedding import state as state_lib
 from tensorflow_ext.embedding.checkpoint import delta as delta_lib
 from tensorflow_ext.embedding.checkpoint import format as ckpt_format
+from tensorflow_ext.embedding.checkpoint import restore as restore_lib
 from tensorflow_ext.embedding.shard import DynamicEmbeddingShard
 from tensorflow_ext.tf_compat import internals
 
@@ -127,6 +131,23 @@ def _fit_dim(values, prev_dim, shard, dim_mismatch, ckpt, prev_name):
     )
 
 
+def _refuse_serving_only_values(path, parts, shapes, shard):
+    """A ValueError where a training shard would warm-start from values recorded as int8 rows (a serving export's,
+    as the Saver's restore refuses them: `restore.refuses_serving_only_values`)."""
+    if not restore_lib.refuses_serving_only_values(shard):
+        return
+    reader = None
+    for part in parts:
+        if part + ckpt_format.STORAGE_SUFFIX not in shapes:
+            continue  # no record: float32 values
+        reader = reader or tf.compat.v1.train.NewCheckpointReader(path)
+        if reader.get_tensor(part + ckpt_format.STORAGE_SUFFIX).decode() == ckpt_format.SERVING_ONLY_STORAGE:
+            raise ValueError(
+                "warm start of dynamic embedding shard %s from %s: %s"
+                % (shard.name, path, restore_lib.serving_only_values_message(part, shard))
+            )
+
+
 def _read_previous(ckpt, prev_name, shard, dim_mismatch):
     """The keys/values/versions/freqs of embedding prev_name in ckpt that belong to `shard`."""
     path = internals.checkpoint_filename(ckpt)
@@ -138,6 +159,7 @@ def _read_previous(ckpt, prev_name, shard, dim_mismatch):
     )
     if not parts:
         return None
+    _refuse_serving_only_values(path, parts, shapes, shard)
     prev_dim = _previous_dim(ckpt, path, prev_name, parts, shapes, shard)
     tensors, dtypes = [], []
     for part in parts:

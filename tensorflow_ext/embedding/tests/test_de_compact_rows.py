@@ -327,6 +327,20 @@ def test_warm_start_across_storages(tmp_path, saved, started, expect):
     np.testing.assert_array_equal(_bits(got_values), _bits(expect(values)))
 
 
+@pytest.mark.parametrize("warm_start", ["tf_ext", "tf"])
+def test_warm_start_refuses_int8_row_values_naming_both_storages(tmp_path, warm_start):
+    # The checkpoint has every tensor a warm start reads (keys, values, versions, freqs): only its storage record
+    # says the values are int8 rows of a serving export.
+    path = _write_serving_checkpoint(str(tmp_path / "served"), with_training_tensors=True)
+    with tf.Graph().as_default():
+        tf_ext.get_dynamic_embedding("emb", DIM, value_dtype=tf.bfloat16, num_shards=1)
+        with pytest.raises(ValueError, match="emb/part_0-\\* hold int8_row values .* storing bfloat16 rows"):
+            if warm_start == "tf_ext":
+                tf_ext.embedding.warm_start_from_checkpoint(path)
+            else:
+                tf.compat.v1.train.warm_start(path, vars_to_warm_start=".*")
+
+
 # ---- policies, memory ----------------------------------------------------------------------------------------
 
 

@@ -13,7 +13,8 @@ Invariants of a built config:
 * `key_dtype` is int64, int32 or string; `value_dtype` (how the embedding columns are stored) is one of
   `VALUE_DTYPES` (lookups return float32 whatever it is); `slot_dtype` is None (float32 optimizer slots) or
   `value_dtype` (the slot columns stored the same way), and always None for float32 values; `rounding` is one of
-  `refs.ROUNDINGS`, always "nearest" for float32 values (float32 rows are never rounded);
+  `refs.ROUNDINGS`, always "nearest" for float32 values (float32 rows are never rounded: a rounding given for them
+  is an error);
 * `initializer` is an `InitSpec` whose kernel seeds are pinned for `name` (a key's initial row depends only on the
   seeds and the key, whichever op inserts it);
 * `1 <= num_shards <= MAX_SHARDS`; `devices` is None or a non-empty tuple (shard i on `devices[i % len]`);
@@ -243,6 +244,13 @@ def _check_row_storage(name, value_dtype, slot_dtype, rounding):
         raise ValueError(
             "rounding of dynamic embedding %r must be None (the default, %r) or one of %s, got %r"
             % (name, DEFAULT_ROUNDING, ", ".join(repr(r) for r in refs.ROUNDINGS), rounding)
+        )
+    elif value_dtype == tf.float32:
+        # A rounding asked for float32 rows (which nothing rounds) is most likely a value_dtype left out.
+        raise ValueError(
+            "rounding=%r of dynamic embedding %r applies to half-precision rows (value_dtype tf.bfloat16 or "
+            "tf.float16); its value_dtype is tf.float32, whose rows are stored unrounded: leave rounding None"
+            % (rounding, name)
         )
     if value_dtype == tf.float32:
         return value_dtype, None, "nearest"  # float32 rows are stored as they are: nothing to round

@@ -165,7 +165,7 @@ def get_dynamic_embedding(
         (unbiased, deterministic per key, step and column, so reruns are
         bit-identical) or "nearest"; None: the default
         (`tf_ext.embedding.config.DEFAULT_ROUNDING`). Float32 rows are not
-        rounded.
+        rounded: a rounding given for them is a ValueError.
       **tfra_kwargs: TFRA's `get_variable` keywords, for code ported by
         renaming: `init_size` (= initial_capacity). The others of TFRA
         (kv_creator, restrict_policy, bp_v2, checkpoint, shared_name) raise a

@@ -80,6 +80,10 @@ def _frozen_find_grad(op, *grads):
     )
 
 
+# The storages whose stored values a half-precision dtype holds exactly (`_send_in_storage_dtype` sends them so).
+_HALF_STORAGES = ("bfloat16", "float16")
+
+
 @tf.RegisterGradient("TfExtRowsInStorageDtype")
 def _rows_in_storage_dtype_grad(op, grad):
     """Both casts of `_send_in_storage_dtype` pass the float32 gradient on unrounded."""
@@ -92,12 +96,16 @@ def _send_in_storage_dtype(shard, rows):
 
     A table placed on a task of a cluster job (a parameter server) that stores half values sends its rows as such:
     cast to the storage dtype next to the table and back to float32 where the reader runs, half the bytes over the
-    network and exact (the table holds values of that dtype). Elsewhere the rows are returned as they are.
+    network and exact (the table holds values of that dtype). Elsewhere the rows are returned as they are, and so
+    are the rows of a table storing float32 or int8 rows, whatever the embedding's value_dtype (an export's table,
+    `tf_ext.serving.export_rows`): their decoded values are not half values.
     """
-    value_dtype = shard.embedding.value_dtype
-    # ("localhost" is the job of a process without a cluster.)
-    if value_dtype == tf.float32 or tf.DeviceSpec.from_string(shard.handle.device).job in (None, "localhost"):
+    if shard.storage not in _HALF_STORAGES:
         return rows
+    # ("localhost" is the job of a process without a cluster.)
+    if tf.DeviceSpec.from_string(shard.handle.device).job in (None, "localhost"):
+        return rows
+    value_dtype = refs.storage_dtype(shard.storage)
     with tf.compat.v1.get_default_graph().gradient_override_map({"Cast": "TfExtRowsInStorageDtype"}):
         with tf_ops.colocate_with(shard.handle):
             stored = tf.cast(rows, value_dtype)

@@ -143,7 +143,7 @@ def _checkpointed(value_dtype, num_shards=2):
         DIM,
         value_dtype=value_dtype,
         num_shards=num_shards,
-        rounding="nearest",
+        rounding=None if value_dtype == tf.float32 else "nearest",  # float32 rows take no rounding
         initializer=tf.compat.v1.random_uniform_initializer(-1, 1, seed=5),
     )
     ids, targets, train = _model(emb, tf.compat.v1.train.AdagradOptimizer(0.1))
@@ -318,7 +318,8 @@ def test_delta_checkpoints_of_a_compact_table_restore_the_table_at_each_save(tmp
 def test_warm_start_across_storages(tmp_path, saved, started, expect):
     path, (keys, values, _) = _save(tmp_path, saved)
     with tf.Graph().as_default():
-        emb = tf_ext.get_dynamic_embedding("emb", DIM, value_dtype=started, num_shards=3, rounding="nearest")
+        rounding = None if started == tf.float32 else "nearest"  # float32 rows take no rounding
+        emb = tf_ext.get_dynamic_embedding("emb", DIM, value_dtype=started, num_shards=3, rounding=rounding)
         tf_ext.embedding.warm_start_from_checkpoint(path)
         with tf.compat.v1.Session(config=session_config()) as sess:
             sess.run(tf_ext.embedding.warm_start_op())
@@ -339,6 +340,26 @@ def test_warm_start_refuses_int8_row_values_naming_both_storages(tmp_path, warm_
                 tf_ext.embedding.warm_start_from_checkpoint(path)
             else:
                 tf.compat.v1.train.warm_start(path, vars_to_warm_start=".*")
+
+
+@pytest.mark.parametrize("export_dtype", [tf.int8, tf.float32, tf.bfloat16], ids=["int8", "f32", "bf16"])
+def test_an_export_table_on_a_cluster_task_sends_the_values_it_stores(tmp_path, export_dtype):
+    # A table on a task of a cluster job sends half rows as half values; the rows of an export's table of another
+    # storage than the embedding's value_dtype are sent as they are decoded (int8 rows are not bfloat16 values).
+    path, (keys, _, _) = _save(tmp_path, tf.float32)
+    # An in-process server of a "ps" job (port 0: the server picks a free one).
+    server = tf.distribute.Server(tf.train.ClusterSpec({"ps": ["localhost:0"]}), job_name="ps", task_index=0)
+    rows = []
+    for devices in (None, ["/job:ps/task:0"]):
+        with tf.Graph().as_default():
+            with tf_ext.serving.export_rows(export_dtype):
+                emb = tf_ext.get_dynamic_embedding("emb", DIM, value_dtype=tf.bfloat16, num_shards=2, devices=devices)
+            lookup = tf_ext.embedding_lookup(emb, tf.constant(keys), is_training=False)
+            saver = tf.compat.v1.train.Saver()
+            with tf.compat.v1.Session(server.target, config=session_config()) as sess:
+                saver.restore(sess, path)
+                rows.append(sess.run(lookup))
+    np.testing.assert_array_equal(_bits(rows[1]), _bits(rows[0]))
 
 
 # ---- policies, memory ----------------------------------------------------------------------------------------
@@ -458,6 +479,9 @@ def test_unsupported_row_storage_arguments_are_clear_errors(graph):
         tf_ext.get_dynamic_embedding("x", DIM, slot_dtype=tf.bfloat16)  # float32 values
     with pytest.raises(ValueError, match="rounding .* one of 'nearest', 'stochastic', got 'up'"):
         tf_ext.get_dynamic_embedding("x", DIM, value_dtype=tf.bfloat16, rounding="up")
+    for rounding in ("stochastic", "nearest"):  # float32 rows are never rounded: value_dtype left out?
+        with pytest.raises(ValueError, match="rounding='%s' of dynamic embedding 'x' applies to half" % rounding):
+            tf_ext.get_dynamic_embedding("x", DIM, rounding=rounding)
     with pytest.raises(TypeError, match="value_dtype of dynamic embedding 'x' must be a tf.DType"):
         tf_ext.get_dynamic_embedding("x", DIM, value_dtype=object())
 
@@ -474,5 +498,5 @@ def test_reuse_compares_the_row_storage_given(graph):
             tf_ext.get_dynamic_embedding("x", DIM, value_dtype=tf.float16)
         with pytest.raises(ValueError, match="with rounding='nearest', but it has 'stochastic'"):
             tf_ext.get_dynamic_embedding("x", DIM, value_dtype=tf.bfloat16, rounding="nearest")
-    plain = tf_ext.get_dynamic_embedding("plain", DIM, rounding="stochastic")
+    plain = tf_ext.get_dynamic_embedding("plain", DIM)
     assert (plain.value_dtype, plain.slot_dtype, plain.rounding) == (tf.float32, None, "nearest")

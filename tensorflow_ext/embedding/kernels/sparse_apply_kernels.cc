@@ -69,6 +69,12 @@ tensorflow::Status CheckLayout(const std::string& op, const TableResource& table
     return InvalidArgument(op, ": attr dim=", dim, " does not match the table's dim=", table.dim(),
                            " (table layout: ", table.layout().DebugString(), ")");
   }
+  // The core would re-quantize the whole int8 row at every step: a lossy write no training wants.
+  if (table.layout().storage == ::tfext::table::RowStorage::kInt8Row) {
+    return InvalidArgument(op, ": the table stores int8 rows (storage \"int8_row\"), a serving format; an optimizer ",
+                           "trains tables stored as \"float32\", \"bfloat16\" or \"float16\" (table layout: ",
+                           table.layout().DebugString(), ")");
+  }
   // Slot k occupies columns [slot_offset + k*w, slot_offset + (k+1)*w), w = Opt::SlotWidth(dim).
   if (num_slots > 0) {
     if (slot_offset < dim) {

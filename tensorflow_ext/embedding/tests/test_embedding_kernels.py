@@ -726,6 +726,13 @@ def test_bad_apply_inputs(graph, sess):
         "slot_offset=2 overlaps the embedding",
     )
     _raises(sess, eo.sparse_apply_adagrad(handle, [1], tf.ones([1, 8]), 0.1, dim=8), None, "table's dim=4")
+    # int8 rows are a serving format: a fused step (which would re-quantize the row each time) is refused.
+    _counter[0] += 1
+    int8_handle = _ops().tf_ext_table_handle(
+        dim=dim, width=dim + 1, storage="int8_row", compact_cols=dim, shared_name="emb_kernel_test_%d" % _counter[0]
+    )
+    for apply in (eo.sparse_apply_adagrad, eo.sparse_apply_rowwise_adagrad):
+        _raises(sess, apply(int8_handle, [1], tf.ones([1, dim]), 0.1, dim=dim), None, "int8_row", "serving format")
     ftrl_handle = _table(dim, 3 * dim)
     ftrl = lambda **kw: eo.sparse_apply_ftrl(  # noqa: E731
         ftrl_handle,

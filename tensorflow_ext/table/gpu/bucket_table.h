@@ -183,6 +183,13 @@ struct RowFormat {
     return f;
   }
 
+  // The same rows: the same columns stored the same way and rounded the same way. Of() leaves the storage and the
+  // rounding of a table without compact columns at their defaults, so options that differ only in those (float32
+  // rows round nothing) give the same format, as the CPU table's TableLayout::SameAs decides.
+  bool SameAs(const RowFormat& o) const {
+    return width == o.width && storage == o.storage && compact_cols == o.compact_cols && rounding == o.rounding;
+  }
+
   TFEXT_HOST_DEVICE bool compact() const { return compact_cols > 0; }
 
   // Column c of a row, as float32.

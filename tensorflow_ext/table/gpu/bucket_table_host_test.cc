@@ -399,6 +399,7 @@ TFEXT_TEST(UpdatesMatchTheCpuCore) {
 // ---- compact rows (bfloat16 / float16 columns) ----
 using tfext::table::Rounding;
 using tfext::table::RowStorage;
+using tfext::table::gpu::RowFormat;
 using tfext::table::gpu::testing::CompactOptions;
 using tfext::table::gpu::testing::CoreOptions;
 
@@ -606,6 +607,25 @@ TFEXT_TEST(CompactOptionsAreChecked) {
   Table g5;  // dim 16 bfloat16 values + one float32 accumulator
   CHECK_EQ(g5.Init(CompactOptions(17, RowStorage::kBFloat16, 16, Rounding::kStochastic)), "");
   CHECK_EQ(g5.row_bytes(), 36);
+}
+
+// Two option sets describe the same rows (a shared table reopened by another op) when their formats agree: the
+// storage and rounding of a table without compact columns do not matter, as for the CPU table's TableLayout.
+TFEXT_TEST(RowFormatsCompareTheStoredRows) {
+  const auto same = [](const GpuTableOptions& a, const GpuTableOptions& b) {
+    return RowFormat::Of(a).SameAs(RowFormat::Of(b)) && RowFormat::Of(b).SameAs(RowFormat::Of(a));
+  };
+  const GpuTableOptions plain = CompactOptions(5, RowStorage::kFloat32, 0, Rounding::kNearest);
+  CHECK(same(plain, CompactOptions(5, RowStorage::kFloat32, 0, Rounding::kStochastic)));
+  CHECK(same(plain, CompactOptions(5, RowStorage::kFloat32, 4, Rounding::kStochastic)));
+  CHECK(same(plain, CompactOptions(5, RowStorage::kBFloat16, 0, Rounding::kStochastic)));
+  CHECK(!same(plain, CompactOptions(6, RowStorage::kFloat32, 0, Rounding::kNearest)));
+  const GpuTableOptions bf16 = CompactOptions(5, RowStorage::kBFloat16, 4, Rounding::kStochastic);
+  CHECK(same(bf16, bf16));
+  CHECK(!same(bf16, plain));
+  CHECK(!same(bf16, CompactOptions(5, RowStorage::kBFloat16, 4, Rounding::kNearest)));
+  CHECK(!same(bf16, CompactOptions(5, RowStorage::kBFloat16, 5, Rounding::kStochastic)));
+  CHECK(!same(bf16, CompactOptions(5, RowStorage::kFloat16, 4, Rounding::kStochastic)));
 }
 
 TFEXT_TEST(BadArgumentsAreNamed) {

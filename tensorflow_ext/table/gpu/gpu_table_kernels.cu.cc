@@ -78,11 +78,8 @@ class GpuTableResource : public tensorflow::ResourceBase {
 
   int64_t dim() const { return dim_; }
   int64_t width() const { return table_.width(); }
-  // The same table: width and row storage.
-  bool SameAs(const GpuTableOptions& o) const {
-    return o.width == options_.width && o.storage == options_.storage && o.compact_cols == options_.compact_cols &&
-           o.rounding == options_.rounding;
-  }
+  // The same table: width and row storage (RowFormat::SameAs).
+  bool SameAs(const GpuTableOptions& o) const { return RowFormat::Of(o).SameAs(RowFormat::Of(options_)); }
   // column_defaults on the device (null: zeros).
   const float* device_defaults() const { return d_defaults_; }
   // The table, driven on the op's stream; callers hold mu().

@@ -131,6 +131,8 @@ def _find_in_serving_table(shard, keys, is_training):
 def _lookup_training_table(shard, keys, is_training, step):
     """Rows [n, dim] of unique int64 keys [n] in a training table, inserting missing keys in training (see the
     module docstring), with the gradient for the table."""
+    if is_training:
+        shard.check_writable("embedding_lookup(is_training=True)")  # a table of int8 rows takes no new keys
     spec = shard.embedding.initializer
     dim = shard.dim
     handle = shard.handle
@@ -226,6 +228,8 @@ def _one_shard_kernel(emb, kernel, inputs, is_training, **attrs):
     shard = emb.shards[0]
     if is_training is None and shard.is_training:
         is_training = True
+    if is_training:
+        shard.check_writable("embedding_lookup(is_training=True)")  # a table of int8 rows takes no new keys
     step = _global_step_tensor()
     with tf_ops.colocate_with(shard.handle):
         outputs = kernel(

@@ -321,6 +321,11 @@ def test_serving_row_dtypes_are_checked_and_int8_rows_are_never_trained():
                 tf.compat.v1.train.AdagradOptimizer(0.1).minimize(tf.reduce_sum(vecs))
             with pytest.raises(ValueError, match=match):
                 emb.insert(tf.constant([1], tf.int64), tf.zeros([1, 4]))
+            for num_shards in (1, 2):  # a training lookup would insert rows (one kernel for one shard)
+                with scope(tf.int8):
+                    other = tf_ext.get_dynamic_embedding("int8_item_%d" % num_shards, 4, num_shards=num_shards)
+                with pytest.raises(ValueError, match=match):
+                    tf_ext.embedding_lookup(other, tf.constant([1, 2], tf.int64), is_training=True)
 
 
 def test_frozen_embedding_is_read_only():

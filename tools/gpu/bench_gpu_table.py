@@ -34,8 +34,8 @@ import sys
 import numpy as np
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+from numpy_reference import STOCHASTIC, splitmix64  # noqa: E402
 from test_gpu_table import (  # noqa: E402
-    STOCHASTIC,
     STORAGES,
     GpuError,
     Table,
@@ -43,7 +43,6 @@ from test_gpu_table import (  # noqa: E402
     last_error,
     load_lib,
     ptr,
-    splitmix64,
 )
 
 MAX_LOAD_FACTOR = 0.95  # the largest the table accepts: the most room above the prefill for the timed batches

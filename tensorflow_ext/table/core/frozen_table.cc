@@ -8,6 +8,7 @@
 #include <string>
 
 #include "tensorflow_ext/table/core/mix.h"
+#include "tensorflow_ext/table/core/row_codec_host.h"
 
 namespace tfext {
 namespace table {
@@ -100,7 +101,7 @@ std::shared_ptr<const FrozenTable> FrozenTable::Build(const int64_t* keys, const
     if (storage == RowStorage::kInt8Row) {
       EncodeInt8Row(values + i * dim, dim, area);
     } else {
-      EncodeElements(storage, values + i * dim, 0, dim, area, Rounding::kNearest, keys[i], 0);
+      HostEncodeElements(storage, values + i * dim, 0, dim, area, Rounding::kNearest, keys[i], 0);
     }
   }
   return t;
@@ -122,7 +123,7 @@ void FrozenTable::DecodeRow(RowStorage storage, int64_t index, float* out) const
   if (storage == RowStorage::kInt8Row) {
     DecodeInt8Row(area, dim_, 0, dim_, out);
   } else {
-    DecodeElements(storage, area, 0, dim_, out);
+    HostDecodeElements(storage, area, 0, dim_, out);
   }
 }
 

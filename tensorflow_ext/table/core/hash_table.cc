@@ -25,6 +25,7 @@
 #include <vector>
 
 #include "tensorflow_ext/table/core/check.h"
+#include "tensorflow_ext/table/core/row_codec_host.h"
 #include "tensorflow_ext/table/core/test_peer.h"
 
 namespace tfext {
@@ -1686,7 +1687,7 @@ void HashTable::Impl::ReadCompactColumns(const char* row, int64_t c0, int64_t n,
     if (storage == RowStorage::kInt8Row) {
       DecodeInt8Row(area, compact_cols, c0, in_area, dst);
     } else {
-      DecodeElements(storage, area, c0, in_area, dst);
+      HostDecodeElements(storage, area, c0, in_area, dst);
     }
   }
   if (n > in_area) {
@@ -1701,7 +1702,7 @@ void HashTable::Impl::EncodeColumns(char* values, int64_t c0, int64_t n, const f
   const int64_t in_area = std::min(n, std::max<int64_t>(compact_cols - c0, 0));
   if (in_area > 0) {
     if (storage != RowStorage::kInt8Row) {
-      EncodeElements(storage, src, c0, in_area, values, rounding, key, version);
+      HostEncodeElements(storage, src, c0, in_area, values, rounding, key, version);
     } else if (c0 == 0 && in_area == compact_cols) {
       EncodeInt8Row(src, compact_cols, values);
     } else {

@@ -65,14 +65,36 @@ static_assert(CompactBytes(RowStorage::kBFloat16, 16) == 32 && CompactBytes(RowS
                   CompactBytes(RowStorage::kFloat32, 3) == 12,
               "compact areas are padded to 4 bytes so that the float32 columns after them stay aligned");
 
-// Random bits for stochastic rounding of one element: a function of the key,
-// the version the write sets (the training step) and the column only.
-TFEXT_HOST_DEVICE constexpr uint32_t StochasticBits(int64_t key, int64_t version, int64_t column) {
-  return static_cast<uint32_t>(Murmur3Fmix64(SplitMix64(static_cast<uint64_t>(key)) ^
-                                             (static_cast<uint64_t>(version) * 0x9E3779B97F4A7C15ull) ^
-                                             (static_cast<uint64_t>(column) * 0xC2B2AE3D27D4EB4Full)) >>
-                               32);
+// Random bits for stochastic rounding: a function of the key, the version
+// the write sets (the training step) and the column only. One full 64-bit
+// mix per row (StochasticRowSeed), then a cheap 32-bit mix per column
+// (StochasticColumnBits: Wellons' lowbias32 of the seed's low half plus a
+// Weyl step per column, xor the seed's high half). For a given column the
+// bits are a bijection of the seed's low half, so they are uniform whenever
+// the seed is; row_codec_test checks that each bit is set half the time
+// (bf16 rounding reads the low 16, fp16 the high 24) and that neighbouring
+// columns round independently. 32-bit arithmetic per column, so a row's loop
+// vectorizes on the host.
+TFEXT_HOST_DEVICE constexpr uint64_t StochasticRowSeed(int64_t key, int64_t version) {
+  return Murmur3Fmix64(SplitMix64(static_cast<uint64_t>(key)) ^
+                       (static_cast<uint64_t>(version) * 0x9E3779B97F4A7C15ull));
 }
+TFEXT_HOST_DEVICE constexpr uint32_t StochasticColumnBits(uint64_t row_seed, int64_t column) {
+  uint32_t x = static_cast<uint32_t>(row_seed) + static_cast<uint32_t>(column + 1) * 0x9E3779B9u;
+  x ^= x >> 16;
+  x *= 0x7FEB352Du;
+  x ^= x >> 15;
+  x *= 0x846CA68Bu;
+  x ^= x >> 16;
+  return x ^ static_cast<uint32_t>(row_seed >> 32);
+}
+TFEXT_HOST_DEVICE constexpr uint32_t StochasticBits(int64_t key, int64_t version, int64_t column) {
+  return StochasticColumnBits(StochasticRowSeed(key, version), column);
+}
+// Published values: a rerun reproduces a run's rows only with the same bits,
+// and tools/gpu/numpy_reference.py reimplements them.
+static_assert(StochasticBits(0, 0, 0) == 0x01FCE552u && StochasticBits(7, 3, 5) == 0x65DC65BFu,
+              "StochasticBits changed: update tools/gpu/numpy_reference.py's stochastic_bits with it");
 
 namespace codec_internal {
 TFEXT_HOST_DEVICE inline uint32_t Bits(float f) {
@@ -174,29 +196,48 @@ TFEXT_HOST_DEVICE inline uint16_t FloatToFloat16(float f, Rounding rounding, uin
 }
 
 // ---- elementwise storages: a column range of a compact area ----
+namespace codec_internal {
+// The loops over a row's half columns. The area is bytes, which may alias
+// anything: without __restrict__ a store to dst would force reloads of src
+// and the loops would not vectorize. One 2-byte memcpy per element (an
+// unaligned load or store; no call) keeps them free of library calls.
+template <RowStorage kStorage>
+TFEXT_HOST_DEVICE inline void DecodeHalves(const char* __restrict__ src, int64_t n, float* __restrict__ dst) {
+  for (int64_t k = 0; k < n; ++k) {
+    uint16_t h;
+    std::memcpy(&h, src + 2 * k, sizeof(h));
+    dst[k] = kStorage == RowStorage::kBFloat16 ? BFloat16ToFloat(h) : Float16ToFloat(h);
+  }
+}
+// Columns [c0, c0 + n) of a row whose stochastic bits derive from `seed`
+// (unused when rounding to nearest).
+template <RowStorage kStorage, Rounding kRounding>
+TFEXT_HOST_DEVICE inline void EncodeHalves(const float* __restrict__ src, int64_t n, char* __restrict__ dst,
+                                           uint64_t seed, int64_t c0) {
+  for (int64_t k = 0; k < n; ++k) {
+    const uint32_t random = kRounding == Rounding::kStochastic ? StochasticColumnBits(seed, c0 + k) : 0u;
+    const uint16_t h = kStorage == RowStorage::kBFloat16 ? FloatToBFloat16(src[k], kRounding, random)
+                                                         : FloatToFloat16(src[k], kRounding, random);
+    std::memcpy(dst + 2 * k, &h, sizeof(h));
+  }
+}
+}  // namespace codec_internal
+
 // `area` is the compact area of one row (CompactBytes(storage, compact_cols)
 // bytes); columns [c0, c0 + n) of it are read or written. For kFloat32 these
-// are plain copies. `key` and `version` feed StochasticBits.
+// are plain copies. `key` and `version` feed StochasticBits. The CPU tables
+// call row_codec_host.h's HostDecodeElements / HostEncodeElements, which
+// give the same results faster on x86.
 TFEXT_HOST_DEVICE inline void DecodeElements(RowStorage storage, const void* area, int64_t c0, int64_t n, float* dst) {
   if (storage == RowStorage::kFloat32) {
     std::memcpy(dst, static_cast<const float*>(area) + c0, sizeof(float) * n);
     return;
   }
-  // One 2-byte memcpy per element (an unaligned load; no call) keeps the
-  // loops free of library calls, so they vectorize.
   const char* src = static_cast<const char*>(area) + 2 * c0;
   if (storage == RowStorage::kBFloat16) {
-    for (int64_t k = 0; k < n; ++k) {
-      uint16_t h;
-      std::memcpy(&h, src + 2 * k, sizeof(h));
-      dst[k] = BFloat16ToFloat(h);
-    }
+    codec_internal::DecodeHalves<RowStorage::kBFloat16>(src, n, dst);
   } else {
-    for (int64_t k = 0; k < n; ++k) {
-      uint16_t h;
-      std::memcpy(&h, src + 2 * k, sizeof(h));
-      dst[k] = Float16ToFloat(h);
-    }
+    codec_internal::DecodeHalves<RowStorage::kFloat16>(src, n, dst);
   }
 }
 
@@ -207,28 +248,20 @@ TFEXT_HOST_DEVICE inline void EncodeElements(RowStorage storage, const float* sr
     return;
   }
   char* dst = static_cast<char*>(area) + 2 * c0;
-  // One loop per (storage, rounding): each vectorizes.
+  // One loop per (storage, rounding). GCC vectorizes the bf16 ones, not the
+  // fp16 encodes (their subnormal case): row_codec_host.h has F16C for those.
   if (rounding == Rounding::kNearest) {
     if (storage == RowStorage::kBFloat16) {
-      for (int64_t k = 0; k < n; ++k) {
-        const uint16_t h = FloatToBFloat16(src[k], Rounding::kNearest, 0);
-        std::memcpy(dst + 2 * k, &h, sizeof(h));
-      }
+      codec_internal::EncodeHalves<RowStorage::kBFloat16, Rounding::kNearest>(src, n, dst, 0, c0);
     } else {
-      for (int64_t k = 0; k < n; ++k) {
-        const uint16_t h = FloatToFloat16(src[k], Rounding::kNearest, 0);
-        std::memcpy(dst + 2 * k, &h, sizeof(h));
-      }
-    }
-  } else if (storage == RowStorage::kBFloat16) {
-    for (int64_t k = 0; k < n; ++k) {
-      const uint16_t h = FloatToBFloat16(src[k], Rounding::kStochastic, StochasticBits(key, version, c0 + k));
-      std::memcpy(dst + 2 * k, &h, sizeof(h));
+      codec_internal::EncodeHalves<RowStorage::kFloat16, Rounding::kNearest>(src, n, dst, 0, c0);
     }
   } else {
-    for (int64_t k = 0; k < n; ++k) {
-      const uint16_t h = FloatToFloat16(src[k], Rounding::kStochastic, StochasticBits(key, version, c0 + k));
-      std::memcpy(dst + 2 * k, &h, sizeof(h));
+    const uint64_t seed = StochasticRowSeed(key, version);
+    if (storage == RowStorage::kBFloat16) {
+      codec_internal::EncodeHalves<RowStorage::kBFloat16, Rounding::kStochastic>(src, n, dst, seed, c0);
+    } else {
+      codec_internal::EncodeHalves<RowStorage::kFloat16, Rounding::kStochastic>(src, n, dst, seed, c0);
     }
   }
 }
@@ -298,11 +331,19 @@ TFEXT_HOST_DEVICE inline void EncodeInt8Row(const float* src, int64_t cols, void
   std::memcpy(out + cols, params, sizeof(params));
 }
 
+namespace codec_internal {
+// bias + scale * q for n codes; __restrict__ as for DecodeHalves (the codes
+// are bytes), so the loop vectorizes.
+TFEXT_HOST_DEVICE inline void DecodeInt8s(const unsigned char* __restrict__ q, int64_t n, Int8RowParams p,
+                                          float* __restrict__ dst) {
+  for (int64_t j = 0; j < n; ++j) dst[j] = p.bias + p.scale * static_cast<float>(q[j]);
+}
+}  // namespace codec_internal
+
 // Columns [c0, c0 + n) of an int8 row of `cols` columns.
 TFEXT_HOST_DEVICE inline void DecodeInt8Row(const void* area, int64_t cols, int64_t c0, int64_t n, float* dst) {
   const Int8RowParams p = Int8RowParamsOf(area, cols);
-  const unsigned char* q = static_cast<const unsigned char*>(area);
-  for (int64_t j = 0; j < n; ++j) dst[j] = p.bias + p.scale * static_cast<float>(q[c0 + j]);
+  codec_internal::DecodeInt8s(static_cast<const unsigned char*>(area) + c0, n, p, dst);
 }
 
 }  // namespace table

@@ -6,6 +6,7 @@
 
 #include "tensorflow_ext/table/core/row_codec.h"
 
+#include <algorithm>
 #include <cmath>
 #include <cstdint>
 #include <cstring>
@@ -13,6 +14,7 @@
 #include <random>
 #include <vector>
 
+#include "tensorflow_ext/table/core/row_codec_host.h"
 #include "tensorflow_ext/table/core/test_util.h"
 
 namespace {
@@ -26,6 +28,8 @@ using tfext::table::EncodeInt8Row;
 using tfext::table::Float16ToFloat;
 using tfext::table::FloatToBFloat16;
 using tfext::table::FloatToFloat16;
+using tfext::table::HostDecodeElements;
+using tfext::table::HostEncodeElements;
 using tfext::table::Int8RowParamsOf;
 using tfext::table::kBFloat16MaxFinite;
 using tfext::table::kFloat16MaxFinite;
@@ -33,6 +37,8 @@ using tfext::table::Rounding;
 using tfext::table::RowIsFinite;
 using tfext::table::RowStorage;
 using tfext::table::StochasticBits;
+using tfext::table::StochasticColumnBits;
+using tfext::table::StochasticRowSeed;
 
 float FromBits(uint32_t u) {
   float f;
@@ -208,6 +214,95 @@ TFEXT_TEST(StochasticRoundingIsUnbiasedAndDeterministic) {
   for (uint32_t random : {0u, 0xFFFFu, 0xFFFFFFFFu}) {
     CHECK_EQ(BFloat16ToFloat(FloatToBFloat16(1.5f, Rounding::kStochastic, random)), 1.5f);
     CHECK_EQ(Float16ToFloat(FloatToFloat16(-0.75f, Rounding::kStochastic, random)), -0.75f);
+  }
+}
+
+// The per-column bits of one row seed: each bit that rounding reads (the low
+// 16 for bf16, the high 24 for fp16) is set half the time, the low 16 bits are
+// uniform, and neighbouring columns decide independently: over many rows, a
+// value rounded up with probability 0.3 goes up in 30% of the rows per column
+// and in 9% for two adjacent columns together.
+TFEXT_TEST(StochasticColumnBitsAreUniformAndIndependent) {
+  const int rows = 100000, cols = 20;
+  std::vector<int> set(32, 0), low_buckets(256, 0), mid_buckets(256, 0);
+  std::vector<int> up(cols, 0), up_pair(cols - 1, 0);
+  const uint32_t threshold = static_cast<uint32_t>(0.3 * 4294967296.0);
+  for (int r = 0; r < rows; ++r) {
+    const uint64_t seed = StochasticRowSeed(r, 12);
+    bool prev_up = false;
+    for (int c = 0; c < cols; ++c) {
+      const uint32_t bits = StochasticColumnBits(seed, c);
+      CHECK_EQ(bits, StochasticBits(r, 12, c));
+      for (int b = 0; b < 32; ++b) set[b] += (bits >> b) & 1u;
+      ++low_buckets[bits & 0xFFu];
+      ++mid_buckets[(bits >> 8) & 0xFFu];
+      // Up with probability 0.3, read from the bits as the two roundings do.
+      const bool this_up = (c % 2 == 0 ? (bits & 0xFFFFu) << 16 : (bits >> 8) << 8) < threshold;
+      up[c] += this_up;
+      if (c > 0) up_pair[c - 1] += this_up && prev_up;
+      prev_up = this_up;
+    }
+  }
+  const double n = static_cast<double>(rows) * cols;
+  for (int b = 0; b < 32; ++b) CHECK_LE(std::fabs(set[b] / n - 0.5), 0.005);
+  // Chi-square over 256 buckets (255 degrees of freedom): far below 400 for uniform bits.
+  for (const std::vector<int>* buckets : {&low_buckets, &mid_buckets}) {
+    double chi2 = 0;
+    for (const int count : *buckets) chi2 += (count - n / 256) * (count - n / 256) / (n / 256);
+    CHECK_LE(chi2, 400.0);
+  }
+  for (int c = 0; c < cols; ++c) CHECK_LE(std::fabs(up[c] / static_cast<double>(rows) - 0.3), 0.006);
+  for (int c = 0; c + 1 < cols; ++c) CHECK_LE(std::fabs(up_pair[c] / static_cast<double>(rows) - 0.09), 0.004);
+}
+
+// The host fast paths (row_codec_host.h: F16C where the CPU has it) store and
+// read the same bits as row_codec.h, for every half, for floats across the
+// whole range (specials, saturation, subnormals, the rounding boundaries) and
+// for column ranges of every length (the 8-wide blocks and their tails).
+TFEXT_TEST(HostCodecEqualsPortableCodec) {
+  std::printf("  (F16C fast path %s)\n", tfext::table::codec_internal::CpuHasF16c() ? "on" : "off");
+  for (const RowStorage storage : {RowStorage::kBFloat16, RowStorage::kFloat16}) {
+    // Twice the halves' size: GCC checks DecodeElements' (unreached) float32 copy against the buffer.
+    std::vector<uint16_t> halves(2 * 65536);
+    for (uint32_t h = 0; h < 65536; ++h) halves[h] = static_cast<uint16_t>(h);
+    std::vector<float> portable(65536), host(65536);
+    DecodeElements(storage, halves.data(), 0, 65536, portable.data());
+    HostDecodeElements(storage, halves.data(), 0, 65536, host.data());
+    for (uint32_t h = 0; h < 65536; ++h) {
+      if (std::isnan(portable[h])) {
+        CHECK(std::isnan(host[h]));  // a signalling NaN half may come back quiet
+      } else {
+        CHECK_EQ(ToBits(host[h]), ToBits(portable[h]));
+      }
+    }
+  }
+  std::mt19937_64 rng(11);
+  std::vector<float> values;
+  for (const float special : {0.f, -0.f, 65504.f, 65519.99f, 65520.f, 65536.f, 1e30f, 3.4e38f, 0x1p-24f, 0x1p-25f,
+                              0x1.8p-25f, 0x1p-14f, 0x1p-130f, std::numeric_limits<float>::infinity(),
+                              std::numeric_limits<float>::quiet_NaN(), FromBits(0x7F800001u), FromBits(0x7FBFFFFFu)}) {
+    values.push_back(special);
+    values.push_back(-special);
+  }
+  std::uniform_int_distribution<uint32_t> any_bits;
+  std::uniform_real_distribution<float> exponent(-30.f, 17.f);
+  while (values.size() < 400000) {
+    values.push_back(FromBits(any_bits(rng)));
+    const float v = std::exp2(exponent(rng)) * (1.f + static_cast<float>(any_bits(rng) >> 9) * 0x1p-23f);
+    values.push_back(any_bits(rng) & 1u ? -v : v);
+  }
+  for (const RowStorage storage : {RowStorage::kBFloat16, RowStorage::kFloat16}) {
+    for (const Rounding rounding : {Rounding::kNearest, Rounding::kStochastic}) {
+      int64_t key = 0;
+      for (size_t start = 0; start < values.size(); ++key) {
+        const int64_t c0 = key % 5, n = std::min<int64_t>(1 + key % 37, values.size() - start);
+        std::vector<char> portable(CompactBytes(storage, c0 + n), 0), host(portable.size(), 0);
+        EncodeElements(storage, values.data() + start, c0, n, portable.data(), rounding, key, key * 3);
+        HostEncodeElements(storage, values.data() + start, c0, n, host.data(), rounding, key, key * 3);
+        CHECK_EQ(std::memcmp(portable.data(), host.data(), portable.size()), 0);
+        start += n;
+      }
+    }
   }
 }
 

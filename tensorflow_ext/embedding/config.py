@@ -42,7 +42,7 @@ MAX_DIM = 1 << 20
 MAX_SHARDS = 1 << 16
 MAX_CAPACITY = table_ops.MAX_CAPACITY  # the table core's limit, kMaxCapacity in table_limits.h
 # How a training embedding's rows may be stored (float32, or half precision converted at the table's boundary).
-VALUE_DTYPES = (tf.float32, tf.bfloat16, tf.float16)
+VALUE_DTYPES = tuple(refs.storage_dtype(storage) for storage in refs.TRAINABLE_STORAGES)
 # How optimizer updates round into half-precision rows when the caller does not say (one of refs.ROUNDINGS):
 # stochastic rounding is deterministic per key, step and column (reruns are bit-identical) and unbiased, so updates
 # smaller than half a bfloat16 step still move the weights on average.

@@ -129,7 +129,7 @@ class DynamicEmbeddingShard(object):
                 "serving table (lookups only); build training and table updates outside that scope"
                 % (what, self._embedding.name)
             )
-        if self._layout.storage == "int8_row":
+        if self._layout.storage not in refs.TRAINABLE_STORAGES:
             raise ValueError(
                 "%s: dynamic embedding %r stores int8 rows (made inside tf_ext.serving.export_rows(tf.int8)), a "
                 "serving format that is never trained or updated; build training outside that scope"

@@ -29,6 +29,7 @@ from tensorflow_ext.utils import loader
 __all__ = [
     "STORAGES",
     "ROUNDINGS",
+    "TRAINABLE_STORAGES",
     "storage_name",
     "storage_dtype",
     "TableLayout",
@@ -47,6 +48,8 @@ _STORAGE_DTYPES = (
     ("int8_row", tf.int8),
 )
 STORAGES = tuple(name for name, _ in _STORAGE_DTYPES)
+# The storages of rows that can be trained (updated in place); int8 rows are a serving format only.
+TRAINABLE_STORAGES = ("float32", "bfloat16", "float16")
 # How writes round values into compact columns (the ops' `rounding` attr).
 ROUNDINGS = ("nearest", "stochastic")
 

@@ -77,17 +77,13 @@ def _int64_scalar(x, what):
     return tf.convert_to_tensor(x, dtype=tf.int64)
 
 
-# The storages a HashTable's rows may take: int8 rows are a serving format (they cannot be updated in place).
-_TRAINABLE_STORAGES = ("float32", "bfloat16", "float16")
-
-
 def _value_storage(value_dtype, what):
     """The storage name of a HashTable's `value_dtype` (`what` names the table), checked: a trainable storage."""
     try:
         storage = refs.storage_name(value_dtype)
     except ValueError:
         storage = None
-    if storage not in _TRAINABLE_STORAGES:
+    if storage not in refs.TRAINABLE_STORAGES:
         hint = (
             " (int8 rows are a serving format: tf_ext.serving.freeze_for_serving(value_dtype=tf.int8))"
             if storage == "int8_row"

@@ -431,10 +431,19 @@ def apply_call(opt, create_slots, step, shards=()):
                 graph_edits.set_create_slots(opt, dispatch.previous)
 
 
-def _step_for(opt):
+def _step_for(opt, shard):
     call = _current_call(opt)
     step = call[2] if call is not None else None
     if step is None:
+        if shard.layout.compact_cols and shard.layout.rounding == "stochastic":
+            # Stochastic rounding draws its bits from (key, step, column): without a step every update of a key
+            # would reuse the same bits, and updates smaller than half a rounding step would be lost for good.
+            raise ValueError(
+                "Dynamic embedding shard %r stores %s rows with stochastic rounding, which needs the training step: "
+                "pass global_step=tf.compat.v1.train.get_or_create_global_step() to %s.minimize / "
+                'apply_gradients, or create the embedding with rounding="nearest".'
+                % (shard.name, shard.storage, type(opt).__name__)
+            )
         return tf.constant(-1, tf.int64)
     return tf.cast(tf.convert_to_tensor(step), tf.int64)
 
@@ -487,7 +496,7 @@ def _apply_to_shard(opt, shard, grad):
         )
     with tf.name_scope("tf_ext_" + type(opt).__name__):
         keys, values = _dedup(grad, shard)
-        step = _step_for(opt)
+        step = _step_for(opt, shard)
         if not shard.lookups.keys_are_unique(grad.indices):
             # Keys that may not have been looked up here (another process's gradient, gathered by an allreduce):
             # give the missing ones their initializer row first, as a lookup would, not the column defaults, so
@@ -506,7 +515,34 @@ def _apply_to_shard(opt, shard, grad):
                 slot_offset=group.offset,
                 **spec.flag_values(opt),
             )
+        _check_generic_rounding(spec, opt, shard)
         return _apply_generic(handler, opt, shard, group, keys, values, step)
+
+
+def _check_generic_rounding(spec, opt, shard):
+    """Refuses the generic path for a table that rounds updates stochastically: it writes the new rows back with an
+    insert, which rounds compact columns to nearest, so updates smaller than half a step of the storage (a bfloat16
+    weight's 0.2% to 0.4%) would be lost without a word."""
+    layout = shard.layout
+    if layout.compact_cols == 0 or layout.rounding != "stochastic":
+        return
+    why = (
+        "TF_EXT_EMBEDDING_FORCE_GENERIC=1 (or force_generic) makes every optimizer take it"
+        if spec.fused
+        else "%s has no fused update" % type(opt).__name__
+    )
+    raise ValueError(
+        "%s would update dynamic embedding %r (rows stored as %s, rounding='stochastic') through the generic path "
+        "(%s), whose write back rounds to nearest, not stochastically: small updates would be lost. Train it with "
+        "an optimizer that has a fused update (%s), or create the embedding with rounding='nearest'."
+        % (
+            type(opt).__name__,
+            shard.embedding.name,
+            layout.storage,
+            why,
+            ", ".join(s.name for s in optimizer_spec.FUSED),
+        )
+    )
 
 
 class ShardProcessor(object):

@@ -304,7 +304,7 @@ def test_delta_checkpoints_of_a_compact_table_restore_the_table_at_each_save(tmp
     for path, state in saves:
         with tf.Graph().as_default():
             emb = tf_ext.get_dynamic_embedding("emb", DIM, value_dtype=tf.bfloat16)
-            _model(emb, tf.compat.v1.train.AdagradOptimizer(0.1))
+            _model(emb, tf.compat.v1.train.AdagradOptimizer(0.1), tf.compat.v1.train.get_or_create_global_step())
             saver = tf.compat.v1.train.Saver()
             with tf.compat.v1.Session(config=session_config()) as sess:
                 saver.restore(sess, path)
@@ -491,6 +491,35 @@ def test_unsupported_row_storage_arguments_are_clear_errors(graph):
         tf_ext.get_dynamic_embedding("x", DIM, value_dtype=object())
 
 
+@pytest.mark.parametrize("generic", ["no_fused_update", "forced"])
+def test_the_generic_update_path_refuses_stochastic_rounding(generic):
+    # Its write back (an insert) rounds to nearest: a 1e-4 step of a bfloat16 weight of 1.0 would vanish.
+    from tensorflow_ext.embedding import _ops
+
+    make = (
+        (lambda: tf.compat.v1.train.ProximalGradientDescentOptimizer(1e-4))
+        if generic == "no_fused_update"
+        else (lambda: tf.compat.v1.train.GradientDescentOptimizer(1e-4))
+    )
+    old = _ops.force_generic(generic == "forced")
+    try:
+        with tf.Graph().as_default():
+            gs = tf.compat.v1.train.get_or_create_global_step()
+            emb = tf_ext.get_dynamic_embedding("emb", DIM, value_dtype=tf.bfloat16, initializer=1.0)
+            loss = tf.reduce_sum(tf_ext.embedding_lookup(emb, tf.constant(KEYS)))
+            with pytest.raises(ValueError, match="through the generic path .* rounds to nearest, not stochastically"):
+                make().minimize(loss, gs)
+        with tf.Graph().as_default():  # rounding="nearest" asks for what the path does
+            emb = tf_ext.get_dynamic_embedding("emb", DIM, value_dtype=tf.bfloat16, initializer=1.0, rounding="nearest")
+            rows = tf_ext.embedding_lookup(emb, tf.constant(KEYS))
+            train = make().minimize(tf.reduce_sum(rows))
+            with tf.compat.v1.Session(config=session_config()) as sess:
+                sess.run(train)
+                np.testing.assert_array_equal(sess.run(rows), np.ones((len(KEYS), DIM)))  # the step rounds away
+    finally:
+        _ops.force_generic(old)
+
+
 def test_reuse_compares_the_row_storage_given(graph):
     emb = tf_ext.get_dynamic_embedding("x", DIM, value_dtype=tf.bfloat16, slot_dtype=tf.bfloat16)
     assert (emb.slot_dtype, emb.rounding, emb.config.compact_slots) == (tf.bfloat16, "stochastic", True)
@@ -505,3 +534,14 @@ def test_reuse_compares_the_row_storage_given(graph):
             tf_ext.get_dynamic_embedding("x", DIM, value_dtype=tf.bfloat16, rounding="nearest")
     plain = tf_ext.get_dynamic_embedding("plain", DIM)
     assert (plain.value_dtype, plain.slot_dtype, plain.rounding) == (tf.float32, None, "nearest")
+
+
+def test_stochastic_rounding_without_a_global_step_is_an_error_naming_the_fix(graph):
+    # Without a step every update of a key would draw the same rounding bits: small updates would be lost for good.
+    emb = tf_ext.get_dynamic_embedding("no_step", dim=4, value_dtype=tf.bfloat16, rounding="stochastic")
+    loss = tf.reduce_sum(tf_ext.embedding_lookup(emb, tf.constant([1, 2], tf.int64)))
+    with pytest.raises(ValueError, match=r"stochastic rounding, which needs the training step.*global_step"):
+        tf.compat.v1.train.GradientDescentOptimizer(0.1).minimize(loss)
+    nearest = tf_ext.get_dynamic_embedding("no_step_nearest", dim=4, value_dtype=tf.bfloat16, rounding="nearest")
+    loss = tf.reduce_sum(tf_ext.embedding_lookup(nearest, tf.constant([1, 2], tf.int64)))
+    tf.compat.v1.train.GradientDescentOptimizer(0.1).minimize(loss)  # nearest rounding needs no step

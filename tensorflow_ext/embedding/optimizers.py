@@ -486,8 +486,19 @@ def _apply_generic(handler, opt, shard, group, keys, grad, step):
     return tf.group(w1, w2)
 
 
+# Optimizers with a slot that decays toward zero and divides the step (Adam's v, RMSProp's ms): float16 slots flush
+# a second moment below ~6e-8 to zero, and the next step divides by epsilon alone.
+_NO_FLOAT16_SLOTS = ("Adam", "RMSProp")
+
+
 def _apply_to_shard(opt, shard, grad):
     spec, handler = handler_for(opt)
+    if spec.name in _NO_FLOAT16_SLOTS and shard.storage == "float16" and shard.layout.compact_slots:
+        raise ValueError(
+            "%s cannot train dynamic embedding shard %r with float16 slots (slot_dtype=tf.float16): its second "
+            "moment underflows to zero in float16 (below ~6e-8) and the step then divides by epsilon alone. Use "
+            "value_dtype=tf.bfloat16 (same range as float32) or slot_dtype=None." % (spec.name, shard.name)
+        )
     group = shard.slot_group(opt)
     if group is None:  # apply_gradients registers the columns first; this covers direct processor calls
         slots = spec.slots_of(opt)

@@ -545,3 +545,15 @@ def test_stochastic_rounding_without_a_global_step_is_an_error_naming_the_fix(gr
     nearest = tf_ext.get_dynamic_embedding("no_step_nearest", dim=4, value_dtype=tf.bfloat16, rounding="nearest")
     loss = tf.reduce_sum(tf_ext.embedding_lookup(nearest, tf.constant([1, 2], tf.int64)))
     tf.compat.v1.train.GradientDescentOptimizer(0.1).minimize(loss)  # nearest rounding needs no step
+
+
+@pytest.mark.parametrize("optimizer", ["Adam", "RMSProp"])
+def test_float16_slots_are_refused_where_a_second_moment_would_underflow(graph, optimizer):
+    emb = tf_ext.get_dynamic_embedding("fp16_slots", dim=4, value_dtype=tf.float16, slot_dtype=tf.float16)
+    loss = tf.reduce_sum(tf_ext.embedding_lookup(emb, tf.constant([1, 2], tf.int64)))
+    opt = getattr(tf.compat.v1.train, optimizer + "Optimizer")(0.01)
+    with pytest.raises(ValueError, match=r"float16 slots.*underflows.*bfloat16"):
+        opt.minimize(loss, global_step=tf.compat.v1.train.get_or_create_global_step())
+    bf16 = tf_ext.get_dynamic_embedding("bf16_slots", dim=4, value_dtype=tf.bfloat16, slot_dtype=tf.bfloat16)
+    loss = tf.reduce_sum(tf_ext.embedding_lookup(bf16, tf.constant([1, 2], tf.int64)))
+    opt.minimize(loss, global_step=tf.compat.v1.train.get_or_create_global_step())  # bfloat16 slots keep the range

@@ -274,10 +274,9 @@ struct Int8RowParams {
 };
 
 TFEXT_HOST_DEVICE inline bool RowIsFinite(const float* row, int64_t n) {
-  for (int64_t j = 0; j < n; ++j) {
-    if (!(row[j] - row[j] == 0.0f)) return false;  // NaN or +-Inf
-  }
-  return true;
+  bool finite = true;  // no early exit, so the loop vectorizes (rows are finite almost always)
+  for (int64_t j = 0; j < n; ++j) finite &= row[j] - row[j] == 0.0f;  // NaN or +-Inf give NaN
+  return finite;
 }
 
 TFEXT_HOST_DEVICE inline Int8RowParams Int8RowParamsOf(const void* area, int64_t cols) {
@@ -294,6 +293,27 @@ TFEXT_HOST_DEVICE inline uint16_t Float16StepDown(uint16_t h) {
 }
 // The next binary16 toward +Inf (h finite, non-negative and not the largest finite).
 TFEXT_HOST_DEVICE inline uint16_t Float16StepUp(uint16_t h) { return static_cast<uint16_t>(h + 1); }
+}  // namespace codec_internal
+
+namespace codec_internal {
+// q = round((clamp(v, -65504, 65504) - bias) / divisor) clamped to [0, 255]
+// for a finite row. The clamps compare float bits as integers, which equals
+// the float comparisons here (finite values; a negative q, -0 included,
+// becomes +0) and, unlike them, lets GCC vectorize the loop (a float compare
+// may raise an FP exception, so -ftrapping-math keeps selects on it branches).
+TFEXT_HOST_DEVICE inline void QuantizeInt8s(const float* __restrict__ src, int64_t n, float bias, float divisor,
+                                            unsigned char* __restrict__ out) {
+  constexpr uint32_t kMaxBits = 0x477FE000u;  // 65504.0f
+  constexpr int32_t k255Bits = 0x437F0000;    // 255.0f
+  for (int64_t j = 0; j < n; ++j) {
+    const uint32_t x = Bits(src[j]);
+    const uint32_t magnitude = x & 0x7FFFFFFFu;
+    const float v = FromBits((x & 0x80000000u) | (magnitude > kMaxBits ? kMaxBits : magnitude));
+    int32_t q = static_cast<int32_t>(Bits((v - bias) / divisor));
+    q = q < 0 ? 0 : (q > k255Bits ? k255Bits : q);
+    out[j] = static_cast<unsigned char>(static_cast<int>(FromBits(static_cast<uint32_t>(q)) + 0.5f));
+  }
+}
 }  // namespace codec_internal
 
 // Quantizes a whole row of `cols` floats into `area`.
@@ -320,12 +340,9 @@ TFEXT_HOST_DEVICE inline void EncodeInt8Row(const float* src, int64_t cols, void
   uint16_t s = FloatToFloat16((hi - bias) / 255.0f, Rounding::kNearest, 0);
   while (s < kFloat16MaxFinite && bias + 255.0f * Float16ToFloat(s) < hi) s = codec_internal::Float16StepUp(s);
   const float scale = Float16ToFloat(s);
-  for (int64_t j = 0; j < cols; ++j) {
-    const float v = src[j] < -kMax ? -kMax : (src[j] > kMax ? kMax : src[j]);
-    float q = scale > 0.0f ? (v - bias) / scale : 0.0f;
-    q = q < 0.0f ? 0.0f : (q > 255.0f ? 255.0f : q);
-    out[j] = static_cast<char>(static_cast<uint8_t>(static_cast<int>(q + 0.5f)));
-  }
+  // A zero scale means a constant row equal to the bias (v - bias is 0): any
+  // divisor gives q = 0 then.
+  codec_internal::QuantizeInt8s(src, cols, bias, scale > 0.0f ? scale : 1.0f, reinterpret_cast<unsigned char*>(out));
   params[0] = s;
   params[1] = b;
   std::memcpy(out + cols, params, sizeof(params));

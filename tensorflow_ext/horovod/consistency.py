@@ -6,8 +6,8 @@ embedding) would otherwise hang in a collective that some rank never runs, or fa
 mismatch. Instead, every collective that tensorflow_ext builds (model-parallel lookups, the gradient exchange of
 `DistributedOptimizer`) runs after this check, and the training hooks run it before the first step:
 
-1. each rank's configuration is summarised as text, one line per dynamic embedding (dim, key and value dtypes, shards,
-   parallelism, initializer and its seeds, optimizer slot columns, admission and eviction policies), per dense
+1. each rank's configuration is summarised as text, one line per dynamic embedding (dim, key, value and slot dtypes,
+   rounding, shards, parallelism, initializer and its seeds, optimizer slot columns, admission and eviction policies), per dense
    variable that is trained or broadcast (shape, dtype), and per setting that decides which collectives run
    (`declare`: the checkpoint schedule of the training hooks, the gradient reduction of `DistributedOptimizer`
    with its compression); its 64-bit fingerprint is allgathered (one small collective);
@@ -89,6 +89,9 @@ def config_lines(graph):
             ("key_dtype", emb.key_dtype.name),
             # A model-parallel lookup sends rows in this dtype: every rank must store the same.
             ("value_dtype", emb.value_dtype.name),
+            # How updates round into the rows (and the slots' storage): replicas that round alike stay equal.
+            ("slot_dtype", emb.slot_dtype.name if emb.slot_dtype is not None else "float32"),
+            ("rounding", emb.rounding),
             ("num_shards", emb.num_shards),
             ("parallelism", "model(%d ranks)" % dist.num_ranks() if dist is not None else "data"),
             ("initializer", "%r seeds=%s" % (init, seeds)),

@@ -102,18 +102,26 @@ def test_the_model_check_compares_the_storage_dtype():
         from tensorflow_ext.horovod import consistency
         tfe_hvd.init()
 
-        def lines(value_dtype):
+        def lines(value_dtype, **storage):
             with tf.Graph().as_default() as g:
                 emb = tfe_hvd.get_dynamic_embedding(
-                    "user", 4, parallelism="model", initializer=0.1, value_dtype=value_dtype
+                    "user", 4, parallelism="model", initializer=0.1, value_dtype=value_dtype, **storage
                 )
                 tf_ext.embedding_lookup(emb, tf.constant([1, 2], tf.int64))
                 return "\\n".join(consistency.config_lines(g))
 
         print(consistency.describe_mismatch([lines(tf.float32), lines(tf.bfloat16)]))
+        # Replicas that round updates otherwise, or store slots otherwise, drift apart.
+        print(consistency.describe_mismatch([lines(tf.bfloat16), lines(tf.bfloat16, rounding="nearest")]))
+        print(consistency.describe_mismatch([lines(tf.bfloat16), lines(tf.bfloat16, slot_dtype=tf.bfloat16)]))
     """
     ).splitlines()
-    assert out == ["dynamic embedding 'user': value_dtype differs across ranks: rank 0: float32, rank 1: bfloat16"], out
+    assert out == [
+        "dynamic embedding 'user': value_dtype differs across ranks: rank 0: float32, rank 1: bfloat16; "
+        "dynamic embedding 'user': rounding differs across ranks: rank 0: nearest, rank 1: stochastic",
+        "dynamic embedding 'user': rounding differs across ranks: rank 0: stochastic, rank 1: nearest",
+        "dynamic embedding 'user': slot_dtype differs across ranks: rank 0: float32, rank 1: bfloat16",
+    ], out
 
 
 def test_synchronized_input_flags_the_last_element():

@@ -15,8 +15,9 @@ optimizer's apply on chunks of new keys), so their optimizer slots exist as they
   fp32_adam             float32 rows, Adam (m and v per column)
   bf16_adam             bfloat16 rows, Adam's m and v in bfloat16
   frozen_fp32 / frozen_bf16 / frozen_int8
-                        serving: a frozen table (``FrozenTableRef``) built from N random rows, stored as float32,
-                        bfloat16 or int8 rows (per-row scale and bias)
+                        serving: a frozen table (``FrozenTableRef``) built from N random rows made in the graph (as
+                        a serving restore builds it from the tensors it reads), stored as float32, bfloat16 or int8
+                        rows (per-row scale and bias); its warm-up table has N keys too (see memory_child)
   tfra_adagrad / tfra_bf16_adagrad / tfra_adam / tfra_bf16_adam
                         TFRA: ``de.get_variable`` (float32 or bfloat16 values) trained by
                         ``de.DynamicEmbeddingOptimizer`` (one more table per slot); RSS delta only
@@ -112,7 +113,8 @@ def memory_child(config, keys, dim, chunk, seed):
                 name, dim, initializer=tf.compat.v1.random_normal_initializer(0.0, 0.01), **storage
             )
             rows = tf_ext.embedding_lookup(emb, kp)
-            fill = _ours_optimizer(tf_ext, optimizer).minimize(tf.reduce_sum(rows * vp))
+            step = tf.compat.v1.train.get_or_create_global_step()  # stochastic rounding draws from the step
+            fill = _ours_optimizer(tf_ext, optimizer).minimize(tf.reduce_sum(rows * vp), global_step=step)
             return fill, emb.size(), emb.memory_bytes()
 
     elif backend == "tfra":
@@ -136,8 +138,13 @@ def memory_child(config, keys, dim, chunk, seed):
         from tensorflow_ext.table import refs
 
         def make(name):
+            # Built from float32 rows made in the graph, as a serving restore builds it from the tensors it reads.
+            # The allocator keeps the memory of those transient rows (4 * dim B/key) after the build, so the warm-up
+            # table has the same size: the measured build reuses that memory, and the RSS delta is the table's own.
             table = refs.FrozenTableRef.create(dim, **_frozen_storage(refs, value_dtype), name=name)
-            return table.build(kp, vp), table.size(), table.memory_bytes()
+            build_keys = tf.range(1, keys + 1, dtype=tf.int64) * (1 if name == "warm" else -1) * 0x9E3779B1
+            rows = tf.random.normal([keys, dim], seed=seed)
+            return table.build(build_keys, rows), table.size(), table.memory_bytes()
 
     warm_fill, _, _ = make("warm")
     fill, size_op, mem_op = make("emb")
@@ -146,7 +153,7 @@ def memory_child(config, keys, dim, chunk, seed):
     def feed(k):
         return {kp: k, vp: rng.standard_normal((len(k), dim)).astype(np.float32)}
 
-    sess.run(warm_fill, feed(warm_keys))
+    sess.run(warm_fill, {} if backend == "frozen" else feed(warm_keys))
     mem0 = int(sess.run(mem_op)) if mem_op is not None else None
     sess.run(size_op)  # creates the measured table before the baseline
     bc.trim_heap()
@@ -155,7 +162,7 @@ def memory_child(config, keys, dim, chunk, seed):
     t0 = time.perf_counter()
     if backend == "frozen":
         # A frozen table is built once, from all its rows (the restore of a serving export).
-        sess.run(fill, feed(all_keys))
+        sess.run(fill)
     else:
         for s in range(0, keys, chunk):
             sess.run(fill, feed(all_keys[s : s + chunk]))
@@ -363,6 +370,13 @@ QUALITY_COMPARISONS = (
         None,
     ),
     ("served: frozen float32 vs plain float32 export", "adagrad_fp32", "adagrad_fp32/frozen_fp32", "served_auc", None),
+    (
+        "served, bf16 + row-wise model: frozen int8 vs plain bf16 export",
+        "rowwise_bf16_stochastic",
+        "rowwise_bf16_stochastic/frozen_int8",
+        "served_auc",
+        0.0005,
+    ),
 )
 
 
@@ -387,6 +401,9 @@ def quality_main(args):
         if os.path.exists(path):
             with open(path) as f:
                 return json.load(f)
+        if args.cached_only:
+            skipped[key] = "not run (--cached_only)"
+            return None
         t0 = time.time()
         try:
             s = _main_job(flags, path[: -len(".json")] + ".log")
@@ -503,7 +520,7 @@ def quality_markdown(out):
         return "-" if x is None else ("%%.%df" % nd) % x
 
     for r in out["comparisons"]:
-        nd = 4 if r["metric"] == "auc" else 5
+        nd = 4 if r["metric"] == "auc" else 6
         target = "-"
         if r["target"] is not None:
             target = "diff >= -%g: %s" % (r["target"], "MET" if r["met"] else "not met")
@@ -571,6 +588,11 @@ def main(argv=None):
         default="/tmp/tf_ext_bench_compact_rows",
         help="model dirs and each run's summary (kept: a rerun continues the matrix)",
     )
+    q.add_argument(
+        "--cached_only",
+        action="store_true",
+        help="report the runs kept in --work_dir; run none (e.g. while a matrix runs)",
+    )
     q.add_argument("--json")
     args = p.parse_args(argv)
     if args.command == "memory-child":
@@ -580,7 +602,7 @@ def main(argv=None):
     t0 = time.time()
     run, markdown, config_keys = {
         "memory": (memory_main, memory_markdown, ("keys", "dim", "chunk", "configs")),
-        "quality": (quality_main, quality_markdown, ("seeds", "runs", "steps", "days_steps")),
+        "quality": (quality_main, quality_markdown, ("seeds", "runs", "steps", "days_steps", "cached_only")),
     }[args.command]
     out = dict(run(args))
     out.update(

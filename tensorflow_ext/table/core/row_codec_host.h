@@ -42,14 +42,13 @@ namespace table {
 #if TFEXT_ROW_CODEC_F16C
 namespace codec_internal {
 
-// Whether this CPU (and its OS) runs AVX and F16C instructions; asked once.
-inline bool CpuHasF16c() {
-  static const bool has = [] {
-    __builtin_cpu_init();
-    return __builtin_cpu_supports("avx") && __builtin_cpu_supports("f16c");
-  }();
-  return has;
+// Whether this CPU (and its OS) runs AVX and F16C instructions: asked once,
+// when the library loads (a plain load on the hot path, no guarded static).
+inline bool CpuHasF16cNow() {
+  __builtin_cpu_init();  // may run before libgcc's own initialization
+  return __builtin_cpu_supports("avx") && __builtin_cpu_supports("f16c");
 }
+inline const bool kCpuHasF16c = CpuHasF16cNow();
 
 #define TFEXT_F16C_TARGET __attribute__((target("avx,f16c")))
 
@@ -143,12 +142,30 @@ TFEXT_F16C_TARGET inline void EncodeFloat16F16c(const float* src, int64_t c0, in
 }  // namespace codec_internal
 #endif  // TFEXT_ROW_CODEC_F16C
 
+#if TFEXT_ROW_CODEC_F16C
+namespace codec_internal {
+// The float16 paths out of line, so that the callers below stay small enough
+// for GCC to inline row_codec.h's loops into them for the other storages.
+__attribute__((noinline)) inline void DecodeFloat16Host(const void* area, int64_t c0, int64_t n, float* dst) {
+  DecodeFloat16F16c(static_cast<const char*>(area) + 2 * c0, n, dst);
+}
+__attribute__((noinline)) inline void EncodeFloat16Host(const float* src, int64_t c0, int64_t n, void* area,
+                                                        Rounding rounding, int64_t key, int64_t version) {
+  char* dst = static_cast<char*>(area) + 2 * c0;
+  if (rounding == Rounding::kNearest) {
+    EncodeFloat16F16c<Rounding::kNearest>(src, c0, n, dst, 0);
+  } else {
+    EncodeFloat16F16c<Rounding::kStochastic>(src, c0, n, dst, StochasticRowSeed(key, version));
+  }
+}
+}  // namespace codec_internal
+#endif  // TFEXT_ROW_CODEC_F16C
+
 // DecodeElements (row_codec.h), float16 columns through F16C where the CPU has it.
 inline void HostDecodeElements(RowStorage storage, const void* area, int64_t c0, int64_t n, float* dst) {
 #if TFEXT_ROW_CODEC_F16C
-  if (storage == RowStorage::kFloat16 && codec_internal::CpuHasF16c()) {
-    codec_internal::DecodeFloat16F16c(static_cast<const char*>(area) + 2 * c0, n, dst);
-    return;
+  if (storage == RowStorage::kFloat16 && codec_internal::kCpuHasF16c) {
+    return codec_internal::DecodeFloat16Host(area, c0, n, dst);
   }
 #endif
   DecodeElements(storage, area, c0, n, dst);
@@ -158,14 +175,8 @@ inline void HostDecodeElements(RowStorage storage, const void* area, int64_t c0,
 inline void HostEncodeElements(RowStorage storage, const float* src, int64_t c0, int64_t n, void* area,
                                Rounding rounding, int64_t key, int64_t version) {
 #if TFEXT_ROW_CODEC_F16C
-  if (storage == RowStorage::kFloat16 && codec_internal::CpuHasF16c()) {
-    char* dst = static_cast<char*>(area) + 2 * c0;
-    if (rounding == Rounding::kNearest) {
-      codec_internal::EncodeFloat16F16c<Rounding::kNearest>(src, c0, n, dst, 0);
-    } else {
-      codec_internal::EncodeFloat16F16c<Rounding::kStochastic>(src, c0, n, dst, StochasticRowSeed(key, version));
-    }
-    return;
+  if (storage == RowStorage::kFloat16 && codec_internal::kCpuHasF16c) {
+    return codec_internal::EncodeFloat16Host(src, c0, n, area, rounding, key, version);
   }
 #endif
   EncodeElements(storage, src, c0, n, area, rounding, key, version);

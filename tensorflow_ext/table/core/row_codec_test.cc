@@ -260,7 +260,7 @@ TFEXT_TEST(StochasticColumnBitsAreUniformAndIndependent) {
 // whole range (specials, saturation, subnormals, the rounding boundaries) and
 // for column ranges of every length (the 8-wide blocks and their tails).
 TFEXT_TEST(HostCodecEqualsPortableCodec) {
-  std::printf("  (F16C fast path %s)\n", tfext::table::codec_internal::CpuHasF16c() ? "on" : "off");
+  std::printf("  (F16C fast path %s)\n", tfext::table::codec_internal::kCpuHasF16c ? "on" : "off");
   for (const RowStorage storage : {RowStorage::kBFloat16, RowStorage::kFloat16}) {
     // Twice the halves' size: GCC checks DecodeElements' (unreached) float32 copy against the buffer.
     std::vector<uint16_t> halves(2 * 65536);

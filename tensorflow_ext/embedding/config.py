@@ -11,7 +11,7 @@ Invariants of a built config:
 
 * `name` is the embedding's full (variable-scope prefixed) name; `1 <= dim <= MAX_DIM`;
 * `key_dtype` is int64, int32 or string; `value_dtype` (how the embedding columns are stored) is one of
-  `VALUE_DTYPES` (lookups return float32 whatever it is); `slot_dtype` is None (float32 optimizer slots) or
+  `VALUE_DTYPES` (lookups return float32 whatever it is); `slot_dtype` is None or tf.float32 (float32 optimizer slots) or
   `value_dtype` (the slot columns stored the same way), and always None for float32 values; `rounding` is one of
   `refs.ROUNDINGS`, always "nearest" for float32 values (float32 rows are never rounded: a rounding given for them
   is an error);
@@ -233,9 +233,12 @@ def _check_row_storage(name, value_dtype, slot_dtype, rounding):
         )
     if slot_dtype is not None:
         slot_dtype = _as_dtype(name, "slot_dtype", slot_dtype)
-        if slot_dtype != value_dtype:
+        if slot_dtype == tf.float32:
+            slot_dtype = None  # float32 slots are what None asks for
+        elif slot_dtype != value_dtype:
             raise ValueError(
-                "slot_dtype of dynamic embedding %r must be None (float32 optimizer slots) or its value_dtype "
+                "slot_dtype of dynamic embedding %r must be None or tf.float32 (float32 optimizer slots) or its "
+                "value_dtype "
                 "(tf.%s: the slots stored as the values are), got tf.%s" % (name, value_dtype.name, slot_dtype.name)
             )
     if rounding is None:

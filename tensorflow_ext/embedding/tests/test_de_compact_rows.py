@@ -478,8 +478,12 @@ def test_unsupported_row_storage_arguments_are_clear_errors(graph):
         tf_ext.get_dynamic_embedding("x", DIM, value_dtype=tf.int8)
     with pytest.raises(ValueError, match="must be one of tf.float32, tf.bfloat16, tf.float16.*got float64"):
         tf_ext.get_dynamic_embedding("x", DIM, value_dtype=tf.float64)
-    with pytest.raises(ValueError, match=r"slot_dtype .* must be None \(float32 optimizer slots\) or its value_dtype"):
+    with pytest.raises(
+        ValueError, match=r"slot_dtype .* must be None or tf.float32 \(float32 optimizer slots\) or its"
+    ):
         tf_ext.get_dynamic_embedding("x", DIM, value_dtype=tf.bfloat16, slot_dtype=tf.float16)
+    f32_slots = tf_ext.get_dynamic_embedding("f32_slots", DIM, value_dtype=tf.bfloat16, slot_dtype=tf.float32)
+    assert (f32_slots.slot_dtype, f32_slots.config.compact_slots) == (None, False)  # what None asks for
     with pytest.raises(ValueError, match="slot_dtype .* got tf.bfloat16"):
         tf_ext.get_dynamic_embedding("x", DIM, slot_dtype=tf.bfloat16)  # float32 values
     with pytest.raises(ValueError, match="rounding .* one of 'nearest', 'stochastic', got 'up'"):

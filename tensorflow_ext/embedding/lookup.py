@@ -80,10 +80,6 @@ def _frozen_find_grad(op, *grads):
     )
 
 
-# The storages whose stored values a half-precision dtype holds exactly (`_send_in_storage_dtype` sends them so).
-_HALF_STORAGES = ("bfloat16", "float16")
-
-
 @tf.RegisterGradient("TfExtRowsInStorageDtype")
 def _rows_in_storage_dtype_grad(op, grad):
     """Both casts of `_send_in_storage_dtype` pass the float32 gradient on unrounded."""
@@ -100,7 +96,7 @@ def _send_in_storage_dtype(shard, rows):
     are the rows of a table storing float32 or int8 rows, whatever the embedding's value_dtype (an export's table,
     `tf_ext.serving.export_rows`): their decoded values are not half values.
     """
-    if shard.storage not in _HALF_STORAGES:
+    if shard.storage not in refs.HALF_STORAGES:
         return rows
     # ("localhost" is the job of a process without a cluster.)
     if tf.DeviceSpec.from_string(shard.handle.device).job in (None, "localhost"):

@@ -25,6 +25,7 @@ from tensorflow_ext.embedding.keys import HashPartition
 from tensorflow_ext.horovod import _hvd
 from tensorflow_ext.horovod import checkpoint as ckpt_lib
 from tensorflow_ext.horovod import consistency
+from tensorflow_ext.table import refs
 
 __all__ = [
     "ModelParallel",
@@ -167,34 +168,35 @@ class ModelParallel(object):
             # Several ranks may ask for one key: read each once (its gradient is the sum of theirs).
             recv_unique, recv_idx = tf.unique(recv, out_idx=tf.int32)
             rows = tf.gather(lookup_local(emb, recv_unique), recv_idx)
+            # The local table's storage, not the embedding's value_dtype: an export's table may store other rows.
+            storage = emb.shards[0].storage
             back = _send_rows_back(
-                rows, recv_splits, emb.value_dtype, self._process_set, emb.name.replace("/", "_") + "_rows"
+                rows,
+                recv_splits,
+                refs.storage_dtype(storage) if storage in refs.HALF_STORAGES else None,
+                self._process_set,
+                emb.name.replace("/", "_") + "_rows",
             )
             back = tf.reshape(back, [-1, width or emb.dim])
             return tf.gather(back, tf.math.invert_permutation(order))
 
 
-# The half-precision storage dtypes whose rows travel as their 2-byte values, with the integer type that carries
-# them: Horovod's alltoall takes no bfloat16 tensor, and a bitcast keeps the bits as they are.
-_WIRE_DTYPES = {tf.bfloat16: tf.uint16, tf.float16: tf.uint16}
-
-
 def _send_rows_back(rows, splits, value_dtype, process_set, name):
     """alltoall of float32 `rows` [m, width] (`splits` rows to each rank): the rows each rank receives, float32.
 
-    For a `value_dtype` of `_WIRE_DTYPES` the rows travel as 2-byte values: exact for the rows the table stores,
+    With a `value_dtype` (the 2-byte dtype of a table of `refs.HALF_STORAGES`; None: float32) the rows travel as
+    its 2-byte values, bitcast to uint16 (Horovod's alltoall takes no bfloat16 tensor): exact for the rows the table stores,
     which hold values of that dtype; any other value (the row of a key missing at inference, the default row of a
     key not admitted) arrives rounded to the nearest one. The gradient returns by an alltoall of float32 values
     either way, so the owner's update gets the gradients the ranks computed, unrounded.
     """
     hvd = _hvd.require_horovod()
-    wire_dtype = _WIRE_DTYPES.get(value_dtype)
-    if wire_dtype is None:
+    if value_dtype is None:
         return hvd.alltoall(rows, splits=splits, process_set=process_set, name=name)[0]
 
     @tf.custom_gradient
     def exchange(rows):
-        wire = tf.bitcast(tf.cast(rows, value_dtype), wire_dtype)
+        wire = tf.bitcast(tf.cast(rows, value_dtype), tf.uint16)
         received, received_splits = hvd.alltoall(wire, splits=splits, process_set=process_set, name=name)
 
         def grad(upstream):

@@ -50,6 +50,8 @@ _STORAGE_DTYPES = (
 STORAGES = tuple(name for name, _ in _STORAGE_DTYPES)
 # The storages of rows that can be trained (updated in place); int8 rows are a serving format only.
 TRAINABLE_STORAGES = ("float32", "bfloat16", "float16")
+# The storages of 2-byte float values: a read of them is exact in their dtype, so they can be sent in it.
+HALF_STORAGES = ("bfloat16", "float16")
 # How writes round values into compact columns (the ops' `rounding` attr).
 ROUNDINGS = ("nearest", "stochastic")
 

@@ -44,6 +44,8 @@ namespace codec_internal {
 
 // Whether this CPU (and its OS) runs AVX and F16C instructions: asked once,
 // when the library loads (a plain load on the hot path, no guarded static).
+// A call made by another library's static initializer before that reads
+// false and takes the portable loops: the same results.
 inline bool CpuHasF16cNow() {
   __builtin_cpu_init();  // may run before libgcc's own initialization
   return __builtin_cpu_supports("avx") && __builtin_cpu_supports("f16c");
@@ -139,6 +141,10 @@ TFEXT_F16C_TARGET inline void EncodeFloat16F16c(const float* src, int64_t c0, in
 
 #undef TFEXT_F16C_TARGET
 
+}  // namespace codec_internal
+#else
+namespace codec_internal {
+inline const bool kCpuHasF16c = false;
 }  // namespace codec_internal
 #endif  // TFEXT_ROW_CODEC_F16C
 

@@ -10,6 +10,8 @@ Writes (for each input given):
   ctr26_step.png         ms/step per variant and optimizer (bench_ctr_speed.py)
   gpu_table.png          B keys/s per operation and dim on the GPU, HierarchicalKV's A100 figures beside
                          (tools/gpu/bench_gpu_table.py)
+  compact_rows_memory_d<dim>.png
+                         bytes/key per row format, memory_bytes and RSS (tools/bench_compact_rows.py memory)
 Needs only matplotlib (no TensorFlow).
 """
 
@@ -135,6 +137,35 @@ def plot_memory(d, out_dir):
     return _save(fig, ax, out_dir, "table_memory.png")
 
 
+# tools/bench_compact_rows.py memory configurations, in the order of docs/benchmarks.md (training, serving, TFRA)
+COMPACT_ORDER = (
+    "fp32_adagrad bf16_adagrad bf16_rowwise fp32_adam bf16_adam frozen_fp32 frozen_bf16 frozen_int8 "
+    "tfra_adagrad tfra_bf16_adagrad tfra_adam tfra_bf16_adam"
+).split()
+
+
+def plot_compact_memory(d, out_dir):
+    """Bytes per key per row format (tools/bench_compact_rows.py memory): memory_bytes and RSS delta side by side."""
+    res, dim = d["results"], d["config"]["dim"]
+    names = [n for n in COMPACT_ORDER if n in res]
+    values = {
+        "op": [res[n].get("op_bytes_per_key") for n in names],
+        "rss": [res[n]["rss_bytes_per_key"] for n in names],
+    }
+    labels = {"op": "memory_bytes()", "rss": "RSS delta"}
+    colors = {"op": "#5aae61", "rss": COLORS["ours"]}
+    fig, ax = plt.subplots(figsize=(11, 4.4))
+    _bars(ax, [n.replace("_", "\n") for n in names], ["op", "rss"], values, colors, labels, fmt="%.0f")
+    ax.tick_params(axis="x", labelsize=7)
+    ax.set_ylabel("bytes per key (lower is better)")
+    ax.set_title(
+        "Compact rows: bytes per key, dim %d, %s keys (names: tools/bench_compact_rows.py)\n%s"
+        % (dim, "{:,}".format(d["config"]["keys"]), _subtitle(d)),
+        fontsize=9,
+    )
+    return _save(fig, ax, out_dir, "compact_rows_memory_d%d.png" % dim)
+
+
 def plot_ctr(d, out_dir):
     opts = list(d["results"].keys())
     series = [v for v in ("static", "tfra", "ours") if any(v in d["results"][o] for o in opts)]
@@ -186,13 +217,15 @@ def main(argv=None):
     p.add_argument("--memory", help="JSON of tools/bench_table_memory.py")
     p.add_argument("--ctr", help="JSON of tools/bench_ctr_speed.py")
     p.add_argument("--gpu", help="JSON of tools/gpu/bench_gpu_table.py")
+    p.add_argument("--compact", nargs="*", default=[], help="JSONs of tools/bench_compact_rows.py memory (one per dim)")
     p.add_argument(
         "--out", default=os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "docs", "images")
     )
     args = p.parse_args(argv)
     os.makedirs(args.out, exist_ok=True)
     done = []
-    for path, fn in ((args.table, plot_table), (args.memory, plot_memory), (args.ctr, plot_ctr), (args.gpu, plot_gpu)):
+    inputs = [(args.table, plot_table), (args.memory, plot_memory), (args.ctr, plot_ctr), (args.gpu, plot_gpu)]
+    for path, fn in inputs + [(path, plot_compact_memory) for path in args.compact]:
         if path:
             if not os.path.exists(path):
                 print("missing %s, skipped" % path)
@@ -201,7 +234,7 @@ def main(argv=None):
     for p_ in done:
         print("wrote %s" % p_)
     if not done:
-        p.error("give at least one of --table, --memory, --ctr, --gpu")
+        p.error("give at least one of --table, --memory, --ctr, --gpu, --compact")
 
 
 if __name__ == "__main__":

@@ -32,7 +32,8 @@ def main(path, truth_path, num_shards, value_dtype):
         "emb", DIM, parallelism="model", num_shards=num_shards, initializer=9.0, value_dtype=value_dtype
     )
     loss = tf.reduce_sum(tf_ext.embedding_lookup(emb, tf.constant([11, -11], tf.int64)))
-    tf.compat.v1.train.AdagradOptimizer(0.1, initial_accumulator_value=0.3).minimize(loss)  # slot columns
+    step = tf.compat.v1.train.get_or_create_global_step()  # half rows round stochastically by step
+    tf.compat.v1.train.AdagradOptimizer(0.1, initial_accumulator_value=0.3).minimize(loss, step)  # slot columns
     saver = tf.compat.v1.train.Saver(var_list=emb.saveables)
     exp = emb.export(with_slots=True)
     sizes = [emb.size(i) for i in range(num_shards)]

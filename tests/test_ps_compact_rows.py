@@ -10,12 +10,12 @@ table, and the cast back to float32 on the worker.
 
 import json
 import os
-import socket
 import subprocess
 import sys
 import textwrap
 
 import pytest
+from loopback import free_ports
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 # A guard against a hang only, never what decides pass or fail (two TensorFlow processes on a busy machine).
@@ -95,19 +95,6 @@ _WORKER = textwrap.dedent(
 )
 
 
-def _free_ports(n):
-    socks = []
-    try:
-        for _ in range(n):
-            s = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
-            s.bind(("127.0.0.1", 0))
-            socks.append(s)
-        return [s.getsockname()[1] for s in socks]
-    finally:
-        for s in socks:
-            s.close()
-
-
 def _env():
     env = dict(os.environ, TF_CPP_MIN_LOG_LEVEL="2", CUDA_VISIBLE_DEVICES="")
     env.pop("TF_CONFIG", None)
@@ -117,7 +104,7 @@ def _env():
 
 @pytest.mark.parametrize("value_dtype,num_shards", [("bfloat16", 2), ("float16", 1)])
 def test_half_rows_on_a_ps_task_train_like_one_process(tmp_path, value_dtype, num_shards):
-    ps, worker = ["127.0.0.1:%d" % p for p in _free_ports(2)]
+    ps, worker = ["127.0.0.1:%d" % p for p in free_ports(2)]
     cluster = json.dumps({"ps": [ps], "worker": [worker]})
     ps_proc = subprocess.Popen(
         [sys.executable, "-c", _PS, cluster], env=_env(), stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL

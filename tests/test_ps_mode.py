@@ -10,7 +10,6 @@ process (no `TF_CONFIG`) restores the chief's checkpoint with a Session + Saver 
 
 import json
 import os
-import socket
 import subprocess
 import sys
 import textwrap
@@ -19,6 +18,7 @@ import time
 import numpy as np
 import tensorflow as tf
 from google.protobuf import text_format
+from loopback import free_ports
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 # Guards against a hang only, never what decides pass or fail: five TensorFlow processes (a minute or two in all on
@@ -216,20 +216,6 @@ _SCRIPT = textwrap.dedent(
 )
 
 
-def _free_ports(n):
-    """n distinct free loopback ports (all bound at once, so they differ; released just before use)."""
-    socks = []
-    try:
-        for _ in range(n):
-            s = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
-            s.bind(("127.0.0.1", 0))
-            socks.append(s)
-        return [s.getsockname()[1] for s in socks]
-    finally:
-        for s in socks:
-            s.close()
-
-
 def _env(tf_config=None):
     env = dict(os.environ)
     env.pop("TF_CONFIG", None)
@@ -284,7 +270,7 @@ def test_train_and_evaluate_with_ps_tasks_holding_dynamic_embeddings(tmp_path):
     script = tmp_path / "ps_model.py"
     script.write_text(_SCRIPT)
     model_dir = str(tmp_path / "model")
-    chief, worker, ps0, ps1 = ["127.0.0.1:%d" % p for p in _free_ports(4)]
+    chief, worker, ps0, ps1 = ["127.0.0.1:%d" % p for p in free_ports(4)]
     cluster = {"chief": [chief], "worker": [worker], "ps": [ps0, ps1]}
     tasks = [("ps", 0), ("ps", 1), ("chief", 0), ("worker", 0), ("evaluator", 0)]
     procs, logs = {}, {}

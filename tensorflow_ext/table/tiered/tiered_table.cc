@@ -1,0 +1,699 @@
+// The tiered table: implementation. The contract, the lock order and the
+// design are in tiered_table.h; this file explains only local choices.
+
+#include "tensorflow_ext/table/tiered/tiered_table.h"
+
+#include <algorithm>
+#include <cmath>
+#include <cstring>
+#include <limits>
+#include <stdexcept>
+#include <utility>
+
+namespace tfext {
+namespace table {
+namespace {
+
+// Index bytes per key the budget reserves beside each row. Measured on the
+// core (memory_bytes() / size() - row_bytes() of tables of 100K-3M keys, width
+// 1, 16 and 64): 11-17 bytes (8-byte slots at a load factor between 0.4 and
+// 0.8, plus arena chunk slack), up to 20 right after a shard's index doubled.
+// The worst case is taken, so that a memory tier holding budget_keys keys
+// stays within memory_bytes.
+constexpr int64_t kIndexBytesPerKey = 20;
+// Keys whose metadata a demotion round samples to choose its threshold.
+constexpr int64_t kSampleKeys = 8192;
+// Keys a disk-cap pass samples (a reservoir over one scan of the store).
+constexpr int64_t kDiskSampleKeys = 65536;
+// The store's block cache: a twentieth of the memory budget, between 1 and 32
+// MiB. It is process memory beside the budget (RSS), and a hot key lives in
+// the memory tier anyway: the cache only serves repeated cold reads.
+constexpr int64_t kMinBlockCacheBytes = int64_t{1} << 20;
+constexpr int64_t kMaxBlockCacheBytes = int64_t{32} << 20;
+
+}  // namespace
+
+// ---------------------------------------------------------------- access lock
+
+void TieredTable::AccessLock::lock_shared() {
+  std::unique_lock<std::mutex> lock(mu_);
+  cv_.wait(lock, [&] { return !writer_ && writers_waiting_ == 0; });
+  ++readers_;
+}
+
+void TieredTable::AccessLock::unlock_shared() {
+  std::lock_guard<std::mutex> lock(mu_);
+  if (--readers_ == 0 && writers_waiting_ > 0) cv_.notify_all();
+}
+
+void TieredTable::AccessLock::lock() {
+  std::unique_lock<std::mutex> lock(mu_);
+  ++writers_waiting_;
+  cv_.wait(lock, [&] { return !writer_ && readers_ == 0; });
+  --writers_waiting_;
+  writer_ = true;
+}
+
+void TieredTable::AccessLock::unlock() {
+  std::lock_guard<std::mutex> lock(mu_);
+  writer_ = false;
+  cv_.notify_all();
+}
+
+// ---------------------------------------------------------------- construction
+
+TieredTable::TieredTable(HashTable* memory, const TableOptions& table_options, const TierOptions& options)
+    : memory_(memory), table_options_(table_options), options_(options), width_(table_options.width) {
+  if (memory_ == nullptr) throw std::invalid_argument("a tiered table needs a memory tier; got null");
+  if (memory_->width() != width_) {
+    throw std::invalid_argument("tiered table at " + options.path + ": the memory tier has width " +
+                                std::to_string(memory_->width()) + " but the options say " + std::to_string(width_));
+  }
+  if (table_options.storage == RowStorage::kInt8Row && table_options.compact_cols > 0) {
+    throw std::invalid_argument("tiered table at " + options.path +
+                                ": int8_row storage cannot be tiered (a row moved to disk and back would be "
+                                "re-quantized, not restored exactly); use float32, bfloat16 or float16 storage");
+  }
+  if (options.memory_bytes <= 0) {
+    throw std::invalid_argument("tiered table at " + options.path + ": memory_bytes must be > 0; got " +
+                                std::to_string(options.memory_bytes));
+  }
+  if (options.disk_bytes < 0) {
+    throw std::invalid_argument("tiered table at " + options.path + ": disk_bytes must be >= 0 (0 = no cap); got " +
+                                std::to_string(options.disk_bytes));
+  }
+  if (options.policy != TierOptions::Policy::kLru && options.policy != TierOptions::Policy::kLfu) {
+    throw std::invalid_argument("tiered table at " + options.path + ": unknown policy " +
+                                std::to_string(static_cast<int>(options.policy)));
+  }
+  bytes_per_key_ = memory_->row_bytes() + kIndexBytesPerKey;
+  budget_keys_ = options.memory_bytes / bytes_per_key_;
+  if (budget_keys_ < kMinBudgetKeys) {
+    throw std::invalid_argument(
+        "tiered table at " + options.path + ": memory_bytes=" + std::to_string(options.memory_bytes) + " holds " +
+        std::to_string(budget_keys_) + " rows of " + std::to_string(bytes_per_key_) +
+        " bytes (row + index); a tier needs " + "room for at least " + std::to_string(kMinBudgetKeys) +
+        " rows (memory_bytes >= " + std::to_string(kMinBudgetKeys * bytes_per_key_) + ")");
+  }
+  StoreOptions store_options;
+  store_options.path = options.path;
+  store_options.width = width_;
+  store_options.block_cache_bytes =
+      std::min(kMaxBlockCacheBytes, std::max(kMinBlockCacheBytes, options.memory_bytes / 20));
+  store_ = OpenColdStore(store_options);
+  if (options.background) demoter_ = std::thread([this] { DemoterLoop(); });
+}
+
+TieredTable::~TieredTable() {
+  if (demoter_.joinable()) {
+    {
+      std::lock_guard<std::mutex> lock(wake_mu_);
+      stop_ = true;
+    }
+    wake_cv_.notify_all();
+    demoter_.join();
+  }
+}
+
+// ---------------------------------------------------------------- batches
+
+std::string TieredTable::BatchTooBigMessage(int64_t rows) const {
+  return "tiered table at " + options_.path + ": memory_bytes=" + std::to_string(options_.memory_bytes) + " holds " +
+         std::to_string(budget_keys_) + " rows of " + std::to_string(bytes_per_key_) + " bytes; this batch needs " +
+         std::to_string(rows) + " rows (raise memory_bytes or make the batch smaller)";
+}
+
+void TieredTable::BeforeBatch(const int64_t* keys, int64_t n) {
+  RethrowPendingError();
+  if (n <= budget_keys_) return;
+  // Only a batch longer than the budget can need more rows than it: count its
+  // distinct keys (a batch of ids repeats keys).
+  std::vector<int64_t> distinct(keys, keys + n);
+  std::sort(distinct.begin(), distinct.end());
+  const int64_t rows = std::unique(distinct.begin(), distinct.end()) - distinct.begin();
+  if (rows > budget_keys_) throw StoreError(StoreError::kInvalid, BatchTooBigMessage(rows));
+}
+
+void TieredTable::AfterBatch() {
+  const int64_t size = memory_->size();
+  if (size <= budget_keys_) return;
+  if (!options_.background || size > budget_keys_ + budget_keys_ / 10) {
+    // Far over budget (the demoter falls behind the batches) or no demoter:
+    // this thread demotes, which also slows the writers down to the pace of
+    // the disk.
+    std::lock_guard<std::mutex> round(demote_mu_);
+    DemoteLocked();
+    return;
+  }
+  {
+    std::lock_guard<std::mutex> lock(wake_mu_);
+    wake_ = true;
+  }
+  wake_cv_.notify_one();
+}
+
+void TieredTable::Promote(const int64_t* keys, int64_t n, const ParallelFor& pf) {
+  if (n <= 0) return;
+  lookups_.fetch_add(n, std::memory_order_relaxed);
+  // Nothing outside memory: nothing to promote, and no probe spent. Read the
+  // outbox first: a retired chunk adds to disk_keys_ before it leaves the
+  // outbox, so at least one of the two reads sees its keys.
+  if (outbox_keys_.load() == 0 && disk_keys_.load() == 0) return;
+
+  std::vector<KeyMeta> meta(n);
+  std::unique_ptr<bool[]> found(new bool[n]);
+  memory_->FindMeta(keys, n, meta.data(), found.get(), pf);
+  std::vector<int64_t> absent;
+  for (int64_t i = 0; i < n; ++i) {
+    if (!found[i]) absent.push_back(keys[i]);
+  }
+  if (absent.empty()) return;
+  std::sort(absent.begin(), absent.end());
+  absent.erase(std::unique(absent.begin(), absent.end()), absent.end());
+
+  std::lock_guard<std::mutex> promoting(promote_mu_);
+  // Another promoter may have brought some of them in since the look-up.
+  {
+    const int64_t m = static_cast<int64_t>(absent.size());
+    std::vector<KeyMeta> recheck(m);
+    std::unique_ptr<bool[]> present(new bool[m]);
+    memory_->FindMeta(absent.data(), m, recheck.data(), present.get(), pf);
+    int64_t kept = 0;
+    for (int64_t i = 0; i < m; ++i) {
+      if (!present[i]) absent[kept++] = absent[i];
+    }
+    absent.resize(kept);
+  }
+  if (absent.empty()) return;
+
+  // Rows to import: the outbox's first, then the store's.
+  std::vector<int64_t> in_keys;
+  std::vector<float> in_rows;
+  std::vector<int64_t> in_versions;
+  std::vector<uint32_t> in_freqs;
+  std::vector<int64_t> outbox_hits;  // indices into outbox_
+  std::vector<int64_t> candidates;   // absent in memory and the outbox, not stale
+  {
+    std::lock_guard<std::mutex> lock(outbox_mu_);
+    for (const int64_t key : absent) {
+      const auto it = outbox_.at.find(key);
+      if (it != outbox_.at.end()) {
+        // Taken already: promoted earlier and since removed from memory, so
+        // its copy (on its way to disk) is dead.
+        if (outbox_.taken[it->second]) continue;
+        const int64_t i = it->second;
+        in_keys.push_back(key);
+        in_rows.insert(in_rows.end(), outbox_.rows.begin() + i * width_, outbox_.rows.begin() + (i + 1) * width_);
+        in_versions.push_back(outbox_.meta[i].version);
+        in_freqs.push_back(outbox_.meta[i].frequency);
+        outbox_hits.push_back(i);
+      } else if (stale_.count(key) == 0) {
+        candidates.push_back(key);
+      }
+    }
+  }
+  std::vector<int64_t> disk_hits;
+  if (!candidates.empty() && disk_keys_.load() > 0) {
+    const int64_t m = static_cast<int64_t>(candidates.size());
+    std::vector<float> rows(m * width_);
+    std::vector<KeyMeta> disk_meta(m);
+    std::unique_ptr<bool[]> on_disk(new bool[m]);
+    store_->Get(candidates.data(), m, rows.data(), disk_meta.data(), on_disk.get());
+    for (int64_t i = 0; i < m; ++i) {
+      if (!on_disk[i]) continue;
+      in_keys.push_back(candidates[i]);
+      in_rows.insert(in_rows.end(), rows.begin() + i * width_, rows.begin() + (i + 1) * width_);
+      in_versions.push_back(disk_meta[i].version);
+      in_freqs.push_back(disk_meta[i].frequency);
+      disk_hits.push_back(candidates[i]);
+    }
+  }
+  if (in_keys.empty()) return;
+
+  // Whole decoded rows with their metadata: Import re-encodes to nearest,
+  // which gives back the stored bits (see the header's contract).
+  try {
+    memory_->Import(in_keys.data(), static_cast<int64_t>(in_keys.size()), 0, width_, in_rows.data(), nullptr,
+                    in_versions.data(), in_freqs.data(), pf);
+  } catch (...) {
+    // A partial import would leave keys in both tiers: take them out again
+    // (nobody else can have inserted them: every batch promotes first, under
+    // promote_mu_), so their rows stay where they were.
+    memory_->Remove(in_keys.data(), static_cast<int64_t>(in_keys.size()), pf);
+    throw;
+  }
+  cold_reads_.fetch_add(static_cast<int64_t>(in_keys.size()), std::memory_order_relaxed);
+  if (!outbox_hits.empty()) {
+    // The chunk may reach the disk with these rows: the demoter deletes them
+    // again when it retires the chunk (it takes promote_mu_, so it cannot
+    // retire between this promoter's look-up and this mark).
+    std::lock_guard<std::mutex> lock(outbox_mu_);
+    for (const int64_t i : outbox_hits) outbox_.taken[i] = 1;
+  }
+  if (!disk_hits.empty()) {
+    const int64_t m = static_cast<int64_t>(disk_hits.size());
+    try {
+      store_->Delete(disk_hits.data(), m);
+    } catch (const StoreError&) {
+      // The rows are in memory, which is what counts: their disk copies are
+      // marked stale (ignored) until a later round deletes them.
+      std::lock_guard<std::mutex> lock(outbox_mu_);
+      stale_.insert(disk_hits.begin(), disk_hits.end());
+      errors_.fetch_add(1, std::memory_order_relaxed);
+    }
+    disk_keys_.fetch_sub(m);
+  }
+}
+
+// ---------------------------------------------------------------- demotion
+
+bool TieredTable::RankLE(const KeyMeta& a, const KeyMeta& b) const {
+  if (options_.policy == TierOptions::Policy::kLfu && a.frequency != b.frequency) return a.frequency < b.frequency;
+  return a.version <= b.version;
+}
+
+void TieredTable::DemoteLocked() {
+  ReturnOutboxLocked();
+  DeleteStaleLocked();
+  if (memory_->size() > budget_keys_) {
+    const int64_t target = budget_keys_ - budget_keys_ / 10;
+    // Each pass samples the memory tier and picks the rank below which the
+    // excess lies; a pass whose threshold moves nothing (ties, or rows that
+    // were touched since the sample) widens the quantile, and after a few
+    // such passes takes any row.
+    int widen = 0;
+    for (;;) {
+      const int64_t size = memory_->size();
+      if (size <= target) break;
+      const int64_t need = size - target;
+      std::vector<KeyMeta> sample;
+      memory_->SampleMeta(kSampleKeys, &sample);
+      if (sample.empty()) break;
+      std::sort(sample.begin(), sample.end(),
+                [this](const KeyMeta& a, const KeyMeta& b) { return RankLE(a, b) && !RankLE(b, a); });
+      const double fraction = std::min(1.0, std::ldexp(static_cast<double>(need) / size, widen));
+      const int64_t at =
+          std::min<int64_t>(static_cast<int64_t>(sample.size()) - 1,
+                            std::max<int64_t>(0, static_cast<int64_t>(std::ceil(fraction * sample.size())) - 1));
+      const KeyMeta threshold = sample[at];
+      const bool any = widen >= 4;
+      const std::function<bool(int64_t, const KeyMeta&)> pred = [this, threshold, any](int64_t, const KeyMeta& m) {
+        return any || RankLE(m, threshold);
+      };
+      int64_t moved_total = 0;
+      int64_t left = need;
+      while (left > 0) {
+        const int64_t ask = std::min(kDemoteChunk, left);
+        const int64_t moved = DemoteChunk(ask, pred);
+        moved_total += moved;
+        left -= moved;
+        if (moved < ask) break;  // a whole sweep matched fewer: sample again
+      }
+      widen = moved_total == 0 ? widen + 1 : 0;
+      if (widen > 4) break;  // nothing left to move (every row is in a batch's hands)
+    }
+  }
+  EnforceDiskCapLocked();
+}
+
+int64_t TieredTable::DemoteChunk(int64_t max_keys, const std::function<bool(int64_t, const KeyMeta&)>& pred) {
+  std::vector<int64_t> keys;
+  std::vector<float> rows;
+  std::vector<KeyMeta> meta;
+  keys.reserve(max_keys);
+  rows.reserve(max_keys * width_);
+  meta.reserve(max_keys);
+  {
+    ExclusiveAccess lock(access_);
+    memory_->Evacuate(max_keys, &evacuate_cursor_, pred, [&](int64_t key, const float* row, const KeyMeta& m) {
+      keys.push_back(key);
+      rows.insert(rows.end(), row, row + width_);
+      meta.push_back(m);
+    });
+    if (keys.empty()) return 0;
+    // Published before the lock is released: a batch that comes next finds
+    // the rows here until they are on disk.
+    std::lock_guard<std::mutex> outbox_lock(outbox_mu_);
+    outbox_.keys = std::move(keys);
+    outbox_.rows = std::move(rows);
+    outbox_.meta = std::move(meta);
+    outbox_.taken.assign(outbox_.keys.size(), 0);
+    outbox_.at.clear();
+    outbox_.at.reserve(outbox_.keys.size());
+    for (size_t i = 0; i < outbox_.keys.size(); ++i) outbox_.at.emplace(outbox_.keys[i], static_cast<int64_t>(i));
+    outbox_keys_.store(static_cast<int64_t>(outbox_.keys.size()));
+  }
+  const int64_t n = static_cast<int64_t>(outbox_.keys.size());
+  // Written with no lock held: promoters only read keys, rows and meta (they
+  // change under promote_mu_ + outbox_mu_ only, by this thread, below).
+  try {
+    store_->Put(outbox_.keys.data(), n, outbox_.rows.data(), outbox_.meta.data());
+  } catch (const StoreError&) {
+    ReturnOutboxLocked();
+    throw;
+  }
+  std::vector<int64_t> taken;
+  {
+    std::lock_guard<std::mutex> promoting(promote_mu_);
+    std::lock_guard<std::mutex> lock(outbox_mu_);
+    for (int64_t i = 0; i < n; ++i) {
+      const int64_t key = outbox_.keys[i];
+      if (outbox_.taken[i]) {
+        taken.push_back(key);
+        stale_.insert(key);  // dead on disk until deleted below
+      } else {
+        stale_.erase(key);  // the Put overwrote an older dead copy
+      }
+    }
+    disk_keys_.fetch_add(n - static_cast<int64_t>(taken.size()));
+    outbox_ = Outbox();
+    outbox_keys_.store(0);
+  }
+  demotions_.fetch_add(n - static_cast<int64_t>(taken.size()), std::memory_order_relaxed);
+  if (!taken.empty()) {
+    try {
+      store_->Delete(taken.data(), static_cast<int64_t>(taken.size()));
+      std::lock_guard<std::mutex> lock(outbox_mu_);
+      for (const int64_t key : taken) stale_.erase(key);
+    } catch (const StoreError&) {
+      errors_.fetch_add(1, std::memory_order_relaxed);  // they stay stale; the next round retries
+    }
+  }
+  return n;
+}
+
+void TieredTable::ReturnOutboxLocked() {
+  std::lock_guard<std::mutex> promoting(promote_mu_);
+  std::lock_guard<std::mutex> lock(outbox_mu_);
+  const int64_t n = static_cast<int64_t>(outbox_.keys.size());
+  if (n == 0) return;
+  // The rows nobody took go back to memory, exactly as they left (a taken
+  // row is in memory already, or was removed since). No batch can have
+  // inserted one of them meanwhile: a batch promotes first, which takes the
+  // row from here.
+  std::vector<int64_t> keys;
+  std::vector<float> rows;
+  std::vector<int64_t> versions;
+  std::vector<uint32_t> freqs;
+  for (int64_t i = 0; i < n; ++i) {
+    if (outbox_.taken[i]) continue;
+    keys.push_back(outbox_.keys[i]);
+    rows.insert(rows.end(), outbox_.rows.begin() + i * width_, outbox_.rows.begin() + (i + 1) * width_);
+    versions.push_back(outbox_.meta[i].version);
+    freqs.push_back(outbox_.meta[i].frequency);
+  }
+  // If memory cannot be had the rows stay in the outbox (still readable by
+  // promoters) and the next round tries again.
+  memory_->Import(keys.data(), static_cast<int64_t>(keys.size()), 0, width_, rows.data(), nullptr, versions.data(),
+                  freqs.data(), InlineParallelFor());
+  outbox_ = Outbox();
+  outbox_keys_.store(0);
+}
+
+void TieredTable::DeleteStaleLocked() {
+  std::vector<int64_t> stale;
+  {
+    std::lock_guard<std::mutex> lock(outbox_mu_);
+    if (stale_.empty()) return;
+    stale.assign(stale_.begin(), stale_.end());
+  }
+  // Only a demotion (this thread: demote_mu_ is held) makes a stale key live
+  // again, so the set cannot gain a live key while the deletion runs.
+  store_->Delete(stale.data(), static_cast<int64_t>(stale.size()));
+  std::lock_guard<std::mutex> lock(outbox_mu_);
+  for (const int64_t key : stale) stale_.erase(key);
+}
+
+void TieredTable::ForEachDisk(const std::function<bool(int64_t, const float*, const KeyMeta&)>& fn) const {
+  std::vector<int64_t> stale;
+  {
+    std::lock_guard<std::mutex> lock(outbox_mu_);
+    stale.assign(stale_.begin(), stale_.end());
+  }
+  std::sort(stale.begin(), stale.end());
+  store_->ForEach([&](int64_t key, const float* row, const KeyMeta& meta) {
+    if (!stale.empty() && std::binary_search(stale.begin(), stale.end(), key)) return true;
+    return fn(key, row, meta);
+  });
+}
+
+void TieredTable::EnforceDiskCapLocked() {
+  if (options_.disk_bytes <= 0 || disk_keys_.load() == 0) return;
+  int64_t bytes = store_->disk_bytes();
+  if (bytes <= options_.disk_bytes) return;
+  store_->CompactIfNeeded();
+  bytes = store_->disk_bytes();
+  const int64_t keys = disk_keys_.load();
+  if (bytes <= options_.disk_bytes || keys == 0) return;
+  // Drop down to 90% of the cap, in keys at the bytes per key measured now,
+  // so that the next passes are ~10% of the cap's writes away.
+  const double per_key = static_cast<double>(bytes) / keys;
+  const int64_t keep = static_cast<int64_t>(0.9 * options_.disk_bytes / per_key);
+  const int64_t drop = keys - std::max<int64_t>(0, keep);
+  if (drop <= 0) return;
+
+  // A reservoir sample of the disk rows' metadata (one scan, bounded memory),
+  // then the rank of the drop-th lowest. Deterministic: a fixed-seed LCG.
+  std::vector<KeyMeta> sample;
+  sample.reserve(std::min<int64_t>(keys, kDiskSampleKeys));
+  uint64_t seen = 0, rng = 0x9E3779B97F4A7C15ull;
+  ForEachDisk([&](int64_t, const float*, const KeyMeta& meta) {
+    ++seen;
+    if (static_cast<int64_t>(sample.size()) < kDiskSampleKeys) {
+      sample.push_back(meta);
+    } else {
+      rng = rng * 6364136223846793005ull + 1442695040888963407ull;
+      const uint64_t j = (rng >> 11) % seen;
+      if (j < static_cast<uint64_t>(kDiskSampleKeys)) sample[j] = meta;
+    }
+    return true;
+  });
+  if (sample.empty()) return;
+  std::sort(sample.begin(), sample.end(),
+            [this](const KeyMeta& a, const KeyMeta& b) { return RankLE(a, b) && !RankLE(b, a); });
+  const double fraction = std::min(1.0, static_cast<double>(drop) / keys);
+  const int64_t at =
+      std::min<int64_t>(static_cast<int64_t>(sample.size()) - 1,
+                        std::max<int64_t>(0, static_cast<int64_t>(std::ceil(fraction * sample.size())) - 1));
+  const KeyMeta threshold = sample[at];
+
+  // The keys at or below it, at most `drop` (ties are cut in key order).
+  std::vector<int64_t> doomed;
+  ForEachDisk([&](int64_t key, const float*, const KeyMeta& meta) {
+    if (RankLE(meta, threshold)) doomed.push_back(key);
+    return static_cast<int64_t>(doomed.size()) < drop;
+  });
+
+  // Dropped in chunks under promote_mu_: a key promoted since the scan is no
+  // longer on disk (Get says so) and is kept; no demotion runs (demote_mu_).
+  for (size_t off = 0; off < doomed.size(); off += kDemoteChunk) {
+    const int64_t m = std::min<int64_t>(kDemoteChunk, static_cast<int64_t>(doomed.size() - off));
+    std::vector<float> rows(m * width_);
+    std::vector<KeyMeta> meta(m);
+    std::unique_ptr<bool[]> on_disk(new bool[m]);
+    std::vector<int64_t> gone;
+    std::lock_guard<std::mutex> promoting(promote_mu_);
+    store_->Get(doomed.data() + off, m, rows.data(), meta.data(), on_disk.get());
+    {
+      std::lock_guard<std::mutex> lock(outbox_mu_);
+      for (int64_t i = 0; i < m; ++i) {
+        if (on_disk[i] && stale_.count(doomed[off + i]) == 0) gone.push_back(doomed[off + i]);
+      }
+    }
+    if (gone.empty()) continue;
+    store_->Delete(gone.data(), static_cast<int64_t>(gone.size()));
+    disk_keys_.fetch_sub(static_cast<int64_t>(gone.size()));
+    dropped_.fetch_add(static_cast<int64_t>(gone.size()), std::memory_order_relaxed);
+    std::lock_guard<std::mutex> lock(dropped_mu_);
+    dropped_keys_.insert(dropped_keys_.end(), gone.begin(), gone.end());
+  }
+  store_->CompactIfNeeded();
+}
+
+void TieredTable::DemoterLoop() {
+  for (;;) {
+    {
+      std::unique_lock<std::mutex> lock(wake_mu_);
+      wake_cv_.wait(lock, [&] { return wake_ || stop_; });
+      if (stop_) return;
+      wake_ = false;
+    }
+    try {
+      std::lock_guard<std::mutex> round(demote_mu_);
+      DemoteLocked();
+    } catch (...) {
+      RecordBackgroundError(std::current_exception());
+    }
+  }
+}
+
+void TieredTable::RecordBackgroundError(std::exception_ptr error) {
+  errors_.fetch_add(1, std::memory_order_relaxed);
+  std::lock_guard<std::mutex> lock(wake_mu_);
+  pending_error_ = std::move(error);
+}
+
+void TieredTable::RethrowPendingError() {
+  std::exception_ptr error;
+  {
+    std::lock_guard<std::mutex> lock(wake_mu_);
+    if (!pending_error_) return;
+    std::swap(error, pending_error_);
+  }
+  std::rethrow_exception(error);
+}
+
+// ---------------------------------------------------------------- whole table
+
+int64_t TieredTable::size() const { return memory_->size() + disk_keys_.load() + outbox_keys_.load(); }
+
+void TieredTable::Export(int64_t col_begin, int64_t cols,
+                         const std::function<HashTable::ExportBuffers(int64_t)>& alloc) const {
+  ExportSince(std::numeric_limits<int64_t>::min(), col_begin, cols, alloc);
+}
+
+void TieredTable::ExportSince(int64_t min_version, int64_t col_begin, int64_t cols,
+                              const std::function<HashTable::ExportBuffers(int64_t)>& alloc) const {
+  TieredTable& self = const_cast<TieredTable&>(*this);  // the locks; nothing else changes
+  std::lock_guard<std::mutex> round(self.demote_mu_);
+  self.ReturnOutboxLocked();
+  ExclusiveAccess lock(access_);
+  const bool all = min_version == std::numeric_limits<int64_t>::min();
+  int64_t on_disk = 0;
+  if (all) {
+    on_disk = disk_keys_.load();
+  } else if (disk_keys_.load() > 0) {
+    ForEachDisk([&](int64_t, const float*, const KeyMeta& meta) {
+      if (meta.version >= min_version) ++on_disk;
+      return true;
+    });
+  }
+  HashTable::ExportBuffers out;
+  int64_t in_memory = 0;
+  bool allocated = false;
+  auto wrap = [&](int64_t n) {
+    in_memory = n;
+    out = alloc(n + on_disk);
+    allocated = true;
+    return out;
+  };
+  if (all) {
+    memory_->Export(col_begin, cols, wrap);
+  } else {
+    memory_->ExportSince(min_version, col_begin, cols, wrap);
+  }
+  if (!allocated) wrap(0);
+  if (on_disk == 0) return;
+  int64_t i = in_memory;
+  const int64_t end = in_memory + on_disk;
+  ForEachDisk([&](int64_t key, const float* row, const KeyMeta& meta) {
+    if (meta.version < min_version) return true;
+    if (i == end) {
+      ++i;  // more than counted: reported below
+      return false;
+    }
+    if (out.keys != nullptr) out.keys[i] = key;
+    if (out.rows != nullptr) std::memcpy(out.rows + i * cols, row + col_begin, sizeof(float) * cols);
+    if (out.versions != nullptr) out.versions[i] = meta.version;
+    if (out.frequencies != nullptr) out.frequencies[i] = meta.frequency;
+    ++i;
+    return true;
+  });
+  if (i != end) {
+    throw StoreError(StoreError::kCorrupt, "tiered table at " + options_.path + ": the disk tier holds " +
+                                               (i > end ? "more" : "fewer") + " rows than the " +
+                                               std::to_string(on_disk) +
+                                               " it counted (was the store changed by "
+                                               "another process?)");
+  }
+}
+
+void TieredTable::Import(const int64_t* keys, int64_t n, int64_t col_begin, int64_t cols, const float* rows,
+                         const float* column_defaults, const int64_t* versions, const uint32_t* frequencies,
+                         bool clear_first, const ParallelFor& pf) {
+  if (clear_first) Clear();
+  // Chunks of a quarter of the budget: each is promoted and written like a
+  // batch, then memory is brought back under budget before the next.
+  const int64_t chunk = std::max<int64_t>(1, std::min<int64_t>(budget_keys_ / 4, 65536));
+  for (int64_t off = 0; off < n; off += chunk) {
+    const int64_t m = std::min(chunk, n - off);
+    {
+      SharedAccess lock(access_);
+      Promote(keys + off, m, pf);
+      memory_->Import(keys + off, m, col_begin, cols, rows + off * cols, column_defaults,
+                      versions != nullptr ? versions + off : nullptr,
+                      frequencies != nullptr ? frequencies + off : nullptr, pf);
+    }
+    if (memory_->size() > budget_keys_) {
+      std::lock_guard<std::mutex> round(demote_mu_);
+      DemoteLocked();
+    }
+  }
+}
+
+void TieredTable::Clear() {
+  std::lock_guard<std::mutex> round(demote_mu_);
+  ExclusiveAccess lock(access_);
+  memory_->Clear();
+  store_->Clear();
+  std::lock_guard<std::mutex> promoting(promote_mu_);
+  std::lock_guard<std::mutex> outbox_lock(outbox_mu_);
+  outbox_ = Outbox();
+  outbox_keys_.store(0);
+  stale_.clear();
+  disk_keys_.store(0);
+}
+
+int64_t TieredTable::RemoveIf(const std::function<bool(int64_t, const float*, const KeyMeta&)>& pred,
+                              std::vector<int64_t>* removed_disk_keys) {
+  std::lock_guard<std::mutex> round(demote_mu_);
+  ReturnOutboxLocked();
+  ExclusiveAccess lock(access_);
+  int64_t removed = memory_->RemoveIf(pred);
+  if (disk_keys_.load() == 0) return removed;
+  std::vector<int64_t> doomed;
+  ForEachDisk([&](int64_t key, const float* row, const KeyMeta& meta) {
+    if (pred(key, row, meta)) doomed.push_back(key);
+    return true;
+  });
+  for (size_t off = 0; off < doomed.size(); off += kDemoteChunk) {
+    const int64_t m = std::min<int64_t>(kDemoteChunk, static_cast<int64_t>(doomed.size() - off));
+    store_->Delete(doomed.data() + off, m);
+    disk_keys_.fetch_sub(m);
+    removed += m;
+    if (removed_disk_keys != nullptr)
+      removed_disk_keys->insert(removed_disk_keys->end(), doomed.begin() + off, doomed.begin() + off + m);
+  }
+  return removed;
+}
+
+void TieredTable::Settle() {
+  RethrowPendingError();
+  std::lock_guard<std::mutex> round(demote_mu_);
+  DemoteLocked();
+}
+
+TierStats TieredTable::stats() const {
+  TierStats s;
+  s.memory_keys = memory_->size();
+  s.memory_bytes = memory_->memory_bytes();
+  s.disk_keys = disk_keys_.load();
+  s.disk_bytes = store_->disk_bytes();
+  s.budget_keys = budget_keys_;
+  s.lookups = lookups_.load(std::memory_order_relaxed);
+  s.cold_reads = cold_reads_.load(std::memory_order_relaxed);
+  s.demotions = demotions_.load(std::memory_order_relaxed);
+  s.dropped = dropped_.load(std::memory_order_relaxed);
+  s.errors = errors_.load(std::memory_order_relaxed);
+  return s;
+}
+
+std::vector<int64_t> TieredTable::TakeDroppedKeys() {
+  std::lock_guard<std::mutex> lock(dropped_mu_);
+  std::vector<int64_t> keys;
+  keys.swap(dropped_keys_);
+  return keys;
+}
+
+}  // namespace table
+}  // namespace tfext

@@ -2033,6 +2033,133 @@ int64_t HashTable::RemoveIf(const std::function<bool(int64_t, const float*, cons
   return removed;
 }
 
+int64_t HashTable::row_bytes() const { return static_cast<int64_t>(impl_->stride); }
+
+void HashTable::SampleMeta(int64_t max_samples, std::vector<KeyMeta>* out) const {
+  const Impl& m = *impl_;
+  out->clear();
+  if (max_samples <= 0) return;
+  // Bresenham spacing over the live rows in shard and index order: a row is
+  // taken whenever the running sum of max_samples passes another multiple
+  // of the size, so the samples are size / max_samples rows apart wherever
+  // they fall (no shard is over- or under-represented), and exactly
+  // min(size, max_samples) when no writer runs. size() is read once, before
+  // the shards: a writer may make the scan see more or fewer rows.
+  const uint64_t total = static_cast<uint64_t>(std::max<int64_t>(size(), 1));
+  const uint64_t limit = static_cast<uint64_t>(max_samples);
+  const uint64_t step = std::min(limit, total);  // step == total: every row
+  out->reserve(static_cast<size_t>(step));
+  uint64_t acc = total - 1;  // the first live row is taken
+  for (int64_t si = 0; si < m.num_shards && out->size() < limit; ++si) {
+    const Shard& s = m.shards[si];
+    std::shared_lock<std::shared_mutex> lock(s.mu);
+    for (uint64_t p = 0; p < s.capacity && out->size() < limit; ++p) {
+      const uint64_t slot = s.slots[p];
+      if (slot == 0) continue;
+      acc += step;
+      if (acc < total) continue;
+      acc %= total;
+      out->push_back(m.LoadMeta(m.Row(s, SlotRow(slot))));
+    }
+  }
+}
+
+int64_t HashTable::Evacuate(int64_t max_keys, int64_t* cursor, const std::function<bool(int64_t, const KeyMeta&)>& pred,
+                            const std::function<void(int64_t, const float*, const KeyMeta&)>& sink) {
+  const Impl& m = *impl_;
+  if (max_keys <= 0) return 0;
+  // The cursor is position * num_shards + shard: its shard is *cursor %
+  // num_shards as hash_table.h promises, and the position lets a sweep of
+  // many small calls read each row of a large shard about once instead of
+  // rescanning the shard from its start every call. A position past the
+  // index (it was cleared or replaced since) reads nothing of that shard;
+  // the call's last visit covers it.
+  const uint64_t shards = static_cast<uint64_t>(m.num_shards);
+  const uint64_t at = *cursor < 0 ? 0 : static_cast<uint64_t>(*cursor);
+  const uint64_t first = at % shards;
+  const uint64_t resume = at / shards;
+  const uint64_t visits = shards + (resume > 0 ? 1 : 0);  // the first shard's head last, if the call began inside it
+  int64_t removed = 0;
+  std::vector<int64_t> doomed;
+  std::vector<float> decoded(m.compact ? m.width : 0);
+  // Keys are handed to sink during the scan (the rows are in place: nothing
+  // moves under the write lock) and erased after it: erasing shifts slots
+  // back under the scan (backward-shift deletion), which would skip or
+  // repeat keys.
+  auto erase_doomed = [&](Shard& s) {
+    for (const int64_t key : doomed) {
+      const bool erased = m.EraseKey(s, key, TagOf(ProbeHash(key)));
+      TFEXT_DCHECK(erased, "a key seen in the scan is found by its probe (I3, I4)");
+      if (erased) ++removed;
+    }
+    doomed.clear();
+  };
+  for (uint64_t v = 0; v < visits; ++v) {
+    const uint64_t si = (first + v) % shards;
+    Shard& s = m.shards[si];
+    std::unique_lock<std::shared_mutex> lock(s.mu);
+    const int64_t quota = max_keys - removed;
+    uint64_t p = v == 0 ? std::min(resume, s.capacity) : 0;
+    bool filled = false;
+    try {
+      for (; p < s.capacity; ++p) {
+        // The scan reads each live row's key and metadata (two lines apart
+        // for a wide row) in index order, i.e. rows at random: prefetch a
+        // few slots ahead.
+        if (p + kRowAhead < s.capacity) {
+          const uint64_t ahead = s.slots[p + kRowAhead];
+          if (ahead != 0) {
+            const char* row = m.Row(s, SlotRow(ahead));
+            PrefetchLineL2(row);
+            PrefetchLineL2(row + m.version_offset);
+          }
+        }
+        const uint64_t slot = s.slots[p];
+        if (slot == 0) continue;
+        const char* row = m.Row(s, SlotRow(slot));
+        const int64_t key = LoadI64(row);
+        const KeyMeta meta = m.LoadMeta(row);
+        if (!pred(key, meta)) continue;
+        const float* values;
+        if (m.compact) {
+          m.ReadCompactColumns(row, 0, m.width, decoded.data());
+          values = decoded.data();
+        } else {
+          values = m.Values(row);
+        }
+        sink(key, values, meta);
+        doomed.push_back(key);
+        if (static_cast<int64_t>(doomed.size()) == quota) {
+          filled = true;
+          break;
+        }
+      }
+    } catch (...) {
+      // What sink has taken must leave the table, or a row would live in
+      // both places.
+      erase_doomed(s);
+      throw;
+    }
+    if (filled) {
+      // The next call resumes at the start of the cluster (the run of
+      // occupied slots) of the last key taken, at p: erasing its keys shifts
+      // the cluster's later entries, not yet looked at, back into slots
+      // before p, and only this cluster reaches past p (I4). A cluster that
+      // wraps round the index end resumes at 0: its part at the end comes
+      // before the holes (cyclically) and does not move.
+      while (p > 0 && s.slots[p - 1] != 0) --p;
+      erase_doomed(s);
+      *cursor = static_cast<int64_t>(p * shards + si);
+      return removed;
+    }
+    erase_doomed(s);
+  }
+  // A whole sweep found fewer than max_keys: the next call starts a new one
+  // at the next shard.
+  *cursor = static_cast<int64_t>((first + 1) % shards);
+  return removed;
+}
+
 void HashTable::Export(int64_t col_begin, int64_t cols, const std::function<ExportBuffers(int64_t n)>& alloc) const {
   const Impl& m = *impl_;
   // Hold every read lock for the whole export: a consistent snapshot, and the

@@ -51,7 +51,8 @@
 //       all of the new ones. A Find or FindMeta batch larger than kReadBlock
 //       that a Replace (or Clear) overtakes is read again, so a whole batch
 //       of any size is one view of the table's contents before or after.
-//     - RemoveIf, Reserve and memory_bytes visit the shards one at a time.
+//     - RemoveIf, Evacuate, SampleMeta, Reserve and memory_bytes visit the
+//       shards one at a time.
 //     - size() sums per-shard counters without locks: exact when no writer
 //       is running.
 //  * Batches: n may be 0 (no-op). Duplicate keys within one batch are
@@ -71,9 +72,10 @@
 //
 // Limitations
 //  * Callbacks (Update's fn, FindOrInsertWith's init, RemoveIf's pred,
-//    Export's alloc) run under shard locks and must not call back into the
-//    same table (they would deadlock). fn and init run concurrently on the
-//    ParallelFor's threads, one shard per thread at a time.
+//    Evacuate's pred and sink, Export's alloc) run under shard locks and
+//    must not call back into the same table (they would deadlock). fn and
+//    init run concurrently on the ParallelFor's threads, one shard per
+//    thread at a time.
 //  * Memory floor: memory_bytes() of an empty table is its bookkeeping
 //    (sizeof(HashTable) + Impl + ~200 B per shard: ~3.2 KiB at 16 shards);
 //    each key then adds at most 4 rows' bytes + 160 B (a shard's first rows
@@ -166,6 +168,7 @@
 #include <new>
 #include <stdexcept>
 #include <string>
+#include <vector>
 
 #include "tensorflow_ext/table/core/mix.h"
 #include "tensorflow_ext/table/core/row_codec.h"
@@ -418,6 +421,48 @@ class HashTable {
   int64_t UpdateRows(const int64_t* keys, const uint64_t* refs, uint64_t epoch, int64_t n, const float* column_defaults,
                      const std::function<void(int64_t, float*, KeyMeta*)>& fn, const ParallelFor& pf,
                      const float* in_rows = nullptr, int64_t in_cols = 0);
+
+  // --- Tiered storage (a memory tier over a disk tier); additive. ---
+  // Bytes one key's row takes in the arena: the row stride of "Design"
+  // (20 + 4 * width for float32 rows, 20 + CompactBytes(storage,
+  // compact_cols) + 4 * (width - compact_cols) for compact ones). A key also
+  // costs its index share (8 bytes per slot at the load factor) and arena
+  // slack; memory_bytes() counts all of it.
+  int64_t row_bytes() const;
+
+  // Replaces *out with the metadata of up to max_samples keys spread evenly
+  // over the whole table: every shard is read in index order under its read
+  // lock (one shard at a time), and live rows are picked at a fixed spacing
+  // of size() / max_samples, so each shard contributes in proportion to its
+  // keys. All keys when size() <= max_samples. For choosing a threshold
+  // (e.g. the version below which ~10% of the keys fall) without reading
+  // every row. Deterministic: the same table state (the same operations in
+  // the same order) gives the same samples. Concurrent writers may change
+  // what is seen; at most max_samples entries are returned either way.
+  void SampleMeta(int64_t max_samples, std::vector<KeyMeta>* out) const;
+
+  // Moves rows out of the table, a bounded number per call: removes up to
+  // max_keys keys for which pred(key, meta) is true, handing each one to
+  // sink(key, row, meta) just before its row is freed (row: width() floats,
+  // a decoded copy for a compact row, valid during the call). Every key sink
+  // gets is removed, every key removed went through sink, once.
+  // Shards are visited one at a time under their WRITE lock, starting where
+  // *cursor says: *cursor % num_shards is the shard, and the rest of it a
+  // position inside that shard (start with 0; otherwise pass back what the
+  // previous call left). A call that reaches max_keys stops there and sets
+  // *cursor to resume at that shard and position; a call that removes fewer
+  // than max_keys has looked at every key of the table (the first shard is
+  // visited again from its start when the call began inside it), so it
+  // found every key that matched while its shard was locked. Repeated calls
+  // thus sweep the table round-robin, each a short exclusive hold per shard.
+  // Returns the number removed; removal_epoch() changes when any key is.
+  // pred may see a key twice in one call (the resumed shard); pred and sink
+  // run under the shard's write lock and must not call the table. If either
+  // throws, the keys already handed to sink are removed before the exception
+  // propagates (sink holds them: no row is in both places or in neither),
+  // and the key being looked at when it threw stays in the table.
+  int64_t Evacuate(int64_t max_keys, int64_t* cursor, const std::function<bool(int64_t, const KeyMeta&)>& pred,
+                   const std::function<void(int64_t, const float*, const KeyMeta&)>& sink);
 
   // Verifies every internal invariant of the index and the arena (stated in
   // hash_table.cc) under all shard read locks. Returns an empty string, or a

@@ -2565,6 +2565,515 @@ TFEXT_TEST(CompactRowsTakeFewerBytesPerKey) {
   }
 }
 
+// ---------------------------------------------------------------------------
+// Tiered storage: row_bytes, SampleMeta and Evacuate, the core's part of a
+// memory tier over a disk tier. A row moved out by Evacuate and imported
+// back must be the row it was, bit for bit, metadata included.
+
+// The shard a key lives in (hash_table.h, "Design": the top shard_bits of
+// the probe hash, Murmur3Fmix64). Checked against the index by
+// ShardSizesFromIndex where a test relies on it.
+int64_t ShardOf(int64_t key, int shard_bits) {
+  return shard_bits == 0
+             ? 0
+             : static_cast<int64_t>(tfext::table::Murmur3Fmix64(static_cast<uint64_t>(key)) >> (64 - shard_bits));
+}
+
+std::vector<int64_t> ShardSizesFromIndex(HashTable& t) {
+  std::vector<int64_t> sizes(HashTableTestPeer::NumShards(t), 0);
+  for (size_t s = 0; s < sizes.size(); ++s) {
+    uint64_t capacity = 0;
+    const uint64_t* slots = HashTableTestPeer::Slots(t, static_cast<int64_t>(s), &capacity);
+    for (uint64_t p = 0; p < capacity; ++p) sizes[s] += slots[p] != 0 ? 1 : 0;
+  }
+  return sizes;
+}
+
+// n distinct keys, shuffled, with distinct rows of random floats (exact
+// zeros, signed zeros and tiny values among them) and metadata.
+struct TierRows {
+  std::vector<int64_t> keys;
+  std::vector<float> rows;
+  std::vector<int64_t> versions;
+  std::vector<uint32_t> freqs;
+};
+TierRows MakeTierRows(int64_t n, int64_t width, uint64_t seed) {
+  TierRows r;
+  std::mt19937_64 rng(seed);
+  std::set<int64_t> seen;
+  while (static_cast<int64_t>(r.keys.size()) < n) {
+    const int64_t k = static_cast<int64_t>(rng());
+    if (seen.insert(k).second) r.keys.push_back(k);
+  }
+  std::normal_distribution<float> normal(0.f, 3.f);
+  r.rows.resize(n * width);
+  for (int64_t i = 0; i < n * width; ++i) {
+    const uint64_t pick = rng() % 16;
+    r.rows[i] = pick == 0 ? 0.f : pick == 1 ? -0.f : pick == 2 ? 1e-30f * normal(rng) : normal(rng);
+  }
+  for (int64_t i = 0; i < n; ++i) {
+    r.versions.push_back(static_cast<int64_t>(rng() % 1000) - 10);  // negative versions are values like any other
+    r.freqs.push_back(i % 50 == 0 ? kMaxFreq : static_cast<uint32_t>(rng() % 100));
+  }
+  return r;
+}
+
+TFEXT_TEST(RowBytesIsTheDocumentedStride) {
+  for (const int64_t width : {int64_t{1}, int64_t{2}, int64_t{17}, int64_t{64}}) {
+    CHECK_EQ(HashTable(Options(width)).row_bytes(), 20 + 4 * width);
+  }
+  struct Case {
+    int64_t width;
+    RowStorage storage;
+    int64_t compact_cols;
+    int64_t bytes;  // as hash_table.h's examples state
+  };
+  for (const Case c : {Case{17, RowStorage::kBFloat16, 16, 56}, Case{32, RowStorage::kFloat16, 32, 84},
+                       Case{16, RowStorage::kInt8Row, 16, 40}, Case{17, RowStorage::kFloat32, 16, 88},
+                       Case{64, RowStorage::kBFloat16, 3, 20 + 8 + 4 * 61}}) {
+    const HashTable t(CompactOptions(c.width, c.storage, c.compact_cols));
+    CHECK_EQ(t.row_bytes(), c.bytes);
+    CHECK_EQ(t.row_bytes(), 20 +
+                                CompactBytes(c.storage == RowStorage::kFloat32 ? RowStorage::kFloat32 : c.storage,
+                                             c.storage == RowStorage::kFloat32 ? 0 : c.compact_cols) +
+                                4 * (c.width - (c.storage == RowStorage::kFloat32 ? 0 : c.compact_cols)));
+  }
+  // The stride is what a key's row costs: memory_bytes() grows by about that
+  // plus the index share per key (8-byte slots at a load between 0.4 and 0.8).
+  const int64_t width = 24, n = 200000;
+  HashTable t(Options(width, 2));
+  const int64_t empty = t.memory_bytes();
+  const TierRows r = MakeTierRows(n, width, 3);
+  t.Import(r.keys.data(), n, 0, width, r.rows.data(), nullptr, nullptr, nullptr, InlineParallelFor());
+  const double per_key = static_cast<double>(t.memory_bytes() - empty) / n;
+  std::printf("  width %lld: row_bytes %lld, memory %.1f B/key\n", static_cast<long long>(width),
+              static_cast<long long>(t.row_bytes()), per_key);
+  CHECK_GE(per_key, static_cast<double>(t.row_bytes()) + 8 / 0.8);
+  CHECK_LE(per_key, static_cast<double>(t.row_bytes()) * 1.05 + 8 / 0.4 + 1);
+}
+
+// Evacuate hands sink each matching key's row (all columns, a compact row
+// decoded) and metadata exactly as stored, removes those keys and only
+// those, and importing the handed-over rows back restores the table bit for
+// bit (a decoded bf16/fp16 row re-encodes to the same bits).
+TFEXT_TEST(EvacuateHandsOverExactRowsAndRemovesThem) {
+  struct Case {
+    RowStorage storage;
+    int64_t compact_cols;
+  };
+  const int64_t width = 24, n = 20000;
+  for (const Case c : {Case{RowStorage::kFloat32, 0}, Case{RowStorage::kBFloat16, 16}, Case{RowStorage::kFloat16, 24},
+                       Case{RowStorage::kInt8Row, 16}}) {
+    std::printf("  %s, compact_cols %lld\n", StorageName(c.storage), static_cast<long long>(c.compact_cols));
+    // Stochastic rounding where the storage takes it: the hand-over must not
+    // depend on how a row was rounded when written.
+    const Rounding rounding = c.storage == RowStorage::kInt8Row ? Rounding::kNearest : Rounding::kStochastic;
+    HashTable t(CompactOptions(width, c.storage, c.compact_cols, rounding, 3));
+    const TierRows r = MakeTierRows(n, width, 11);
+    t.Import(r.keys.data(), n, 0, width, r.rows.data(), nullptr, r.versions.data(), r.freqs.data(), PoolParallelFor());
+    const std::map<int64_t, Entry> before = Snapshot(t);
+    const auto doomed = [](int64_t key, const KeyMeta& m) { return m.version < 300 || (key & 7) == 3; };
+    int64_t expected = 0;
+    for (const auto& kv : before) {
+      KeyMeta m;
+      m.version = kv.second.version;
+      m.frequency = kv.second.frequency;
+      expected += doomed(kv.first, m) ? 1 : 0;
+    }
+    CHECK_GT(expected, n / 5);
+    CHECK_LT(expected, n * 4 / 5);
+
+    // Nothing matches: nothing removed, no reference voided.
+    const uint64_t epoch = t.removal_epoch();
+    int64_t cursor = 0, seen = 0;
+    CHECK_EQ(t.Evacuate(
+                 n, &cursor, [&](int64_t, const KeyMeta&) { return ++seen, false; },
+                 [](int64_t, const float*, const KeyMeta&) { CHECK(false); }),
+             int64_t{0});
+    CHECK_EQ(seen, n);  // a call that removes fewer than max_keys looks at every key
+    CHECK_EQ(t.removal_epoch(), epoch);
+
+    std::map<int64_t, Entry> sunk;
+    cursor = 0;
+    const int64_t removed = t.Evacuate(n, &cursor, doomed, [&](int64_t key, const float* row, const KeyMeta& m) {
+      Entry e;
+      e.row.assign(row, row + width);
+      e.version = m.version;
+      e.frequency = m.frequency;
+      CHECK(sunk.emplace(key, e).second);  // each key once
+    });
+    CHECK_EQ(removed, expected);
+    CHECK_EQ(static_cast<int64_t>(sunk.size()), expected);
+    CHECK(t.removal_epoch() != epoch);
+    CHECK_EQ(t.size(), n - expected);
+    CHECK_EQ(t.CheckInvariants(), std::string());
+    const std::map<int64_t, Entry> after = Snapshot(t);
+    for (const auto& kv : before) {
+      KeyMeta m;
+      m.version = kv.second.version;
+      m.frequency = kv.second.frequency;
+      const bool gone = doomed(kv.first, m);
+      CHECK_EQ(after.count(kv.first), size_t{gone ? 0u : 1u});
+      CHECK_EQ(sunk.count(kv.first), size_t{gone ? 1u : 0u});
+      const Entry& e = gone ? sunk.at(kv.first) : after.at(kv.first);
+      CHECK(SameBits(e.row, kv.second.row));  // the decoded row as Export reads it
+      CHECK_EQ(e.version, kv.second.version);
+      CHECK_EQ(e.frequency, kv.second.frequency);
+    }
+    // A second call finds nothing left to take.
+    CHECK_EQ(t.Evacuate(n, &cursor, doomed, [](int64_t, const float*, const KeyMeta&) { CHECK(false); }), int64_t{0});
+
+    // Back in: the table is what it was (int8 rows are re-quantized, so only
+    // the other storages promise the same bits).
+    std::vector<int64_t> keys;
+    std::vector<float> rows;
+    std::vector<int64_t> versions;
+    std::vector<uint32_t> freqs;
+    for (const auto& kv : sunk) {
+      keys.push_back(kv.first);
+      rows.insert(rows.end(), kv.second.row.begin(), kv.second.row.end());
+      versions.push_back(kv.second.version);
+      freqs.push_back(kv.second.frequency);
+    }
+    t.Import(keys.data(), expected, 0, width, rows.data(), nullptr, versions.data(), freqs.data(), PoolParallelFor());
+    if (c.storage != RowStorage::kInt8Row) {
+      CHECK(Snapshot(t) == before);
+      const std::map<int64_t, Entry> restored = Snapshot(t);
+      for (const auto& kv : before) CHECK(SameBits(restored.at(kv.first).row, kv.second.row));
+    } else {
+      CHECK_EQ(Snapshot(t).size(), before.size());
+    }
+    CHECK_EQ(t.CheckInvariants(), std::string());
+  }
+}
+
+// A pred or sink that throws: the keys sink already took are gone from the
+// table, the key that threw and every other key stay, the table is sound.
+TFEXT_TEST(EvacuateThatThrowsKeepsEveryRowInOnePlace) {
+  const int64_t width = 3, n = 3000;
+  for (const bool in_sink : {false, true}) {
+    HashTable t(Options(width, 0));
+    const TierRows r = MakeTierRows(n, width, 5);
+    t.Import(r.keys.data(), n, 0, width, r.rows.data(), nullptr, r.versions.data(), r.freqs.data(), PoolParallelFor());
+    std::vector<int64_t> taken;
+    int64_t thrower = 0;
+    int64_t cursor = 0;
+    bool threw = false;
+    try {
+      t.Evacuate(
+          n, &cursor,
+          [&](int64_t key, const KeyMeta&) {
+            if (!in_sink && taken.size() == 5) {
+              thrower = key;
+              throw std::runtime_error("pred");
+            }
+            return true;
+          },
+          [&](int64_t key, const float*, const KeyMeta&) {
+            if (in_sink && taken.size() == 5) {
+              thrower = key;
+              throw std::runtime_error("sink");
+            }
+            taken.push_back(key);
+          });
+    } catch (const std::runtime_error&) {
+      threw = true;
+    }
+    CHECK(threw);
+    CHECK_EQ(taken.size(), size_t{5});
+    CHECK_EQ(t.size(), n - 5);
+    std::unique_ptr<bool[]> found(new bool[6]);
+    taken.push_back(thrower);
+    t.FindMeta(taken.data(), 6, std::vector<KeyMeta>(6).data(), found.get(), InlineParallelFor());
+    for (int i = 0; i < 5; ++i) CHECK(!found[i]);
+    CHECK(found[5]);
+    CHECK_EQ(t.CheckInvariants(), std::string());
+  }
+}
+
+// Many small calls sweep the table: each resumes where the last stopped
+// (its shard is *cursor % num_shards), every matching key is handed over
+// exactly once, each call takes exactly min(max_keys, what is left), and the
+// sweep reads each row about once (not a shard's head again every call).
+TFEXT_TEST(EvacuateResumesAtTheCursorAndSweepsEveryKeyOnce) {
+  const int64_t width = 2, n = 30000;
+  const int shard_bits = 3;
+  for (const int64_t max_keys : {int64_t{1}, int64_t{97}, int64_t{4096}}) {
+    for (const bool all : {true, false}) {
+      HashTable t(Options(width, shard_bits));
+      const TierRows r = MakeTierRows(n, width, 21);
+      t.Import(r.keys.data(), n, 0, width, r.rows.data(), nullptr, r.versions.data(), r.freqs.data(),
+               InlineParallelFor());
+      if (max_keys == 1 && all) {
+        std::vector<int64_t> from_keys(HashTableTestPeer::NumShards(t), 0);
+        for (const int64_t k : r.keys) ++from_keys[ShardOf(k, shard_bits)];
+        CHECK(ShardSizesFromIndex(t) == from_keys);  // ShardOf is the table's shard
+      }
+      const auto match = [&](int64_t key) { return all || (key & 3) == 1; };
+      int64_t matching = 0;
+      for (const int64_t k : r.keys) matching += match(k) ? 1 : 0;
+      std::set<int64_t> handed;
+      int64_t pred_calls = 0, calls = 0, cursor = 0;
+      for (;;) {
+        int64_t last_shard = -1;
+        const int64_t left = matching - static_cast<int64_t>(handed.size());
+        const int64_t got = t.Evacuate(
+            max_keys, &cursor,
+            [&](int64_t key, const KeyMeta&) {
+              ++pred_calls;
+              return match(key);
+            },
+            [&](int64_t key, const float*, const KeyMeta&) {
+              CHECK(handed.insert(key).second);
+              last_shard = ShardOf(key, shard_bits);
+            });
+        ++calls;
+        CHECK_EQ(got, std::min(max_keys, left));
+        CHECK_GE(cursor, int64_t{0});
+        if (got == max_keys) {
+          // Stopped in the shard of the last key it took: the next call resumes there.
+          CHECK_EQ(cursor % HashTableTestPeer::NumShards(t), last_shard);
+        }
+        if (got < max_keys) break;
+      }
+      CHECK_EQ(static_cast<int64_t>(handed.size()), matching);
+      CHECK_EQ(t.size(), n - matching);
+      for (const int64_t k : r.keys) CHECK_EQ(handed.count(k), size_t{match(k) ? 1u : 0u});
+      CHECK_EQ(t.CheckInvariants(), std::string());
+      // Each filled call resumes where the last one stopped (at the start of
+      // its last key's cluster): the sweep reads the table about once, plus
+      // the closing call's full round (up to one more) and a short cluster
+      // per call -- not a shard's head again every call (~calls * n / 16:
+      // 2.5 n at 4096 keys a call, 5 n at 97, 470 n at 1).
+      std::printf("  max_keys %lld, %s: %lld calls, pred saw %.2f x the keys\n", static_cast<long long>(max_keys),
+                  all ? "all keys" : "a quarter", static_cast<long long>(calls), static_cast<double>(pred_calls) / n);
+      CHECK_GE(pred_calls, n);
+      CHECK_LE(pred_calls, max_keys == 4096 ? 2 * n : 3 * n);
+    }
+  }
+  // A cursor from elsewhere (negative, or past every shard's index) is a
+  // start like any other: the call still looks at every key.
+  for (const int64_t start : {int64_t{-5}, int64_t{1} << 40}) {
+    HashTable t(Options(width, shard_bits));
+    const TierRows r = MakeTierRows(1000, width, 22);
+    t.Import(r.keys.data(), 1000, 0, width, r.rows.data(), nullptr, nullptr, nullptr, InlineParallelFor());
+    int64_t cursor = start, seen = 0;
+    std::set<int64_t> keys_seen;
+    CHECK_EQ(t.Evacuate(
+                 10, &cursor,
+                 [&](int64_t key, const KeyMeta&) {
+                   ++seen;
+                   keys_seen.insert(key);
+                   return false;
+                 },
+                 [](int64_t, const float*, const KeyMeta&) {}),
+             int64_t{0});
+    CHECK_EQ(keys_seen.size(), size_t{1000});
+    CHECK_LE(seen, int64_t{2000});
+  }
+}
+
+// Evacuate frees rows: references a FindOrInsertWith made before it are not
+// used (the epoch moved), and UpdateRows' results equal Update's on a table
+// from which the same keys were removed.
+TFEXT_TEST(EvacuateVoidsRowReferences) {
+  const int64_t width = 6, n = 5000;
+  HashTable a(Options(width, 2)), b(Options(width, 2));
+  std::vector<int64_t> keys(n);
+  for (int64_t i = 0; i < n; ++i) keys[i] = i * 7 - 9000;
+  const auto fill = [&](const int64_t* index, float* const* dst, int64_t count) {
+    for (int64_t j = 0; j < count; ++j) {
+      for (int64_t c = 0; c < 3; ++c) dst[j][c] = static_cast<float>(keys[index[j]] % 31) + 0.5f * c;
+    }
+  };
+  const auto apply = [&](int64_t i, float* row, KeyMeta* meta) {
+    for (int64_t c = 0; c < width; ++c) row[c] += 0.25f * static_cast<float>(i % 5) + c;
+    meta->version = 40 + i % 3;
+  };
+  std::vector<uint64_t> refs(n);
+  const uint64_t epoch = a.removal_epoch();
+  a.FindOrInsertWith(keys.data(), n, 0, 3, fill, nullptr, nullptr, nullptr, true, 3, PoolParallelFor(), refs.data());
+  b.FindOrInsertWith(keys.data(), n, 0, 3, fill, nullptr, nullptr, nullptr, true, 3, PoolParallelFor());
+  std::vector<int64_t> moved;
+  int64_t cursor = 0;
+  CHECK_EQ(a.Evacuate(
+               300, &cursor, [](int64_t key, const KeyMeta&) { return key % 2 == 0; },
+               [&](int64_t key, const float*, const KeyMeta&) { moved.push_back(key); }),
+           int64_t{300});
+  CHECK(a.removal_epoch() != epoch);
+  CHECK_EQ(b.Remove(moved.data(), 300, InlineParallelFor()), int64_t{300});
+  CHECK_EQ(a.UpdateRows(keys.data(), refs.data(), epoch, n, nullptr, apply, PoolParallelFor()), int64_t{0});
+  b.Update(keys.data(), n, nullptr, apply, PoolParallelFor());
+  CHECK(Snapshot(a) == Snapshot(b));  // the moved keys came back as new rows, in both
+  CHECK_EQ(a.size(), n);
+  CHECK_EQ(a.CheckInvariants(), std::string());
+}
+
+// Evacuate beside writers and readers: every row is in exactly one place
+// (the table or the sink) with its exact contents, a reader never sees a
+// torn or foreign row, and the index stays sound throughout.
+TFEXT_TEST(ConcurrentEvacuateKeepsEveryRowInOnePlace) {
+  const int64_t width = 4;
+  const int kWriters = 2;
+  const int64_t kKeysPerWriter = 40000, kBatch = 400;
+  HashTable t(Options(width, 3));
+  const auto row_of = [](int64_t key, int64_t c) { return static_cast<float>(key % 1000) + 0.125f * c; };
+  const auto key_of = [](int writer, int64_t i) { return (i * kWriters + writer) * 13 + 5; };
+  std::mutex sink_mu;
+  std::map<int64_t, Entry> sunk;
+  std::atomic<bool> failed{false};
+  std::atomic<int> writers_left{kWriters};
+  std::atomic<int64_t> inserted{0};
+  const auto pred = [](int64_t key, const KeyMeta& m) { return key % 3 != 0 && m.version % 4 != 1; };
+  const auto sink = [&](int64_t key, const float* row, const KeyMeta& m) {
+    Entry e;
+    e.row.assign(row, row + width);
+    e.version = m.version;
+    e.frequency = m.frequency;
+    std::lock_guard<std::mutex> lock(sink_mu);
+    if (!sunk.emplace(key, e).second) failed = true;  // handed over twice
+  };
+  std::vector<std::thread> threads;
+  for (int w = 0; w < kWriters; ++w) {
+    threads.emplace_back([&, w] {
+      const ParallelFor pf = w == 0 ? PoolParallelFor() : InlineParallelFor();
+      std::vector<int64_t> keys(kBatch);
+      std::vector<float> rows(kBatch * width);
+      for (int64_t b = 0; b < kKeysPerWriter / kBatch; ++b) {
+        for (int64_t i = 0; i < kBatch; ++i) {
+          keys[i] = key_of(w, b * kBatch + i);
+          for (int64_t c = 0; c < width; ++c) rows[i * width + c] = row_of(keys[i], c);
+        }
+        t.Insert(keys.data(), kBatch, 0, width, rows.data(), nullptr, true, b, pf);
+        inserted += kBatch;
+      }
+      --writers_left;
+    });
+  }
+  // Readers: random keys of either writer, found or not; a found row is its key's.
+  threads.emplace_back([&] {
+    std::mt19937_64 rng(8);
+    std::vector<int64_t> keys(256);
+    std::vector<float> out(256 * width);
+    std::vector<KeyMeta> meta(256);
+    std::unique_ptr<bool[]> found(new bool[256]);
+    for (int round = 0; writers_left.load() > 0; ++round) {
+      for (int64_t& k : keys)
+        k = key_of(static_cast<int>(rng() % kWriters), static_cast<int64_t>(rng() % kKeysPerWriter));
+      t.Find(keys.data(), 256, 0, width, out.data(), found.get(), nullptr, InlineParallelFor());
+      for (int64_t i = 0; i < 256; ++i) {
+        if (!found[i]) continue;
+        for (int64_t c = 0; c < width; ++c) {
+          if (out[i * width + c] != row_of(keys[i], c)) failed = true;
+        }
+      }
+      t.FindMeta(keys.data(), 256, meta.data(), found.get(), InlineParallelFor());
+      for (int64_t i = 0; i < 256; ++i) {
+        if (found[i] && meta[i].frequency != 1) failed = true;
+      }
+      if (round % 64 == 0 && !t.CheckInvariants().empty()) failed = true;
+    }
+  });
+  // Evacuators: two sweeps of their own, small calls, racing each other.
+  for (int e = 0; e < 2; ++e) {
+    threads.emplace_back([&, e] {
+      int64_t cursor = e * 5;
+      while (writers_left.load() > 0) t.Evacuate(e == 0 ? 64 : 1000, &cursor, pred, sink);
+    });
+  }
+  for (std::thread& th : threads) th.join();
+  CHECK(!failed.load());
+  CHECK_EQ(inserted.load(), kWriters * kKeysPerWriter);
+  const size_t during = sunk.size();
+  // A last sweep takes what the race left behind.
+  int64_t cursor = 0;
+  t.Evacuate(kWriters * kKeysPerWriter, &cursor, pred, sink);
+  CHECK_EQ(t.CheckInvariants(), std::string());
+  const std::map<int64_t, Entry> left = Snapshot(t);
+  CHECK_EQ(static_cast<int64_t>(left.size() + sunk.size()), kWriters * kKeysPerWriter);
+  int64_t matching = 0;
+  for (int w = 0; w < kWriters; ++w) {
+    for (int64_t i = 0; i < kKeysPerWriter; ++i) {
+      const int64_t key = key_of(w, i);
+      const auto in_table = left.find(key);
+      const auto in_sink = sunk.find(key);
+      CHECK((in_table == left.end()) != (in_sink == sunk.end()));  // exactly one place
+      const Entry& e = in_table != left.end() ? in_table->second : in_sink->second;
+      KeyMeta m;
+      m.version = e.version;
+      CHECK_EQ(e.version, i / kBatch);
+      CHECK_EQ(e.frequency, 1u);
+      for (int64_t c = 0; c < width; ++c) CHECK_EQ(e.row[c], row_of(key, c));
+      CHECK_EQ(in_sink != sunk.end(), pred(key, m));  // every match taken, nothing else
+      matching += pred(key, m) ? 1 : 0;
+    }
+  }
+  CHECK_EQ(static_cast<int64_t>(sunk.size()), matching);
+  std::printf("  %zu of %zu rows moved out while the writers ran\n", during, sunk.size());
+}
+
+// SampleMeta: min(size, max_samples) entries, each shard contributing in
+// proportion to its keys (within one), the same samples on every call, and
+// spread enough that a quantile of the samples estimates the table's.
+TFEXT_TEST(SampleMetaSpreadsOverShardsAndIsDeterministic) {
+  const int shard_bits = 4;
+  const int64_t n = 100000;
+  HashTable t(Options(1, shard_bits));
+  std::vector<KeyMeta> samples;
+  t.SampleMeta(100, &samples);
+  CHECK(samples.empty());
+  std::vector<int64_t> keys(n), versions(n);
+  std::vector<uint32_t> freqs(n);
+  std::vector<float> rows(n, 1.f);
+  std::mt19937_64 rng(9);
+  for (int64_t i = 0; i < n; ++i) {
+    keys[i] = static_cast<int64_t>(rng());
+    versions[i] = ShardOf(keys[i], shard_bits);   // which shard a sample came from
+    freqs[i] = static_cast<uint32_t>(rng() % n);  // a uniform value to estimate quantiles of
+  }
+  t.Import(keys.data(), n, 0, 1, rows.data(), nullptr, versions.data(), freqs.data(), PoolParallelFor());
+  const std::vector<int64_t> shard_sizes = ShardSizesFromIndex(t);
+  {
+    std::vector<int64_t> from_keys(shard_sizes.size(), 0);
+    for (const int64_t k : keys) ++from_keys[ShardOf(k, shard_bits)];
+    CHECK(shard_sizes == from_keys);
+  }
+  for (const int64_t max_samples : {int64_t{1}, int64_t{37}, int64_t{1000}, int64_t{4096}}) {
+    t.SampleMeta(max_samples, &samples);
+    CHECK_EQ(static_cast<int64_t>(samples.size()), max_samples);
+    std::vector<int64_t> per_shard(shard_sizes.size(), 0);
+    for (const KeyMeta& m : samples) ++per_shard[m.version];
+    for (size_t s = 0; s < shard_sizes.size(); ++s) {
+      const double expected = static_cast<double>(max_samples) * shard_sizes[s] / n;
+      CHECK_LE(std::fabs(static_cast<double>(per_shard[s]) - expected), 1.0);
+    }
+    std::vector<KeyMeta> again;
+    t.SampleMeta(max_samples, &again);
+    CHECK_EQ(again.size(), samples.size());
+    for (size_t i = 0; i < samples.size(); ++i) {
+      CHECK_EQ(again[i].version, samples[i].version);
+      CHECK_EQ(again[i].frequency, samples[i].frequency);
+    }
+  }
+  // The tenth-percentile of 1000 samples is near the table's.
+  t.SampleMeta(1000, &samples);
+  std::vector<uint32_t> f;
+  for (const KeyMeta& m : samples) f.push_back(m.frequency);
+  std::sort(f.begin(), f.end());
+  CHECK_LE(std::fabs(static_cast<double>(f[100]) - 0.1 * n), 0.04 * n);
+  // More samples asked for than keys: every key's metadata, once; and a
+  // previous content of *out is replaced.
+  HashTable small(Options(1, shard_bits));
+  small.Import(keys.data(), 500, 0, 1, rows.data(), nullptr, versions.data(), freqs.data(), InlineParallelFor());
+  small.SampleMeta(100000, &samples);
+  CHECK_EQ(samples.size(), size_t{500});
+  std::multiset<uint32_t> got, want(freqs.begin(), freqs.begin() + 500);
+  for (const KeyMeta& m : samples) got.insert(m.frequency);
+  CHECK(got == want);
+  small.SampleMeta(0, &samples);
+  CHECK(samples.empty());
+}
+
 // In a debug-check build a damaged index stops the process at the first
 // operation that meets it, naming the broken invariant, instead of reading
 // memory out of bounds. The optimized build has no checks to run here.

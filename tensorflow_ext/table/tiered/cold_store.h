@@ -76,10 +76,15 @@ class ColdStore {  // thread-safe; all methods may throw StoreError
   // Visits every entry of a snapshot (writes during the visit are not seen); fn returns false to stop. fn may call
   // the store.
   virtual void ForEach(const std::function<bool(int64_t, const float*, const KeyMeta&)>& fn) const = 0;
-  virtual int64_t num_keys() const = 0;    // exact (see the contract above)
-  virtual int64_t disk_bytes() const = 0;  // bytes the store's files take on disk now (what `du` says, approx.)
-  virtual void Clear() = 0;                // drops every entry (fast: a range delete + compaction)
-  virtual void CompactIfNeeded() = 0;      // reclaims space after large deletes (disk cap)
+  virtual int64_t num_keys() const = 0;  // exact (see the contract above)
+  // Bytes the store takes on disk now, approx. what `du` says: its data files plus the entries not yet flushed to
+  // them (they reach the disk at the next flush). For the disk cap; not exact to the byte.
+  virtual int64_t disk_bytes() const = 0;
+  // Drops every entry, fast: a fresh database replaces the old one (a ForEach in flight finishes on the old one).
+  virtual void Clear() = 0;
+  // Reclaims the space of deleted rows once they are many (a quarter of the live keys): a full compaction, which
+  // needs free space about the store's size while it runs. For the disk cap, after large deletes.
+  virtual void CompactIfNeeded() = 0;
   virtual const std::string& path() const = 0;
 };
 

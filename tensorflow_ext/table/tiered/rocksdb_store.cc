@@ -1,0 +1,615 @@
+// The cold store on RocksDB: the plugin _tf_ext_rocksdb_store.so, loaded by store_loader.cc (see cold_store.h for
+// the contract). Its one exported symbol is tfext_open_rocksdb_store.
+//
+// Layout of a store directory <path>:
+//   TF_EXT_TIER_STORE       the marker ("tf_ext tier store", format version): this directory is ours to wipe
+//   TF_EXT_TIER_STORE.lock  flock'ed while a store is open; holds the owner's pid (for the kLocked message)
+//   db-<n>/                 the RocksDB database (n counts Clear()s; the old one is removed once unused)
+// Closing a store removes its database (a store is a cache with no meaning after its table is gone) and leaves
+// the marker and the lock file, so the next open of that path knows the directory is ours.
+//
+// RocksDB options, chosen for random point reads of 100-300 byte values, served from the OS page cache:
+//  * No compression: rows are trained float32 values, which barely compress (measured: lz4 saves ~7% of the disk
+//    at width 32 and costs 10-20% of read throughput), and an uncompressed block is read without a copy.
+//  * 4 KiB blocks (one page per point read), a 10 bits/key Bloom filter (~1% false positives: a lookup of a key
+//    that is on neither tier, the common case for a new key, costs no block read), an in-block hash index.
+//  * Index and filter blocks live in the table readers (max_open_files = -1), not in the block cache; the block
+//    cache (StoreOptions::block_cache_bytes, in the process's RSS) only keeps hot data blocks: the page cache does
+//    the rest without counting in RSS. pread, not mmap (mmap'ed pages would count in RSS as well).
+//  * Memtables of 16 MiB, at most 3 (up to 48 MiB of RAM per store while flushes run behind the writes).
+//  * No write-ahead log (the checkpoint is the source of truth), no flush at close, and SST files with many
+//    tombstones are compacted automatically (promotes delete every key they bring back to memory).
+#include <dirent.h>
+#include <errno.h>
+#include <fcntl.h>
+#include <sys/file.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <atomic>
+#include <cstring>
+#include <memory>
+#include <mutex>
+#include <string>
+#include <type_traits>
+#include <vector>
+
+#include "rocksdb/cache.h"
+#include "rocksdb/convenience.h"
+#include "rocksdb/db.h"
+#include "rocksdb/filter_policy.h"
+#include "rocksdb/listener.h"
+#include "rocksdb/options.h"
+#include "rocksdb/table.h"
+#include "rocksdb/utilities/table_properties_collectors.h"
+#include "rocksdb/write_batch.h"
+#include "tensorflow_ext/table/tiered/cold_store.h"
+
+namespace tfext {
+namespace table {
+namespace {
+
+constexpr char kMarkerName[] = "TF_EXT_TIER_STORE";
+constexpr char kLockName[] = "TF_EXT_TIER_STORE.lock";
+// The first line identifies the directory as ours; the format version says how entries are encoded (a store is
+// wiped at open, so a different version needs no migration).
+constexpr char kMarkerText[] =
+    "tf_ext tier store\nformat 1: key = 8 bytes big-endian, value = width float32 | "
+    "int64 version | uint32 frequency\n";
+constexpr int64_t kMaxWidth = int64_t{1} << 24;  // the core's limit (hash_table.h)
+constexpr int64_t kBatch = 1024;                 // keys per MultiGet call (bounds the pinned blocks)
+
+std::string ErrnoText(int err) { return std::strerror(err); }
+
+// ---------------------------------------------------------------- directory helpers
+
+bool IsDirectory(const std::string& path) {
+  struct stat st;
+  return stat(path.c_str(), &st) == 0 && S_ISDIR(st.st_mode);
+}
+
+// mkdir -p. Throws kIO naming the component that could not be made.
+void MakeDirs(const std::string& path) {
+  std::string prefix;
+  size_t pos = 0;
+  while (pos != std::string::npos) {
+    const size_t next = path.find('/', pos + 1);
+    prefix = path.substr(0, next);
+    pos = next;
+    if (prefix.empty() || prefix == "/" || IsDirectory(prefix)) continue;
+    if (mkdir(prefix.c_str(), 0777) != 0 && !(errno == EEXIST && IsDirectory(prefix))) {
+      const int err = errno;
+      if (err == EEXIST)
+        throw StoreError(StoreError::kIO, "tier store " + path + ": " + prefix + " is not a directory");
+      throw StoreError(StoreError::kIO,
+                       "tier store " + path + ": cannot create the directory " + prefix + ": " + ErrnoText(err));
+    }
+  }
+}
+
+// Names in a directory, without . and .. Throws kIO.
+std::vector<std::string> ListDir(const std::string& dir, const std::string& store_path) {
+  std::vector<std::string> names;
+  DIR* d = opendir(dir.c_str());
+  if (d == nullptr) {
+    throw StoreError(StoreError::kIO, "tier store " + store_path + ": cannot list " + dir + ": " + ErrnoText(errno));
+  }
+  while (struct dirent* e = readdir(d)) {
+    if (std::strcmp(e->d_name, ".") != 0 && std::strcmp(e->d_name, "..") != 0) names.emplace_back(e->d_name);
+  }
+  closedir(d);
+  std::sort(names.begin(), names.end());
+  return names;
+}
+
+// rm -rf (best effort; returns the first errno, 0 if all went).
+int RemoveTree(const std::string& path) {
+  struct stat st;
+  if (lstat(path.c_str(), &st) != 0) return errno == ENOENT ? 0 : errno;
+  int first_error = 0;
+  if (S_ISDIR(st.st_mode)) {
+    if (DIR* d = opendir(path.c_str())) {
+      std::vector<std::string> children;
+      while (struct dirent* e = readdir(d)) {
+        if (std::strcmp(e->d_name, ".") != 0 && std::strcmp(e->d_name, "..") != 0) children.emplace_back(e->d_name);
+      }
+      closedir(d);
+      for (const std::string& c : children) {
+        const int err = RemoveTree(path + "/" + c);
+        if (first_error == 0) first_error = err;
+      }
+    }
+    if (rmdir(path.c_str()) != 0 && first_error == 0) first_error = errno;
+  } else if (unlink(path.c_str()) != 0 && errno != ENOENT && first_error == 0) {
+    first_error = errno;
+  }
+  return first_error;
+}
+
+// Writes the whole string to a new file (replacing one). Returns 0 or an errno.
+int WriteFile(const std::string& file, const std::string& text) {
+  const int fd = open(file.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
+  if (fd < 0) return errno;
+  size_t done = 0;
+  while (done < text.size()) {
+    const ssize_t w = write(fd, text.data() + done, text.size() - done);
+    if (w < 0) {
+      if (errno == EINTR) continue;
+      const int err = errno;
+      close(fd);
+      return err;
+    }
+    done += static_cast<size_t>(w);
+  }
+  return close(fd) == 0 ? 0 : errno;
+}
+
+// ---------------------------------------------------------------- encoding
+
+void EncodeKey(int64_t key, char* out) {
+  uint64_t u = static_cast<uint64_t>(key);
+  for (int b = 7; b >= 0; --b) {
+    out[b] = static_cast<char>(u & 0xff);
+    u >>= 8;
+  }
+}
+
+int64_t DecodeKey(const char* in) {
+  uint64_t u = 0;
+  for (int b = 0; b < 8; ++b) u = (u << 8) | static_cast<unsigned char>(in[b]);
+  return static_cast<int64_t>(u);
+}
+
+// RocksDB recovers from a full disk on its own by polling the free space every few seconds, and refuses a manual
+// Resume() meanwhile. The store resumes from its next write instead (RocksDbStore::Write), so a write succeeds as
+// soon as space is back, not seconds later.
+class NoAutoRecovery : public rocksdb::EventListener {
+ public:
+  void OnErrorRecoveryBegin(rocksdb::BackgroundErrorReason, rocksdb::Status bg_error, bool* auto_recovery) override {
+    bg_error.PermitUncheckedError();
+    *auto_recovery = false;
+  }
+};
+
+// ---------------------------------------------------------------- the store
+
+class RocksDbStore : public ColdStore {
+ public:
+  // Takes the directory (see cold_store.h's policy) and opens a fresh database in it.
+  explicit RocksDbStore(const StoreOptions& options)
+      : path_(options.path),
+        width_(options.width),
+        value_bytes_(static_cast<size_t>(options.width) * sizeof(float) + sizeof(int64_t) + sizeof(uint32_t)),
+        block_cache_bytes_(options.block_cache_bytes) {
+    TakeDirectory();
+    try {
+      db_ = OpenDb(generation_);
+    } catch (...) {
+      ReleaseDirectory();
+      throw;
+    }
+  }
+
+  ~RocksDbStore() override {
+    db_.reset();  // the last reference closes the database and removes its files
+    ReleaseDirectory();
+  }
+
+  void Get(const int64_t* keys, int64_t n, float* rows, KeyMeta* meta, bool* found) override {
+    if (n <= 0) return;
+    const std::shared_ptr<rocksdb::DB> db = Db();
+    Batch batch;
+    rocksdb::ReadOptions ro;
+    for (int64_t begin = 0; begin < n; begin += kBatch) {
+      const int64_t m = std::min(kBatch, n - begin);
+      batch.Read(db.get(), ro, keys + begin, m);
+      for (int64_t i = 0; i < m; ++i) {
+        const rocksdb::Status& s = batch.statuses[i];
+        if (s.IsNotFound()) {
+          found[begin + i] = false;
+          continue;
+        }
+        if (!s.ok()) throw Error(s, "reading " + std::to_string(n) + " keys");
+        DecodeValue(keys[begin + i], batch.values[i], rows + (begin + i) * width_, &meta[begin + i]);
+        found[begin + i] = true;
+      }
+    }
+  }
+
+  void Put(const int64_t* keys, int64_t n, const float* rows, const KeyMeta* meta) override {
+    if (n <= 0) return;
+    std::lock_guard<std::mutex> lock(write_mu_);  // the presence check and the write are one step for num_keys
+    const std::shared_ptr<rocksdb::DB> db = Db();
+    const std::vector<int64_t> distinct = Distinct(keys, n);
+    const int64_t present = CountPresent(db.get(), distinct);
+    rocksdb::WriteBatch wb(static_cast<size_t>(n) * (value_bytes_ + 8 + 8));
+    std::string value(value_bytes_, '\0');
+    char k[8];
+    for (int64_t i = 0; i < n; ++i) {
+      EncodeKey(keys[i], k);
+      std::memcpy(&value[0], rows + i * width_, static_cast<size_t>(width_) * sizeof(float));
+      std::memcpy(&value[width_ * sizeof(float)], &meta[i].version, sizeof(int64_t));
+      std::memcpy(&value[width_ * sizeof(float) + sizeof(int64_t)], &meta[i].frequency, sizeof(uint32_t));
+      const rocksdb::Status s = wb.Put(rocksdb::Slice(k, 8), value);
+      if (!s.ok()) throw Error(s, "batching " + std::to_string(n) + " rows");
+    }
+    Write(db.get(), &wb, "writing " + std::to_string(n) + " rows");
+    num_keys_.fetch_add(static_cast<int64_t>(distinct.size()) - present, std::memory_order_relaxed);
+  }
+
+  void Delete(const int64_t* keys, int64_t n) override {
+    if (n <= 0) return;
+    std::lock_guard<std::mutex> lock(write_mu_);
+    const std::shared_ptr<rocksdb::DB> db = Db();
+    const std::vector<int64_t> distinct = Distinct(keys, n);
+    // Only present keys get a tombstone: num_keys stays exact and absent keys cost no space.
+    std::vector<bool> is_present;
+    Presence(db.get(), distinct, &is_present);
+    rocksdb::WriteBatch wb;
+    int64_t removed = 0;
+    char k[8];
+    for (size_t i = 0; i < distinct.size(); ++i) {
+      if (!is_present[i]) continue;
+      EncodeKey(distinct[i], k);
+      const rocksdb::Status s = wb.Delete(rocksdb::Slice(k, 8));
+      if (!s.ok()) throw Error(s, "batching " + std::to_string(n) + " deletes");
+      ++removed;
+    }
+    if (removed == 0) return;
+    Write(db.get(), &wb, "deleting " + std::to_string(removed) + " keys");
+    num_keys_.fetch_sub(removed, std::memory_order_relaxed);
+    deletes_since_compaction_.fetch_add(removed, std::memory_order_relaxed);
+  }
+
+  void ForEach(const std::function<bool(int64_t, const float*, const KeyMeta&)>& fn) const override {
+    const std::shared_ptr<rocksdb::DB> db = Db();  // stays open through a concurrent Clear
+    struct SnapshotGuard {
+      rocksdb::DB* db;
+      const rocksdb::Snapshot* snapshot;
+      ~SnapshotGuard() { db->ReleaseSnapshot(snapshot); }
+    } guard{db.get(), db->GetSnapshot()};
+    rocksdb::ReadOptions ro;
+    ro.snapshot = guard.snapshot;
+    ro.fill_cache = false;  // a scan must not push the hot rows out of the block cache
+    ro.readahead_size = 2 << 20;
+    std::unique_ptr<rocksdb::Iterator> it(db->NewIterator(ro));
+    std::vector<float> row(static_cast<size_t>(width_));
+    KeyMeta m;
+    for (it->SeekToFirst(); it->Valid(); it->Next()) {
+      const rocksdb::Slice key = it->key();
+      if (key.size() != 8) {
+        throw StoreError(StoreError::kCorrupt, "tier store " + path_ + ": an entry has a key of " +
+                                                   std::to_string(key.size()) + " bytes; expected 8");
+      }
+      const int64_t k = DecodeKey(key.data());
+      DecodeValue(k, it->value(), row.data(), &m);
+      if (!fn(k, row.data(), m)) return;
+    }
+    if (!it->status().ok()) throw Error(it->status(), "scanning the store");
+  }
+
+  int64_t num_keys() const override { return num_keys_.load(std::memory_order_relaxed); }
+
+  // The SST files of every live version of the database (those an open ForEach still reads included), plus what
+  // the memtables hold (entries not flushed yet: they reach the disk at the next flush). Files already obsolete
+  // but not yet unlinked by RocksDB's background threads, the MANIFEST, OPTIONS and LOG files (a few KB) are not
+  // counted.
+  int64_t disk_bytes() const override {
+    const std::shared_ptr<rocksdb::DB> db = Db();
+    uint64_t sst = 0, entries = 0, imm_entries = 0, deletes = 0, imm_deletes = 0;
+    db->GetIntProperty(rocksdb::DB::Properties::kTotalSstFilesSize, &sst);
+    db->GetIntProperty(rocksdb::DB::Properties::kNumEntriesActiveMemTable, &entries);
+    db->GetIntProperty(rocksdb::DB::Properties::kNumEntriesImmMemTables, &imm_entries);
+    db->GetIntProperty(rocksdb::DB::Properties::kNumDeletesActiveMemTable, &deletes);
+    db->GetIntProperty(rocksdb::DB::Properties::kNumDeletesImmMemTables, &imm_deletes);
+    // An SST entry costs its key, its value and ~8 bytes of internal key (sequence number, type) and block index.
+    const uint64_t puts = (entries + imm_entries) - std::min(entries + imm_entries, deletes + imm_deletes);
+    const uint64_t memtable = puts * (value_bytes_ + 16) + (deletes + imm_deletes) * 16;
+    return static_cast<int64_t>(sst + memtable);
+  }
+
+  // A fresh database replaces the old one, which closes and is removed when its last user (a ForEach) is done.
+  void Clear() override {
+    std::lock_guard<std::mutex> lock(write_mu_);
+    std::shared_ptr<rocksdb::DB> fresh = OpenDb(generation_ + 1);
+    std::shared_ptr<rocksdb::DB> old;
+    {
+      std::lock_guard<std::mutex> db_lock(db_mu_);
+      ++generation_;
+      old = std::move(db_);
+      db_ = std::move(fresh);
+    }
+    num_keys_.store(0, std::memory_order_relaxed);
+    deletes_since_compaction_.store(0, std::memory_order_relaxed);
+    old.reset();
+  }
+
+  // A full compaction once the tombstones since the last one reach a quarter of the live keys (and at least
+  // kMinCompactionDeletes): deleted rows then take no space. Costs a rewrite of the store; concurrent reads and
+  // writes go on meanwhile. Needs free space of about the store's size while it runs.
+  void CompactIfNeeded() override {
+    constexpr int64_t kMinCompactionDeletes = 4096;
+    std::lock_guard<std::mutex> lock(compact_mu_);
+    const int64_t deletes = deletes_since_compaction_.load(std::memory_order_relaxed);
+    if (deletes < std::max<int64_t>(kMinCompactionDeletes, num_keys() / 4)) return;
+    const std::shared_ptr<rocksdb::DB> db = Db();
+    rocksdb::Status s = db->Flush(rocksdb::FlushOptions());
+    if (s.ok()) {
+      rocksdb::CompactRangeOptions co;
+      co.bottommost_level_compaction = rocksdb::BottommostLevelCompaction::kForceOptimized;
+      co.exclusive_manual_compaction = false;
+      s = db->CompactRange(co, nullptr, nullptr);
+    }
+    if (!s.ok()) throw Error(s, "compacting after " + std::to_string(deletes) + " deletes");
+    deletes_since_compaction_.fetch_sub(deletes, std::memory_order_relaxed);
+  }
+
+  const std::string& path() const override { return path_; }
+
+ private:
+  // MultiGet buffers for up to kBatch keys, reused across chunks.
+  struct Batch {
+    std::vector<char> key_bytes;
+    std::vector<rocksdb::Slice> slices;
+    std::vector<rocksdb::PinnableSlice> values;
+    std::vector<rocksdb::Status> statuses;
+
+    void Read(rocksdb::DB* db, const rocksdb::ReadOptions& ro, const int64_t* keys, int64_t m) {
+      key_bytes.resize(static_cast<size_t>(m) * 8);
+      slices.resize(static_cast<size_t>(m));
+      if (values.size() < static_cast<size_t>(m)) values.resize(static_cast<size_t>(m));
+      statuses.assign(static_cast<size_t>(m), rocksdb::Status());
+      for (int64_t i = 0; i < m; ++i) {
+        EncodeKey(keys[i], &key_bytes[i * 8]);
+        slices[i] = rocksdb::Slice(&key_bytes[i * 8], 8);
+        values[i].Reset();
+      }
+      db->MultiGet(ro, db->DefaultColumnFamily(), static_cast<size_t>(m), slices.data(), values.data(),
+                   statuses.data());
+    }
+  };
+
+  static std::vector<int64_t> Distinct(const int64_t* keys, int64_t n) {
+    std::vector<int64_t> d(keys, keys + n);
+    std::sort(d.begin(), d.end());
+    d.erase(std::unique(d.begin(), d.end()), d.end());
+    return d;
+  }
+
+  void Presence(rocksdb::DB* db, const std::vector<int64_t>& keys, std::vector<bool>* present) const {
+    present->assign(keys.size(), false);
+    Batch batch;
+    rocksdb::ReadOptions ro;
+    const int64_t n = static_cast<int64_t>(keys.size());
+    for (int64_t begin = 0; begin < n; begin += kBatch) {
+      const int64_t m = std::min(kBatch, n - begin);
+      batch.Read(db, ro, keys.data() + begin, m);
+      for (int64_t i = 0; i < m; ++i) {
+        const rocksdb::Status& s = batch.statuses[i];
+        if (!s.ok() && !s.IsNotFound()) throw Error(s, "checking " + std::to_string(n) + " keys");
+        (*present)[begin + i] = s.ok();
+      }
+    }
+  }
+
+  int64_t CountPresent(rocksdb::DB* db, const std::vector<int64_t>& keys) const {
+    std::vector<bool> present;
+    Presence(db, keys, &present);
+    return std::count(present.begin(), present.end(), true);
+  }
+
+  void DecodeValue(int64_t key, const rocksdb::Slice& v, float* row, KeyMeta* meta) const {
+    if (v.size() != value_bytes_) {
+      throw StoreError(StoreError::kCorrupt, "tier store " + path_ + ": the row of key " + std::to_string(key) +
+                                                 " has " + std::to_string(v.size()) + " bytes; expected " +
+                                                 std::to_string(value_bytes_) + " (width " + std::to_string(width_) +
+                                                 ")");
+    }
+    std::memcpy(row, v.data(), static_cast<size_t>(width_) * sizeof(float));
+    std::memcpy(&meta->version, v.data() + width_ * sizeof(float), sizeof(int64_t));
+    std::memcpy(&meta->frequency, v.data() + width_ * sizeof(float) + sizeof(int64_t), sizeof(uint32_t));
+  }
+
+  // A write without the WAL. A store stopped by an earlier background error (a flush that found the disk full)
+  // is resumed once and the write retried: it succeeds if space was freed meanwhile. The rows already written stay
+  // readable either way (they wait in the memtables).
+  void Write(rocksdb::DB* db, rocksdb::WriteBatch* wb, const std::string& what) {
+    rocksdb::WriteOptions wo;
+    wo.disableWAL = true;
+    rocksdb::Status s = db->Write(wo, wb);
+    if (!s.ok() && (s.IsIOError() || s.IsNoSpace())) {
+      if (db->Resume().ok()) s = db->Write(wo, wb);
+    }
+    if (!s.ok()) throw Error(s, what);
+  }
+
+  StoreError Error(const rocksdb::Status& s, const std::string& what) const {
+    const std::string text = s.ToString();
+    if (s.IsNoSpace() || text.find("No space left on device") != std::string::npos) {
+      return StoreError(StoreError::kNoSpace,
+                        "tier store " + path_ + ": no space left on device while " + what + " (" + text + ")");
+    }
+    StoreError::Code code = StoreError::kIO;
+    if (s.IsCorruption()) {
+      code = StoreError::kCorrupt;
+    } else if (s.IsInvalidArgument() || s.IsNotSupported()) {
+      code = StoreError::kInvalid;
+    } else if (s.IsBusy() || s.IsTimedOut() || s.IsTryAgain() || s.IsShutdownInProgress() || s.IsIncomplete()) {
+      code = StoreError::kUnavailable;
+    }
+    return StoreError(code, "tier store " + path_ + ": " + what + " failed: " + text);
+  }
+
+  std::shared_ptr<rocksdb::DB> Db() const {
+    std::lock_guard<std::mutex> lock(db_mu_);
+    return db_;
+  }
+
+  std::string DbDir(int64_t generation) const { return path_ + "/db-" + std::to_string(generation); }
+
+  std::shared_ptr<rocksdb::DB> OpenDb(int64_t generation) {
+    const std::string dir = DbDir(generation);
+    rocksdb::BlockBasedTableOptions t;
+    t.block_size = 4096;
+    t.filter_policy.reset(rocksdb::NewBloomFilterPolicy(10));
+    t.whole_key_filtering = true;
+    t.optimize_filters_for_memory = true;
+    t.data_block_index_type = rocksdb::BlockBasedTableOptions::kDataBlockBinaryAndHash;
+    t.cache_index_and_filter_blocks = false;
+    if (block_cache_bytes_ > 0) {
+      t.block_cache = rocksdb::NewLRUCache(static_cast<size_t>(block_cache_bytes_));
+    } else {
+      t.no_block_cache = true;
+    }
+    rocksdb::Options o;
+    o.create_if_missing = true;
+    o.error_if_exists = true;
+    o.table_factory.reset(rocksdb::NewBlockBasedTableFactory(t));
+    o.compression = rocksdb::kNoCompression;
+    o.bottommost_compression = rocksdb::kDisableCompressionOption;
+    o.write_buffer_size = 16 << 20;
+    o.max_write_buffer_number = 3;
+    o.memtable_whole_key_filtering = true;
+    o.memtable_prefix_bloom_size_ratio = 0.02;
+    o.level_compaction_dynamic_level_bytes = true;
+    o.max_background_jobs = 2;
+    o.max_open_files = -1;
+    o.avoid_flush_during_shutdown = true;
+    o.info_log_level = rocksdb::WARN_LEVEL;
+    o.keep_log_file_num = 2;
+    o.max_log_file_size = 1 << 20;
+    o.stats_dump_period_sec = 0;
+    o.stats_persist_period_sec = 0;
+    // An SST file whose last 64K entries hold 16K tombstones is compacted in the background.
+    o.listeners.push_back(std::make_shared<NoAutoRecovery>());
+    o.table_properties_collector_factories.push_back(
+        rocksdb::NewCompactOnDeletionCollectorFactory(64 * 1024, 16 * 1024));
+    rocksdb::DB* raw = nullptr;
+    const rocksdb::Status s = rocksdb::DB::Open(o, dir, &raw);
+    if (!s.ok()) throw Error(s, "opening a database in " + dir);
+    // Closing: stop compactions rather than wait for them, close, remove the files.
+    return std::shared_ptr<rocksdb::DB>(raw, [dir](rocksdb::DB* db) {
+      rocksdb::CancelAllBackgroundWork(db, /*wait=*/true);
+      delete db;
+      RemoveTree(dir);
+    });
+  }
+
+  // The directory policy of cold_store.h: create, refuse a foreign directory, lock, wipe, mark.
+  void TakeDirectory() {
+    MakeDirs(path_);
+    const std::vector<std::string> names = ListDir(path_, path_);
+    const bool marked = std::find(names.begin(), names.end(), kMarkerName) != names.end();
+    const bool only_lock = names.size() == 1 && names[0] == kLockName;  // a store killed while taking it
+    if (!names.empty() && !marked && !only_lock) {
+      throw StoreError(StoreError::kForeign,
+                       path_ + " is not a tf_ext tier store (it holds " + std::to_string(names.size()) +
+                           " entries, e.g. '" + names[0] + "', and no " + kMarkerName +
+                           " marker); refusing to delete its files: give tiered storage an empty or new directory");
+    }
+    const std::string lock_file = path_ + "/" + kLockName;
+    lock_fd_ = open(lock_file.c_str(), O_RDWR | O_CREAT | O_CLOEXEC, 0644);
+    if (lock_fd_ < 0) {
+      const int err = errno;
+      throw StoreError(
+          err == ENOSPC ? StoreError::kNoSpace : StoreError::kIO,
+          "tier store " + path_ + ": the directory is not writable (creating " + lock_file + "): " + ErrnoText(err));
+    }
+    if (flock(lock_fd_, LOCK_EX | LOCK_NB) != 0) {
+      const int err = errno;
+      char pid[32] = {0};
+      const ssize_t got = pread(lock_fd_, pid, sizeof(pid) - 1, 0);
+      std::string holder = got > 0 ? std::string(pid, static_cast<size_t>(got)) : "";
+      holder.erase(std::remove(holder.begin(), holder.end(), '\n'), holder.end());
+      close(lock_fd_);
+      lock_fd_ = -1;
+      if (err == EWOULDBLOCK) {
+        throw StoreError(StoreError::kLocked, "tier store " + path_ + " is in use by another table (held by process " +
+                                                  (holder.empty() ? std::string("unknown") : holder) +
+                                                  "): each tiered table needs a directory of its own");
+      }
+      throw StoreError(StoreError::kIO, "tier store " + path_ + ": cannot lock " + lock_file + ": " + ErrnoText(err));
+    }
+    try {
+      const std::string pid = std::to_string(getpid()) + "\n";
+      if (ftruncate(lock_fd_, 0) != 0 || pwrite(lock_fd_, pid.data(), pid.size(), 0) < 0) {
+        const int err = errno;
+        throw StoreError(err == ENOSPC ? StoreError::kNoSpace : StoreError::kIO,
+                         "tier store " + path_ + ": cannot write " + lock_file + ": " + ErrnoText(err));
+      }
+      // The marker goes first (a crash from here on leaves a directory the next open recognizes), then the wipe.
+      const int marker_err = WriteFile(path_ + "/" + kMarkerName, kMarkerText);
+      if (marker_err != 0) {
+        throw StoreError(marker_err == ENOSPC ? StoreError::kNoSpace : StoreError::kIO,
+                         "tier store " + path_ + ": cannot write the marker " + kMarkerName + ": " +
+                             (marker_err == ENOSPC ? "no space left on device" : ErrnoText(marker_err)));
+      }
+      for (const std::string& name : ListDir(path_, path_)) {
+        if (name == kMarkerName || name == kLockName) continue;
+        const int err = RemoveTree(path_ + "/" + name);
+        if (err != 0) {
+          throw StoreError(StoreError::kIO, "tier store " + path_ + ": cannot remove the previous store's " + name +
+                                                ": " + ErrnoText(err));
+        }
+      }
+    } catch (...) {
+      ReleaseDirectory();
+      throw;
+    }
+  }
+
+  void ReleaseDirectory() {
+    if (lock_fd_ >= 0) {
+      close(lock_fd_);  // releases the flock
+      lock_fd_ = -1;
+    }
+  }
+
+  const std::string path_;
+  const int64_t width_;
+  const size_t value_bytes_;
+  const int64_t block_cache_bytes_;
+  int lock_fd_ = -1;
+
+  mutable std::mutex db_mu_;  // guards db_ and generation_
+  std::shared_ptr<rocksdb::DB> db_;
+  int64_t generation_ = 0;
+
+  std::mutex write_mu_;    // serializes Put, Delete and Clear (num_keys_ stays exact)
+  std::mutex compact_mu_;  // one CompactIfNeeded at a time
+  std::atomic<int64_t> num_keys_{0};
+  std::atomic<int64_t> deletes_since_compaction_{0};
+};
+
+}  // namespace
+}  // namespace table
+}  // namespace tfext
+
+// The plugin's entry point (cold_store.h: OpenRocksDbStoreFn). Exceptions stop here.
+extern "C" __attribute__((visibility("default"))) tfext::table::ColdStore* tfext_open_rocksdb_store(
+    const tfext::table::StoreOptions* options, int* error_code, std::string* error_message) {
+  using tfext::table::StoreError;
+  try {
+    if (options->path.empty()) throw StoreError(StoreError::kInvalid, "a tier store needs a directory path; got \"\"");
+    if (options->width < 1 || options->width > tfext::table::kMaxWidth) {
+      throw StoreError(StoreError::kInvalid, "tier store " + options->path + ": width must be in [1, 2^24]; got " +
+                                                 std::to_string(options->width));
+    }
+    if (options->block_cache_bytes < 0) {
+      throw StoreError(StoreError::kInvalid, "tier store " + options->path + ": block_cache_bytes must be >= 0; got " +
+                                                 std::to_string(options->block_cache_bytes));
+    }
+    return new tfext::table::RocksDbStore(*options);
+  } catch (const StoreError& e) {
+    *error_code = e.code();
+    *error_message = e.what();
+  } catch (const std::exception& e) {
+    *error_code = StoreError::kIO;
+    *error_message = "tier store " + options->path + ": " + e.what();
+  }
+  return nullptr;
+}
+
+static_assert(std::is_same<decltype(&tfext_open_rocksdb_store), tfext::table::OpenRocksDbStoreFn>::value,
+              "the plugin's entry point must match cold_store.h's OpenRocksDbStoreFn");

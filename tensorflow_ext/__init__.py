@@ -3,6 +3,7 @@
     import tensorflow_ext as tf_ext
     table = tf_ext.HashTable(...)
     emb = tf_ext.get_dynamic_embedding("user", dim=16)
+    big = tf_ext.get_dynamic_embedding("item", dim=32, storage=tf_ext.TieredStorage("2GB", "/mnt/ssd/tiers"))
 
 `import tensorflow_ext` registers the library's ops and kernels with TensorFlow (it imports TensorFlow and loads
 ``_tf_ext_ops.so``), so a process that only imports the package can load a SavedModel or a MetaGraph that holds
@@ -20,6 +21,7 @@ from tensorflow_ext.version import __version__
 # public name -> (candidate modules, attribute or None for the module itself)
 _LAZY = {
     "HashTable": (("tensorflow_ext.table.table_ops",), "HashTable"),
+    "TieredStorage": (("tensorflow_ext.table.tiered",), "TieredStorage"),
     "get_dynamic_embedding": (("tensorflow_ext.embedding",), "get_dynamic_embedding"),
     "embedding_lookup": (("tensorflow_ext.embedding",), "embedding_lookup"),
     "embedding_lookup_sparse": (("tensorflow_ext.embedding",), "embedding_lookup_sparse"),

@@ -36,6 +36,7 @@ from tensorflow_ext.embedding import keys as _keys
 from tensorflow_ext.embedding import lookup as _lookup
 from tensorflow_ext.embedding import optimizers as _optimizers
 from tensorflow_ext.embedding import variable as _variable
+from tensorflow_ext.table import tiered as _tiered
 
 __all__ = [
     "GraphKeys",
@@ -158,6 +159,7 @@ def get_variable(
     restrict_policy=None,
     bp_v2=False,
     short_file_name=False,
+    storage=None,
 ):
     """TFRA's `get_variable`, in its argument order: creates or reuses a `tf_ext.DynamicEmbedding`.
 
@@ -177,18 +179,20 @@ def get_variable(
       trainable: add the shards to the trainable variables.
       checkpoint: False keeps the embedding out of checkpoints (its shards' saveables leave SAVEABLE_OBJECTS).
       init_size: expected number of keys (tensorflow_ext's `initial_capacity`).
-      kv_creator: must be None (one table engine).
+      kv_creator: None (one table engine), or a `tf_ext.TieredStorage`: the same as storage=.
       restrict_policy: None, `TimestampRestrictPolicy` or `FrequencyRestrictPolicy`: the policy of
         `restrict(emb, num_reserved)`.
       bp_v2: must be False (updates are applied in place per key; see docs/migrating_from_tfra.md).
       short_file_name: accepted and ignored (TFRA's checkpoint file names; tensorflow_ext's checkpoints go through
         the Saver, and the name is prefixed by the variable scope either way).
+      storage: tensorflow_ext's own (not TFRA's): None (every row in memory) or a `tf_ext.TieredStorage`, as in
+        `tf_ext.get_dynamic_embedding` (docs/tiered_storage.md).
 
     Returns:
       A `DynamicEmbedding`.
 
     Raises:
-      ValueError: an argument with no equivalent here (kv_creator, bp_v2=True, a custom partitioner).
+      ValueError: an argument with no equivalent here (another kv_creator, bp_v2=True, a custom partitioner).
     """
     return _build("get_variable", **locals())  # every argument, by name
 
@@ -210,6 +214,7 @@ def _build(
     restrict_policy,
     bp_v2,
     short_file_name,
+    storage=None,
     reuse=None,
 ):
     """get_variable and Variable: TFRA's arguments -> get_dynamic_embedding's (`caller` names the error's source).
@@ -217,11 +222,16 @@ def _build(
     shared_name and short_file_name are accepted and ignored (see `get_variable`).
     """
     del shared_name, short_file_name
+    if isinstance(kv_creator, _tiered.TieredStorage):
+        if storage is not None:
+            raise ValueError("%s(kv_creator=..., storage=...): pass the TieredStorage once (storage=)" % caller)
+        storage, kv_creator = kv_creator, None
     if kv_creator is not None:
         raise ValueError(
             "%s(kv_creator=...): tensorflow_ext has one table engine (a concurrent CPU hash table that "
             "grows on demand), so there is no creator to choose. Remove kv_creator; use init_size for the expected "
-            "number of keys." % caller
+            "number of keys, and storage=tf_ext.TieredStorage(memory_bytes, path) to keep the rows that do not fit "
+            "in memory on disk." % caller
         )
     if bp_v2:
         raise ValueError(
@@ -269,6 +279,7 @@ def _build(
         trainable=trainable,
         initial_capacity=init_size,
         reuse=reuse,
+        storage=storage,
     )
     if not checkpoint:
         saveables = tf.compat.v1.get_collection_ref(tf.compat.v1.GraphKeys.SAVEABLE_OBJECTS)
@@ -309,7 +320,7 @@ class Variable(metaclass=_VariableType):
 
     Args:
       key_dtype, value_dtype, dim, devices, partitioner, initializer, trainable, checkpoint, init_size, kv_creator,
-      restrict_policy, bp_v2, short_file_name: as in `get_variable`.
+      restrict_policy, bp_v2, short_file_name, storage: as in `get_variable`.
       shared_name: ignored (table resources are named after the embedding).
       name: the embedding's name (TFRA's default "DynamicEmbedding_Variable").
 
@@ -338,6 +349,7 @@ class Variable(metaclass=_VariableType):
         restrict_policy=None,
         bp_v2=False,
         short_file_name=False,
+        storage=None,
     ):
         tfra_args = dict(locals())  # every argument, by name (taken before any other local exists)
         del tfra_args["cls"]
@@ -534,6 +546,7 @@ def DynamicEmbeddingOptimizer(self, bp_v2=False, synchronous=False, **kwargs):  
     return self
 
 
+_NO_REDIS = "no Redis backend: keep the rows that do not fit in memory on local disk with storage=tf_ext.TieredStorage."
 _INSTEAD = {
     "TrainableWrapper": "tensorflow_ext has no TrainableWrapper: the embedding's shards are trainable variables "
     "that stock optimizers train directly (see tensorflow_ext.tfra docs).",
@@ -548,9 +561,9 @@ _INSTEAD = {
     "HkvHashTableConfig": "tensorflow_ext's table runs on the CPU; remove kv_creator.",
     "HkvHashTableCreator": "tensorflow_ext's table runs on the CPU; remove kv_creator.",
     "HkvEvictStrategy": "use tf_ext.embedding.restrict / EvictionHook for eviction.",
-    "RedisTable": "tensorflow_ext has no Redis backend; remove kv_creator.",
-    "RedisTableConfig": "tensorflow_ext has no Redis backend; remove kv_creator.",
-    "RedisTableCreator": "tensorflow_ext has no Redis backend; remove kv_creator.",
+    "RedisTable": _NO_REDIS,
+    "RedisTableConfig": _NO_REDIS,
+    "RedisTableCreator": _NO_REDIS,
     "FileSystemSaver": "checkpoints go through tf.compat.v1.train.Saver / Estimator (atomic, resharding on "
     "restore); remove the saver argument.",
     "RestrictPolicy": "use TimestampRestrictPolicy or FrequencyRestrictPolicy (or tf_ext.embedding.restrict).",

@@ -18,7 +18,8 @@ ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
 EXPECTED = {
     "tensorflow_ext": (
-        "DynamicEmbedding DynamicEmbeddingOptimizer GraphKeys HashTable RowwiseAdagradOptimizer __version__ "
+        "DynamicEmbedding DynamicEmbeddingOptimizer GraphKeys HashTable RowwiseAdagradOptimizer TieredStorage "
+        "__version__ "
         "dynamic_embedding "
         "embedding embedding_lookup embedding_lookup_sparse errors examples feature_column "
         "get_dynamic_embedding graph horovod mixed_precision safe_embedding_lookup_sparse serving table "

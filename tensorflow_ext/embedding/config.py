@@ -1,8 +1,8 @@
 """The configuration of a dynamic embedding: one frozen value, checked once.
 
 `EmbeddingConfig` is everything fixed when a `DynamicEmbedding` is created: its name, dimension, dtypes (how its
-rows are stored and rounded), initializer, shards and their devices, capacity, preallocation, its admission and eviction policies and its
-distribution over processes.
+rows are stored and rounded), initializer, shards and their devices, capacity, preallocation, its admission and eviction policies, its
+storage (in memory, or tiered over a disk store) and its distribution over processes.
 `EmbeddingConfig.from_arguments` is the one place where `get_dynamic_embedding`'s arguments are checked and
 completed (variable-scope defaults, a partitioner's shard count); every error names the embedding and says what
 to pass. A config is a value: it cannot change after it is built, and two configs with equal fields are equal.
@@ -23,7 +23,9 @@ Invariants of a built config:
   (`NEVER_EVICT` when none was given): both are frozen values compared by value, so an equal policy built again
   for an embedding reused under `AUTO_REUSE` is the same policy;
 * `distribution` is `SINGLE_PROCESS` (this process holds every key it trains) unless a creation hook gave another
-  (`tensorflow_ext.horovod`'s model parallelism, see distribution.py).
+  (`tensorflow_ext.horovod`'s model parallelism, see distribution.py);
+* `storage` is None (every row in memory) or a `tiered.TieredStorage` whose budgets leave every shard at least a
+  byte, and then no shard's device is a GPU (a tiered table lives in host memory).
 """
 
 import dataclasses
@@ -37,6 +39,7 @@ from tensorflow_ext.embedding import eviction as eviction_lib
 from tensorflow_ext.embedding import initializers as init_lib
 from tensorflow_ext.table import refs
 from tensorflow_ext.table import table_ops
+from tensorflow_ext.table import tiered
 
 MAX_DIM = 1 << 20
 MAX_SHARDS = 1 << 16
@@ -71,6 +74,7 @@ class EmbeddingConfig(object):
     admission: object = admission_lib.ADMIT_EVERY_KEY
     eviction: object = eviction_lib.NEVER_EVICT
     distribution: object = distribution_lib.SINGLE_PROCESS
+    storage: object = None
 
     @property
     def shard_capacity(self):
@@ -82,6 +86,14 @@ class EmbeddingConfig(object):
     def compact_slots(self):
         """Whether the optimizer slot columns are stored as `value_dtype` too (else float32)."""
         return self.slot_dtype is not None
+
+    def shard_tier(self, index):
+        """The tier of shard `index` (see `tiered.TieredStorage.shard_tier`: its store directory and share of the
+        budgets), or None for an in-memory embedding. The directory is resolved now (`TF_EXT_TIER_ROOT`, the
+        Horovod rank)."""
+        if self.storage is None:
+            return None
+        return self.storage.shard_tier(self.name, index, self.num_shards)
 
     def shard_device(self, index):
         """The device of shard `index`: `devices[index % len(devices)]`, or None (the active device functions)."""
@@ -108,6 +120,7 @@ class EmbeddingConfig(object):
         scope_defaults=True,
         slot_dtype=None,
         rounding=None,
+        storage=None,
     ):
         """`get_dynamic_embedding`'s arguments, checked and completed: the config of the embedding they describe.
 
@@ -115,8 +128,8 @@ class EmbeddingConfig(object):
           name: the name as the caller passed it (errors name the embedding by it); the config's name is the
             current variable scope's name + "/" + name.
           dim, key_dtype, value_dtype, initializer, num_shards, devices, partitioner, trainable, initial_capacity,
-            preallocate, admission, eviction, slot_dtype, rounding: as `get_dynamic_embedding` takes them (None:
-            the default).
+            preallocate, admission, eviction, slot_dtype, rounding, storage: as `get_dynamic_embedding` takes them
+            (None: the default).
           scope: the current `tf.compat.v1.VariableScope` (its partitioner and initializer are the defaults).
           capacity_from: how errors about initial_capacity name it ("init_size" when it came from TFRA's init_size).
           scope_defaults: whether the scope's partitioner and initializer stand in for those not passed. False when
@@ -185,6 +198,8 @@ class EmbeddingConfig(object):
             raise TypeError(
                 "eviction of dynamic embedding %r must be a tf_ext.embedding.EvictionPolicy, got %r" % (name, eviction)
             )
+        if storage is not None:
+            _check_storage(name, storage, num_shards, devices)
         return cls(
             name=full_name,
             dim=dim,
@@ -201,6 +216,7 @@ class EmbeddingConfig(object):
             eviction=eviction,
             slot_dtype=slot_dtype,
             rounding=rounding,
+            storage=storage,
         )
 
 
@@ -258,6 +274,27 @@ def _check_row_storage(name, value_dtype, slot_dtype, rounding):
     if value_dtype == tf.float32:
         return value_dtype, None, "nearest"  # float32 rows are stored as they are: nothing to round
     return value_dtype, slot_dtype, rounding
+
+
+def _check_storage(name, storage, num_shards, devices):
+    """Raises unless `storage` is a `TieredStorage` that gives each of `num_shards` shards a budget and no shard is
+    placed on a GPU."""
+    if not isinstance(storage, tiered.TieredStorage):
+        raise TypeError(
+            "storage of dynamic embedding %r must be None (every row in memory) or a "
+            "tf_ext.TieredStorage(memory_bytes=..., path=...), got %r" % (name, storage)
+        )
+    storage.check_shards(name, num_shards)
+    for device in devices or ():
+        if callable(device):
+            continue
+        spec = device if isinstance(device, tf.DeviceSpec) else tf.DeviceSpec.from_string(device)
+        if spec.device_type is not None and spec.device_type.upper() == "GPU":
+            raise ValueError(
+                "storage of dynamic embedding %r: a tiered table lives in host memory over a disk store, and device "
+                "%r is a GPU: place its shards on CPU devices (e.g. '/cpu:0' or a parameter server's '/job:ps')"
+                % (name, device)
+            )
 
 
 def _check_int(what, value, lo, hi):

@@ -98,6 +98,7 @@ def get_dynamic_embedding(
     eviction=None,
     slot_dtype=None,
     rounding=None,
+    storage=None,
     **tfra_kwargs,
 ):
     """Gets an existing dynamic embedding or creates a new one (variable_scope rules).
@@ -166,6 +167,13 @@ def get_dynamic_embedding(
         bit-identical) or "nearest"; None: the default
         (`tf_ext.embedding.config.DEFAULT_ROUNDING`). Float32 rows are not
         rounded: a rounding given for them is a ValueError.
+      storage: None (default): every row in memory; or a
+        `tf_ext.TieredStorage(memory_bytes, path, disk_bytes=None,
+        policy="lru")`: at most `memory_bytes` of rows (with their slots and
+        metadata) in memory in this process, the others in an on-disk store
+        per shard under `path` (`<path>/<name>/shard_<i>_of_<n>`). Training is
+        bit-identical to the in-memory embedding while no key falls off a
+        capped disk tier (see docs/tiered_storage.md).
       **tfra_kwargs: TFRA's `get_variable` keywords, for code ported by
         renaming: `init_size` (= initial_capacity). The others of TFRA
         (kv_creator, restrict_policy, bp_v2, checkpoint, shared_name) raise a
@@ -176,7 +184,8 @@ def get_dynamic_embedding(
     initializer and capacity are not compared with the arguments (nor is the
     variable scope's partitioner or initializer consulted), but the arguments
     passed are checked as for a new embedding, and a dim, key dtype, policy,
-    value dtype, slot dtype or rounding given must equal the embedding's.
+    value dtype, slot dtype, rounding or storage given must equal the
+    embedding's.
 
     Returns:
       A `DynamicEmbedding`.
@@ -184,8 +193,8 @@ def get_dynamic_embedding(
     Raises:
       ValueError: the embedding exists and the scope does not reuse, it does not
         exist and reuse=True, a reused embedding has another dim/key dtype,
-        admission/eviction policy or row storage (value_dtype, slot_dtype,
-        rounding), a creation hook would change a reused
+        admission/eviction policy, row storage (value_dtype, slot_dtype,
+        rounding) or storage, a creation hook would change a reused
         embedding (e.g. its Horovod parallelism), a dense variable of that name
         exists, dim <= 0, num_shards <= 0, or unsupported dtypes.
       TypeError: dim/num_shards not integers, bad initializer.
@@ -234,6 +243,7 @@ def get_dynamic_embedding(
         scope_defaults=existing is None,
         slot_dtype=slot_dtype,
         rounding=rounding,
+        storage=storage,
     )
     if reuse is None:
         reuse = scope.reuse
@@ -266,7 +276,12 @@ def get_dynamic_embedding(
                 % (full_name, eviction, existing.eviction)
             )
         # The row storage given again must be the embedding's; what was left out is not compared.
-        for field, given in (("value_dtype", value_dtype), ("slot_dtype", slot_dtype), ("rounding", rounding)):
+        for field, given in (
+            ("value_dtype", value_dtype),
+            ("slot_dtype", slot_dtype),
+            ("rounding", rounding),
+            ("storage", storage),
+        ):
             if given is not None and getattr(existing.config, field) != getattr(config, field):
                 raise ValueError(
                     "Trying to share dynamic embedding %s with %s=%s, but it has %s"

@@ -12,7 +12,8 @@ A distribution has:
     as None);
   lookup_unique(emb, unique_keys, lookup_local, width=None): the rows of unique keys, wherever they are held, from
     `lookup_local(emb, keys)` (the lookup of this process's shards) run where the keys are;
-  shard_saveables(shards): the SaveableObjects of one embedding's shards.
+  shard_saveables(shards): the SaveableObjects of one embedding's shards;
+  local_keys(keys): the keys of int64 `keys` [n] that this process holds (e.g. those a prefetch reads).
 Distributions are values: equal distributions (same kind, same processes) compare equal.
 """
 
@@ -34,6 +35,10 @@ class SingleProcess(object):
     def shard_saveables(self, shards):
         """The shards' plain saveables (`checkpoint.save.shard_saveables`)."""
         return save_lib.shard_saveables(shards)
+
+    def local_keys(self, keys):
+        """`keys`: this process holds every key."""
+        return keys
 
     def __eq__(self, other):
         return type(other) is type(self)

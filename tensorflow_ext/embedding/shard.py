@@ -80,10 +80,21 @@ class DynamicEmbeddingShard(object):
 
     def _create_table(self, name, index, initial_capacity, preallocate):
         if export_mode.freezing():
-            # Created inside tf_ext.serving.freeze_for_serving(): a read-only serving table (no slots, no metadata).
+            # Created inside tf_ext.serving.freeze_for_serving(): a read-only serving table (no slots, no metadata),
+            # never tiered: its flat arrays are built once and read without locks, all in memory.
             return refs.FrozenTableRef.create(
                 self._dim, storage=self._layout.storage, shared_name=name, name="part_%d" % index
             )
+        tier = self._embedding.config.shard_tier(index)
+        if tier is not None and self._layout.storage not in refs.TRAINABLE_STORAGES:
+            raise ValueError(
+                "dynamic embedding %r has tiered storage, and tf_ext.serving.export_rows(tf.int8) asks for int8 rows, "
+                "which cannot be tiered (rows move between the tiers exactly only in float formats): export with "
+                "export_rows(tf.float32 / tf.bfloat16 / tf.float16), or freeze_for_serving(value_dtype=tf.int8) "
+                "(an in-memory serving table)" % self._embedding.name
+            )
+        # Only a tiered table passes `tier`: an in-memory one's handle op keeps the tier attrs' defaults.
+        tiered = {} if tier is None else {"tier": tier}
         return refs.MutableTableRef.create(
             self._layout,
             initial_capacity=int(initial_capacity),
@@ -95,6 +106,7 @@ class DynamicEmbeddingShard(object):
             preallocate=bool(preallocate),
             shared_name=name,
             name="part_%d" % index,
+            **tiered,
         )
 
     # ---- variable-like interface ------------------------------------------------

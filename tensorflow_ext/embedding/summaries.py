@@ -14,6 +14,17 @@ three scalars are added, with these exact tags whatever the current name scope:
 
 An embedding with an admission policy also gets ``tf_ext/<name>/admitted_keys`` (keys admitted so far), one with
 an eviction policy ``tf_ext/<name>/evicted_keys`` (keys evicted so far); both counts are saved with the model.
+
+A tiered embedding (``storage=tf_ext.TieredStorage(...)``) also gets its tiers' (this process's shards):
+
+* ``tf_ext/<name>/tier/memory_bytes`` and ``tier/disk_bytes``: the bytes of each tier now;
+* ``tf_ext/<name>/tier/hit_rate``: the share of the keys asked for that were in memory, since the summary was last
+  written (since the start, the first time or when no key was asked for in between);
+* ``tf_ext/<name>/tier/cold_reads_per_sec`` and ``tier/demotions_per_sec``: keys read back from disk and keys moved
+  to disk per second since the summary was last written (0 the first time);
+* ``tf_ext/<name>/tier/dropped_keys``: keys that fell off a capped disk tier since the tables were created.
+
+The rates keep the previous counts in a small table of the session (no variable to initialize, nothing saved).
 """
 
 import numpy as np
@@ -25,6 +36,14 @@ from tensorflow_ext.embedding import variable as variable_lib
 __all__ = ["add_summaries", "summary_tags"]
 
 _KINDS = ("size", "memory_bytes", "bytes_per_key")
+_TIER_KINDS = (
+    "tier/memory_bytes",
+    "tier/disk_bytes",
+    "tier/hit_rate",
+    "tier/cold_reads_per_sec",
+    "tier/demotions_per_sec",
+    "tier/dropped_keys",
+)
 
 
 def _kinds(embedding):
@@ -33,7 +52,48 @@ def _kinds(embedding):
         kinds += ("admitted_keys",)
     if embedding.eviction is not None:
         kinds += ("evicted_keys",)
+    if embedding.storage is not None:
+        kinds += _TIER_KINDS
     return kinds
+
+
+def _tier_values(embedding):
+    """The values of the `_TIER_KINDS` summaries of a tiered embedding, in that order.
+
+    The rates and the hit rate are over the time since the values were last computed: the previous counts and time
+    live in a hash table of the session (`MutableHashTableOfTensorsV2`, created on first use, so there is nothing to
+    initialize and nothing in a checkpoint), read before and written after each computation.
+    """
+    stats = embedding.tier_stats(name="tier_stats")
+    # cold reads, demotions, lookups, time (seconds); all zeros before the first computation.
+    counts = tf.cast(tf.stack([stats["cold_reads"], stats["demotions"], stats["lookups"]]), tf.float64)
+    now = tf.timestamp()
+    previous_table = tf.raw_ops.MutableHashTableOfTensorsV2(
+        key_dtype=tf.int64, value_dtype=tf.float64, value_shape=[4], use_node_name_sharing=True, name="previous"
+    )
+    key = tf.constant([0], tf.int64)
+    previous = tf.raw_ops.LookupTableFindV2(
+        table_handle=previous_table, keys=key, default_value=tf.zeros([4], tf.float64)
+    )[0]
+    elapsed = now - previous[3]
+    deltas = counts - previous[:3]
+    rates = tf.where(
+        tf.logical_and(previous[3] > 0, elapsed > 0), deltas[:2] / tf.maximum(elapsed, 1e-9), tf.zeros([2], tf.float64)
+    )
+    hit_rate = tf.where(deltas[2] > 0, 1.0 - deltas[0] / tf.maximum(deltas[2], 1.0), stats["hit_rate"])
+    with tf.control_dependencies([rates, hit_rate]):
+        update = tf.raw_ops.LookupTableInsertV2(
+            table_handle=previous_table, keys=key, values=tf.concat([counts, [now]], 0)[None, :]
+        )
+    with tf.control_dependencies([update]):
+        return [
+            tf.identity(stats["memory_bytes"], name="memory_bytes"),
+            tf.identity(stats["disk_bytes"], name="disk_bytes"),
+            tf.identity(hit_rate, name="hit_rate"),
+            tf.identity(rates[0], name="cold_reads_per_sec"),
+            tf.identity(rates[1], name="demotions_per_sec"),
+            tf.identity(stats["dropped"], name="dropped_keys"),
+        ]
 
 
 def summary_tags(embedding):
@@ -44,8 +104,10 @@ def summary_tags(embedding):
 
     Returns:
       dict with keys "size", "memory_bytes", "bytes_per_key" (and "admitted_keys",
-      "evicted_keys" for an embedding with those policies) and the tags as values
-      (``tf_ext/<name>/<kind>``).
+      "evicted_keys" for an embedding with those policies, "tier/memory_bytes",
+      "tier/disk_bytes", "tier/hit_rate", "tier/cold_reads_per_sec",
+      "tier/demotions_per_sec", "tier/dropped_keys" for a tiered one) and the
+      tags as values (``tf_ext/<name>/<kind>``).
 
     Raises:
       TypeError: embedding is not a `DynamicEmbedding`.
@@ -115,8 +177,9 @@ def add_summaries(embeddings=None, collections=None):
     Returns:
       list of string tensors (serialized `Summary` protos), three per embedding
       in the order size, memory_bytes, bytes_per_key (then admitted_keys,
-      evicted_keys for embeddings with those policies); [] if there is no
-      embedding.
+      evicted_keys for embeddings with those policies, and the six tier
+      summaries of a tiered embedding, see the module docstring); [] if there
+      is no embedding.
 
     Raises:
       TypeError: embeddings holds something other than a `DynamicEmbedding`, or
@@ -160,13 +223,16 @@ def add_summaries(embeddings=None, collections=None):
                 values.append(emb.admission_state["admitted"].read_value())
             if emb.eviction is not None:
                 values.append(emb.eviction_state["evicted"].read_value())
+            if emb.storage is not None:
+                with tf.name_scope("tier"):
+                    values.extend(_tier_values(emb))
             for kind, value in zip(kinds, values):
                 if tags[kind] in existing:
                     out.append(existing[tags[kind]])
                     continue
                 # The raw op takes the exact tag; tf.compat.v1.summary.scalar would prefix
                 # the current name scope and uniquify repeated names.
-                summary = tf.raw_ops.ScalarSummary(tags=tags[kind], values=value, name=kind)
+                summary = tf.raw_ops.ScalarSummary(tags=tags[kind], values=value, name=kind.replace("/", "_"))
                 for key in collections:
                     graph.add_to_collection(key, summary)
                 out.append(summary)

@@ -203,6 +203,11 @@ class DynamicEmbedding(object):
         return self._state.eviction if self.eviction is not None else None
 
     @property
+    def storage(self):
+        """The `tf_ext.TieredStorage` of the embedding's tables, or None: every row in memory."""
+        return self._config.storage
+
+    @property
     def num_shards(self):
         """The number of shards (tables), an int >= 1."""
         return len(self._shards)
@@ -354,6 +359,89 @@ class DynamicEmbedding(object):
                 with internals.ops.colocate_with(shard.handle):
                     parts.append(shard.table.memory_bytes())
             return tf.add_n(parts) if len(parts) > 1 else tf.identity(parts[0])
+
+    def tier_stats(self, name=None):
+        """The tier statistics of this process's shards, summed: what each shard's table says now.
+
+        For a tiered embedding (`storage=tf_ext.TieredStorage(...)`), the sizes of the two tiers and counters since
+        the tables were created; an in-memory embedding answers its memory numbers and zeros for the rest.
+
+        Args:
+          name: optional name scope.
+
+        Returns:
+          dict of scalar tensors: int64 "memory_keys", "memory_bytes" (the memory tier), "disk_keys", "disk_bytes"
+          (the disk tier: bytes its files take), "budget_keys" (the keys the memory budget holds), and the
+          counters "lookups" (keys the table's operations asked for), "cold_reads" (keys brought back from disk),
+          "demotions" (keys moved to disk), "dropped" (keys that fell off a capped disk tier: gone), "errors"
+          (background failures); float64 "hit_rate": 1 - cold_reads / lookups (1 before any lookup).
+        """
+        with tf.name_scope(name or (self.name.split("/")[-1] + "_tier_stats")):
+            parts = []
+            for shard in self._shards:
+                with internals.ops.colocate_with(shard.handle):
+                    parts.append(_shard_tier_stats(shard))
+            total = tf.add_n(parts) if len(parts) > 1 else tf.identity(parts[0])
+            out = {field: total[i] for i, field in enumerate(TIER_STATS_FIELDS)}
+            lookups = tf.cast(out["lookups"], tf.float64)
+            out["hit_rate"] = tf.where(
+                lookups > 0,
+                1.0 - tf.cast(out["cold_reads"], tf.float64) / tf.maximum(lookups, 1.0),
+                tf.constant(1.0, tf.float64),
+                name="hit_rate",
+            )
+            return out
+
+    def prefetch(self, ids, name=None):
+        """The op that brings the rows of `ids` that are on disk into memory, ahead of the step that reads them.
+
+        Run it for the next batch's ids while the current step computes (in the same `session.run`, with no
+        dependency between them, or from an input pipeline thread): the next step's lookups then find those rows in
+        memory. It changes no row, version or frequency; rows it brings in may move back to disk later, as any. An
+        in-memory embedding's prefetch does nothing; a model-parallel one's reads the keys this process holds.
+
+        Args:
+          ids: ids of any shape (key dtype).
+          name: optional name scope.
+
+        Returns:
+          The op (one per shard, grouped).
+
+        Raises:
+          TypeError: ids of the wrong dtype (see `to_keys`).
+        """
+        with tf.name_scope(name or (self.name.split("/")[-1] + "_prefetch")):
+            if self._config.storage is None:
+                self.to_keys(ids)  # the same checks as a tiered embedding's
+                return tf.no_op(name="no_tier")
+            keys, _ = tf.unique(tf.reshape(self.to_keys(ids), [-1]))
+            keys = self._config.distribution.local_keys(keys)
+            parts, _ = self._partition.split(keys)
+            ops = []
+            for shard, part in zip(self._shards, parts):
+                with internals.ops.colocate_with(shard.handle):
+                    ops.append(shard.table.prefetch(part) if shard.table.writable else tf.no_op())
+            return tf.group(*ops)
+
+    def tier_settle(self, name=None):
+        """The op that waits until every shard's memory tier is within its budget and no row is moving (demoting
+        what is over the budget now). Training never needs it (rows move in the background); it makes the tiers'
+        sizes exact at a point, e.g. before reading `tier_stats` in a test or a benchmark. Nothing for an in-memory
+        embedding.
+
+        Args:
+          name: optional name scope.
+
+        Returns:
+          The op.
+        """
+        with tf.name_scope(name or (self.name.split("/")[-1] + "_tier_settle")):
+            ops = []
+            for shard in self._shards:
+                if self._config.storage is not None and shard.table.writable:
+                    with internals.ops.colocate_with(shard.handle):
+                        ops.append(shard.table.tier_settle())
+            return tf.group(*ops) if ops else tf.no_op()
 
     def export(self, with_slots=False, name=None):
         """Snapshot of the embedding (all shards concatenated, unspecified order).
@@ -535,6 +623,30 @@ class DynamicEmbedding(object):
                 with internals.ops.colocate_with(shard.handle):
                     counts.append(shard.table.remove(k))
             return tf.add_n(counts)
+
+
+# The fields of `DynamicEmbedding.tier_stats` (and of the TfExtTableTierStats op's int64 [10] output), in order.
+TIER_STATS_FIELDS = (
+    "memory_keys",
+    "memory_bytes",
+    "disk_keys",
+    "disk_bytes",
+    "budget_keys",
+    "lookups",
+    "cold_reads",
+    "demotions",
+    "dropped",
+    "errors",
+)
+
+
+def _shard_tier_stats(shard):
+    """int64 [10]: the shard's tier statistics in `TIER_STATS_FIELDS` order. A frozen serving table is never tiered:
+    its keys and bytes, zeros for the rest."""
+    if shard.table.writable:
+        return shard.table.tier_stats()
+    memory = tf.stack([shard.table.size(), shard.table.memory_bytes()])
+    return tf.concat([memory, tf.zeros([len(TIER_STATS_FIELDS) - 2], tf.int64)], 0)
 
 
 def _export_shard(shard, with_slots):

@@ -139,6 +139,10 @@ class ModelParallel(object):
         """The rank that owns each key (see `owner_of`)."""
         return self.partition.part_ids(keys)
 
+    def local_keys(self, keys):
+        """The keys of int64 `keys` [n] that this rank owns."""
+        return tf.boolean_mask(keys, tf.equal(self.owner(keys), self.rank()))
+
     def lookup_unique(self, emb, unique_keys, lookup_local, width=None):
         """Rows [n, dim] of unique int64 keys [n], read from their owners.
 

@@ -71,6 +71,21 @@ def _report(summary, args):
         "%.0f" % summary["table_bytes_per_key"] if summary["table_bytes_per_key"] else "-",
         summary["value_dtype"],
     )
+    tiers = summary.get("tiers")
+    if tiers:
+        log.say(
+            "tiers: %d keys in memory (%s of a %s budget), %d on disk (%s), hit rate %s, %.1f cold reads/step, "
+            "%d demotions, %d keys dropped",
+            tiers["memory_keys"],
+            log.mib(tiers["memory_bytes"]),
+            log.mib(summary["memory_budget"]),
+            tiers["disk_keys"],
+            log.mib(tiers["disk_bytes"]),
+            "%.4f" % tiers["hit_rate"] if tiers["hit_rate"] is not None else "-",
+            tiers["cold_reads_per_step"],
+            tiers["demotions"],
+            tiers["dropped"],
+        )
     log.say("checkpoint: %s", summary["checkpoint"])
     if summary["export_dir"]:
         log.say(

@@ -14,6 +14,9 @@ import tensorflow as tf
 
 from tensorflow_ext.examples import synthetic
 
+# The features of a training batch that hold the next batch's ids (`with_next_ids`): "next/C1", ...
+NEXT_PREFIX = "next/"
+
 
 def training_source(args, num_ranks):
     """The run's data source.
@@ -34,6 +37,44 @@ def training_source(args, num_ranks):
     return stream, False, "synthetic"
 
 
+def with_next_ids(dataset):
+    """`dataset` of ``(features, labels)`` batches, each batch's features also holding the next batch's categorical
+    ids as ``next/<key>`` (the last batch: its own ids), so that a training step can prefetch the rows its successor
+    reads from a tiered table's disk. Each batch is still made once (a window of two holds it)."""
+
+    def pairs(features, labels):
+        # Padded: the last batch of a file may be shorter than the one before it (its ids padded with -1 or "",
+        # missing values, which only the prefetch reads).
+        return tf.data.Dataset.zip((features, labels)).padded_batch(2, padding_values=_padding_values(dataset))
+
+    def split(features, labels):
+        out = {k: v[0] for k, v in features.items()}
+        for key in synthetic.CATEGORICAL_KEYS:
+            out[NEXT_PREFIX + key] = features[key][-1]
+        return out, labels[0]
+
+    return dataset.window(2, shift=1).flat_map(pairs).map(split)
+
+
+def _padding_values(dataset):
+    """The padding of `with_next_ids`' pairs: -1 for int ids, "" for string ids (both missing), 0 for the rest."""
+
+    def pad(spec):
+        if spec.dtype == tf.string:
+            return tf.constant("", tf.string)
+        if spec.dtype.is_integer:
+            return tf.constant(-1, spec.dtype)
+        return tf.constant(0, spec.dtype)
+
+    return tf.nest.map_structure(pad, dataset.element_spec)
+
+
+def prefetches(args):
+    """Whether the training batches carry the next batch's ids: tiered tables, prefetch not turned off, one process
+    (Horovod ranks read interleaved batches, and a model-parallel table's keys are read on their owners)."""
+    return bool(args.memory_budget) and not args.no_prefetch and not args.distributed
+
+
 def input_fns(args, stream, start_batches, num_ranks):
     """The Estimator's input functions for this run.
 
@@ -52,12 +93,13 @@ def input_fns(args, stream, start_batches, num_ranks):
         def train_input_fn():
             # New data on every run: continue the stream where the checkpoint stopped. Distributed, rank r
             # reads batches r, r + N, ... of it (the Horovod input sharding).
-            return stream.dataset(
+            dataset = stream.dataset(
                 args.batch_size,
                 args.steps * num_ranks if args.steps is not None else None,
                 start=start_batches,
                 split="train",
             )
+            return with_next_ids(dataset) if prefetches(args) else dataset
 
         # Day by day, a model is evaluated on the next day's data (the stream's clock after this run's training).
         eval_clock = start_batches + args.steps * num_ranks if args.days else None
@@ -70,7 +112,8 @@ def input_fns(args, stream, start_batches, num_ranks):
     holdout = None if args.eval_files else "train"
 
     def tsv_train_input_fn():
-        return tsv_dataset(args.train_files, args.batch_size, args.epochs, holdout)
+        dataset = tsv_dataset(args.train_files, args.batch_size, args.epochs, holdout)
+        return with_next_ids(dataset) if prefetches(args) else dataset
 
     def tsv_eval_input_fn():
         if args.eval_files:

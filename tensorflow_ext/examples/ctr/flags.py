@@ -11,6 +11,8 @@ import glob
 import os
 import tempfile
 
+from tensorflow_ext.table import tiered
+
 DEFAULT_MODEL_DIR = os.path.join(tempfile.gettempdir(), "tf_ext_ctr_model")
 
 # Defaults: a run on a 2-core machine takes ~2-4 minutes; --quick is for tests.
@@ -66,12 +68,13 @@ def parse_args(argv=None):
         prog="python -m tensorflow_ext.examples.ctr",
         description="DeepFM / Wide&Deep CTR Estimator with tf_ext dynamic embeddings.",
     )
-    # --help lists the flags in this order: the job, its sizes, the row storage, the run, the feature lifecycle,
-    # the process.
+    # --help lists the flags in this order: the job, its sizes, the row storage, the memory and disk tiers, the run,
+    # the feature lifecycle, the process.
     for add_flags in (
         _add_job_flags,
         _add_size_flags,
         _add_storage_flags,
+        _add_tier_flags,
         _add_run_flags,
         _add_lifecycle_flags,
         _add_process_flags,
@@ -199,6 +202,57 @@ def _add_storage_flags(p):
         action="store_true",
         help="after the export, load it in a fresh session and report its AUC on the evaluation data "
         "(summary: served_auc).",
+    )
+
+
+def _bytes_flag(flag):
+    """An argparse type: a size in bytes, a number or a string with a unit ("1.5GB", "512MiB")."""
+
+    def parse(value):
+        try:
+            return tiered.parse_bytes(value, flag)
+        except (TypeError, ValueError) as e:
+            raise argparse.ArgumentTypeError(str(e)) from None
+
+    parse.__name__ = "bytes"  # argparse's "invalid bytes value" message
+    return parse
+
+
+def _add_tier_flags(p):
+    """Tiered storage: a memory budget for the tables, the rest of their rows on disk."""
+    p.add_argument(
+        "--memory_budget",
+        type=_bytes_flag("--memory_budget"),
+        default=None,
+        help="tiered tables: at most this many bytes of table rows in memory (all tables of this process together, "
+        "e.g. 1.5GB or 512MiB), the others on disk under --tier_path (tf_ext.TieredStorage). Training gives the "
+        "same results as in memory. Default: every row in memory.",
+    )
+    p.add_argument(
+        "--tier_path",
+        default=None,
+        help="with --memory_budget: the directory of the tables' disk stores (wiped when a table opens them: they "
+        "are caches of the checkpoint). Default: a new temporary directory, removed at the end of the run.",
+    )
+    p.add_argument(
+        "--disk_budget",
+        type=_bytes_flag("--disk_budget"),
+        default=None,
+        help="with --memory_budget: cap of the disk stores (all tables together); keys beyond it are dropped, "
+        "least recently used first (with --tier_policy lfu: least frequently). Default: unbounded.",
+    )
+    p.add_argument(
+        "--tier_policy",
+        choices=tiered.POLICIES,
+        default="lru",
+        help="with --memory_budget: which rows leave memory (and a capped disk) first: lru (least recently "
+        "updated, default) or lfu (least frequently looked up).",
+    )
+    p.add_argument(
+        "--no_prefetch",
+        action="store_true",
+        help="with --memory_budget: do not prefetch the next batch's ids from disk while a step runs (the input "
+        "pipeline pairs each batch with the next one's ids; off under --distributed).",
     )
 
 
@@ -363,6 +417,32 @@ def _check_storage(p, args):
         p.error("--serve_dtype, --serve_frozen and --served_auc describe the export: not with --no_export")
     if args.static_buckets and (args.serve_dtype or args.serve_frozen):
         p.error("--serve_dtype and --serve_frozen apply to dynamic embeddings, not --static_buckets")
+    _check_tiers(p, args)
+
+
+def _check_tiers(p, args):
+    """Refuses tier flags without --memory_budget, and tiers where they cannot be."""
+    if args.memory_budget is None:
+        given = [
+            flag
+            for flag, value in (
+                ("--tier_path", args.tier_path),
+                ("--disk_budget", args.disk_budget),
+                ("--tier_policy", args.tier_policy != "lru"),
+                ("--no_prefetch", args.no_prefetch),
+            )
+            if value
+        ]
+        if given:
+            p.error("%s describe tiered tables: give --memory_budget too" % ", ".join(given))
+        return
+    if args.static_buckets:
+        p.error("--memory_budget applies to dynamic embeddings, not --static_buckets")
+    if args.serve_dtype == "int8" and not args.serve_frozen:
+        p.error(
+            "--memory_budget with --serve_dtype int8: int8 rows cannot be tiered; add --serve_frozen (an in-memory "
+            "frozen export) or serve float32, bfloat16 or float16 rows"
+        )
 
 
 def _expand(patterns):

@@ -15,6 +15,7 @@ from tensorflow_ext import embedding
 from tensorflow_ext.embedding import feature_column
 from tensorflow_ext.examples import synthetic
 from tensorflow_ext.examples.ctr import progress
+from tensorflow_ext.examples.ctr import tiers
 from tensorflow_ext.optimizers import RowwiseAdagradOptimizer
 
 
@@ -32,9 +33,11 @@ def model_fn(features, labels, mode, params):
       mode: a ``tf.estimator.ModeKeys``.
       params: dict with ``model``, ``dim``, ``hidden_units``, ``optimizer``,
         ``learning_rate``, ``num_shards``, ``string_ids``, ``init_stddev``,
-        ``log_every``, ``batch_size`` (optional: ``distributed``, ``progress``, and the
+        ``log_every``, ``batch_size`` (optional: ``distributed``, ``progress``, the
         row storage: ``value_dtype`` (a dtype name, default "float32"), ``slot_dtype``
-        ("float32" or "same"), ``rounding``).
+        ("float32" or "same"), ``rounding``, and the tiers: ``memory_budget`` (bytes for
+        all tables, None: in memory), ``tier_path``, ``disk_budget``, ``tier_policy``,
+        ``cardinalities`` (see :func:`tiers.storages`)).
 
     Returns:
       A ``tf.estimator.EstimatorSpec``.
@@ -72,7 +75,8 @@ def _model_fn(features, labels, mode, params):
     if mode == tf.estimator.ModeKeys.EVAL:
         metrics = _eval_metrics(labels, probs, per_example, tables, total_keys)
         return tf.estimator.EstimatorSpec(mode, loss=loss, eval_metric_ops=metrics)
-    return _train_spec(mode, loss, labels, probs, logits, total_keys, params)
+    prefetch = tiers.prefetch_op(features, _field_embeddings())
+    return _train_spec(mode, loss, labels, probs, logits, total_keys, params, prefetch)
 
 
 def _deepfm_logits(features, dense, params):
@@ -159,6 +163,7 @@ def _categorical_columns(params, dim, suffix):
         ]
     # Integer ids come dense, with -1 for a missing value (strings: "", always missing).
     ignore = None if params["string_ids"] else -1
+    storages = tiers.storages(params) or {}
     return [
         feature_column.categorical_column_with_dynamic_embedding(
             key,
@@ -171,9 +176,27 @@ def _categorical_columns(params, dim, suffix):
             ignore_value=ignore,
             **_policies(params),
             **_row_storage(params),
+            **_tier(storages, "%s_%s" % (key, suffix)),
         )
         for key in synthetic.CATEGORICAL_KEYS
     ]
+
+
+def _tier(storages, column_name):
+    """The column's storage= (its tf_ext.TieredStorage) with --memory_budget; none otherwise."""
+    storage = storages.get(column_name)
+    return {} if storage is None else {"storage": storage}
+
+
+def _field_embeddings():
+    """``{field key: [the DynamicEmbeddings of its tables]}`` of the current graph (a table's name holds its
+    column's, ``<key>_<suffix>``)."""
+    out = {}
+    for emb in embedding.get_dynamic_embeddings():
+        for key in synthetic.CATEGORICAL_KEYS:
+            if any(part.startswith(key + "_") for part in emb.name.split("/")):
+                out.setdefault(key, []).append(emb)
+    return out
 
 
 def _row_storage(params):
@@ -258,12 +281,16 @@ def _optimizer(params):
     return opt
 
 
-def _train_spec(mode, loss, labels, probs, logits, total_keys, params):
-    """The training spec: the optimizer's step, the summaries, and the progress hook."""
+def _train_spec(mode, loss, labels, probs, logits, total_keys, params, prefetch=None):
+    """The training spec: the optimizer's step (with the prefetch of the next batch's rows beside it, when tiered
+    tables have one), the summaries, and the progress hook."""
     global_step = tf.compat.v1.train.get_or_create_global_step()
     train_op = _optimizer(params).minimize(loss, global_step=global_step)
+    if prefetch is not None:
+        # No dependency between the two: the next batch's disk reads overlap this step's work.
+        train_op = tf.group(train_op, prefetch, name="train_and_prefetch")
 
-    # Per table: tf_ext/<table>/size, memory_bytes and bytes_per_key.
+    # Per table: tf_ext/<table>/size, memory_bytes and bytes_per_key (and its tiers' when tiered).
     embedding.add_summaries()
     tf.compat.v1.summary.scalar("ctr/label_mean", tf.reduce_mean(labels))
     tf.compat.v1.summary.scalar("ctr/prediction_mean", tf.reduce_mean(probs))
@@ -277,5 +304,6 @@ def _train_spec(mode, loss, labels, probs, logits, total_keys, params):
         params["batch_size"] * params.get("num_ranks", 1),
         params.get("progress", True),
         "on rank 0" if params.get("distributed") == "model_parallel" else "",
+        tier_stats=tiers.stats_tensor(),
     )
     return tf.estimator.EstimatorSpec(mode, loss=loss, train_op=train_op, training_hooks=[hook])

@@ -11,6 +11,7 @@ import contextlib
 import dataclasses
 import os
 import shutil
+import tempfile
 import time
 
 import numpy as np
@@ -22,6 +23,7 @@ from tensorflow_ext.examples.ctr import log
 from tensorflow_ext.examples.ctr import model
 from tensorflow_ext.examples.ctr import progress
 from tensorflow_ext.examples.ctr import served
+from tensorflow_ext.examples import synthetic
 
 
 @dataclasses.dataclass(frozen=True)
@@ -36,6 +38,8 @@ class _Job:
     stream: object  # the synthetic stream; None with --data
     string_ids: bool  # ids are strings (--data) rather than int64
     source: str  # "synthetic" or the training files
+    tier_path: str  # the tiered tables' store root (--memory_budget), else None
+    temporary_tier_path: bool  # tier_path is this run's temporary directory (removed at the end)
 
 
 def run(args):
@@ -52,6 +56,15 @@ def run(args):
     """
     t_start = time.time()
     job = _start(args)
+    try:
+        return _run(args, job, t_start)
+    finally:
+        if job.temporary_tier_path:
+            shutil.rmtree(job.tier_path, ignore_errors=True)
+
+
+def _run(args, job, t_start):
+    """`run` once the job has started: train, evaluate, export, summarize."""
     config = _run_config(args, job)
     estimator = tf.estimator.Estimator(model_fn=model.model_fn, config=config, params=_model_params(args, job))
     train_input_fn, eval_input_fn, eval_clock = data.input_fns(args, job.stream, job.start_batches, job.num_ranks)
@@ -79,6 +92,7 @@ def run(args):
     if args.served_auc:
         auc, examples = served.served_auc(export_dir, eval_input_fn)
         summary["served_auc"], summary["served_examples"] = round(auc, 6), examples
+    summary.update(_tier_summary(args, hook))
     summary["event_files"] = len(checkpoints.event_files(args.model_dir))
     summary["wall_seconds"] = round(time.time() - t_start, 1)
     return summary
@@ -119,7 +133,10 @@ def _start(args):
         )
     if hvd is not None:
         hvd.barrier()  # a refused model_dir stops rank 0 here; the others then fail at this barrier
-    return _Job(hvd, rank, num_ranks, start_step, start_batches, stream, string_ids, source)
+    tier_path, temporary = args.tier_path, False
+    if args.memory_budget and tier_path is None:
+        tier_path, temporary = tempfile.mkdtemp(prefix="tf_ext_ctr_tiers_"), True
+    return _Job(hvd, rank, num_ranks, start_step, start_batches, stream, string_ids, source, tier_path, temporary)
 
 
 def _model_params(args, job):
@@ -147,6 +164,12 @@ def _model_params(args, job):
         progress=not args.quiet and job.rank == 0,
         distributed=args.distributed,
         num_ranks=job.num_ranks,
+        memory_budget=args.memory_budget,
+        disk_budget=args.disk_budget,
+        tier_path=job.tier_path,
+        tier_policy=args.tier_policy,
+        # The id space of each field: how much of the memory budget each table may need (tiers.storages).
+        cardinalities=job.stream.cardinalities if job.stream is not None else synthetic.CRITEO_CARDINALITIES,
     )
 
 
@@ -180,7 +203,7 @@ def _run_config(args, job):
 def _announce(args, job):
     """The run's first line: what trains on what, from which step, with which sizes."""
     log.say(
-        "%s on %s%s, %s steps from global step %d (batch %d, dim %d, %s lr %g, %s rows%s), model_dir %s",
+        "%s on %s%s, %s steps from global step %d (batch %d, dim %d, %s lr %g, %s rows%s%s), model_dir %s",
         args.model,
         job.source,
         " (%s, %d ranks; batch per rank)" % (args.distributed, job.num_ranks) if job.hvd else "",
@@ -192,8 +215,43 @@ def _announce(args, job):
         args.learning_rate,
         args.value_dtype,
         _compact_details(args),
+        _tier_details(args, job),
         args.model_dir,
     )
+
+
+def _tier_details(args, job):
+    """The announce line's details of tiered tables ("" in memory)."""
+    if not args.memory_budget:
+        return ""
+    return ", tiered: memory budget %s, disk %s, %s, stores in %s%s" % (
+        log.mib(args.memory_budget),
+        log.mib(args.disk_budget) if args.disk_budget else "unbounded",
+        args.tier_policy,
+        job.tier_path,
+        "" if data.prefetches(args) else ", no prefetch",
+    )
+
+
+def _tier_summary(args, hook):
+    """The summary's tier fields: the budgets and what the tiers held and did in training (None in memory)."""
+    stats = hook.final_tier_stats if hook is not None and args.memory_budget else None
+    out = {
+        "memory_budget": args.memory_budget,
+        "disk_budget": args.disk_budget,
+        "tier_policy": args.tier_policy if args.memory_budget else None,
+        "tier_prefetch": data.prefetches(args) if args.memory_budget else None,
+    }
+    if stats is None:
+        out["tiers"] = None
+        return out
+    lookups = stats["lookups"]
+    out["tiers"] = dict(
+        stats,
+        hit_rate=round(1.0 - stats["cold_reads"] / float(lookups), 6) if lookups else None,
+        cold_reads_per_step=round(stats["cold_reads"] / float(max(hook.steps, 1)), 1),
+    )
+    return out
 
 
 def _compact_details(args):

@@ -27,6 +27,8 @@ CUDA_ARCHS ?= 80 90
 BENCH_ARGS ?=
 PYTEST_ARGS ?=
 OPS_SO     := tensorflow_ext/_tf_ext_ops.so
+# The RocksDB plugin of tiered storage (loaded by the op library on first use; links the system's librocksdb).
+STORE_SO   := tensorflow_ext/_tf_ext_rocksdb_store.so
 BUILD_INFO := tensorflow_ext/_build_info.py
 # The CUDA table's harness (nvcc: the table with the embedding layer's initializers and optimizer steps on it) and
 # the CPU core it compares with (host C++).
@@ -51,7 +53,7 @@ HVD_STAMP  := $(VENV)/.tf_ext_horovod_$(HVD_VERSION).stamp
 HVD_ENV    := HOROVOD_WITH_TENSORFLOW=1 HOROVOD_WITH_GLOO=1 HOROVOD_WITHOUT_MPI=1 HOROVOD_WITHOUT_PYTORCH=1 \
               HOROVOD_WITHOUT_MXNET=1 HOROVOD_CPU_OPERATIONS=GLOO
 
-.PHONY: help venv horovod bazel clang-format build wheel test test-cc test-py format-check-cc demo bench cuda cuda-tf cuda-bazel \
+.PHONY: help venv horovod bazel rocksdb clang-format build wheel test test-cc test-py format-check-cc demo bench cuda cuda-tf cuda-bazel \
         clean
 
 help:
@@ -92,6 +94,14 @@ bazel:
 	  $(APT_GET) update -qq && $(APT_GET) install -y -qq bazel-bootstrap bazel-platforms; \
 	fi
 
+# Tiered storage's cold store builds against Debian's RocksDB 7.8 (headers + librocksdb.so; the runtime package
+# librocksdb7.8 comes with it).
+rocksdb:
+	@if [ ! -f /usr/include/rocksdb/db.h ] || [ ! -e /usr/lib/x86_64-linux-gnu/librocksdb.so ]; then \
+	  echo "== installing Debian's librocksdb-dev"; \
+	  $(APT_GET) update -qq && $(APT_GET) install -y -qq librocksdb-dev; \
+	fi
+
 clang-format:
 	@if ! command -v $(CLANG_FORMAT) >/dev/null 2>&1; then \
 	  echo "== installing Debian's clang-format"; \
@@ -99,10 +109,13 @@ clang-format:
 	fi
 
 # ---------------------------------------------------------------- build
-# The op library + the wheel (dist/), and in-tree copies of the .so and _build_info.py for pytest from the root.
-build: venv bazel
-	$(BAZEL) build $(BAZEL_FLAGS) //:build_pip_pkg //tensorflow_ext:_tf_ext_ops.so
+# The op library, the RocksDB store plugin + the wheel (dist/), and in-tree copies of both .so and _build_info.py for
+# pytest from the root.
+build: venv bazel rocksdb
+	$(BAZEL) build $(BAZEL_FLAGS) //:build_pip_pkg //tensorflow_ext:_tf_ext_ops.so \
+	  //tensorflow_ext/table/tiered:_tf_ext_rocksdb_store.so
 	@install -m 0755 bazel-bin/tensorflow_ext/_tf_ext_ops.so $(OPS_SO)
+	@install -m 0755 bazel-bin/tensorflow_ext/table/tiered/_tf_ext_rocksdb_store.so $(STORE_SO)
 	@install -m 0644 bazel-bin/tensorflow_ext/gen/_build_info.py $(BUILD_INFO)
 	@mkdir -p dist && rm -f dist/tensorflow_ext-*.whl
 	@PYTHON_BIN_PATH=$(VPY) bazel-bin/build_pip_pkg $(ROOT)/dist
@@ -191,4 +204,4 @@ cuda-bazel: bazel venv
 
 clean:
 	-$(BAZEL) clean
-	rm -rf dist build $(OPS_SO) $(BUILD_INFO)
+	rm -rf dist build $(OPS_SO) $(STORE_SO) $(BUILD_INFO)

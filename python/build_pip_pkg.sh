@@ -1,8 +1,8 @@
 #!/usr/bin/env bash
 # Builds the tensorflow_ext wheel from Bazel outputs:
 #   bazel build //:build_pip_pkg && bazel-bin/build_pip_pkg <dist_dir>     (or: bazel run //:build_pip_pkg -- <dist_dir>)
-# Stages setup.py, README.md, every Python file of tensorflow_ext/ (tests excluded), the op library and
-# _build_info.py in a temporary directory, then runs `setup.py bdist_wheel` with $PYTHON_BIN_PATH (default: the
+# Stages setup.py, README.md, every Python file of tensorflow_ext/ (tests excluded), the op library, the RocksDB store
+# plugin of tiered storage and _build_info.py in a temporary directory, then runs `setup.py bdist_wheel` with $PYTHON_BIN_PATH (default: the
 # repository's .venv, else python3). Offline: needs only setuptools + wheel.
 set -euo pipefail
 
@@ -47,6 +47,12 @@ cp -L "${RUNFILES}/README.md" "${STAGE}/"
 
 cp -L "${RUNFILES}/tensorflow_ext/_tf_ext_ops.so" "${STAGE}/tensorflow_ext/_tf_ext_ops.so"
 chmod u+w "${STAGE}/tensorflow_ext/_tf_ext_ops.so"
+# The plugin sits next to the op library, which loads it from there (bazel-bin has it under table/tiered/, a built
+# source tree in tensorflow_ext/).
+STORE_SO="${RUNFILES}/tensorflow_ext/table/tiered/_tf_ext_rocksdb_store.so"
+[[ -f "${STORE_SO}" ]] || STORE_SO="${RUNFILES}/tensorflow_ext/_tf_ext_rocksdb_store.so"
+cp -L "${STORE_SO}" "${STAGE}/tensorflow_ext/_tf_ext_rocksdb_store.so"
+chmod u+w "${STAGE}/tensorflow_ext/_tf_ext_rocksdb_store.so"
 cp -L "${RUNFILES}/tensorflow_ext/gen/_build_info.py" "${STAGE}/tensorflow_ext/_build_info.py"
 
 mkdir -p "${DEST}"

@@ -1,5 +1,5 @@
 """The tensorflow_ext wheel. Run through python/build_pip_pkg.sh (bazel build //:build_pip_pkg), which stages the
-package (Python files, _tf_ext_ops.so, _build_info.py) next to this file."""
+package (Python files, _tf_ext_ops.so, _tf_ext_rocksdb_store.so, _build_info.py) next to this file."""
 
 import os
 
@@ -34,7 +34,9 @@ setup(
     long_description=long_description,
     long_description_content_type="text/markdown",
     packages=find_packages(include=["tensorflow_ext", "tensorflow_ext.*"]),
-    package_data={"tensorflow_ext": ["_tf_ext_ops.so", "_build_info.py"]},
+    # _tf_ext_rocksdb_store.so (tiered storage) needs the system's librocksdb.so.7.8 (Debian/Ubuntu: apt-get install
+    # librocksdb7.8) only when a tiered table is created; the package imports without it.
+    package_data={"tensorflow_ext": ["_tf_ext_ops.so", "_tf_ext_rocksdb_store.so", "_build_info.py"]},
     include_package_data=True,
     # No TensorFlow requirement on purpose: tensorflow-cpu==2.15.1 and tensorflow==2.15.1 (CUDA) both work, and
     # tensorflow_ext checks the installed version at import (errors.VersionMismatchError).

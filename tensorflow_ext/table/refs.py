@@ -30,6 +30,8 @@ __all__ = [
     "STORAGES",
     "ROUNDINGS",
     "TRAINABLE_STORAGES",
+    "TIER_POLICIES",
+    "TIER_STATS_FIELDS",
     "storage_name",
     "storage_dtype",
     "TableLayout",
@@ -54,6 +56,24 @@ TRAINABLE_STORAGES = ("float32", "bfloat16", "float16")
 HALF_STORAGES = ("bfloat16", "float16")
 # How writes round values into compact columns (the ops' `rounding` attr).
 ROUNDINGS = ("nearest", "stochastic")
+# Which rows of a tiered table leave memory first (and, past the disk cap, fall off the disk tier): the least
+# recently updated (version) or the least frequently looked up (frequency, then version). The `tier_policy` attr.
+TIER_POLICIES = ("lru", "lfu")
+# The entries of `MutableTableRef.tier_stats()`, in order: the keys and bytes of each tier, how many keys the memory
+# budget holds, then counters since the table was created: keys looked up, keys read back from disk (a hit rate is
+# 1 - cold_reads / lookups), keys moved to disk, keys that fell off the disk tier (gone), background failures.
+TIER_STATS_FIELDS = (
+    "memory_keys",
+    "memory_bytes",
+    "disk_keys",
+    "disk_bytes",
+    "budget_keys",
+    "lookups",
+    "cold_reads",
+    "demotions",
+    "dropped",
+    "errors",
+)
 
 
 def storage_name(dtype):
@@ -249,6 +269,7 @@ class MutableTableRef(object):
         shared_name="",
         use_node_name_sharing=False,
         name=None,
+        tier=None,
     ):
         """Adds a ``TfExtTableHandle`` op for `layout` (the table is created when it first runs).
 
@@ -257,10 +278,19 @@ class MutableTableRef(object):
           initial_capacity, shard_bits, huge_pages, preallocate: the table's sizing (see `HashTable`).
           container, shared_name, use_node_name_sharing: the resource's sharing (as TF's resource ops).
           name: the op's name.
+          tier: None (every row in memory), or this table's own tier: an object with attributes `path` (the
+            directory of its on-disk store, one table's alone), `memory_bytes` (> 0: the budget of the rows kept in
+            memory), `disk_bytes` (None or 0: unbounded; else the cap of the store's files) and `policy` (one of
+            `TIER_POLICIES`), e.g. a `tf_ext.TieredStorage` already divided per shard. Rows beyond the memory budget
+            live on disk; every operation still sees all of them. int8 rows cannot be tiered.
 
         Returns:
           The `MutableTableRef`.
+
+        Raises:
+          tf.errors.InvalidArgumentError: a tier with a bad field (naming it), or over int8 rows.
         """
+        tier_attrs = _tier_attrs(tier, layout)
         handle = loader.load_ops().tf_ext_table_handle(
             dim=layout.dim,
             width=layout.width,
@@ -276,6 +306,7 @@ class MutableTableRef(object):
             shared_name=shared_name,
             use_node_name_sharing=use_node_name_sharing,
             name=name,
+            **tier_attrs,
         )
         return cls(handle, layout)
 
@@ -436,6 +467,23 @@ class MutableTableRef(object):
         """The op that empties the removal log after a save that read it."""
         return loader.load_ops().tf_ext_table_change_log_commit(self._handle, name=name)
 
+    # ---- tiers (memory over disk) ------------------------------------------------
+
+    def tier_stats(self, name=None):
+        """int64 [10]: the tier's sizes and counters, named by `TIER_STATS_FIELDS` in order. An untiered table
+        answers its keys and memory bytes, then zeros."""
+        return loader.load_ops().tf_ext_table_tier_stats(self._handle, name=name)
+
+    def tier_settle(self, name=None):
+        """The op that waits until the memory tier is within its budget and no move to disk is in flight (tests,
+        benchmarks: training never needs it). No-op untiered."""
+        return loader.load_ops().tf_ext_table_tier_settle(self._handle, name=name)
+
+    def prefetch(self, keys, name=None):
+        """The op that brings the on-disk rows of `keys` (int64, any shape) into memory and changes nothing else:
+        run it beside one step with the next step's keys, so that their reads overlap the step. No-op untiered."""
+        return loader.load_ops().tf_ext_table_prefetch(self._handle, keys, name=name)
+
 
 class FrozenTableRef(object):
     """A read-only serving table's handle: keys -> `dim` floats, no extra columns, no metadata.
@@ -535,6 +583,39 @@ class FrozenTableRef(object):
         keys, values = self.export(name=name)
         zeros = tf.zeros_like(keys)
         return keys, values, tf.zeros(tf.stack([tf.size(keys), 0]), tf.float32), zeros, zeros
+
+
+def _tier_attrs(tier, layout):
+    """The handle op's tier_* attrs of `tier` (see `MutableTableRef.create`), checked."""
+    if tier is None:
+        return {}
+    fields = {}
+    for field in ("path", "memory_bytes", "disk_bytes", "policy"):
+        if not hasattr(tier, field):
+            raise TypeError("tier must have attributes path, memory_bytes, disk_bytes and policy, got %r" % (tier,))
+        fields[field] = getattr(tier, field)
+    path = fields["path"]
+    if not isinstance(path, str) or not path:
+        raise invalid_argument("tier path must be a non-empty directory name, got %r" % (path,))
+    memory_bytes, disk_bytes = fields["memory_bytes"], 0 if fields["disk_bytes"] is None else fields["disk_bytes"]
+    for what, value, least in (("memory_bytes", memory_bytes, 1), ("disk_bytes", disk_bytes, 0)):
+        if isinstance(value, (bool, np.bool_)) or np.asarray(value).dtype.kind not in "iu" or np.ndim(value) != 0:
+            raise invalid_argument("tier %s must be an integer number of bytes, got %r" % (what, value))
+        if int(value) < least:
+            raise invalid_argument("tier %s must be >= %d, got %d" % (what, least, int(value)))
+    if fields["policy"] not in TIER_POLICIES:
+        raise invalid_argument("tier policy must be one of %s, got %r" % (", ".join(TIER_POLICIES), fields["policy"]))
+    if layout.storage == "int8_row":
+        raise invalid_argument(
+            'a tiered table (tier path %r) cannot store int8 rows (storage "int8_row", a serving format: rows moving '
+            'between the tiers would be re-quantized); use "float32", "bfloat16" or "float16"' % path
+        )
+    return {
+        "tier_path": path,
+        "tier_memory_bytes": int(memory_bytes),
+        "tier_disk_bytes": int(disk_bytes),
+        "tier_policy": fields["policy"],
+    }
 
 
 def release_free_memory(name=None):

@@ -111,9 +111,10 @@ class RowInitializer {
 // Rows [n, dim] of n keys (unique, or each occurrence counts) of `table` into
 // out: with insert_missing, missing keys are inserted with init's draw (count
 // bumps the frequency, step >= 0 sets the version); without, they read
-// init's constant and nothing changes. Through CallTable: a table that runs
-// out of memory is a ResourceExhausted error of the op, never an exception
-// out of the kernel.
+// init's constant and nothing changes. Through TableResource::WithKeys (a
+// tiered table brings the keys' cold rows into memory first; CallTable's
+// error mapping: a table that runs out of memory is a ResourceExhausted error
+// of the op, never an exception out of the kernel).
 tensorflow::Status ProbeRows(TableResource* table, int64_t dim, bool insert_missing, bool count,
                              const RowInitializer& init, const int64_t* k, int64_t n, int64_t step, float* out,
                              const table::ParallelFor& pf) {
@@ -122,7 +123,7 @@ tensorflow::Status ProbeRows(TableResource* table, int64_t dim, bool insert_miss
   if (!insert_missing) {
     // Read-only: missing keys read the initializer's constant (0 for the
     // random kinds); no insertion, no metadata change.
-    return CallTable(*table, "lookup", [&] {
+    return table->WithKeys("lookup", k, n, pf, [&] {
       const std::vector<float> missing(dim, init.MissingValue());
       t->Find(k, n, 0, dim, out, nullptr, missing.data(), pf);
     });
@@ -131,8 +132,10 @@ tensorflow::Status ProbeRows(TableResource* table, int64_t dim, bool insert_miss
   if (step < 0) table->NoteUntrackedWrite();
   // The rows' references go to the table for the step's optimizer update of
   // these keys (HashTable::UpdateRows): it then skips its own probe.
+  // (On a tiered table a demotion between this lookup and the update frees
+  // rows and so changes the epoch: the update then probes, as after a removal.)
   std::shared_ptr<TableResource::RowRefs> refs;
-  tensorflow::Status status = CallTable(*table, "lookup", [&] {  // allocations too: bad_alloc becomes an error
+  tensorflow::Status status = table->WithKeys("lookup", k, n, pf, [&] {  // allocations too: bad_alloc becomes an error
     refs = std::make_shared<TableResource::RowRefs>();
     refs->epoch = t->removal_epoch();  // before the probe: see UpdateRows
     refs->refs.resize(static_cast<size_t>(n));

@@ -125,9 +125,10 @@ tensorflow::Status ScalarStep(const std::string& op, const Tensor& step_t, int64
 }
 
 // The update of n keys of one table (opt prepared): one probe per key.
-// Through CallTable: inserting missing keys can run out of memory, which must
-// become a ResourceExhausted error of the op, not an exception out of the
-// kernel.
+// Through TableResource::WithKeys: a tiered table brings the keys' cold rows
+// (and slots) back into memory first, and CallTable maps what the call
+// throws (inserting missing keys can run out of memory) to the op's error
+// status instead of an exception out of the kernel.
 template <class Opt>
 tensorflow::Status ApplyRows(const Opt& opt, TableResource* table, const int64_t* k, int64_t n, const float* g,
                              int64_t dim, int64_t slot_offset, int64_t step, const table::ParallelFor& pf) {
@@ -137,7 +138,7 @@ tensorflow::Status ApplyRows(const Opt& opt, TableResource* table, const int64_t
   // The keys of a lookup gradient are the lookup's unique keys: its row
   // references (if this table's last lookup was that one) spare the probe.
   const std::shared_ptr<const TableResource::RowRefs> refs = table->LastLookupRefs(k, n);
-  return CallTable(*table, "apply", [&] {
+  return table->WithKeys("apply", k, n, pf, [&] {
     table->table()->UpdateRows(
         k, refs ? refs->refs.data() : nullptr, refs ? refs->epoch : 0, n, table->column_defaults().data(),
         [&opt, g, dim, slot_offset, step](int64_t i, float* row, table::KeyMeta* meta) {

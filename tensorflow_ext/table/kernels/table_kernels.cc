@@ -79,6 +79,13 @@ class TableHandleOp : public OpKernel {
     // Validate before any table exists: the op fails at construction.
     const std::string problem = table::ValidateOptions(options_);
     OP_REQUIRES(ctx, problem.empty(), InvalidArgument(problem));
+    OP_REQUIRES_OK(ctx, ctx->GetAttr("tier_path", &tier_.path));
+    OP_REQUIRES_OK(ctx, ctx->GetAttr("tier_memory_bytes", &tier_.memory_bytes));
+    OP_REQUIRES_OK(ctx, ctx->GetAttr("tier_disk_bytes", &tier_.disk_bytes));
+    std::string policy;
+    OP_REQUIRES_OK(ctx, ctx->GetAttr("tier_policy", &policy));
+    OP_REQUIRES_OK(ctx, ParseTierPolicy(policy, &tier_.policy));
+    OP_REQUIRES_OK(ctx, tier_.Validate(layout_));
     OP_REQUIRES_OK(ctx, ctx->GetAttr("use_node_name_sharing", &use_node_name_sharing_));
   }
 
@@ -96,7 +103,7 @@ class TableHandleOp : public OpKernel {
     }
     auto creator = [this](lookup::LookupInterface** ret) {
       TableResource* table = nullptr;
-      TF_RETURN_IF_ERROR(TableResource::Create(layout_, options_, &table));
+      TF_RETURN_IF_ERROR(TableResource::Create(layout_, options_, tier_, cinfo_.name(), &table));
       *ret = table;
       return tensorflow::OkStatus();
     };
@@ -113,6 +120,10 @@ class TableHandleOp : public OpKernel {
                 tensorflow::errors::FailedPrecondition("tf_ext table '", cinfo_.name(),
                                                        "' already exists with layout (", table->layout().DebugString(),
                                                        ") but this op asks for layout (", layout_.DebugString(), ")"));
+    OP_REQUIRES(ctx, table->tier_config().SameAs(tier_),
+                tensorflow::errors::FailedPrecondition("tf_ext table '", cinfo_.name(), "' already exists with tier (",
+                                                       table->tier_config().DebugString(),
+                                                       ") but this op asks for tier (", tier_.DebugString(), ")"));
     initialized_ = true;
     Tensor* handle = nullptr;
     OP_REQUIRES_OK(ctx, ctx->allocate_output(0, TensorShape({}), &handle));
@@ -127,6 +138,7 @@ class TableHandleOp : public OpKernel {
   bool use_node_name_sharing_ = false;
   TableLayout layout_;
   table::TableOptions options_;
+  TierConfig tier_;
 };
 
 // ---------------------------------------------------------------------------
@@ -286,12 +298,12 @@ class TableFindOp : public TableOpBase {
     if (def.NumElements() == cols) {
       std::memcpy(default_row.data(), def.flat<float>().data(), cols * sizeof(float));
     }
-    OP_REQUIRES_OK(ctx, CallTable(*tc.table, "find", [&] {
-                     tc.table->table()->Find(keys.flat<int64_t>().data(), n, col_begin_, cols,
-                                             values->flat<float>().data(),
-                                             found != nullptr ? found->flat<bool>().data() : nullptr,
-                                             default_row.data(), MakeParallelFor(ctx));
-                   }));
+    const int64_t* k = keys.flat<int64_t>().data();
+    const table::ParallelFor pf = MakeParallelFor(ctx);
+    OP_REQUIRES_OK(ctx, tc.table->WithKeys("find", k, n, pf, [&] {
+      tc.table->table()->Find(k, n, col_begin_, cols, values->flat<float>().data(),
+                              found != nullptr ? found->flat<bool>().data() : nullptr, default_row.data(), pf);
+    }));
   }
 };
 
@@ -304,11 +316,12 @@ class TableFindOrInsertOp : public TableUpdateOpBase {
     Tensor* values = nullptr;
     OP_REQUIRES_OK(ctx, ctx->allocate_output(0, RowsOutputShape(*in.keys, in.cols), &values));
     if (in.n() == 0) return;
-    OP_REQUIRES_OK(ctx, CallTable(*in.table, "find_or_insert", [&] {
-                     in.table->table()->FindOrInsert(in.key_data(), in.n(), col_begin_, in.cols, in.row_data(),
-                                                     in.table->column_defaults().data(), values->flat<float>().data(),
-                                                     nullptr, count_, step, MakeParallelFor(ctx));
-                   }));
+    const table::ParallelFor pf = MakeParallelFor(ctx);
+    OP_REQUIRES_OK(ctx, in.table->WithKeys("find_or_insert", in.key_data(), in.n(), pf, [&] {
+      in.table->table()->FindOrInsert(in.key_data(), in.n(), col_begin_, in.cols, in.row_data(),
+                                      in.table->column_defaults().data(), values->flat<float>().data(), nullptr, count_,
+                                      step, pf);
+    }));
   }
 };
 
@@ -319,10 +332,11 @@ class TableInsertOp : public TableUpdateOpBase {
  private:
   void Apply(OpKernelContext* ctx, const KeyedRows& in, int64_t step) override {
     if (in.n() == 0) return;
-    OP_REQUIRES_OK(ctx, CallTable(*in.table, "insert", [&] {
-                     in.table->table()->Insert(in.key_data(), in.n(), col_begin_, in.cols, in.row_data(),
-                                               in.table->column_defaults().data(), count_, step, MakeParallelFor(ctx));
-                   }));
+    const table::ParallelFor pf = MakeParallelFor(ctx);
+    OP_REQUIRES_OK(ctx, in.table->WithKeys("insert", in.key_data(), in.n(), pf, [&] {
+      in.table->table()->Insert(in.key_data(), in.n(), col_begin_, in.cols, in.row_data(),
+                                in.table->column_defaults().data(), count_, step, pf);
+    }));
   }
 };
 
@@ -335,11 +349,11 @@ class TableAccumulateOp : public TableUpdateOpBase {
  private:
   void Apply(OpKernelContext* ctx, const KeyedRows& in, int64_t step) override {
     if (in.n() == 0) return;
-    OP_REQUIRES_OK(ctx, CallTable(*in.table, "accumulate", [&] {
-                     in.table->table()->Accumulate(in.key_data(), in.n(), col_begin_, in.cols, in.row_data(),
-                                                   in.table->column_defaults().data(), insert_missing_, count_, step,
-                                                   MakeParallelFor(ctx));
-                   }));
+    const table::ParallelFor pf = MakeParallelFor(ctx);
+    OP_REQUIRES_OK(ctx, in.table->WithKeys("accumulate", in.key_data(), in.n(), pf, [&] {
+      in.table->table()->Accumulate(in.key_data(), in.n(), col_begin_, in.cols, in.row_data(),
+                                    in.table->column_defaults().data(), insert_missing_, count_, step, pf);
+    }));
   }
 
   bool insert_missing_ = true;
@@ -359,24 +373,82 @@ class TableRemoveOp : public TableOpBase {
     OP_REQUIRES_OK(ctx, ctx->allocate_output(0, TensorShape({}), &out));
     int64_t removed = 0;
     if (n > 0) {
-      OP_REQUIRES_OK(ctx, CallTable(*table, "remove", [&] {
-                       removed = table->table()->Remove(keys.flat<int64_t>().data(), n, MakeParallelFor(ctx));
-                     }));
-      if (removed > 0) table->LogRemovedKeys(keys.flat<int64_t>().data(), n);
+      const int64_t* k = keys.flat<int64_t>().data();
+      const table::ParallelFor pf = MakeParallelFor(ctx);
+      OP_REQUIRES_OK(ctx, table->WithKeys("remove", k, n, pf, [&] { removed = table->table()->Remove(k, n, pf); }));
+      if (removed > 0) table->LogRemovedKeys(k, n);
     }
     out->scalar<int64_t>()() = removed;
   }
 };
 
-// Size and MemoryBytes: an int64 statistic of the core table.
-template <int64_t (table::HashTable::*Stat)() const>
-class TableStatOp : public OpKernel {
+// Size: the keys of both tiers.
+class TableSizeOp : public OpKernel {
  public:
   using OpKernel::OpKernel;
   void Compute(OpKernelContext* ctx) override {
     RefCountPtr<TableResource> table;
     OP_REQUIRES_OK(ctx, GetTableResource(ctx, 0, &table));
-    SetInt64ScalarOutput(ctx, [&] { return (table->table()->*Stat)(); });
+    int64_t size = 0;
+    OP_REQUIRES_OK(ctx, CallTable(*table, "size", [&] { size = table->Size(); }));
+    SetInt64ScalarOutput(ctx, [&] { return size; });
+  }
+};
+
+// MemoryBytes: the bytes the core table (the memory tier) holds.
+class TableMemoryBytesOp : public OpKernel {
+ public:
+  using OpKernel::OpKernel;
+  void Compute(OpKernelContext* ctx) override {
+    RefCountPtr<TableResource> table;
+    OP_REQUIRES_OK(ctx, GetTableResource(ctx, 0, &table));
+    SetInt64ScalarOutput(ctx, [&] { return table->table()->memory_bytes(); });
+  }
+};
+
+// TfExtTableTierStats: the tier's counters, in table::TierStats order.
+class TableTierStatsOp : public OpKernel {
+ public:
+  using OpKernel::OpKernel;
+  void Compute(OpKernelContext* ctx) override {
+    RefCountPtr<TableResource> table;
+    OP_REQUIRES_OK(ctx, GetTableResource(ctx, 0, &table));
+    table::TierStats st{};
+    OP_REQUIRES_OK(ctx, CallTable(*table, "tier_stats", [&] { st = table->tier_stats(); }));
+    const int64_t values[] = {st.memory_keys, st.memory_bytes, st.disk_keys, st.disk_bytes, st.budget_keys,
+                              st.lookups,     st.cold_reads,   st.demotions, st.dropped,    st.errors};
+    constexpr int64_t kCount = sizeof(values) / sizeof(values[0]);
+    static_assert(kCount == 10, "TfExtTableTierStats outputs 10 counters (table_ops.cc)");
+    Tensor* out = nullptr;
+    OP_REQUIRES_OK(ctx, ctx->allocate_output(0, TensorShape({kCount}), &out));
+    std::memcpy(out->flat<int64_t>().data(), values, sizeof(values));
+  }
+};
+
+class TableTierSettleOp : public OpKernel {
+ public:
+  using OpKernel::OpKernel;
+  void Compute(OpKernelContext* ctx) override {
+    RefCountPtr<TableResource> table;
+    OP_REQUIRES_OK(ctx, GetTableResource(ctx, 0, &table));
+    OP_REQUIRES_OK(ctx, CallTable(*table, "tier_settle", [&] { table->Settle(); }));
+  }
+};
+
+// TfExtTablePrefetch: brings the keys' cold rows into memory (nothing else
+// changes: no insert, no count, no version), so that the batch that uses
+// them next finds them there.
+class TablePrefetchOp : public OpKernel {
+ public:
+  using OpKernel::OpKernel;
+  void Compute(OpKernelContext* ctx) override {
+    RefCountPtr<TableResource> table;
+    OP_REQUIRES_OK(ctx, GetTableResource(ctx, 0, &table));
+    const Tensor& keys = ctx->input(1);
+    OP_REQUIRES_OK(ctx, CheckKeysTensor(keys));
+    const int64_t n = keys.NumElements();
+    if (n == 0 || table->tier() == nullptr) return;
+    OP_REQUIRES_OK(ctx, table->WithKeys("prefetch", keys.flat<int64_t>().data(), n, MakeParallelFor(ctx), [] {}));
   }
 };
 
@@ -387,11 +459,11 @@ class TableClearOp : public OpKernel {
     RefCountPtr<TableResource> table;
     OP_REQUIRES_OK(ctx, GetTableResource(ctx, 0, &table));
     table->NoteUntrackedWrite();
-    OP_REQUIRES_OK(ctx, CallTable(*table, "clear", [&] { table->table()->Clear(); }));
+    OP_REQUIRES_OK(ctx, CallTable(*table, "clear", [&] { table->Clear(); }));
   }
 };
 
-// Runs `export_fn(size_outputs)` (HashTable::Export or ExportSince) into the op's four outputs: keys, rows of
+// Runs `export_fn(size_outputs)` (TableResource::Export or ExportSince) into the op's four outputs: keys, rows of
 // tc.cols columns, versions and frequencies (widened from the table's uint32 counters to int64).
 template <class ExportFn>
 void ExportToOutputs(OpKernelContext* ctx, const TableColumns& tc, ExportFn export_fn) {
@@ -430,7 +502,7 @@ class TableExportOp : public TableOpBase {
   void Compute(OpKernelContext* ctx) override {
     TableColumns tc;
     OP_REQUIRES_OK(ctx, Prepare(ctx, &tc));
-    ExportToOutputs(ctx, tc, [&](auto size_outputs) { tc.table->table()->Export(col_begin_, tc.cols, size_outputs); });
+    ExportToOutputs(ctx, tc, [&](auto size_outputs) { tc.table->Export(col_begin_, tc.cols, size_outputs); });
   }
 };
 
@@ -444,9 +516,8 @@ class TableExportSinceOp : public TableOpBase {
     int64_t min_version = -1;
     OP_REQUIRES_OK(ctx, GetScalarInt64(ctx, 1, "min_version", &min_version));
     if (min_version < 0) min_version = std::numeric_limits<int64_t>::min();
-    ExportToOutputs(ctx, tc, [&](auto size_outputs) {
-      tc.table->table()->ExportSince(min_version, col_begin_, tc.cols, size_outputs);
-    });
+    ExportToOutputs(ctx, tc,
+                    [&](auto size_outputs) { tc.table->ExportSince(min_version, col_begin_, tc.cols, size_outputs); });
   }
 };
 
@@ -533,24 +604,17 @@ class TableImportOp : public TableOpBase {
     }
     const int64_t* version_data = versions.NumElements() == n ? versions.flat<int64_t>().data() : nullptr;
     const uint32_t* freq_data = f32.empty() ? nullptr : f32.data();
-    const table::ParallelFor pf = MakeParallelFor(ctx);
-    auto import_into = [&](table::HashTable& t) {
-      if (n == 0) return;
-      t.Import(in.key_data(), n, col_begin_, in.cols, in.row_data(), in.table->column_defaults().data(), version_data,
-               freq_data, pf);
-    };
     // Imported rows keep the versions given: a delta save cannot find them by version.
     if (n > 0 || clear_first_) in.table->NoteUntrackedWrite();
-    // clear_first (a restore): the new contents are built aside and swapped
-    // in at once, so concurrent lookups (serving, an evaluator) see the old
-    // table or the new one, never an empty or half-filled one; a failure
-    // (out of memory) leaves the old contents.
+    // clear_first (a restore) on an untiered table: the new contents are
+    // built aside and swapped in at once, so concurrent lookups (serving, an
+    // evaluator) see the old table or the new one, never an empty or
+    // half-filled one; a failure (out of memory) leaves the old contents. A
+    // tiered table fills its tiers in place (TableResource::Import).
+    if (n == 0 && !clear_first_) return;
     OP_REQUIRES_OK(ctx, CallTable(*in.table, "import", [&] {
-                     if (clear_first_) {
-                       in.table->table()->Replace(n, import_into);
-                     } else {
-                       import_into(*in.table->table());
-                     }
+                     in.table->Import(in.key_data(), n, col_begin_, in.cols, in.row_data(), version_data, freq_data,
+                                      clear_first_, MakeParallelFor(ctx));
                    }));
   }
 
@@ -571,18 +635,14 @@ class TableEvictOp : public OpKernel {
     OP_REQUIRES_OK(ctx, ctx->allocate_output(0, TensorShape({}), &out));
     int64_t removed = 0;
     if (min_version >= 0 || min_frequency >= 0) {
-      // RemoveIf calls the predicate on one thread, shard by shard, and removes every key it accepts.
-      std::vector<int64_t> doomed;
-      OP_REQUIRES_OK(ctx, CallTable(*table, "evict", [&] {
-                       removed = table->table()->RemoveIf([min_version, min_frequency, &doomed](
-                                                              int64_t key, const float*, const table::KeyMeta& m) {
-                         const bool evict = (min_version >= 0 && m.version < min_version) ||
-                                            (min_frequency >= 0 && static_cast<int64_t>(m.frequency) < min_frequency);
-                         if (evict) doomed.push_back(key);
-                         return evict;
-                       });
-                     }));
-      table->LogRemovedKeys(doomed.data(), static_cast<int64_t>(doomed.size()));
+      // Both tiers; TableResource::RemoveIf logs the removed keys in the change log.
+      OP_REQUIRES_OK(
+          ctx, CallTable(*table, "evict", [&] {
+            removed = table->RemoveIf([min_version, min_frequency](int64_t, const float*, const table::KeyMeta& m) {
+              return (min_version >= 0 && m.version < min_version) ||
+                     (min_frequency >= 0 && static_cast<int64_t>(m.frequency) < min_frequency);
+            });
+          }));
     }
     out->scalar<int64_t>()() = removed;
   }
@@ -596,16 +656,19 @@ TFEXT_REGISTER_CPU("TfExtTableFindOrInsert", TableFindOrInsertOp);
 TFEXT_REGISTER_CPU("TfExtTableInsert", TableInsertOp);
 TFEXT_REGISTER_CPU("TfExtTableAccumulate", TableAccumulateOp);
 TFEXT_REGISTER_CPU("TfExtTableRemove", TableRemoveOp);
-TFEXT_REGISTER_CPU("TfExtTableSize", TableStatOp<&table::HashTable::size>);
+TFEXT_REGISTER_CPU("TfExtTableSize", TableSizeOp);
 TFEXT_REGISTER_CPU("TfExtTableExport", TableExportOp);
 TFEXT_REGISTER_CPU("TfExtTableImport", TableImportOp);
 TFEXT_REGISTER_CPU("TfExtTableClear", TableClearOp);
-TFEXT_REGISTER_CPU("TfExtTableMemoryBytes", TableStatOp<&table::HashTable::memory_bytes>);
+TFEXT_REGISTER_CPU("TfExtTableMemoryBytes", TableMemoryBytesOp);
 TFEXT_REGISTER_CPU("TfExtTableEvict", TableEvictOp);
 TFEXT_REGISTER_CPU("TfExtTableExportSince", TableExportSinceOp);
 TFEXT_REGISTER_CPU("TfExtTableChangeLog", TableChangeLogOp);
 TFEXT_REGISTER_CPU("TfExtTableChangeLogStart", TableChangeLogStartOp);
 TFEXT_REGISTER_CPU("TfExtTableChangeLogCommit", TableChangeLogCommitOp);
+TFEXT_REGISTER_CPU("TfExtTableTierStats", TableTierStatsOp);
+TFEXT_REGISTER_CPU("TfExtTableTierSettle", TableTierSettleOp);
+TFEXT_REGISTER_CPU("TfExtTablePrefetch", TablePrefetchOp);
 
 }  // namespace
 }  // namespace tfext

@@ -123,6 +123,11 @@ Status ScalarOutputShape(InferenceContext* c) {
 // storage/compact_cols/rounding: how the leading compact_cols columns of each
 // row are stored (storage_attrs.h names the choices; TableLayout in
 // table_resource.h the rules). Every op still reads and writes float32.
+// tier_*: a non-empty tier_path makes a tiered table (TierConfig in
+// table_resource.h): at most tier_memory_bytes of rows in memory, the others
+// in an on-disk store in that directory (at most tier_disk_bytes of files
+// there, 0 = unbounded; tier_policy "lru" or "lfu" picks the rows that leave
+// memory and, past the cap, the disk).
 REGISTER_OP("TfExtTableHandle")
     .Output("table_handle: resource")
     .Attr("dim: int")
@@ -135,6 +140,10 @@ REGISTER_OP("TfExtTableHandle")
     .Attr("shard_bits: int = -1")
     .Attr("huge_pages: bool = true")
     .Attr("preallocate: bool = false")
+    .Attr("tier_path: string = ''")
+    .Attr("tier_memory_bytes: int = 0")
+    .Attr("tier_disk_bytes: int = 0")
+    .Attr("tier_policy: string = 'lru'")
     .Attr("container: string = ''")
     .Attr("shared_name: string = ''")
     .Attr("use_node_name_sharing: bool = false")
@@ -321,6 +330,35 @@ REGISTER_OP("TfExtTableChangeLogStart")
 
 REGISTER_OP("TfExtTableChangeLogCommit")
     .Input("table_handle: resource")
+    .SetIsStateful()
+    .SetShapeFn([](InferenceContext* c) { return HandleInput(c); });
+
+// The tier's counters, in this order: memory_keys, memory_bytes, disk_keys,
+// disk_bytes, budget_keys, lookups, cold_reads, demotions, dropped, errors
+// (table::TierStats). An untiered table: its keys and bytes, then zeros.
+REGISTER_OP("TfExtTableTierStats")
+    .Input("table_handle: resource")
+    .Output("stats: int64")
+    .SetIsStateful()
+    .SetShapeFn([](InferenceContext* c) {
+      TF_RETURN_IF_ERROR(HandleInput(c));
+      c->set_output(0, c->Vector(10));
+      return OkStatus();
+    });
+
+// Waits until the memory tier is within its budget and no demotion is in
+// flight (no-op untiered).
+REGISTER_OP("TfExtTableTierSettle").Input("table_handle: resource").SetIsStateful().SetShapeFn([](InferenceContext* c) {
+  return HandleInput(c);
+});
+
+// Brings the cold rows of keys (any shape) into memory, changing nothing
+// else (no insert, count or version): run with one step, for the keys of the
+// next, so that their disk reads overlap the step's work. No-op untiered.
+REGISTER_OP("TfExtTablePrefetch")
+    .Input("table_handle: resource")
+    .Input("keys: Tkeys")
+    .Attr("Tkeys: type = DT_INT64")
     .SetIsStateful()
     .SetShapeFn([](InferenceContext* c) { return HandleInput(c); });
 

@@ -5,6 +5,7 @@
 #include <algorithm>
 #include <cmath>
 #include <cstring>
+#include <mutex>
 #include <new>
 #include <stdexcept>
 
@@ -61,6 +62,55 @@ Status TableLayout::Validate() const {
   return tensorflow::OkStatus();
 }
 
+const char* TierPolicyName(table::TierOptions::Policy policy) {
+  return policy == table::TierOptions::Policy::kLfu ? "lfu" : "lru";
+}
+
+Status ParseTierPolicy(const std::string& name, table::TierOptions::Policy* out) {
+  for (table::TierOptions::Policy p : {table::TierOptions::Policy::kLru, table::TierOptions::Policy::kLfu}) {
+    if (name == TierPolicyName(p)) {
+      *out = p;
+      return tensorflow::OkStatus();
+    }
+  }
+  return InvalidArgument("tier_policy must be \"lru\" or \"lfu\", got \"", name, "\"");
+}
+
+Status TierConfig::Validate(const TableLayout& layout) const {
+  if (memory_bytes < 0) return InvalidArgument("tier_memory_bytes must be >= 0, got ", memory_bytes);
+  if (disk_bytes < 0) return InvalidArgument("tier_disk_bytes must be >= 0 (0 = unbounded), got ", disk_bytes);
+  if (!enabled()) {
+    // Sizes without a directory would silently give an all-in-memory table.
+    if (memory_bytes != 0 || disk_bytes != 0) {
+      return InvalidArgument("tier_memory_bytes=", memory_bytes, " and tier_disk_bytes=", disk_bytes,
+                             " need a tier_path (the directory of the disk tier); an untiered table takes neither");
+    }
+    return tensorflow::OkStatus();
+  }
+  if (memory_bytes == 0) {
+    return InvalidArgument("tier_memory_bytes must be > 0 for a tiered table (tier_path \"", path,
+                           "\"): it is the memory tier's budget");
+  }
+  if (layout.storage == table::RowStorage::kInt8Row) {
+    return InvalidArgument("a tiered table (tier_path \"", path, "\") cannot store int8 rows (storage \"",
+                           RowStorageName(layout.storage),
+                           "\", a serving format: rows moving between the tiers would be re-quantized, which is not "
+                           "exact); use storage \"float32\", \"bfloat16\" or \"float16\", or no tier_path");
+  }
+  return tensorflow::OkStatus();
+}
+
+bool TierConfig::SameAs(const TierConfig& other) const {
+  return path == other.path && memory_bytes == other.memory_bytes && disk_bytes == other.disk_bytes &&
+         (!enabled() || policy == other.policy);
+}
+
+std::string TierConfig::DebugString() const {
+  if (!enabled()) return "untiered";
+  return tensorflow::strings::StrCat("tier_path=", path, ", tier_memory_bytes=", memory_bytes,
+                                     ", tier_disk_bytes=", disk_bytes, ", tier_policy=", TierPolicyName(policy));
+}
+
 static std::vector<float> EffectiveDefaults(const TableLayout& l) {
   if (!l.column_defaults.empty()) return l.column_defaults;
   return std::vector<float>(static_cast<size_t>(std::max<int64_t>(l.width, 0)), 0.0f);
@@ -96,29 +146,77 @@ std::string TableLayout::DebugString() const {
   return s;
 }
 
-TableResource::TableResource(const TableLayout& layout, table::TableOptions options)
-    : layout_(layout), options_(options) {
+TableResource::TableResource(const TableLayout& layout, table::TableOptions options, const TierConfig& tier,
+                             const std::string& name)
+    : layout_(layout), options_(options), tier_config_(tier), name_(name) {
   options_.width = layout_.width;
   options_.storage = layout_.storage;
   options_.compact_cols = layout_.compact_cols;
   options_.rounding = layout_.rounding;
   column_defaults_ = EffectiveDefaults(layout_);
   table_ = std::make_unique<table::HashTable>(options_);
+  if (tier_config_.enabled()) {
+    table::TierOptions tier_options;
+    tier_options.path = tier_config_.path;
+    tier_options.memory_bytes = tier_config_.memory_bytes;
+    tier_options.disk_bytes = tier_config_.disk_bytes;
+    tier_options.policy = tier_config_.policy;
+    tier_ = std::make_unique<table::TieredTable>(table_.get(), options_, tier_options);
+  }
 }
 
 TableResource::~TableResource() = default;
 
-Status TableResource::Create(const TableLayout& layout, const table::TableOptions& options, TableResource** out) {
+namespace {
+
+// The status code of a StoreError (see StoreErrorStatus).
+template <typename... Args>
+Status StoreStatus(table::StoreError::Code code, Args&&... args) {
+  switch (code) {
+    case table::StoreError::kNoSpace:
+      return tensorflow::errors::ResourceExhausted(std::forward<Args>(args)...);
+    case table::StoreError::kLocked:
+    case table::StoreError::kForeign:
+    case table::StoreError::kUnavailable:
+      return tensorflow::errors::FailedPrecondition(std::forward<Args>(args)...);
+    case table::StoreError::kCorrupt:
+      return tensorflow::errors::DataLoss(std::forward<Args>(args)...);
+    case table::StoreError::kInvalid:
+      return tensorflow::errors::InvalidArgument(std::forward<Args>(args)...);
+    case table::StoreError::kIO:
+      break;
+  }
+  return tensorflow::errors::Internal(std::forward<Args>(args)...);
+}
+
+}  // namespace
+
+Status TableResource::Create(const TableLayout& layout, const table::TableOptions& options, const TierConfig& tier,
+                             const std::string& name, TableResource** out) {
   *out = nullptr;
   try {
-    *out = new TableResource(layout, options);
+    *out = new TableResource(layout, options, tier, name);
   } catch (const std::invalid_argument& e) {
-    return InvalidArgument(e.what());
+    return InvalidArgument("tf_ext table '", name, "' (", layout.DebugString(), ", ", tier.DebugString(),
+                           "): ", e.what());
   } catch (const std::bad_alloc& e) {
-    return tensorflow::errors::ResourceExhausted("tf_ext table (", layout.DebugString(),
+    return tensorflow::errors::ResourceExhausted("tf_ext table '", name, "' (", layout.DebugString(),
                                                  "): cannot allocate the table (", e.what(), ")");
+  } catch (const table::StoreError& e) {
+    return StoreStatus(e.code(), "tf_ext table '", name, "': cannot open its disk tier at ", tier.path, ": ", e.what());
   }
   return tensorflow::OkStatus();
+}
+
+Status StoreErrorStatus(const TableResource& table, const char* what, const table::StoreError& error) {
+  const char* hint = "";
+  if (error.code() == table::StoreError::kNoSpace) {
+    hint =
+        " (free space on that device or lower the tier's disk_bytes; the table is still usable and the last "
+        "checkpoint still holds every key it saved)";
+  }
+  return StoreStatus(error.code(), "tf_ext table '", table.name(), "' ", what, " failed in its disk tier at ",
+                     table.tier_config().path, ": ", error.what(), hint);
 }
 
 Status TableMemoryError(const TableResource& table, const char* what, const std::exception& error) {
@@ -127,7 +225,7 @@ Status TableMemoryError(const TableResource& table, const char* what, const std:
   tensorflow::str_util::ConsumePrefix(&detail, "tf_ext table: ");
   return tensorflow::errors::ResourceExhausted(
       "tf_ext table ", what, " ran out of memory: ", detail, " [table: ", table.layout().DebugString(), ", ",
-      table.table()->size(), " keys, ", table.table()->memory_bytes(),
+      table.table()->size(), table.tier() != nullptr ? " keys in memory, " : " keys, ", table.table()->memory_bytes(),
       " bytes held]. The table is still usable; part of the batch may have been applied.");
 }
 
@@ -149,7 +247,7 @@ Status TableResource::Find(OpKernelContext* ctx, const Tensor& keys, Tensor* val
     if (dn == dim) {
       std::copy_n(default_value.flat<float>().data(), dim, row.data());
     }
-    return CallTable(*this, "find", [&] { table_->Find(k, n, 0, dim, out, nullptr, row.data(), pf); });
+    return WithKeys("find", k, n, pf, [&] { table_->Find(k, n, 0, dim, out, nullptr, row.data(), pf); });
   }
   if (dn != n * dim) {
     return InvalidArgument("default_value must be a scalar, [", dim, "] or keys.shape + [", dim, "], got shape ",
@@ -159,7 +257,7 @@ Status TableResource::Find(OpKernelContext* ctx, const Tensor& keys, Tensor* val
   if (found == nullptr) {
     return tensorflow::errors::ResourceExhausted("tf_ext table find: cannot allocate ", n, " found flags");
   }
-  TF_RETURN_IF_ERROR(CallTable(*this, "find", [&] { table_->Find(k, n, 0, dim, out, found.get(), nullptr, pf); }));
+  TF_RETURN_IF_ERROR(WithKeys("find", k, n, pf, [&] { table_->Find(k, n, 0, dim, out, found.get(), nullptr, pf); }));
   const float* d = default_value.flat<float>().data();
   for (int64_t i = 0; i < n; ++i) {
     if (!found[i]) std::copy_n(d + i * dim, dim, out + i * dim);
@@ -177,9 +275,11 @@ Status TableResource::Insert(OpKernelContext* ctx, const Tensor& keys, const Ten
   }
   if (n == 0) return tensorflow::OkStatus();
   NoteUntrackedWrite();  // no version is set
-  return CallTable(*this, "insert", [&] {
-    table_->Insert(keys.flat<int64_t>().data(), n, 0, layout_.dim, values.flat<float>().data(), column_defaults_.data(),
-                   /*count=*/false, /*version=*/-1, MakeParallelFor(ctx));
+  const int64_t* k = keys.flat<int64_t>().data();
+  const table::ParallelFor pf = MakeParallelFor(ctx);
+  return WithKeys("insert", k, n, pf, [&] {
+    table_->Insert(k, n, 0, layout_.dim, values.flat<float>().data(), column_defaults_.data(),
+                   /*count=*/false, /*version=*/-1, pf);
   });
 }
 
@@ -222,19 +322,20 @@ Status TableResource::Remove(OpKernelContext* ctx, const Tensor& keys) {
   TF_RETURN_IF_ERROR(CheckKeysTensor(keys));
   const int64_t n = keys.NumElements();
   if (n == 0) return tensorflow::OkStatus();
-  TF_RETURN_IF_ERROR(
-      CallTable(*this, "remove", [&] { table_->Remove(keys.flat<int64_t>().data(), n, MakeParallelFor(ctx)); }));
-  LogRemovedKeys(keys.flat<int64_t>().data(), n);
+  const int64_t* k = keys.flat<int64_t>().data();
+  const table::ParallelFor pf = MakeParallelFor(ctx);
+  TF_RETURN_IF_ERROR(WithKeys("remove", k, n, pf, [&] { table_->Remove(k, n, pf); }));
+  LogRemovedKeys(k, n);
   return tensorflow::OkStatus();
 }
 
-size_t TableResource::size() const { return static_cast<size_t>(table_->size()); }
+size_t TableResource::size() const { return static_cast<size_t>(Size()); }
 
 Status TableResource::ExportValues(OpKernelContext* ctx) {
   const int64_t dim = layout_.dim;
   Status st;
   TF_RETURN_IF_ERROR(CallTable(*this, "export", [&] {
-    table_->Export(0, dim, [&](int64_t n) {
+    Export(0, dim, [&](int64_t n) {
       table::HashTable::ExportBuffers b;
       Tensor* keys = nullptr;
       Tensor* values = nullptr;
@@ -258,15 +359,99 @@ Status TableResource::ImportValues(OpKernelContext* ctx, const Tensor& keys, con
                            values.shape().DebugString());
   }
   NoteUntrackedWrite();  // new contents, versions not kept
-  // Built aside and swapped in at once: concurrent finds never see the table
-  // empty or partly filled.
+  // Untiered: built aside and swapped in at once, so concurrent finds never
+  // see the table empty or partly filled (see Import).
   return CallTable(*this, "import", [&] {
-    table_->Replace(n, [&](table::HashTable& staging) {
-      if (n == 0) return;
-      staging.Import(keys.flat<int64_t>().data(), n, 0, layout_.dim, values.flat<float>().data(),
-                     column_defaults_.data(), nullptr, nullptr, MakeParallelFor(ctx));
-    });
+    Import(keys.flat<int64_t>().data(), n, 0, layout_.dim, values.flat<float>().data(), nullptr, nullptr,
+           /*clear_first=*/true, MakeParallelFor(ctx));
   });
+}
+
+int64_t TableResource::Size() const { return tier_ != nullptr ? tier_->size() : table_->size(); }
+
+void TableResource::Export(int64_t col_begin, int64_t cols,
+                           const std::function<table::HashTable::ExportBuffers(int64_t)>& alloc) const {
+  if (tier_ != nullptr) {
+    tier_->Export(col_begin, cols, alloc);
+  } else {
+    table_->Export(col_begin, cols, alloc);
+  }
+}
+
+void TableResource::ExportSince(int64_t min_version, int64_t col_begin, int64_t cols,
+                                const std::function<table::HashTable::ExportBuffers(int64_t)>& alloc) const {
+  if (tier_ != nullptr) {
+    tier_->ExportSince(min_version, col_begin, cols, alloc);
+  } else {
+    table_->ExportSince(min_version, col_begin, cols, alloc);
+  }
+}
+
+void TableResource::Import(const int64_t* keys, int64_t n, int64_t col_begin, int64_t cols, const float* rows,
+                           const int64_t* versions, const uint32_t* frequencies, bool clear_first,
+                           const table::ParallelFor& pf) {
+  if (tier_ != nullptr) {
+    tier_->Import(keys, n, col_begin, cols, rows, column_defaults_.data(), versions, frequencies, clear_first, pf);
+    LogDroppedKeys();
+    return;
+  }
+  auto import_into = [&](table::HashTable& t) {
+    if (n == 0) return;
+    t.Import(keys, n, col_begin, cols, rows, column_defaults_.data(), versions, frequencies, pf);
+  };
+  if (clear_first) {
+    // A failure (out of memory) leaves the old contents.
+    table_->Replace(n, import_into);
+  } else {
+    import_into(*table_);
+  }
+}
+
+void TableResource::Clear() {
+  if (tier_ != nullptr) {
+    tier_->Clear();
+  } else {
+    table_->Clear();
+  }
+}
+
+int64_t TableResource::RemoveIf(const std::function<bool(int64_t, const float*, const table::KeyMeta&)>& pred) {
+  // Both RemoveIfs remove every key pred accepts (a tiered table's, of
+  // either tier), so the keys it accepts are the keys removed. The lock only
+  // keeps the collection safe should a RemoveIf call pred from two threads.
+  std::mutex removed_mu;
+  std::vector<int64_t> removed;
+  auto collect = [&](int64_t key, const float* row, const table::KeyMeta& meta) {
+    const bool remove = pred(key, row, meta);
+    if (remove) {
+      std::lock_guard<std::mutex> lock(removed_mu);
+      removed.push_back(key);
+    }
+    return remove;
+  };
+  const int64_t count = tier_ != nullptr ? tier_->RemoveIf(collect, nullptr) : table_->RemoveIf(collect);
+  LogRemovedKeys(removed.data(), static_cast<int64_t>(removed.size()));
+  return count;
+}
+
+table::TierStats TableResource::tier_stats() const {
+  if (tier_ != nullptr) return tier_->stats();
+  table::TierStats stats{};
+  stats.memory_keys = table_->size();
+  stats.memory_bytes = table_->memory_bytes();
+  return stats;
+}
+
+void TableResource::Settle() {
+  if (tier_ == nullptr) return;
+  tier_->Settle();
+  LogDroppedKeys();
+}
+
+void TableResource::LogDroppedKeys() {
+  if (tier_ == nullptr) return;
+  const std::vector<int64_t> dropped = tier_->TakeDroppedKeys();
+  LogRemovedKeys(dropped.data(), static_cast<int64_t>(dropped.size()));
 }
 
 void TableResource::StartChangeLog(int64_t capacity) {
@@ -302,6 +487,7 @@ void TableResource::NoteUntrackedWrite() {
 }
 
 TableResource::ChangeLogState TableResource::ReadChangeLog(std::vector<int64_t>* removed) {
+  LogDroppedKeys();  // outside log_mu_: LogRemovedKeys takes it
   tensorflow::mutex_lock l(log_mu_);
   ChangeLogState state;
   state.enabled = log_enabled_.load(std::memory_order_acquire);
@@ -326,7 +512,11 @@ void TableResource::CommitChangeLog() {
 int64_t TableResource::MemoryUsed() const { return table_->memory_bytes(); }
 
 std::string TableResource::DebugString() const {
-  return tensorflow::strings::StrCat("tf_ext HashTable(", layout_.DebugString(), ", size=", table_->size(), ")");
+  if (tier_ == nullptr) {
+    return tensorflow::strings::StrCat("tf_ext HashTable(", layout_.DebugString(), ", size=", table_->size(), ")");
+  }
+  return tensorflow::strings::StrCat("tf_ext HashTable(", layout_.DebugString(), ", ", tier_config_.DebugString(),
+                                     ", memory keys=", table_->size(), ")");
 }
 
 table::ParallelFor MakeParallelFor(OpKernelContext* ctx, int64_t cost_per_unit) {

@@ -13,6 +13,14 @@
 // columns compactly (TableLayout::storage); every method here still takes
 // and returns float32 (the core converts).
 //
+// Tiers: a table created with a tier path (TierConfig) keeps at most
+// memory_bytes of rows in the HashTable (the memory tier) and the others in an
+// on-disk store (table::TieredTable). Every key-batched call into the core
+// then goes through WithKeys, which first brings the batch's cold keys back
+// into memory, and every whole-table operation through the methods below
+// (Size, Export, Import, Clear, RemoveIf, ...), which see both tiers. An
+// untiered table takes the same paths at the cost of a branch.
+//
 // This header is a stable interface: the fused optimizer kernels
 // (tensorflow_ext/embedding/kernels) build on it.
 
@@ -21,6 +29,7 @@
 
 #include <atomic>
 #include <cstdint>
+#include <functional>
 #include <memory>
 #include <new>
 #include <stdexcept>
@@ -36,6 +45,8 @@
 #include "tensorflow/core/lib/core/status.h"
 #include "tensorflow/core/platform/mutex.h"
 #include "tensorflow_ext/table/core/hash_table.h"
+#include "tensorflow_ext/table/tiered/cold_store.h"
+#include "tensorflow_ext/table/tiered/tiered_table.h"
 
 namespace tfext {
 
@@ -71,21 +82,66 @@ struct TableLayout {
   std::string DebugString() const;
 };
 
+// The tier of a table, as given by the TfExtTableHandle attrs tier_path,
+// tier_memory_bytes, tier_disk_bytes and tier_policy. An empty path is an
+// untiered table (all rows in memory; the other fields must keep their
+// defaults).
+struct TierConfig {
+  std::string path;          // the store's directory (one table's own)
+  int64_t memory_bytes = 0;  // the memory tier's budget, > 0 when tiered
+  int64_t disk_bytes = 0;    // the disk tier's cap; 0 = unbounded
+  table::TierOptions::Policy policy = table::TierOptions::Policy::kLru;
+
+  bool enabled() const { return !path.empty(); }
+  // OK or an InvalidArgument naming the attr and the bad value: negative
+  // sizes, memory_bytes == 0 with a path, sizes without a path, a tiered
+  // table of int8 rows (a serving format: re-quantizing a row that moves
+  // between tiers is not exact).
+  tensorflow::Status Validate(const TableLayout& layout) const;
+  bool SameAs(const TierConfig& other) const;
+  // "tier_path=/ssd/t, tier_memory_bytes=1048576, tier_disk_bytes=0,
+  // tier_policy=lru", or "untiered".
+  std::string DebugString() const;
+};
+
+// "lru" | "lfu" (the tier_policy attr).
+const char* TierPolicyName(table::TierOptions::Policy policy);
+// OK and *out, or InvalidArgument naming the choices.
+tensorflow::Status ParseTierPolicy(const std::string& name, table::TierOptions::Policy* out);
+
 class TableResource : public tensorflow::lookup::LookupInterface {
  public:
-  // `layout` must be valid (TableLayout::Validate) and `options` must pass
-  // table::ValidateOptions (the core throws std::invalid_argument otherwise).
-  // options.width, storage, compact_cols and rounding are set from the
-  // layout. May throw std::bad_alloc; use Create() from a kernel.
-  TableResource(const TableLayout& layout, table::TableOptions options);
+  // `layout` must be valid (TableLayout::Validate), `tier` too
+  // (TierConfig::Validate), and `options` must pass table::ValidateOptions
+  // (the core throws std::invalid_argument otherwise). options.width,
+  // storage, compact_cols and rounding are set from the layout. `name` (the
+  // resource's name) is what error messages call the table. May throw
+  // std::bad_alloc, and table::StoreError when the tier's store cannot be
+  // opened; use Create() from a kernel.
+  TableResource(const TableLayout& layout, table::TableOptions options, const TierConfig& tier = TierConfig(),
+                const std::string& name = "");
 
   // Creates a table; InvalidArgument for invalid options, ResourceExhausted
-  // if its memory cannot be had. Never throws.
-  static tensorflow::Status Create(const TableLayout& layout, const table::TableOptions& options, TableResource** out);
+  // if its memory cannot be had, and for a tier store that cannot be opened
+  // the status of its StoreError (see StoreErrorStatus). Never throws.
+  static tensorflow::Status Create(const TableLayout& layout, const table::TableOptions& options,
+                                   const TierConfig& tier, const std::string& name, TableResource** out);
+  static tensorflow::Status Create(const TableLayout& layout, const table::TableOptions& options, TableResource** out) {
+    return Create(layout, options, TierConfig(), "", out);
+  }
 
-  // The core table; thread-safe, so callers need no extra lock.
+  // The core table (the memory tier of a tiered table); thread-safe, so
+  // callers need no extra lock. Key-batched calls must go through WithKeys
+  // and whole-table operations through the methods below: on a tiered table
+  // the core holds only part of the keys.
   table::HashTable* table() { return table_.get(); }
   const table::HashTable* table() const { return table_.get(); }
+  // The tier (null for an untiered table).
+  table::TieredTable* tier() { return tier_.get(); }
+  const table::TieredTable* tier() const { return tier_.get(); }
+  const TierConfig& tier_config() const { return tier_config_; }
+  // The resource's name ("" if it was not given).
+  const std::string& name() const { return name_; }
 
   // Embedding columns [0, dim) of each row.
   int64_t dim() const { return layout_.dim; }
@@ -96,6 +152,48 @@ class TableResource : public tensorflow::lookup::LookupInterface {
   const std::vector<float>& column_defaults() const { return column_defaults_; }
   const TableLayout& layout() const { return layout_; }
   const table::TableOptions& options() const { return options_; }
+
+  // --- Access by key (both tiers) ---
+  // Runs fn(), a call into table() for the keys[0, n) only, through
+  // CallTable (so returning the status of anything it throws): on a tiered
+  // table with the batch's cold keys brought into memory first and the tier's
+  // shared access lock held, so that none of them leaves memory until fn
+  // returns (table::TieredTable::WithKeys). Untiered: CallTable(fn). Every
+  // kernel that reaches the core by key does so through this; fn must not
+  // touch keys outside the batch (they may be on disk). `what` names the
+  // operation in error messages.
+  template <typename Fn>
+  tensorflow::Status WithKeys(const char* what, const int64_t* keys, int64_t n, const table::ParallelFor& pf, Fn&& fn);
+
+  // --- Whole-table operations (both tiers) ---
+  // These may throw like the core (and table::StoreError on a tiered table):
+  // call them inside CallTable.
+  // Keys in memory plus keys on disk.
+  int64_t Size() const;
+  // As HashTable::Export / ExportSince, over both tiers.
+  void Export(int64_t col_begin, int64_t cols,
+              const std::function<table::HashTable::ExportBuffers(int64_t)>& alloc) const;
+  void ExportSince(int64_t min_version, int64_t col_begin, int64_t cols,
+                   const std::function<table::HashTable::ExportBuffers(int64_t)>& alloc) const;
+  // Writes rows [n, cols] of the column range with their metadata (null:
+  // zeros); new keys get column_defaults() elsewhere. clear_first (a
+  // restore): the new contents replace the old in one step (untiered:
+  // HashTable::Replace, so readers never see a half-filled table); tiered:
+  // both tiers are emptied first and rows beyond the budget go to disk as
+  // they arrive (TieredTable::Import).
+  void Import(const int64_t* keys, int64_t n, int64_t col_begin, int64_t cols, const float* rows,
+              const int64_t* versions, const uint32_t* frequencies, bool clear_first, const table::ParallelFor& pf);
+  void Clear();
+  // Removes every key (of both tiers) for which pred(key, row, meta) holds
+  // (row: width() decoded floats) and logs the removed keys in the change
+  // log. pred must not call the table. Returns the number removed.
+  int64_t RemoveIf(const std::function<bool(int64_t, const float*, const table::KeyMeta&)>& pred);
+  // The tier's counters (TierStats); an untiered table answers its memory
+  // numbers and zeros.
+  table::TierStats tier_stats() const;
+  // Blocks until the memory tier is within its budget and no demotion is in
+  // flight (tests, benchmarks); no-op untiered.
+  void Settle();
 
   // --- lookup::LookupInterface (embedding columns [0, dim)) ---
   // default_value: scalar, [dim], or keys.shape + [dim] (per-key defaults).
@@ -141,6 +239,8 @@ class TableResource : public tensorflow::lookup::LookupInterface {
   void LogRemovedKeys(const int64_t* keys, int64_t n);
   // Called by every kernel that writes rows without setting their version.
   void NoteUntrackedWrite();
+  // Keys that fell off the disk tier are logged as removals too (taken from
+  // the tier after each batch and before every read of the log).
   // Copies the logged keys into *removed and marks them (and the flags seen)
   // as read (removed == nullptr: returns the flags only, marks nothing); CommitChangeLog (after the save succeeded)
   // then drops what the last read saw, keeping what was logged after it.
@@ -164,6 +264,9 @@ class TableResource : public tensorflow::lookup::LookupInterface {
   std::shared_ptr<const RowRefs> LastLookupRefs(const int64_t* keys, int64_t n) const;
 
  private:
+  // Logs the keys that fell off the disk tier since the last call as removed.
+  void LogDroppedKeys();
+
   mutable tensorflow::mutex refs_mu_;
   std::shared_ptr<const RowRefs> last_refs_ TF_GUARDED_BY(refs_mu_);
 
@@ -183,8 +286,12 @@ class TableResource : public tensorflow::lookup::LookupInterface {
 
   TableLayout layout_;
   table::TableOptions options_;
+  TierConfig tier_config_;
+  std::string name_;
   std::vector<float> column_defaults_;
   std::unique_ptr<table::HashTable> table_;
+  // After table_: destroyed first (it stops its demoter and refers to table_).
+  std::unique_ptr<table::TieredTable> tier_;
 };
 
 // A table::ParallelFor running on the op's intra-op thread pool
@@ -201,13 +308,22 @@ table::ParallelFor MakeParallelFor(tensorflow::OpKernelContext* ctx, int64_t cos
 // and the core's message (out of memory, or a full shard).
 tensorflow::Status TableMemoryError(const TableResource& table, const char* what, const std::exception& error);
 
-// Runs fn(), a call into table's core, and returns OK, or the error status
-// of an exception it threw (see TableMemoryError). Kernels must reach the
-// core only through this (the table ops and the embedding kernels alike): an
-// exception that leaves a kernel terminates the process. The core throws
-// only for memory once constructed (std::invalid_argument comes from its
-// constructor alone, which Create maps to InvalidArgument). Example:
-//   OP_REQUIRES_OK(ctx, CallTable(*table, "insert", [&] { table->table()->Insert(...); }));
+// The status for a table operation `what` that failed in the table's disk
+// tier: by error.code(), kNoSpace -> ResourceExhausted, kLocked and kForeign
+// -> FailedPrecondition, kCorrupt -> DataLoss, kInvalid -> InvalidArgument,
+// kUnavailable (the store's library is missing) -> FailedPrecondition (not
+// Unavailable, which a MonitoredSession takes for a lost worker and retries
+// forever), kIO -> Internal. The message names the table, the operation and
+// the store's directory, then the store's own message.
+tensorflow::Status StoreErrorStatus(const TableResource& table, const char* what, const table::StoreError& error);
+
+// Runs fn(), a call into table's core (or its tier), and returns OK, or the
+// error status of an exception it threw (TableMemoryError for memory,
+// StoreErrorStatus for the disk tier, Internal for anything else). Kernels
+// must reach the core only through this (the table ops and the embedding
+// kernels alike; by key through TableResource::WithKeys, which calls it): an
+// exception that leaves a kernel terminates the process. Example:
+//   OP_REQUIRES_OK(ctx, CallTable(*table, "clear", [&] { table->Clear(); }));
 template <typename Fn>
 tensorflow::Status CallTable(const TableResource& table, const char* what, Fn&& fn) {
   try {
@@ -216,8 +332,21 @@ tensorflow::Status CallTable(const TableResource& table, const char* what, Fn&& 
     return TableMemoryError(table, what, e);
   } catch (const std::length_error& e) {
     return TableMemoryError(table, what, e);
+  } catch (const table::StoreError& e) {
+    return StoreErrorStatus(table, what, e);
+  } catch (const std::exception& e) {
+    return tensorflow::errors::Internal("tf_ext table '", table.name(), "' ", what, " failed: ", e.what());
   }
   return tensorflow::OkStatus();
+}
+
+template <typename Fn>
+tensorflow::Status TableResource::WithKeys(const char* what, const int64_t* keys, int64_t n,
+                                           const table::ParallelFor& pf, Fn&& fn) {
+  if (tier_ == nullptr) return CallTable(*this, what, std::forward<Fn>(fn));
+  const tensorflow::Status status = CallTable(*this, what, [&] { tier_->WithKeys(keys, n, pf, fn); });
+  LogDroppedKeys();
+  return status;
 }
 
 // Reads the resource-handle input `input_index` and returns the table it

@@ -25,6 +25,10 @@ constexpr int64_t kIndexBytesPerKey = 20;
 constexpr int64_t kSampleKeys = 8192;
 // Keys a disk-cap pass samples (a reservoir over one scan of the store).
 constexpr int64_t kDiskSampleKeys = 65536;
+// Bytes an entry takes in the store's files beside its key and value: RocksDB's
+// internal key suffix (8), its share of the block index and Bloom filter and
+// block slack (measured ~8 at 4 KiB blocks).
+constexpr int64_t kDiskEntryOverhead = 16;
 // The store's block cache: a twentieth of the memory budget, between 1 and 32
 // MiB. It is process memory beside the budget (RSS), and a hot key lives in
 // the memory tier anyway: the cache only serves repeated cold reads.
@@ -63,6 +67,10 @@ void TieredTable::AccessLock::unlock() {
 // ---------------------------------------------------------------- construction
 
 TieredTable::TieredTable(HashTable* memory, const TableOptions& table_options, const TierOptions& options)
+    : TieredTable(memory, table_options, options, nullptr) {}
+
+TieredTable::TieredTable(HashTable* memory, const TableOptions& table_options, const TierOptions& options,
+                         std::unique_ptr<ColdStore> store)
     : memory_(memory), table_options_(table_options), options_(options), width_(table_options.width) {
   if (memory_ == nullptr) throw std::invalid_argument("a tiered table needs a memory tier; got null");
   if (memory_->width() != width_) {
@@ -95,12 +103,16 @@ TieredTable::TieredTable(HashTable* memory, const TableOptions& table_options, c
         " bytes (row + index); a tier needs " + "room for at least " + std::to_string(kMinBudgetKeys) +
         " rows (memory_bytes >= " + std::to_string(kMinBudgetKeys * bytes_per_key_) + ")");
   }
-  StoreOptions store_options;
-  store_options.path = options.path;
-  store_options.width = width_;
-  store_options.block_cache_bytes =
-      std::min(kMaxBlockCacheBytes, std::max(kMinBlockCacheBytes, options.memory_bytes / 20));
-  store_ = OpenColdStore(store_options);
+  if (store != nullptr) {
+    store_ = std::move(store);
+  } else {
+    StoreOptions store_options;
+    store_options.path = options.path;
+    store_options.width = width_;
+    store_options.block_cache_bytes =
+        std::min(kMaxBlockCacheBytes, std::max(kMinBlockCacheBytes, options.memory_bytes / 20));
+    store_ = OpenColdStore(store_options);
+  }
   if (options.background) demoter_ = std::thread([this] { DemoterLoop(); });
 }
 
@@ -296,18 +308,25 @@ void TieredTable::DemoteLocked() {
           std::min<int64_t>(static_cast<int64_t>(sample.size()) - 1,
                             std::max<int64_t>(0, static_cast<int64_t>(std::ceil(fraction * sample.size())) - 1));
       const KeyMeta threshold = sample[at];
+      // Strictly below the threshold first, then at it: ties at the
+      // threshold (many rows of one version) must not push out rows that
+      // rank above rows below it.
       const bool any = widen >= 4;
-      const std::function<bool(int64_t, const KeyMeta&)> pred = [this, threshold, any](int64_t, const KeyMeta& m) {
-        return any || RankLE(m, threshold);
-      };
       int64_t moved_total = 0;
       int64_t left = need;
-      while (left > 0) {
-        const int64_t ask = std::min(kDemoteChunk, left);
-        const int64_t moved = DemoteChunk(ask, pred);
-        moved_total += moved;
-        left -= moved;
-        if (moved < ask) break;  // a whole sweep matched fewer: sample again
+      for (const bool inclusive : {false, true}) {
+        const std::function<bool(int64_t, const KeyMeta&)> pred = [this, threshold, any, inclusive](int64_t,
+                                                                                                    const KeyMeta& m) {
+          return any || (inclusive ? RankLE(m, threshold) : !RankLE(threshold, m));
+        };
+        while (left > 0) {
+          const int64_t ask = std::min(kDemoteChunk, left);
+          const int64_t moved = DemoteChunk(ask, pred);
+          moved_total += moved;
+          left -= moved;
+          if (moved < ask) break;  // a whole sweep matched fewer
+        }
+        if (left <= 0) break;
       }
       widen = moved_total == 0 ? widen + 1 : 0;
       if (widen > 4) break;  // nothing left to move (every row is in a batch's hands)
@@ -439,17 +458,30 @@ void TieredTable::ForEachDisk(const std::function<bool(int64_t, const float*, co
 
 void TieredTable::EnforceDiskCapLocked() {
   if (options_.disk_bytes <= 0 || disk_keys_.load() == 0) return;
-  int64_t bytes = store_->disk_bytes();
-  if (bytes <= options_.disk_bytes) return;
-  store_->CompactIfNeeded();
-  bytes = store_->disk_bytes();
-  const int64_t keys = disk_keys_.load();
-  if (bytes <= options_.disk_bytes || keys == 0) return;
-  // Drop down to 90% of the cap, in keys at the bytes per key measured now,
-  // so that the next passes are ~10% of the cap's writes away.
-  const double per_key = static_cast<double>(bytes) / keys;
-  const int64_t keep = static_cast<int64_t>(0.9 * options_.disk_bytes / per_key);
-  const int64_t drop = keys - std::max<int64_t>(0, keep);
+  // The cap is kept in keys: disk_keys * bytes per entry <= disk_bytes. Bytes
+  // alone cannot drive the drops: the store's files also hold garbage (the
+  // rows promoted back and their tombstones) until a compaction, and each
+  // drop adds a tombstone, so dropping until the files shrink would empty
+  // the tier. Bytes per entry start at the entry's size in an SST file and
+  // are raised to what the files measure when they exceed the cap after a
+  // compaction, up to twice that (bounded so garbage cannot shrink the tier
+  // to nothing).
+  if (disk_entry_bytes_ == 0) disk_entry_bytes_ = kDiskEntryOverhead + 8 + 4 * width_ + 12;
+  int64_t keys = disk_keys_.load();
+  if (keys * disk_entry_bytes_ <= options_.disk_bytes) {
+    if (store_->disk_bytes() <= options_.disk_bytes) return;
+    store_->CompactIfNeeded();
+    const int64_t bytes = store_->disk_bytes();
+    keys = disk_keys_.load();
+    if (bytes <= options_.disk_bytes || keys == 0) return;
+    const int64_t nominal = kDiskEntryOverhead + 8 + 4 * width_ + 12;
+    disk_entry_bytes_ = std::max(disk_entry_bytes_, std::min(2 * nominal, (bytes + keys - 1) / keys));
+    if (keys * disk_entry_bytes_ <= options_.disk_bytes) return;
+  }
+  // Drop down to 90% of the cap, so that the next pass is ~10% of the cap's
+  // writes away (each pass scans the store twice).
+  const int64_t keep = options_.disk_bytes / disk_entry_bytes_ * 9 / 10;
+  const int64_t drop = keys - keep;
   if (drop <= 0) return;
 
   // A reservoir sample of the disk rows' metadata (one scan, bounded memory),
@@ -477,12 +509,20 @@ void TieredTable::EnforceDiskCapLocked() {
                         std::max<int64_t>(0, static_cast<int64_t>(std::ceil(fraction * sample.size())) - 1));
   const KeyMeta threshold = sample[at];
 
-  // The keys at or below it, at most `drop` (ties are cut in key order).
-  std::vector<int64_t> doomed;
+  // The keys below it, then those at it, at most `drop` in all (ties are cut
+  // in key order).
+  std::vector<int64_t> doomed, at_threshold;
   ForEachDisk([&](int64_t key, const float*, const KeyMeta& meta) {
-    if (RankLE(meta, threshold)) doomed.push_back(key);
+    if (!RankLE(threshold, meta)) {
+      doomed.push_back(key);
+    } else if (RankLE(meta, threshold) && static_cast<int64_t>(at_threshold.size()) < drop) {
+      at_threshold.push_back(key);
+    }
     return static_cast<int64_t>(doomed.size()) < drop;
   });
+  for (size_t i = 0; i < at_threshold.size() && static_cast<int64_t>(doomed.size()) < drop; ++i) {
+    doomed.push_back(at_threshold[i]);
+  }
 
   // Dropped in chunks under promote_mu_: a key promoted since the scan is no
   // longer on disk (Get says so) and is kept; no demotion runs (demote_mu_).

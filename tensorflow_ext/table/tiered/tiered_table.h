@@ -32,11 +32,16 @@
 //    round runs, so memory may briefly exceed the budget by the rows of the
 //    batches in flight. The memory tier's arena never shrinks: its bytes
 //    follow the most keys it ever held (about budget_keys * 1.1 + a batch).
-//  * Disk cap (disk_bytes > 0): after a round, while the store takes more
-//    than disk_bytes (after compaction), the lowest-ranked disk rows (same
-//    policy) are dropped until it is back under 90% of the cap. Dropped keys
-//    are gone; they are counted (stats().dropped) and kept for
-//    TakeDroppedKeys (a delta checkpoint logs them as removals).
+//  * Disk cap (disk_bytes > 0): after each round, if the disk tier holds
+//    more keys than disk_bytes / (bytes per entry), its lowest-ranked rows
+//    (same policy) are dropped until it holds 90% of that. Bytes per entry:
+//    the entry's size in the store's files (key + value + ~16 bytes of
+//    RocksDB's), raised (up to 2x) to what the files measure when, after a
+//    compaction, they still take more than the cap (garbage that compaction
+//    has not reclaimed yet counts then). Dropped keys are gone; they are
+//    counted (stats().dropped) and kept for TakeDroppedKeys (a delta
+//    checkpoint logs them as removals). Each drop pass scans the store twice
+//    (a reservoir sample of the ranks, then the keys below the threshold).
 //  * Errors: StoreError (cold_store.h) from the store, OutOfMemoryError from
 //    the memory tier, std::invalid_argument for bad options. A demotion that
 //    fails to write its rows to disk puts them back into memory (exact), and
@@ -134,6 +139,10 @@ class TieredTable {
   // of fewer than kMinBudgetKeys rows (the message names memory_bytes and
   // the bytes per row).
   TieredTable(HashTable* memory, const TableOptions& table_options, const TierOptions& options);
+  // The same over a store the caller opened (tests wrap the RocksDB store to
+  // inject failures); options.path only names the table in messages.
+  TieredTable(HashTable* memory, const TableOptions& table_options, const TierOptions& options,
+              std::unique_ptr<ColdStore> store);
   // Stops the demoter and closes the store (the directory stays, marked: the
   // next open wipes it).
   ~TieredTable();
@@ -302,7 +311,7 @@ class TieredTable {
   std::atomic<int64_t> outbox_keys_{0};  // outbox_.keys.size() + stale_.size(), read without the lock
   std::atomic<int64_t> disk_keys_{0};    // live keys on disk
   int64_t evacuate_cursor_ = 0;          // guarded by demote_mu_
-  double disk_bytes_per_key_ = 0;        // measured; guarded by demote_mu_
+  int64_t disk_entry_bytes_ = 0;         // bytes per disk entry for the cap; guarded by demote_mu_
 
   // Counters (TierStats).
   std::atomic<int64_t> lookups_{0}, cold_reads_{0}, demotions_{0}, dropped_{0}, errors_{0};

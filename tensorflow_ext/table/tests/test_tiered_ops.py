@@ -206,7 +206,18 @@ def test_whole_table_ops_match_untiered(graph, sess, tmp_path):
     keys = np.arange(3 * budget, dtype=np.int64) + 9
     sess.run(import_v2, {twin.keys: keys, twin.rows: rng.randn(len(keys), DIM).astype(np.float32)})
     _assert_same_contents(sess, twin.plain, twin.tiered)
-    assert sess.run(twin.both(lambda t: tf.raw_ops.LookupTableSizeV2(table_handle=t.handle))) == [len(keys)] * 2
+    remove_v2 = twin.both(lambda t: tf.raw_ops.LookupTableRemoveV2(table_handle=t.handle, keys=twin.keys))
+    sess.run(remove_v2, {twin.keys: keys[::3]})
+    sess.run(twin.settle)
+    export_v2 = twin.both(
+        lambda t: tf.raw_ops.LookupTableExportV2(table_handle=t.handle, Tkeys=tf.int64, Tvalues=tf.float32)
+    )
+    (ka, va), (kb, vb) = sess.run(export_v2)
+    assert len(ka) == len(keys) - len(keys[::3])
+    np.testing.assert_array_equal(ka[np.argsort(ka)], kb[np.argsort(kb)])
+    np.testing.assert_array_equal(va[np.argsort(ka)], vb[np.argsort(kb)])
+    assert sess.run(twin.both(lambda t: tf.raw_ops.LookupTableSizeV2(table_handle=t.handle))) == [len(ka)] * 2
+    assert _stats(sess, twin.tiered)["disk_keys"] > 0
 
     sess.run(twin.both(lambda t: t.clear()))
     stats = _stats(sess, twin.tiered)
@@ -489,3 +500,36 @@ def test_pooled_ids_and_multi_table_kernels_match_untiered(graph, sess, tmp_path
         _assert_same_contents(sess, twin.plain, twin.tiered)
         stats = _stats(sess, twin.tiered)
         assert stats["cold_reads"] > 0 and stats["demotions"] > 0, stats
+
+
+def test_apply_after_its_rows_left_memory(graph, sess, tmp_path):
+    # The optimizer's apply of a lookup's keys, after a demotion moved those rows to disk between the two (the row
+    # references the lookup handed over are stale then): the apply brings the rows back and updates them exactly.
+    dim = 4
+    width = 2 * dim
+    layout = refs.TableLayout(dim, width, [0.0] * dim + [0.1] * dim)
+    twin = _Twin(tmp_path, layout, "apply_after_demotion")
+    budget = _stats(sess, twin.tiered)["budget_keys"]
+    others = tf.compat.v1.placeholder(tf.int64, [None])
+
+    def ops_for(t):
+        values = eo.embedding_lookup_unique(t.handle, twin.keys, dim, step=twin.step, insert_missing=True)
+        crowd = t.find_or_insert(others, tf.ones(tf.stack([tf.size(others), dim])), twin.step + 1)
+        grad = tf.fill(tf.stack([tf.size(twin.keys), dim]), 0.5)  # not from the lookup: the apply runs alone
+        apply = eo.sparse_apply_adagrad(t.handle, twin.keys, grad, 0.1, step=twin.step + 2, dim=dim)
+        return values, crowd, apply
+
+    ops = twin.both(ops_for)
+    keys = np.arange(budget // 4, dtype=np.int64) * 5
+    crowd = np.arange(budget, dtype=np.int64) + 10**6
+    for r in range(3):
+        step = 10 * r
+        sess.run([o[0] for o in ops], {twin.keys: keys, twin.step: step})
+        # Newer rows push the looked-up ones (the oldest) out of memory.
+        sess.run([o[1] for o in ops], {others: crowd + r * budget, twin.step: step})
+        sess.run(twin.settle)
+        before = _stats(sess, twin.tiered)
+        sess.run([o[2] for o in ops], {twin.keys: keys, twin.step: step})
+        after = _stats(sess, twin.tiered)
+        assert after["cold_reads"] - before["cold_reads"] == len(keys), (before, after)
+        _assert_same_contents(sess, twin.plain, twin.tiered)

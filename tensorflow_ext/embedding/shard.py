@@ -93,8 +93,6 @@ class DynamicEmbeddingShard(object):
                 "export_rows(tf.float32 / tf.bfloat16 / tf.float16), or freeze_for_serving(value_dtype=tf.int8) "
                 "(an in-memory serving table)" % self._embedding.name
             )
-        # Only a tiered table passes `tier`: an in-memory one's handle op keeps the tier attrs' defaults.
-        tiered = {} if tier is None else {"tier": tier}
         return refs.MutableTableRef.create(
             self._layout,
             initial_capacity=int(initial_capacity),
@@ -106,7 +104,7 @@ class DynamicEmbeddingShard(object):
             preallocate=bool(preallocate),
             shared_name=name,
             name="part_%d" % index,
-            **tiered,
+            tier=tier,
         )
 
     # ---- variable-like interface ------------------------------------------------

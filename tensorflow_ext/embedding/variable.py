@@ -30,6 +30,7 @@ from tensorflow_ext.embedding.keys import HashPartition
 from tensorflow_ext.embedding.keys import string_to_key
 from tensorflow_ext.embedding.layout import DynamicEmbeddingSlot  # noqa: F401  (re-exported)
 from tensorflow_ext.embedding.state import GraphKeys
+from tensorflow_ext.table import refs
 from tensorflow_ext.tf_compat import internals
 
 __all__ = [
@@ -625,19 +626,8 @@ class DynamicEmbedding(object):
             return tf.add_n(counts)
 
 
-# The fields of `DynamicEmbedding.tier_stats` (and of the TfExtTableTierStats op's int64 [10] output), in order.
-TIER_STATS_FIELDS = (
-    "memory_keys",
-    "memory_bytes",
-    "disk_keys",
-    "disk_bytes",
-    "budget_keys",
-    "lookups",
-    "cold_reads",
-    "demotions",
-    "dropped",
-    "errors",
-)
+# The int64 fields of `DynamicEmbedding.tier_stats`, in the order of the TfExtTableTierStats op's output.
+TIER_STATS_FIELDS = refs.TIER_STATS_FIELDS
 
 
 def _shard_tier_stats(shard):

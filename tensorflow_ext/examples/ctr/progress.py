@@ -104,22 +104,29 @@ class ProgressHook(tf.compat.v1.train.SessionRunHook):
         """The progress line of the logging period that ends now."""
         dt = now - self._window_start
         rate = self._window_steps / dt if dt > 0 else float("nan")
-        if self._show:
-            log.say(
-                "step %d: loss %.4f (mean of last %d: %.4f), %.1f steps/s, %.0f examples/s, %d table keys (%s, "
-                "%.0f B/key)%s%s",
-                self.final_step,
-                self.losses[-1],
-                min(len(self.losses), self._every),
-                float(np.mean(self.losses[-self._every :])),
-                rate,
-                rate * self._batch,
+        if not self._show:
+            return
+        tiers = self._tier_line(tier_stats, dt)
+        if tiers:
+            # The bytes are the memory tiers': per key of the memory tiers (in the tier part), not of all keys.
+            tables = "%d table keys%s; %s" % (self.final_keys, self._where, tiers)
+        else:
+            tables = "%d table keys (%s, %.0f B/key)%s" % (
                 self.final_keys,
                 log.mib(self.final_bytes),
                 self.final_bytes / float(max(self.final_keys, 1)),
                 self._where,
-                self._tier_line(tier_stats, dt),
             )
+        log.say(
+            "step %d: loss %.4f (mean of last %d: %.4f), %.1f steps/s, %.0f examples/s, %s",
+            self.final_step,
+            self.losses[-1],
+            min(len(self.losses), self._every),
+            float(np.mean(self.losses[-self._every :])),
+            rate,
+            rate * self._batch,
+            tables,
+        )
 
     def _tier_line(self, stats, seconds):
         """The tiers' part of a progress line: what they hold now and did since the previous line ("" untiered)."""
@@ -128,13 +135,20 @@ class ProgressHook(tf.compat.v1.train.SessionRunHook):
         before = self._window_tier_stats
         delta = {k: stats[k] - before[k] for k in ("lookups", "cold_reads", "demotions")}
         hit_rate = 1.0 - delta["cold_reads"] / float(delta["lookups"]) if delta["lookups"] else float("nan")
-        return "; tiers: memory %s, disk %s, hit rate %.4f, %.1f cold reads/step, %.0f demotions/s, %d dropped" % (
-            log.mib(stats["memory_bytes"]),
-            log.mib(stats["disk_bytes"]),
-            hit_rate,
-            delta["cold_reads"] / float(max(self._window_steps, 1)),
-            delta["demotions"] / seconds if seconds > 0 else float("nan"),
-            stats["dropped"],
+        return (
+            "tiers: %d keys in memory (%s, %.0f B/key), %d on disk (%s), hit rate %.4f, %.1f cold reads/step, "
+            "%.0f demotions/s, %d dropped"
+            % (
+                stats["memory_keys"],
+                log.mib(stats["memory_bytes"]),
+                stats["memory_bytes"] / float(max(stats["memory_keys"], 1)),
+                stats["disk_keys"],
+                log.mib(stats["disk_bytes"]),
+                hit_rate,
+                delta["cold_reads"] / float(max(self._window_steps, 1)),
+                delta["demotions"] / seconds if seconds > 0 else float("nan"),
+                stats["dropped"],
+            )
         )
 
     def end(self, session):

@@ -1,9 +1,9 @@
 """The CTR example's tiered tables (``--memory_budget``): each table's budget, the next batch's prefetch, the stats.
 
 * :func:`storages`: one ``tf_ext.TieredStorage`` per table. The budget is for all the model's tables together and
-  each table gets what its keys can need at most (its id space times an estimate of a key's bytes) while that fits,
-  the big tables sharing the rest evenly (water filling): a table of 3 ids needs a few hundred bytes, one of 10
-  million ids gets all it can. The disk cap is split by what each table may put on disk.
+  each table gets what its keys can need at most (its id space, at least 128 rows, times an estimate of a key's
+  bytes) while that fits, the big tables sharing the rest evenly (water filling): a table of 3 ids needs some
+  kilobytes, one of 10 million ids gets all it can. The disk cap is split by what each table may put on disk.
 * :func:`prefetch_op`: the op that brings the rows of the next batch's ids (``next/<key>`` features, see
   :func:`data.with_next_ids`) from disk while the current step computes.
 * :func:`stats_tensor`: the tier statistics of all the tables, summed, for the progress lines and the summary.
@@ -23,6 +23,8 @@ _ROWWISE_COLUMNS = {"rowwise_adagrad": 1}
 # A key's bytes beside its columns: index entry, version, frequency, row header (an overestimate is harmless: the
 # small tables get a little more than they need).
 _KEY_OVERHEAD_BYTES = 48
+# The fewest rows a table's budget is sized for: twice the least a memory tier accepts (64 rows).
+_MIN_ROWS = 128
 
 
 def table_dims(params):
@@ -72,8 +74,8 @@ def storages(params):
     needs = {}
     for suffix, dim in table_dims(params).items():
         for key, ids in zip(synthetic.CATEGORICAL_KEYS, params["cardinalities"]):
-            # 1.25: the table's index keeps free slots.
-            needs["%s_%s" % (key, suffix)] = 1.25 * ids * key_bytes(dim, params["optimizer"])
+            # 1.25: the table's index keeps free slots. A tier holds at least 64 rows: a tiny table gets 128.
+            needs["%s_%s" % (key, suffix)] = 1.25 * max(ids, _MIN_ROWS) * key_bytes(dim, params["optimizer"])
     memory = _water_fill(params["memory_budget"], needs)
     disk = None
     if params.get("disk_budget"):

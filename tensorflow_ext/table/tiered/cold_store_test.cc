@@ -617,9 +617,25 @@ TFEXT_TEST(ASecondOpenOfAPathIsRefused) {
   }
   CHECK_EQ(Wait(pid), 0);
   CheckPresent(s.get(), Range(0, 50), 2);
+  // A forked child that outlives the store does not keep its directory locked: the reopen below runs while the
+  // child still lives (it waits for the pipe to close).
+  int release[2];
+  CHECK(pipe(release) == 0);
+  const pid_t lingering = fork();
+  CHECK(lingering >= 0);
+  if (lingering == 0) {
+    close(release[1]);
+    char ch;
+    while (read(release[0], &ch, 1) > 0) {
+    }
+    _exit(0);
+  }
+  close(release[0]);
   s.reset();
   s = Open(dir, 2);  // free again once closed
   CHECK_EQ(s->num_keys(), 0);
+  close(release[1]);
+  CHECK_EQ(Wait(lingering), 0);
 }
 
 TFEXT_TEST(APathHeldByAnotherProcessIsRefused) {

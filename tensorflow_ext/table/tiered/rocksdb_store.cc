@@ -29,6 +29,7 @@
 #include <dirent.h>
 #include <errno.h>
 #include <fcntl.h>
+#include <pthread.h>
 #include <sys/file.h>
 #include <sys/stat.h>
 #include <unistd.h>
@@ -150,6 +151,42 @@ int WriteFile(const std::string& file, const std::string& text) {
     done += static_cast<size_t>(w);
   }
   return close(fd) == 0 ? 0 : errno;
+}
+
+// ---------------------------------------------------------------- lock files across fork()
+
+// A flock belongs to the open file description, which a fork()ed child shares: a child that outlives the store
+// (a multiprocessing worker) would keep its directory locked, and a reopen by the parent would find it held.
+// The open lock files are registered here and a fork handler closes the child's copies (close() is
+// async-signal-safe; the registry is lock-free because a fork may happen while another thread holds any mutex).
+constexpr int kMaxLockFds = 1024;
+std::atomic<int> g_lock_fds[kMaxLockFds];  // -1 or 0 = free (static storage starts at 0; fd 0 is never a lock file)
+
+void CloseLockFdsInChild() {
+  for (std::atomic<int>& slot : g_lock_fds) {
+    const int fd = slot.load(std::memory_order_relaxed);
+    if (fd > 0) {
+      close(fd);
+      slot.store(-1, std::memory_order_relaxed);
+    }
+  }
+}
+
+void RegisterLockFd(int fd) {
+  static const int installed = pthread_atfork(nullptr, nullptr, &CloseLockFdsInChild);
+  (void)installed;
+  for (std::atomic<int>& slot : g_lock_fds) {
+    int expected = slot.load(std::memory_order_relaxed);
+    if (expected <= 0 && slot.compare_exchange_strong(expected, fd)) return;
+  }
+  // More than kMaxLockFds stores open at once: this one's lock is not released in forked children.
+}
+
+void UnregisterLockFd(int fd) {
+  for (std::atomic<int>& slot : g_lock_fds) {
+    int expected = fd;
+    if (slot.compare_exchange_strong(expected, -1)) return;
+  }
 }
 
 // ---------------------------------------------------------------- encoding
@@ -538,6 +575,7 @@ class RocksDbStore : public ColdStore {
       }
       throw StoreError(StoreError::kIO, "tier store " + path_ + ": cannot lock " + lock_file + ": " + ErrnoText(err));
     }
+    RegisterLockFd(lock_fd_);
     try {
       const std::string pid = std::to_string(getpid()) + "\n";
       if (ftruncate(lock_fd_, 0) != 0 || pwrite(lock_fd_, pid.data(), pid.size(), 0) < 0) {
@@ -568,6 +606,7 @@ class RocksDbStore : public ColdStore {
 
   void ReleaseDirectory() {
     if (lock_fd_ >= 0) {
+      UnregisterLockFd(lock_fd_);
       close(lock_fd_);  // releases the flock
       lock_fd_ = -1;
     }

@@ -229,7 +229,8 @@ struct Child {
 };
 
 // Starts this binary with `args`; with pipes, the child's stdin and stdout are ours to talk over.
-Child Spawn(const std::vector<std::string>& args, bool pipes, const char* plugin_override = nullptr) {
+Child Spawn(const std::vector<std::string>& args, bool pipes, const char* plugin_override = nullptr,
+            const char* missing = nullptr) {
   int in[2] = {-1, -1}, out[2] = {-1, -1};
   if (pipes) CHECK(pipe(in) == 0 && pipe(out) == 0);
   Child c;
@@ -245,6 +246,7 @@ Child Spawn(const std::vector<std::string>& args, bool pipes, const char* plugin
       close(out[1]);
     }
     if (plugin_override != nullptr) setenv(tfext::table::kRocksDbStoreLibraryEnv, plugin_override, 1);
+    if (missing != nullptr) setenv("COLD_STORE_TEST_MISSING", missing, 1);
     std::vector<char*> argv;
     argv.push_back(const_cast<char*>(g_self.c_str()));
     for (const std::string& a : args) argv.push_back(const_cast<char*>(a.c_str()));
@@ -304,10 +306,13 @@ int ChildHold(const std::string& dir) {
   return 0;
 }
 
+// The plugin at $TF_EXT_ROCKSDB_STORE_LIB cannot be loaded: kUnavailable naming it, what is missing
+// ($COLD_STORE_TEST_MISSING) and the package to install.
 int ChildMissingPlugin(const std::string& dir) {
   const std::string msg = ExpectStoreError(StoreError::kUnavailable, [&] { Open(dir + "/store", 4); });
   CHECK(Contains(msg, "apt-get install librocksdb7.8"));
-  CHECK(Contains(msg, "/nonexistent/_tf_ext_rocksdb_store.so"));
+  CHECK(Contains(msg, std::getenv(tfext::table::kRocksDbStoreLibraryEnv)));
+  CHECK(Contains(msg, std::getenv("COLD_STORE_TEST_MISSING")));
   CHECK(!Exists(dir + "/store"));  // nothing was created
   return 0;
 }
@@ -660,7 +665,24 @@ TFEXT_TEST(BadOptionsAndAMissingPluginAreClearErrors) {
   CHECK(Contains(msg, "0"));
   msg = ExpectStoreError(StoreError::kInvalid, [&] { Open("", 4); });
   CHECK(Contains(msg, "path"));
-  Child c = Spawn({"--child-missing-plugin", dir}, /*pipes=*/false, "/nonexistent/_tf_ext_rocksdb_store.so");
+  // No plugin at all.
+  Child c = Spawn({"--child-missing-plugin", dir}, /*pipes=*/false, "/nonexistent/_tf_ext_rocksdb_store.so",
+                  "No such file or directory");
+  CHECK_EQ(Wait(c.pid), 0);
+  // A plugin whose RocksDB is not installed: a copy of the plugin that needs "librocksdx.so.7.8" instead.
+  const char* env = std::getenv(tfext::table::kRocksDbStoreLibraryEnv);
+  const std::string plugin = env != nullptr && env[0] != '\0'
+                                 ? std::string(env)
+                                 : g_self.substr(0, g_self.rfind('/') + 1) + tfext::table::kRocksDbStoreLibrary;
+  std::string bytes = ReadText(plugin);
+  const std::string needed = "librocksdb.so.7.8";
+  size_t at = bytes.find(needed);
+  CHECK(at != std::string::npos);
+  for (; at != std::string::npos; at = bytes.find(needed, at)) bytes[at + 9] = 'x';
+  const std::string patched = dir + "/no_rocksdb/_tf_ext_rocksdb_store.so";
+  CHECK(mkdir((dir + "/no_rocksdb").c_str(), 0755) == 0);
+  WriteText(patched, bytes);
+  c = Spawn({"--child-missing-plugin", dir}, /*pipes=*/false, patched.c_str(), "librocksdx.so.7.8");
   CHECK_EQ(Wait(c.pid), 0);
 }
 

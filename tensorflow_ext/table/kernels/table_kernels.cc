@@ -373,10 +373,7 @@ class TableRemoveOp : public TableOpBase {
     OP_REQUIRES_OK(ctx, ctx->allocate_output(0, TensorShape({}), &out));
     int64_t removed = 0;
     if (n > 0) {
-      const int64_t* k = keys.flat<int64_t>().data();
-      const table::ParallelFor pf = MakeParallelFor(ctx);
-      OP_REQUIRES_OK(ctx, table->WithKeys("remove", k, n, pf, [&] { removed = table->table()->Remove(k, n, pf); }));
-      if (removed > 0) table->LogRemovedKeys(k, n);
+      OP_REQUIRES_OK(ctx, table->RemoveKeys(keys.flat<int64_t>().data(), n, MakeParallelFor(ctx), &removed));
     }
     out->scalar<int64_t>()() = removed;
   }

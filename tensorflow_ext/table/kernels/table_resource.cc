@@ -322,10 +322,21 @@ Status TableResource::Remove(OpKernelContext* ctx, const Tensor& keys) {
   TF_RETURN_IF_ERROR(CheckKeysTensor(keys));
   const int64_t n = keys.NumElements();
   if (n == 0) return tensorflow::OkStatus();
-  const int64_t* k = keys.flat<int64_t>().data();
-  const table::ParallelFor pf = MakeParallelFor(ctx);
-  TF_RETURN_IF_ERROR(WithKeys("remove", k, n, pf, [&] { table_->Remove(k, n, pf); }));
-  LogRemovedKeys(k, n);
+  int64_t removed = 0;
+  return RemoveKeys(keys.flat<int64_t>().data(), n, MakeParallelFor(ctx), &removed);
+}
+
+Status TableResource::RemoveKeys(const int64_t* keys, int64_t n, const table::ParallelFor& pf, int64_t* removed) {
+  *removed = 0;
+  const int64_t chunk = tier_ == nullptr ? n : std::max<int64_t>(1, tier_->budget_keys() / 4);
+  for (int64_t off = 0; off < n; off += chunk) {
+    const int64_t* k = keys + off;
+    const int64_t m = std::min(chunk, n - off);
+    int64_t count = 0;
+    TF_RETURN_IF_ERROR(WithKeys("remove", k, m, pf, [&] { count = table_->Remove(k, m, pf); }));
+    if (count > 0) LogRemovedKeys(k, m);
+    *removed += count;
+  }
   return tensorflow::OkStatus();
 }
 

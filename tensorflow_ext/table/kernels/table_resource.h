@@ -164,6 +164,14 @@ class TableResource : public tensorflow::lookup::LookupInterface {
   // operation in error messages.
   template <typename Fn>
   tensorflow::Status WithKeys(const char* what, const int64_t* keys, int64_t n, const table::ParallelFor& pf, Fn&& fn);
+  // Removes keys[0, n) (absent ones are ignored) from both tiers, logs them
+  // in the change log, and sets *removed to how many were present. A tiered
+  // table takes them in chunks of a quarter of its budget: a removal (an
+  // eviction by capacity or L2 norm, restrict) may name far more keys than the
+  // memory tier holds, and WithKeys refuses a batch that does not fit (its
+  // keys on disk come into memory first). A failed chunk leaves the chunks
+  // before it removed (and logged).
+  tensorflow::Status RemoveKeys(const int64_t* keys, int64_t n, const table::ParallelFor& pf, int64_t* removed);
 
   // --- Whole-table operations (both tiers) ---
   // These may throw like the core (and table::StoreError on a tiered table):

@@ -21,6 +21,9 @@ namespace {
 // The worst case is taken, so that a memory tier holding budget_keys keys
 // stays within memory_bytes.
 constexpr int64_t kIndexBytesPerKey = 20;
+// Dead disk copies (of promoted keys) whose deletion may wait for the
+// demoter: at most this many (an unordered_set: ~40 bytes each, ~5 MiB).
+constexpr int64_t kMaxStaleKeys = int64_t{1} << 17;
 // Keys whose metadata a demotion round samples to choose its threshold.
 constexpr int64_t kSampleKeys = 8192;
 // Keys a disk-cap pass samples (a reservoir over one scan of the store).
@@ -263,15 +266,30 @@ void TieredTable::Promote(const int64_t* keys, int64_t n, const ParallelFor& pf)
     for (const int64_t i : outbox_hits) outbox_.taken[i] = 1;
   }
   if (!disk_hits.empty()) {
+    // Their disk copies are dead now. Deleting them is left to the demoter
+    // (after its next round, off the batches' path): a row that goes back to
+    // disk before then is simply overwritten, with no tombstone. Past
+    // kMaxStaleKeys the batch deletes its own (safe here: with the access
+    // lock shared, no demotion can be writing these keys).
     const int64_t m = static_cast<int64_t>(disk_hits.size());
-    try {
-      store_->Delete(disk_hits.data(), m);
-    } catch (const StoreError&) {
-      // The rows are in memory, which is what counts: their disk copies are
-      // marked stale (ignored) until a later round deletes them.
+    bool defer = false;
+    {
       std::lock_guard<std::mutex> lock(outbox_mu_);
-      stale_.insert(disk_hits.begin(), disk_hits.end());
-      errors_.fetch_add(1, std::memory_order_relaxed);
+      if (static_cast<int64_t>(stale_.size()) + m <= kMaxStaleKeys) {
+        stale_.insert(disk_hits.begin(), disk_hits.end());
+        defer = true;
+      }
+    }
+    if (!defer) {
+      try {
+        store_->Delete(disk_hits.data(), m);
+      } catch (const StoreError&) {
+        // The rows are in memory, which is what counts: their disk copies
+        // stay dead (stale) until a later round deletes them.
+        std::lock_guard<std::mutex> lock(outbox_mu_);
+        stale_.insert(disk_hits.begin(), disk_hits.end());
+        errors_.fetch_add(1, std::memory_order_relaxed);
+      }
     }
     disk_keys_.fetch_sub(m);
   }
@@ -286,7 +304,6 @@ bool TieredTable::RankLE(const KeyMeta& a, const KeyMeta& b) const {
 
 void TieredTable::DemoteLocked() {
   ReturnOutboxLocked();
-  DeleteStaleLocked();
   if (memory_->size() > budget_keys_) {
     const int64_t target = budget_keys_ - budget_keys_ / 10;
     // Each pass samples the memory tier and picks the rank below which the
@@ -332,6 +349,9 @@ void TieredTable::DemoteLocked() {
       if (widen > 4) break;  // nothing left to move (every row is in a batch's hands)
     }
   }
+  // After the round: the rows it wrote overwrote the dead copies of their
+  // keys, which need no deletion then.
+  DeleteStaleLocked();
   EnforceDiskCapLocked();
 }
 
@@ -364,9 +384,27 @@ int64_t TieredTable::DemoteChunk(int64_t max_keys, const std::function<bool(int6
   }
   const int64_t n = static_cast<int64_t>(outbox_.keys.size());
   // Written with no lock held: promoters only read keys, rows and meta (they
-  // change under promote_mu_ + outbox_mu_ only, by this thread, below).
+  // change under promote_mu_ + outbox_mu_ only, by this thread, below). In
+  // the store's key order (big-endian bytes: unsigned order): RocksDB's
+  // memtable skip list inserts a sorted batch faster, reusing the previous
+  // insert's position (measured: 2.9 instead of 5.0 us of CPU per row, width
+  // 64, batches of 16K random keys, the store's presence check included).
+  std::vector<int64_t> order(n);
+  for (int64_t i = 0; i < n; ++i) order[i] = i;
+  std::sort(order.begin(), order.end(), [&](int64_t a, int64_t b) {
+    return static_cast<uint64_t>(outbox_.keys[a]) < static_cast<uint64_t>(outbox_.keys[b]);
+  });
+  std::vector<int64_t> put_keys(n);
+  std::vector<float> put_rows(n * width_);
+  std::vector<KeyMeta> put_meta(n);
+  for (int64_t j = 0; j < n; ++j) {
+    const int64_t i = order[j];
+    put_keys[j] = outbox_.keys[i];
+    std::memcpy(&put_rows[j * width_], &outbox_.rows[i * width_], sizeof(float) * width_);
+    put_meta[j] = outbox_.meta[i];
+  }
   try {
-    store_->Put(outbox_.keys.data(), n, outbox_.rows.data(), outbox_.meta.data());
+    store_->Put(put_keys.data(), n, put_rows.data(), put_meta.data());
   } catch (const StoreError&) {
     ReturnOutboxLocked();
     throw;

@@ -421,6 +421,53 @@ def test_ctr_table_budgets_fill_the_small_tables_first():
     assert tiers.storages(params) is None
 
 
+@pytest.mark.parametrize("string_ids", [False, True])
+def test_ctr_batches_carry_the_next_batch_ids(graph, string_ids):
+    from tensorflow_ext.examples import synthetic  # pylint: disable=import-outside-toplevel
+    from tensorflow_ext.examples.ctr import data  # pylint: disable=import-outside-toplevel
+
+    # 5 batches; the last one shorter (a file's end): its successor's ids are padded with missing values.
+    sizes = [4, 4, 4, 4, 2]
+    dtype = tf.string if string_ids else tf.int64
+
+    def ids(b, f, n):
+        values = np.arange(n, dtype=np.int64) + 1000 * b + 100 * f
+        return values.astype(str).astype(object) if string_ids else values
+
+    batches = [
+        ({key: ids(b, f, n) for f, key in enumerate(synthetic.CATEGORICAL_KEYS)}, np.full([n], b, np.float32))
+        for b, n in enumerate(sizes)
+    ]
+
+    def gen():
+        yield from batches
+
+    spec = (
+        {key: tf.TensorSpec([None], dtype) for key in synthetic.CATEGORICAL_KEYS},
+        tf.TensorSpec([None], tf.float32),
+    )
+    dataset = data.with_next_ids(tf.data.Dataset.from_generator(gen, output_signature=spec))
+    features, labels = tf.compat.v1.data.make_one_shot_iterator(dataset).get_next()
+    with tf.compat.v1.Session(graph=graph, config=session_config()) as sess:
+        got = []
+        while True:
+            try:
+                got.append(sess.run([features, labels]))
+            except tf.errors.OutOfRangeError:
+                break
+    assert len(got) == len(batches)
+    missing = b"" if string_ids else -1
+    for b, (f, l) in enumerate(got):
+        np.testing.assert_array_equal(l, batches[b][1])  # the batch itself, unchanged
+        for key in synthetic.CATEGORICAL_KEYS:
+            expected = [v.encode() for v in batches[b][0][key]] if string_ids else batches[b][0][key]
+            np.testing.assert_array_equal(f[key], expected)
+            following = batches[min(b + 1, len(batches) - 1)][0][key]
+            following = [v.encode() for v in following] if string_ids else list(following)
+            width = max(sizes[b], sizes[min(b + 1, len(sizes) - 1)]) if b + 1 < len(sizes) else sizes[b]
+            np.testing.assert_array_equal(f[data.NEXT_PREFIX + key], following + [missing] * (width - len(following)))
+
+
 def _run_ctr(tmp_path, name, *flags):
     env = dict(os.environ, PYTHONPATH=_ROOT, TF_CPP_MIN_LOG_LEVEL="2")
     env.pop(tiered.ENV_ROOT, None)

@@ -74,8 +74,9 @@ def _report(summary, args):
     tiers = summary.get("tiers")
     if tiers:
         log.say(
-            "tiers: %d keys in memory (%s of a %s budget), %d on disk (%s), hit rate %s, %.1f cold reads/step, "
+            "tiers%s: %d keys in memory (%s of a %s budget), %d on disk (%s), hit rate %s, %.1f cold reads/step, "
             "%d demotions, %d keys dropped",
+            " of rank 0's tables" if summary["distributed"] else "",
             tiers["memory_keys"],
             log.mib(tiers["memory_bytes"]),
             log.mib(summary["memory_budget"]),

@@ -40,7 +40,8 @@ def training_source(args, num_ranks):
 def with_next_ids(dataset):
     """`dataset` of ``(features, labels)`` batches, each batch's features also holding the next batch's categorical
     ids as ``next/<key>`` (the last batch: its own ids), so that a training step can prefetch the rows its successor
-    reads from a tiered table's disk. Each batch is still made once (a window of two holds it)."""
+    reads from a tiered table's disk. Each batch is still made once (a window of two holds it). Only the last batch
+    may be shorter than the others (as `Dataset.batch` makes them): a pair is padded to its longer batch."""
 
     def pairs(features, labels):
         # Padded: the last batch of a file may be shorter than the one before it (its ids padded with -1 or "",

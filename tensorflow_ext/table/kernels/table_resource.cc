@@ -204,6 +204,9 @@ Status TableResource::Create(const TableLayout& layout, const table::TableOption
                                                  "): cannot allocate the table (", e.what(), ")");
   } catch (const table::StoreError& e) {
     return StoreStatus(e.code(), "tf_ext table '", name, "': cannot open its disk tier at ", tier.path, ": ", e.what());
+  } catch (const std::exception& e) {  // e.g. the tier's thread cannot be started: never out of a kernel
+    return tensorflow::errors::Internal("tf_ext table '", name, "' (", layout.DebugString(), ", ", tier.DebugString(),
+                                        "): cannot be created: ", e.what());
   }
   return tensorflow::OkStatus();
 }

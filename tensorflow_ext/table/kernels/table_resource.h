@@ -123,7 +123,8 @@ class TableResource : public tensorflow::lookup::LookupInterface {
 
   // Creates a table; InvalidArgument for invalid options, ResourceExhausted
   // if its memory cannot be had, and for a tier store that cannot be opened
-  // the status of its StoreError (see StoreErrorStatus). Never throws.
+  // the status of its StoreError (see StoreErrorStatus), Internal for any
+  // other failure. Never throws.
   static tensorflow::Status Create(const TableLayout& layout, const table::TableOptions& options,
                                    const TierConfig& tier, const std::string& name, TableResource** out);
   static tensorflow::Status Create(const TableLayout& layout, const table::TableOptions& options, TableResource** out) {

@@ -498,27 +498,28 @@ void TieredTable::EnforceDiskCapLocked() {
   if (options_.disk_bytes <= 0 || disk_keys_.load() == 0) return;
   // The cap is kept in keys: disk_keys * bytes per entry <= disk_bytes. Bytes
   // alone cannot drive the drops: the store's files also hold garbage (the
-  // rows promoted back and their tombstones) until a compaction, and each
-  // drop adds a tombstone, so dropping until the files shrink would empty
-  // the tier. Bytes per entry start at the entry's size in an SST file and
-  // are raised to what the files measure when they exceed the cap after a
-  // compaction, up to twice that (bounded so garbage cannot shrink the tier
-  // to nothing).
-  if (disk_entry_bytes_ == 0) disk_entry_bytes_ = kDiskEntryOverhead + 8 + 4 * width_ + 12;
+  // rows promoted back, overwritten copies, tombstones) until a compaction,
+  // and each drop adds a tombstone, so dropping until the files shrink could
+  // empty the tier. Bytes per entry are the entry's size in an SST file,
+  // unless the files take more than the cap even after CompactIfNeeded: then
+  // what they measure per key, up to twice that (garbage may then cost up to
+  // half of the keys the cap allows, until compaction reclaims it and the
+  // next pass uses the entry's size again).
+  const int64_t nominal = kDiskEntryOverhead + 8 + 4 * width_ + 12;
+  int64_t entry_bytes = nominal;
   int64_t keys = disk_keys_.load();
-  if (keys * disk_entry_bytes_ <= options_.disk_bytes) {
+  if (keys * entry_bytes <= options_.disk_bytes) {
     if (store_->disk_bytes() <= options_.disk_bytes) return;
     store_->CompactIfNeeded();
     const int64_t bytes = store_->disk_bytes();
     keys = disk_keys_.load();
     if (bytes <= options_.disk_bytes || keys == 0) return;
-    const int64_t nominal = kDiskEntryOverhead + 8 + 4 * width_ + 12;
-    disk_entry_bytes_ = std::max(disk_entry_bytes_, std::min(2 * nominal, (bytes + keys - 1) / keys));
-    if (keys * disk_entry_bytes_ <= options_.disk_bytes) return;
+    entry_bytes = std::max(nominal, std::min(2 * nominal, (bytes + keys - 1) / keys));
+    if (keys * entry_bytes <= options_.disk_bytes) return;
   }
   // Drop down to 90% of the cap, so that the next pass is ~10% of the cap's
   // writes away (each pass scans the store twice).
-  const int64_t keep = options_.disk_bytes / disk_entry_bytes_ * 9 / 10;
+  const int64_t keep = options_.disk_bytes / entry_bytes * 9 / 10;
   const int64_t drop = keys - keep;
   if (drop <= 0) return;
 

@@ -36,12 +36,16 @@
 //    more keys than disk_bytes / (bytes per entry), its lowest-ranked rows
 //    (same policy) are dropped until it holds 90% of that. Bytes per entry:
 //    the entry's size in the store's files (key + value + ~16 bytes of
-//    RocksDB's), raised (up to 2x) to what the files measure when, after a
-//    compaction, they still take more than the cap (garbage that compaction
-//    has not reclaimed yet counts then). Dropped keys are gone; they are
-//    counted (stats().dropped) and kept for TakeDroppedKeys (a delta
-//    checkpoint logs them as removals). Each drop pass scans the store twice
-//    (a reservoir sample of the ranks, then the keys below the threshold).
+//    RocksDB's); when the files take more than the cap even after
+//    ColdStore::CompactIfNeeded, what they measure per key, up to twice
+//    that. So the cap bounds the live rows; the files may exceed it by the
+//    garbage RocksDB has not compacted yet (rows promoted back, overwritten
+//    copies, tombstones; at small sizes mostly the memtable), which costs up
+//    to half of the keys the cap allows while it lasts. Dropped keys are
+//    gone; they are counted (stats().dropped) and kept for TakeDroppedKeys (a
+//    delta checkpoint logs them as removals). Each drop pass scans the store
+//    twice (a reservoir sample of the ranks, then the keys below the
+//    threshold).
 //  * Errors: StoreError (cold_store.h) from the store, OutOfMemoryError from
 //    the memory tier, std::invalid_argument for bad options. A demotion that
 //    fails to write its rows to disk puts them back into memory (exact), and
@@ -77,7 +81,9 @@
 //    chunk is being written is marked taken; after the Put the chunk's taken
 //    keys are deleted from disk again.
 //  * Stale disk keys: a key whose disk copy must be ignored because deleting
-//    it failed (a full disk) or is pending. Promote and every scan of the
+//    it is pending (a promotion leaves the deletion to the demoter, after its
+//    next round; a key demoted again before then is just overwritten) or
+//    failed (a full disk). Promote and every scan of the
 //    store skip them; a later demotion of the key overwrites its copy, and
 //    each round retries their deletion.
 //  * Accounting: the tier counts the live keys on disk itself (every Put is
@@ -311,7 +317,6 @@ class TieredTable {
   std::atomic<int64_t> outbox_keys_{0};  // outbox_.keys.size() + stale_.size(), read without the lock
   std::atomic<int64_t> disk_keys_{0};    // live keys on disk
   int64_t evacuate_cursor_ = 0;          // guarded by demote_mu_
-  int64_t disk_entry_bytes_ = 0;         // bytes per disk entry for the cap; guarded by demote_mu_
 
   // Counters (TierStats).
   std::atomic<int64_t> lookups_{0}, cold_reads_{0}, demotions_{0}, dropped_{0}, errors_{0};

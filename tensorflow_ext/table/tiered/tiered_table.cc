@@ -475,8 +475,15 @@ void TieredTable::DeleteStaleLocked() {
     stale.assign(stale_.begin(), stale_.end());
   }
   // Only a demotion (this thread: demote_mu_ is held) makes a stale key live
-  // again, so the set cannot gain a live key while the deletion runs.
-  store_->Delete(stale.data(), static_cast<int64_t>(stale.size()));
+  // again, so the set cannot gain a live key while the deletion runs. A
+  // failure (a full disk) loses nothing: the keys stay stale, the next round
+  // tries again.
+  try {
+    store_->Delete(stale.data(), static_cast<int64_t>(stale.size()));
+  } catch (const StoreError&) {
+    errors_.fetch_add(1, std::memory_order_relaxed);
+    return;
+  }
   std::lock_guard<std::mutex> lock(outbox_mu_);
   for (const int64_t key : stale) stale_.erase(key);
 }

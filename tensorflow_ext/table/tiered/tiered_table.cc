@@ -21,9 +21,6 @@ namespace {
 // The worst case is taken, so that a memory tier holding budget_keys keys
 // stays within memory_bytes.
 constexpr int64_t kIndexBytesPerKey = 20;
-// Dead disk copies (of promoted keys) whose deletion may wait for the
-// demoter: at most this many (an unordered_set: ~40 bytes each, ~5 MiB).
-constexpr int64_t kMaxStaleKeys = int64_t{1} << 17;
 // Keys whose metadata a demotion round samples to choose its threshold.
 constexpr int64_t kSampleKeys = 8192;
 // Keys a disk-cap pass samples (a reservoir over one scan of the store).

@@ -5,7 +5,8 @@
 // key-batched operation through WithKeys.
 //
 // Contract
-//  * Exclusive tiers: a key lives in memory or on disk, never both. A row
+//  * Exclusive tiers: a key lives in memory or on disk, never both (a disk
+//    copy left behind by a promotion is dead: ignored until deleted). A row
 //    moves between them whole: all width() columns decoded to float32, with
 //    its KeyMeta (version, frequency). Decoding a float32, bf16 or fp16 row
 //    and re-encoding it to nearest is bit-exact, so a table whose rows went
@@ -83,12 +84,12 @@
 //  * Stale disk keys: a key whose disk copy must be ignored because deleting
 //    it is pending (a promotion leaves the deletion to the demoter, after its
 //    next round; a key demoted again before then is just overwritten) or
-//    failed (a full disk). Promote and every scan of the
-//    store skip them; a later demotion of the key overwrites its copy, and
-//    each round retries their deletion.
-//  * Accounting: the tier counts the live keys on disk itself (every Put is
-//    of keys absent on disk, every Delete of keys present), so size() and
-//    stats() need no store scan.
+//    failed (a full disk). Promote and every scan of the store skip them; a
+//    later demotion of the key overwrites its copy, and each round deletes
+//    the others (a batch deletes its own once kMaxStaleKeys wait).
+//  * Accounting: the tier counts the live keys on disk itself (a Put adds
+//    the keys that were not live there, a promotion or drop subtracts its
+//    keys), so size() and stats() need no store scan.
 
 #ifndef TENSORFLOW_EXT_TABLE_TIERED_TIERED_TABLE_H_
 #define TENSORFLOW_EXT_TABLE_TIERED_TIERED_TABLE_H_
@@ -137,6 +138,9 @@ class TieredTable {
   static constexpr int64_t kMinBudgetKeys = 64;
   // Largest chunk of rows one Evacuate / Put moves.
   static constexpr int64_t kDemoteChunk = 16384;
+  // Dead disk copies (of promoted keys) whose deletion may wait for the
+  // demoter: at most this many (a hash set: ~40 bytes each, ~5 MiB).
+  static constexpr int64_t kMaxStaleKeys = int64_t{1} << 17;
 
   // memory: the resource's table (not owned, outlives this), empty. Opens
   // the store (StoreError: kLocked, kForeign, kIO, kUnavailable). Throws
@@ -157,7 +161,8 @@ class TieredTable {
 
   // Runs op() for a batch of keys: takes the shared access lock, promotes
   // the batch's cold keys (one ColdStore::Get for all absent keys, Import
-  // into memory with their metadata, Delete on disk), then op(); releases;
+  // into memory with their metadata; their disk copies are dead from then
+  // on), then op(); releases;
   // then, if memory is over budget, wakes the demoter (or demotes before
   // returning). Throws StoreError (kInvalid when the batch's distinct keys
   // do not fit in the budget: "memory_bytes=X holds N rows of B bytes; this

@@ -38,14 +38,14 @@ def _optimizer(name):
     }[name]()
 
 
-def _batches(flavour, num_shards, seed):
-    """STEPS feeds of 20 * num_shards rows: ids [rows, 2] ("lookup"), or sparse rows of 1-4 ids each with weights
+def _batches(flavour, num_shards, seed, steps=STEPS):
+    """`steps` feeds of 20 * num_shards rows: ids [rows, 2] ("lookup"), or sparse rows of 1-4 ids each with weights
     (one row empty). A quarter of a step's ids are ids of the steps before the previous one: keys that an LRU tier
     has moved to disk by then, so the step reads them back."""
     rng = np.random.RandomState(seed)
     rows = ROWS_PER_SHARD * num_shards
     out, seen = [], []
-    for step in range(STEPS):
+    for step in range(steps):
         old = np.concatenate(seen[: max(step - 1, 0)] or [np.zeros([0], np.int64)])
 
         def draw(n):
@@ -97,9 +97,21 @@ def _memory_bytes(path, num_shards, value_dtype, opt_name):
     return per_row * ROWS * num_shards
 
 
-def _train(flavour, opt_name, num_shards, value_dtype, storage, combiner="mean", seed=0):
-    """Trains STEPS steps; returns the losses, the sorted export (keys, values, slots, versions, frequencies), the
-    dense weights and, for a tiered embedding, the tier counters after each step."""
+def _train(
+    flavour,
+    opt_name,
+    num_shards,
+    value_dtype,
+    storage,
+    combiner="mean",
+    seed=0,
+    settle=True,
+    admission=None,
+    steps=STEPS,
+):
+    """Trains `steps` steps; returns the losses, the sorted export (keys, values, slots, versions, frequencies), the
+    dense weights and, for a tiered embedding, the tier counters after each step (settle: the tiers settled after
+    each step; else only at the end, rows moving in the background while the steps run)."""
     with tf.Graph().as_default() as g:
         gs = tf.compat.v1.train.get_or_create_global_step()
         emb = tf_ext.get_dynamic_embedding(
@@ -108,6 +120,7 @@ def _train(flavour, opt_name, num_shards, value_dtype, storage, combiner="mean",
             num_shards=num_shards,
             value_dtype=value_dtype,
             storage=storage,
+            admission=admission,
             initializer=tf.compat.v1.random_normal_initializer(0.0, 0.5, seed=7),
         )
         rows = ROWS_PER_SHARD * num_shards
@@ -131,18 +144,18 @@ def _train(flavour, opt_name, num_shards, value_dtype, storage, combiner="mean",
         loss = tf.reduce_mean(tf.square(tf.matmul(x, w) - labels))
         train = _optimizer(opt_name).minimize(loss, global_step=gs)
         exported = emb.export(with_slots=True)
-        settle = emb.tier_settle() if storage is not None else tf.no_op()
+        settle_op = emb.tier_settle() if storage is not None else tf.no_op()
         stats = []
         losses = []
         with tf.compat.v1.Session(graph=g, config=session_config()) as sess:
             sess.run(tf.compat.v1.global_variables_initializer())
-            for feed, y in _batches(flavour, num_shards, seed):
+            for i, (feed, y) in enumerate(_batches(flavour, num_shards, seed, steps)):
                 feed = feed if isinstance(feed, tuple) else (feed,)
                 fd = dict(zip(placeholders, feed))
                 fd[labels] = y
                 losses.append(sess.run([loss, train], fd)[0])
-                sess.run(settle)
-                if storage is not None:
+                if storage is not None and (settle or i == steps - 1):
+                    sess.run(settle_op)
                     stats.append(_stats(sess, emb))
             e = sess.run(exported)
             order = np.argsort(e.keys)
@@ -220,3 +233,30 @@ def test_bfloat16_rows_train_bit_identical(tmp_path, flavour, opt_name, num_shar
 
 def test_lfu_policy_trains_bit_identical(tmp_path):
     _golden(tmp_path, "lookup", "adagrad", 3, policy="lfu", seed=4)
+
+
+def test_training_while_rows_move_in_the_background(tmp_path):
+    """No settling between steps: the demoter moves rows out while the next steps look rows up and update them
+    (a row may leave memory between a step's lookup and its update, which brings it back)."""
+    path = str(tmp_path / "tier")
+    memory_bytes = _memory_bytes(str(tmp_path / "probe"), 3, tf.float32, "adam")
+    storage = tf_ext.TieredStorage(memory_bytes=memory_bytes, path=path)
+    tiered = _train("lookup", "adam", 3, tf.float32, storage, seed=5, settle=False, steps=16)
+    plain = _train("lookup", "adam", 3, tf.float32, None, seed=5, steps=16)
+    _assert_bit_identical(tiered, plain)
+    (last,) = tiered[3]
+    assert last["cold_reads"] > 0 and last["demotions"] > last["disk_keys"] > last["memory_keys"], last
+    assert last["memory_keys"] + last["disk_keys"] == len(plain[1][0]) and last["errors"] == 0, last
+
+
+def test_admission_policy_trains_bit_identical(tmp_path):
+    """A key gets a row at its second training lookup (counted outside the table) in both tiers alike."""
+    memory_bytes = _memory_bytes(str(tmp_path / "probe"), 1, tf.float32, "adagrad")
+    storage = tf_ext.TieredStorage(memory_bytes=memory_bytes, path=str(tmp_path / "tier"))
+    admission = tf_ext.embedding.CountAdmission(2)
+    tiered = _train("lookup", "adagrad", 1, tf.float32, storage, seed=6, admission=admission, steps=24)
+    plain = _train("lookup", "adagrad", 1, tf.float32, None, seed=6, admission=admission, steps=24)
+    _assert_bit_identical(tiered, plain)
+    last = tiered[3][-1]
+    assert last["cold_reads"] > 0 and last["disk_keys"] > last["memory_keys"], last
+    assert last["memory_keys"] + last["disk_keys"] == len(plain[1][0]) and last["errors"] == 0, last

@@ -22,17 +22,20 @@
 //    so no key of a batch leaves memory between its promotion and op(). Two
 //    operations of one training step (a lookup, then the optimizer's apply)
 //    each promote: a row demoted between them comes back, exact.
-//  * Budget: budget_keys() = memory_bytes / (row_bytes + index bytes per
-//    key, as the core takes them at scale). When the memory tier holds more
-//    keys, a demotion round moves the lowest-ranked rows (policy: LRU = the
-//    lowest versions, LFU = the lowest frequencies, then versions) to disk
-//    until it holds 90% of budget_keys. Rounds run on a background thread,
-//    woken after a batch that leaves memory over budget; past 1.1x the
-//    budget (or with background off) the batch's own thread demotes before
-//    WithKeys returns. Concurrent batches may each add their rows before a
-//    round runs, so memory may briefly exceed the budget by the rows of the
-//    batches in flight. The memory tier's arena never shrinks: its bytes
-//    follow the most keys it ever held (about budget_keys * 1.1 + a batch).
+//  * Budget: budget_keys() = memory_bytes / bytes_per_key(), where a key
+//    costs its row (row_bytes) + 20 index bytes (the most the core takes per
+//    key at scale), times 1.1: memory may hold up to 1.1x budget_keys
+//    before batches demote themselves, and that peak must fit in
+//    memory_bytes (the memory tier's arena keeps the most rows it ever
+//    held). When the memory tier holds more than budget_keys keys, a
+//    demotion round moves the lowest-ranked rows (policy: LRU = the lowest
+//    versions, LFU = the lowest frequencies, then versions) to disk until it
+//    holds 90% of budget_keys. Rounds run on a background thread, woken
+//    after a batch that leaves memory over budget; past 1.1x the budget (or
+//    with background off) the batch's own thread demotes before WithKeys
+//    returns. Concurrent batches may each add their rows before a round
+//    runs, so memory may briefly hold more, by the rows of the batches in
+//    flight.
 //  * Disk cap (disk_bytes > 0): after each round, if the disk tier holds
 //    more keys than disk_bytes / (bytes per entry), its lowest-ranked rows
 //    (same policy) are dropped until it holds 90% of that. Bytes per entry:
@@ -221,9 +224,10 @@ class TieredTable {
   void Settle();
   TierStats stats() const;
   int64_t budget_keys() const { return budget_keys_; }
-  // Bytes per key the budget is divided by (the memory tier's row stride +
-  // its index bytes per key).
+  // Bytes per key the budget is divided by: (the memory tier's row stride +
+  // 20 index bytes) * 1.1, rounded up (see "Budget").
   int64_t bytes_per_key() const { return bytes_per_key_; }
+  static int64_t BytesPerKey(int64_t row_bytes);
   // Keys that fell off the disk tier since the last call (for the
   // delta-checkpoint change log).
   std::vector<int64_t> TakeDroppedKeys();

@@ -73,10 +73,7 @@ std::string TempDir() {
 }
 
 // A memory budget that holds `rows` rows of `table` (as the tier counts them).
-int64_t BudgetFor(const HashTable& table, int64_t rows) {
-  // TieredTable's bytes per key: the row stride + 20 index bytes.
-  return rows * (table.row_bytes() + 20);
-}
+int64_t BudgetFor(const HashTable& table, int64_t rows) { return rows * TieredTable::BytesPerKey(table.row_bytes()); }
 
 TierOptions Tier(const std::string& path, int64_t memory_bytes, bool background) {
   TierOptions t;
@@ -409,6 +406,36 @@ TFEXT_TEST(ConcurrentBatchesWithTheDemoterKeepEveryCountExact) {
   CHECK_EQ(memory.CheckInvariants(), "");
 }
 
+// A long run of batches over 5x the budget's keys: the memory tier's bytes
+// (its arena keeps the most rows it ever held) stay within the budget + 10%,
+// with the demoter in the background and without.
+TFEXT_TEST(TheMemoryTierStaysWithinItsBudget) {
+  for (const bool background : {false, true}) {
+    TableOptions o;
+    o.width = 16;
+    HashTable memory(o);
+    const std::string dir = TempDir();
+    const int64_t budget = BudgetFor(memory, 30000);
+    TieredTable tier(&memory, o, Tier(dir + "/store", budget, background));
+    std::mt19937_64 rng(5);
+    std::vector<int64_t> keys(1024);
+    int64_t most = 0;
+    for (int64_t b = 0; b < 300; ++b) {
+      for (int64_t& k : keys) k = static_cast<int64_t>(rng() % (5 * 30000));
+      tier.WithKeys(keys.data(), 1024, tfext::table::InlineParallelFor(), [&] {
+        memory.FindOrInsert(keys.data(), 1024, 0, 0, nullptr, nullptr, nullptr, nullptr, true, b,
+                            tfext::table::InlineParallelFor());
+        most = std::max(most, memory.size());
+      });
+    }
+    tier.Settle();
+    const TierStats s = tier.stats();
+    CHECK_GT(s.disk_keys, 3 * s.budget_keys);
+    CHECK_LE(most, s.budget_keys + s.budget_keys / 10 + 1024);  // 1.1x + a batch
+    CHECK_LE(s.memory_bytes, budget + budget / 10);
+  }
+}
+
 // ---------------------------------------------------------------- whole-table operations
 
 // Keys 0..n-1 inserted in batches of 50 with version = batch index and rows
@@ -689,7 +716,8 @@ TFEXT_TEST(ABatchLargerThanTheBudgetIsRefused) {
     CHECK_EQ(e.code(), StoreError::kInvalid);
     const std::string msg = e.what();
     CHECK(Contains(msg, "memory_bytes=" + std::to_string(budget)));
-    CHECK(Contains(msg, "holds 100 rows of " + std::to_string(memory.row_bytes() + 20) + " bytes"));
+    CHECK(Contains(msg, "holds 100 rows of " + std::to_string(tier.bytes_per_key()) + " bytes"));
+    CHECK_EQ(tier.bytes_per_key(), ((memory.row_bytes() + 20) * 11 + 9) / 10);
     CHECK(Contains(msg, "this batch needs 101 rows"));
     CHECK(Contains(msg, dir + "/store"));
   }

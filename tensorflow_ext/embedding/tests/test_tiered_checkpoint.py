@@ -71,6 +71,7 @@ def _build(storage=None, num_shards=2, eviction=None):
         remove_ids=remove_ids,
         remove=emb.remove(remove_ids),
         exported=emb.export(with_slots=True),
+        size=emb.size(),
         stats=emb.tier_stats(),
         settle=emb.tier_settle(),
     )
@@ -95,9 +96,11 @@ def _train(sess, m, steps):
 
 
 def _state(sess, m):
-    """The whole table, sorted by key: keys, values, slots, versions, frequencies."""
-    e = sess.run(m["exported"])
+    """The whole table, sorted by key: keys, values, slots, versions, frequencies. Checks that each key is there
+    once and that size() counts them."""
+    e, size = sess.run([m["exported"], m["size"]])
     order = np.argsort(e.keys)
+    assert len(np.unique(e.keys)) == len(e.keys) == size, (len(np.unique(e.keys)), len(e.keys), size)
     return tuple(np.asarray(a)[order] for a in e)
 
 
@@ -156,6 +159,7 @@ def _checkpoint_rows(path, num_shards=2):
         for i in range(num_shards)
     ]
     cat = [np.concatenate(p) for p in zip(*parts)]
+    assert len(np.unique(cat[0])) == len(cat[0]), "a key saved twice in %s" % path
     order = np.argsort(cat[0])
     return tuple(a[order] for a in cat)
 
@@ -185,6 +189,28 @@ def test_full_checkpoint_holds_both_tiers_and_restores_into_tiered_and_in_memory
         if storage is not None:
             _assert_mostly_on_disk(restored_stats)
             assert restored_stats["memory_keys"] + restored_stats["disk_keys"] == len(saved[0])
+
+
+def test_restore_over_a_trained_table_replaces_both_tiers(tmp_path):
+    """A restore in the session that kept training after the save: keys trained since (in memory and on disk) are
+    gone, and the rows of the others are the saved ones again."""
+    with tf.Graph().as_default():
+        m = _build(_storage(tmp_path, "train", 2))
+        saver = tf.compat.v1.train.Saver()
+        with tf.compat.v1.Session(config=session_config()) as sess:
+            sess.run(tf.compat.v1.global_variables_initializer())
+            _train(sess, m, 5)
+            path = saver.save(sess, str(tmp_path / "model"))
+            saved = _state(sess, m)
+            _train(sess, m, 4)
+            later = _state(sess, m)
+            assert len(set(later[0].tolist()) - set(saved[0].tolist())) > _stats(sess, m)["memory_keys"]
+            saver.restore(sess, path)
+            sess.run(m["settle"])
+            _assert_same(_state(sess, m), saved, "restored over the trained table")
+            stats = _stats(sess, m)
+            assert stats["memory_keys"] + stats["disk_keys"] == len(saved[0]), stats
+            _assert_mostly_on_disk(stats)
 
 
 def test_restore_in_a_fresh_process_rebuilds_the_store_the_training_run_left(tmp_path):

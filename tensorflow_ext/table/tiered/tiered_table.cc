@@ -619,9 +619,11 @@ void TieredTable::DemoterLoop() {
 }
 
 void TieredTable::RecordBackgroundError(std::exception_ptr error) {
-  errors_.fetch_add(1, std::memory_order_relaxed);
   std::lock_guard<std::mutex> lock(wake_mu_);
   pending_error_ = std::move(error);
+  // Counted once the error is pending: whoever sees the count can rely on
+  // the next batch getting the error.
+  errors_.fetch_add(1);
 }
 
 void TieredTable::RethrowPendingError() {

@@ -1,5 +1,6 @@
 """Tiered storage under Horovod: a model-parallel embedding whose rows mostly live on disk (each rank its own
-store, under `<path>/rank_<r>/`) trains on 2 ranks bit for bit like the same embedding all in memory."""
+store, under `<path>/rank_<r>/`) trains on 2 ranks bit for bit like the same embedding all in memory, and its
+checkpoint (gathered from both tiers of every rank) restores into new tiered embeddings exactly (tiered_worker.py)."""
 
 import os
 import re

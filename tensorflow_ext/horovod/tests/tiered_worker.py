@@ -4,7 +4,9 @@ Every rank trains its slice of the global batches twice with a model-parallel em
 with tiered storage (a memory budget of 64 rows per shard, the rank's store under ROOT/rank_<r>/, settled after each
 step) and all in memory. Its losses, the rows it owns (values, slots, versions, frequencies) and the dense weights
 must be equal bit for bit; the tier counters must show rows read back from disk and moved to disk, and the rank's
-store directory must be its own.
+store directory must be its own. Then rank 0 checkpoints the tiered embedding (the ranks gather their rows, from
+both tiers) and every rank restores the checkpoint into a new tiered embedding: it gets back exactly the rows it
+owns, most of them on disk again.
 
 Usage: tiered_worker.py OPTIMIZER FLAVOUR VALUE_DTYPE ROOT
   FLAVOUR: lookup | sparse (embedding_lookup_sparse, mean)
@@ -20,6 +22,7 @@ tf.compat.v1.disable_v2_behavior()
 
 import tensorflow_ext as tf_ext  # noqa: E402  pylint: disable=wrong-import-position
 import tensorflow_ext.horovod as tfe_hvd  # noqa: E402  pylint: disable=wrong-import-position
+from tensorflow_ext.horovod import checkpoint as hvd_checkpoint  # noqa: E402  pylint: disable=wrong-import-position
 
 DIM, PER_RANK, STEPS, IDS = 4, 16, 8, 3000
 ROWS = 64  # the memory tier's rows per shard (the fewest a budget may hold)
@@ -66,30 +69,43 @@ def memory_bytes(root, value_dtype, opt_name):
     return -(-probe // budget_keys) * ROWS
 
 
-def train(opt_name, flavour, value_dtype, batches, rank, storage):
+def model(opt_name, flavour, value_dtype, storage):
+    gs = tf.compat.v1.train.get_or_create_global_step()
+    ids = tf.compat.v1.placeholder(tf.int64, [None, 3])
+    labels = tf.compat.v1.placeholder(tf.float32, [None, 1])
+    emb = tfe_hvd.get_dynamic_embedding(
+        "emb",
+        DIM,
+        parallelism="model",
+        value_dtype=value_dtype,
+        storage=storage,
+        initializer=tf.compat.v1.random_normal_initializer(0.0, 0.1, seed=7),
+    )
+    if flavour == "sparse":
+        sp = tf.sparse.from_dense(ids + 1)  # every entry (no id is -1): shift back below
+        x = tf_ext.embedding_lookup_sparse(emb, tf.SparseTensor(sp.indices, sp.values - 1, sp.dense_shape), None)
+    else:
+        x = tf.reduce_sum(tf_ext.embedding_lookup(emb, ids), axis=1)
+    w = tf.compat.v1.get_variable("w", initializer=tf.constant(np.linspace(-0.5, 0.5, DIM).reshape(DIM, 1), tf.float32))
+    loss = tf.reduce_mean(tf.square(tf.matmul(x, w) - labels))
+    train_op = tfe_hvd.DistributedOptimizer(make_optimizer(opt_name)).minimize(loss, global_step=gs)
+    return dict(ids=ids, labels=labels, emb=emb, w=w, loss=loss, train_op=train_op)
+
+
+def sorted_state(sess, emb):
+    e = sess.run(emb.export(with_slots=True))
+    order = np.argsort(e.keys)
+    return [np.asarray(a)[order] for a in e]
+
+
+def train(opt_name, flavour, value_dtype, batches, rank, storage, ckpt=None):
+    """Trains; returns the losses, the rank's sorted state, the dense weights and the tier counters after each step.
+    With ckpt, also saves a checkpoint there (rank 0 writes it)."""
     with tf.Graph().as_default() as g:
-        gs = tf.compat.v1.train.get_or_create_global_step()
-        ids = tf.compat.v1.placeholder(tf.int64, [None, 3])
-        labels = tf.compat.v1.placeholder(tf.float32, [None, 1])
-        emb = tfe_hvd.get_dynamic_embedding(
-            "emb",
-            DIM,
-            parallelism="model",
-            value_dtype=value_dtype,
-            storage=storage,
-            initializer=tf.compat.v1.random_normal_initializer(0.0, 0.1, seed=7),
-        )
-        if flavour == "sparse":
-            sp = tf.sparse.from_dense(ids + 1)  # every entry (no id is -1): shift back below
-            x = tf_ext.embedding_lookup_sparse(emb, tf.SparseTensor(sp.indices, sp.values - 1, sp.dense_shape), None)
-        else:
-            x = tf.reduce_sum(tf_ext.embedding_lookup(emb, ids), axis=1)
-        w = tf.compat.v1.get_variable(
-            "w", initializer=tf.constant(np.linspace(-0.5, 0.5, DIM).reshape(DIM, 1), tf.float32)
-        )
-        loss = tf.reduce_mean(tf.square(tf.matmul(x, w) - labels))
-        train_op = tfe_hvd.DistributedOptimizer(make_optimizer(opt_name)).minimize(loss, global_step=gs)
-        exported = emb.export(with_slots=True)
+        m = model(opt_name, flavour, value_dtype, storage)
+        ids, labels, emb, w, loss, train_op = (m[k] for k in ("ids", "labels", "emb", "w", "loss", "train_op"))
+        saver = tf.compat.v1.train.Saver() if ckpt else None
+        gather = hvd_checkpoint.gather_op() if ckpt else None
         settle, stats = emb.tier_settle(), emb.tier_stats()
         losses, tier_stats = [], []
         with tf.compat.v1.Session(graph=g) as sess:
@@ -99,10 +115,26 @@ def train(opt_name, flavour, value_dtype, batches, rank, storage):
                 losses.append(sess.run([loss, train_op], {ids: gids[sl], labels: glabels[sl]})[0])
                 sess.run(settle)
                 tier_stats.append({k: int(v) for k, v in sess.run(stats).items() if k != "hit_rate"})
-            e = sess.run(exported)
-            order = np.argsort(e.keys)
-            state = [np.asarray(a)[order] for a in e]
+            state = sorted_state(sess, emb)
+            if ckpt:
+                if rank == 0:
+                    os.makedirs(os.path.dirname(ckpt))
+                    saver.save(sess, ckpt)
+                else:
+                    sess.run(gather)
             return np.array(losses), state, sess.run(w), tier_stats
+
+
+def restore(opt_name, flavour, value_dtype, storage, ckpt):
+    """The rank's sorted state and tier counters after restoring ckpt into a new model."""
+    with tf.Graph().as_default():
+        m = model(opt_name, flavour, value_dtype, storage)
+        saver = tf.compat.v1.train.Saver()
+        with tf.compat.v1.Session() as sess:
+            saver.restore(sess, ckpt)
+            sess.run(m["emb"].tier_settle())
+            stats = {k: int(v) for k, v in sess.run(m["emb"].tier_stats()).items() if k != "hit_rate"}
+            return sorted_state(sess, m["emb"]), stats
 
 
 def bits(x):
@@ -115,8 +147,10 @@ def main():
     tfe_hvd.init()
     rank, num_ranks = tfe_hvd.rank(), tfe_hvd.size()
     batches = global_batches(num_ranks)
-    storage = tf_ext.TieredStorage(memory_bytes=memory_bytes(root, value_dtype, opt_name), path=root)
-    got = train(opt_name, flavour, value_dtype, batches, rank, storage)
+    budget = memory_bytes(root, value_dtype, opt_name)
+    storage = tf_ext.TieredStorage(memory_bytes=budget, path=root)
+    ckpt = os.path.join(root + "_ckpt", "model")
+    got = train(opt_name, flavour, value_dtype, batches, rank, storage, ckpt)
     want = train(opt_name, flavour, value_dtype, batches, rank, None)
     np.testing.assert_array_equal(bits(got[0]), bits(want[0]), err_msg="rank %d losses" % rank)
     for field, a, b in zip(("keys", "values", "slots", "versions", "frequencies"), got[1], want[1]):
@@ -131,6 +165,15 @@ def main():
     # This rank's store, in a directory of its own.
     store = os.path.join(root, "rank_%d" % rank, "emb", "shard_0_of_1")
     assert "TF_EXT_TIER_STORE" in os.listdir(store), (rank, os.listdir(store))
+    # The checkpoint of the tiered embedding (rank 0 wrote it before its in-memory run, whose collectives every
+    # rank has run since) restores every key the rank owns, into both tiers of a new one.
+    restored, restored_stats = restore(
+        opt_name, flavour, value_dtype, tf_ext.TieredStorage(memory_bytes=budget, path=root + "_restored"), ckpt
+    )
+    for field, a, b in zip(("keys", "values", "slots", "versions", "frequencies"), restored, got[1]):
+        np.testing.assert_array_equal(bits(a), bits(b), err_msg="rank %d restored %s" % (rank, field))
+    assert restored_stats["disk_keys"] > restored_stats["memory_keys"], (rank, restored_stats)
+    assert restored_stats["memory_keys"] + restored_stats["disk_keys"] == len(got[1][0]), (rank, restored_stats)
     print("RANK %d OK keys=%d disk_keys=%d" % (rank, len(got[1][0]), last["disk_keys"]), flush=True)
 
 

@@ -1,15 +1,16 @@
 """Faults and bad input of tiered embeddings (`tf_ext.TieredStorage`), each scenario in fresh processes.
 
-A full disk mid-training, a trainer killed with SIGKILL, missing, foreign and corrupt store directories, two
-processes (and two tables of one process) on one store path, a memory budget smaller than one batch, an unwritable
-path, int8 rows, and a machine without the system's RocksDB library. Every process is `tiered_fault_worker.py` (beside this file), a small Adagrad model on a stream
-of ids that keeps bringing new keys (so a small memory tier demotes every step) and old ones (so rows come back from
-disk); it records what it raised in a JSON result instead of crashing. The reference of every restored or continued
-state is the same model in memory (no tiers), trained over the same steps: tiered training is bit-identical to it.
+A full disk mid-training (and space freed again), a trainer killed with SIGKILL, missing, foreign and corrupt store
+directories, two processes (and two tables of one process) on one store path, a memory budget smaller than one
+batch, unwritable paths, int8 rows, and a machine without the system's RocksDB library. Every process is
+`tiered_fault_worker.py` (beside this file), a small Adagrad model on a stream of ids that keeps bringing new keys (so
+a small memory tier demotes every step) and old ones (so rows come back from disk); it records what it raised in a
+JSON result instead of crashing. The reference of every restored or continued state is the same model in memory (no
+tiers), trained over the same steps: tiered training is bit-identical to it.
 
-The disk-full and read-only cases mount a tmpfs (and the missing-library case an empty file over the library) in a
-private mount namespace of the worker (`unshare -m`, as root;
-`unshare -rm`, a user namespace, otherwise): nothing outside the worker sees the mount.
+The disk-full and read-only cases mount a tmpfs (the missing-library case an empty file over the library) in a
+private mount namespace of the worker (`unshare -m` as root, else `unshare -rm`, in a user namespace): nothing
+outside the worker sees the mount.
 """
 
 import json
@@ -143,7 +144,7 @@ def test_disk_full_mid_training_fails_the_step_keeps_every_row_and_the_last_chec
     ckpt.mkdir()
     model = dict(_MODEL, dim=32, new=1024, old=256)
     cfg = dict(model, tier=_tier(disk / "store", 1 << 20), ckpt_dir=str(ckpt), save_every=5, steps=2000)
-    mount = "mount -t tmpfs -o size=4m tmpfs %s" % disk
+    mount = "mount -t tmpfs -o size=4m tmpfs %s" % shlex.quote(str(disk))
     result = _run(
         tmp_path, dict(cfg, save_after_error=True), "full", wrap=lambda argv: _in_mount_namespace(mount, argv)
     )
@@ -181,6 +182,38 @@ def test_disk_full_mid_training_fails_the_step_keeps_every_row_and_the_last_chec
     np.testing.assert_array_equal(after["slots"][held], before["slots"])
     extra = after["keys"][~held]
     assert np.isin(extra, np.asarray(result["error_ids"], np.int64)).all(), extra
+
+
+def test_training_goes_on_once_space_is_freed(tmp_path):
+    # The store's disk has 8 MiB free when training starts (a 56 MiB ballast file on a 64 MiB tmpfs): the first flush
+    # of the store's memtable fails, and so does the step. The trainer then deletes the ballast and runs the step
+    # again, as a job would after an operator freed space: training goes on to step 100 with no other error, and
+    # ends with the rows, slots and metadata of the in-memory model, except that the keys of the step that failed
+    # may count one more lookup (the failed step's lookup had run).
+    disk = tmp_path / "disk"
+    disk.mkdir()
+    model = dict(_MODEL, dim=32, new=1024, old=256)
+    ballast = disk / "ballast"
+    cfg = dict(model, tier=_tier(disk / "store", 1 << 20), steps=100, dump_at=[100], ballast=str(ballast))
+    mount = "mount -t tmpfs -o size=64m tmpfs %s; dd if=/dev/zero of=%s bs=1M count=56 status=none" % (
+        shlex.quote(str(disk)),
+        shlex.quote(str(ballast)),
+    )
+    result = _run(tmp_path, cfg, "freed", wrap=lambda argv: _in_mount_namespace(mount, argv))
+    first = result.get("first_error")
+    assert first is not None, "the disk never filled: %s" % result
+    assert first["class"] == "ResourceExhaustedError", first
+    assert _shard_dir(str(disk / "store")) in first["message"], first
+    assert result["error"] is None and result["step"] == 100, result
+    assert _stat(result, "disk_keys") > 0, result["stats"]
+    want = _reference(tmp_path, [100], model)[100]
+    got = _state(tmp_path, 100)
+    failed = np.isin(want["keys"], np.asarray(result["first_error_ids"], np.int64))
+    extra = got["freqs"].astype(np.int64) - want["freqs"].astype(np.int64)
+    assert set(np.unique(extra[failed])) <= {0, 1}, np.unique(extra[failed])
+    assert not extra[~failed].any()
+    got["freqs"] = want["freqs"]
+    _assert_same_state(got, want, "trained on after the disk filled and space came back")
 
 
 # --- a trainer killed ---------------------------------------------------------------------------------------------
@@ -395,12 +428,13 @@ def test_unwritable_path_is_an_error_at_creation_naming_it(tmp_path, case):
         mnt.mkdir()
         root = mnt / "store"
         if case == "read_only_mount":
-            setup = "mount -t tmpfs -o ro,size=1m tmpfs %s" % mnt
+            setup = "mount -t tmpfs -o ro,size=1m tmpfs %s" % shlex.quote(str(mnt))
         else:
+            quoted = shlex.quote(str(mnt))
             setup = "mount -t tmpfs -o size=1m tmpfs %s && mkdir -p %s && mount -o remount,ro %s" % (
-                mnt,
+                quoted,
                 shlex.quote(_shard_dir(str(root))),
-                mnt,
+                quoted,
             )
         wrap = lambda argv: _in_mount_namespace(setup, argv)  # noqa: E731
     got = _run(tmp_path, dict(_MODEL, tier=_tier(root), steps=2), case, wrap=wrap)

@@ -8,7 +8,8 @@ number only, so a run restarted from a checkpoint at step k sees what an uninter
 
 Config (JSON object):
   dim, num_shards, new, old: the model and the stream (defaults 8, 1, 96, 32).
-  tier: null (an in-memory embedding) or the keyword arguments of tf_ext.TieredStorage.
+  tier: null (an in-memory embedding) or the keyword arguments of tf_ext.TieredStorage; value_dtype: the
+    embedding's (a dtype name; default float32).
   ckpt_dir: where checkpoints go ("model-<step>"); save_every: save after every that many steps (0: never);
     save_at: and after these steps.
   restore: true to restore the latest checkpoint of ckpt_dir (or the checkpoint restore_from) before training.
@@ -22,6 +23,8 @@ Config (JSON object):
     process holding the store open).
   save_after_error: when a training step fails, record its error and the ids of its batch (error_ids), save the
     model to <ckpt_dir>/after_error (not made the latest checkpoint) and stop.
+  ballast: a file that fills the store's disk: at the first failed training step, record its error (first_error)
+    and ids (first_error_ids), delete the file and run the step again (space is back).
   retry_new: when a training step fails, record its error, train one batch of retry_new fresh keys instead and
     record the embedding's size (size_after_retry), then stop.
   twin: after training, build the same model in a second graph and session of this process (a second table on the
@@ -168,6 +171,12 @@ def main(cfg):
                 try:
                     run_step(sess, m, step)
                 except tf.errors.OpError as e:
+                    if cfg.get("ballast") and "first_error" not in result:
+                        # Space comes back: the step is run again and training goes on.
+                        result["first_error"] = _error(e, stage, step)
+                        result["first_error_ids"] = batch_ids(step, new, old).tolist()
+                        os.remove(cfg["ballast"])
+                        continue
                     if cfg.get("save_after_error"):
                         # What the table holds after the failed step, saved (not as the latest checkpoint).
                         result["error"] = _error(e, stage, step)

@@ -5,37 +5,42 @@ the same table held all in memory.
 Sub-commands, each writes its JSON (``--json``) and prints a markdown table:
 
 ``train``: a ctr-style model whose table is ``--keys`` rows, several times the memory budget. Each run is a fresh
-process (``train-child``): it preloads every key of the table (``emb.insert`` in chunks of shuffled keys, rows drawn in
+process (``train-child``): it preloads every key of the table (``insert`` in chunks of shuffled keys, rows drawn in
 the graph), then trains on batches whose ids are Zipf(``--zipf``) draws over those keys, and prints its result as JSON.
-Variants, run interleaved (A B C A B C ...) for ``--rounds`` rounds so that machine noise hits them alike:
+Variants (``--variants``), run interleaved (A B C A B C ...) for ``--rounds`` rounds so that machine noise hits them
+alike:
 
   memory           the whole table in memory (the reference)
   tiered           ``storage=tf_ext.TieredStorage(memory_bytes=--budget, path=..., disk_bytes=--disk_cap)``
-  tiered_prefetch  tiered, and each step also promotes the next batch's ids (``emb.prefetch``) while it computes
+  tiered_prefetch  tiered, and each step also promotes the next batch's ids (``emb.prefetch``, run after the step's
+                   lookup, beside the dense layers and the apply)
+  tfra             TFRA 0.7.2 in memory (``de.get_variable``, ``DynamicEmbeddingOptimizer``; opt-in)
+  tfra_redis       TFRA 0.7.2 on its Redis table (``kv_creator=de.RedisTableCreator``), served by a private
+                   in-memory redis-server this process starts on a free loopback port (opt-in; needs redis-server)
 
-  Workload: ``--fields`` sparse features of ``--keys / --fields`` ids each (ids of a field hashed with the field
-  number into one int64 key space), batch ``--batch``, dim ``--dim``, Adagrad(0.05) on the embedding and an MLP
-  (``--hidden``) on the concatenated embeddings, sigmoid cross-entropy on labels of a hidden logistic model over
-  per-key weights. ``--sampler truncated`` draws ranks from Zipf(a) over the field's ids (p(k) ~ k^-a, k = 1..V, by
-  inverse CDF); ``--sampler folded`` draws unbounded Zipf(a) ranks folded into [0, V) by mod (as the ctr26 benchmark
-  does: every draw past V lands on a uniformly spread id, so ~1 in 5 ids is a random one, mostly cold).
+  Workload: ``--fields`` sparse features of ``--keys / --fields`` ids each (key = rank * fields + field), batch
+  ``--batch``, dim ``--dim``, Adagrad(0.05) on the embedding and the MLP (``--hidden``) on the concatenated
+  embeddings, sigmoid cross-entropy on labels of a logistic model over a fixed weight per key. The rank of each id is
+  drawn from Zipf(a) over the field's ids (p(k) ~ k^-a, k = 1..V, by inverse CDF). The batches are drawn once per
+  configuration (cached in ``--store_dir``) and kept in the graph as variables, read in turn, so every run trains on
+  the same batches with no input work in the step.
+
   Each child reports steps/s over ``--steps`` timed steps after ``--warmup`` steps, per-step times, the peak RSS of the
   preload and of the training (VmHWM; the training peak after resetting it through /proc/self/clear_refs) beside the
   RSS of the process before the table holds rows ("the model": TF, graph, batches), the tier's counters over the timed
-  steps (cold reads per step, hit rate = 1 - cold reads / keys promoted), the store's bytes on disk (``du``) and how
-  much of them sat in the page cache (``fincore``), and the losses of the timed steps (the tiered runs' losses are
-  compared with the in-memory run's, bit for bit).
+  steps (cold reads per step, hit rate = 1 - cold reads / keys looked up), the store's bytes on disk (``du``) and how
+  much of them sat in the page cache (``fincore``), and the losses of the timed steps (compared with the in-memory
+  run's, bit for bit).
 
   ``--cache``: ``warm`` (the store's pages stay in the page cache as the preload left them), ``dropped`` (the store's
   files are synced and evicted from the page cache with posix_fadvise(DONTNEED) once, before the warm-up steps), or
   ``uncached`` (evicted before every timed step too, so that every cold read of a timed step goes to the device; the
-  eviction is outside the timed step). ``--drop_caches`` also drops the whole page cache (root) where the store's
-  are evicted.
+  eviction is outside the timed step). ``--drop_caches`` drops the whole page cache (root) instead of the store's
+  files' pages.
 
-``main-job``: the main job (``python -m tensorflow_ext.examples.ctr``) with and without ``--memory_budget``, same seed,
-interleaved for ``--rounds`` rounds: AUC, logloss and steps/s of each.
-
-``tfra-redis``: whether TFRA's Redis backend loads here and, with a Redis server, trains.
+``main-job``: the main job (``python -m tensorflow_ext.examples.ctr``) with and without ``--memory_budget``, same seed
+and flags, interleaved for ``--rounds`` rounds: AUC, logloss and steps/s of each, and whether the final checkpoints
+hold the same model bit for bit.
 
   python tools/bench_tiered.py train --json docs/bench_tiered.json
   python tools/bench_tiered.py train --quick          # small sizes, for development
@@ -400,9 +405,12 @@ def train_child(args):
 
     all_keys = np.arange(n_keys, dtype=np.int64)
     np.random.default_rng(args.seed + 1).shuffle(all_keys)
+    # One chunk must fit the memory budget (a batch's rows are in memory at once): a quarter of what it holds, at
+    # ~300 B/key. The same chunks in every variant: the rows are drawn per chunk.
+    chunk = max(1, min(args.chunk, args.budget // 1200)) if args.chunk > 0 else args.budget // 1200
     t0 = time.perf_counter()
-    for s in range(0, n_keys, args.chunk):
-        sess.run(preload, {pk: all_keys[s : s + args.chunk]})
+    for s in range(0, n_keys, chunk):
+        sess.run(preload, {pk: all_keys[s : s + chunk]})
     del all_keys
     if settle_op is not None:
         sess.run(settle_op)
@@ -410,6 +418,8 @@ def train_child(args):
     bc.trim_heap()
     preload_peak = proc_status("VmHWM")
     size = int(sess.run(size_op))
+    stats_preload = sess.run(stats_op)
+    mem_preload = int(sess.run(mem_op)) if mem_op is not None else None
     bc.log("%s: preloaded %d keys in %.1fs, peak RSS %.0f MiB" % (variant, size, preload_s, preload_peak / 2.0**20))
 
     if tiered and args.cache != "warm":
@@ -455,6 +465,9 @@ def train_child(args):
         "distinct_keys_per_step": distinct,
         "ids_per_step": args.batch * args.fields,
         "preload_s": preload_s,
+        "preload_chunk": chunk,
+        "memory_tier_bytes_preload": mem_preload,
+        "stats_preload": {k: int(v) for k, v in zip(STAT_NAMES, stats_preload)},
         "rss_model_bytes": rss_model,
         "rss_preload_peak_bytes": preload_peak,
         "rss_train_peak_bytes": train_peak if peak_reset else None,
@@ -514,7 +527,8 @@ def _run_child(argv, log_path=None):
             r["process_wall_s"] = time.perf_counter() - t0
             return r, None
     err = [l for l in p.stderr.splitlines() if l.strip() and "WARNING" not in l and "deprecat" not in l.lower()]
-    return None, "exit %d: %s" % (p.returncode, (err[-1] if err else "no output"))
+    errors = [l for l in err if "Error: " in l and "Graph execution error" not in l]
+    return None, "exit %d: %s" % (p.returncode, (errors or err or ["no output"])[-1].strip())
 
 
 def _child_argv(args, variant):

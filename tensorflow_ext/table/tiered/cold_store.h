@@ -60,6 +60,12 @@ struct StoreOptions {
   std::string path;   // directory; created if missing (parents too)
   int64_t width = 1;  // floats per row
   int64_t block_cache_bytes = 32 << 20;
+  // Put and Delete first read which of their keys are present, so that num_keys() is exact whatever the caller
+  // writes. A caller that keeps its own count (the tiered table) turns this off: Put and Delete then skip that read
+  // (measured: ~20% more tiered lookups per CPU-second with 25% of the keys in memory, tiered_table_bench), Put counts
+  // every key as new and Delete every key as present (exact only when the caller puts absent keys and deletes present
+  // ones), and Delete writes a tombstone per key.
+  bool count_keys = true;
 };
 
 class ColdStore {  // thread-safe; all methods may throw StoreError

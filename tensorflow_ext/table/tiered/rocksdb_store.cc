@@ -225,7 +225,8 @@ class RocksDbStore : public ColdStore {
       : path_(options.path),
         width_(options.width),
         value_bytes_(static_cast<size_t>(options.width) * sizeof(float) + sizeof(int64_t) + sizeof(uint32_t)),
-        block_cache_bytes_(options.block_cache_bytes) {
+        block_cache_bytes_(options.block_cache_bytes),
+        count_keys_(options.count_keys) {
     TakeDirectory();
     try {
       db_ = OpenDb(generation_);
@@ -265,8 +266,11 @@ class RocksDbStore : public ColdStore {
     if (n <= 0) return;
     std::lock_guard<std::mutex> lock(write_mu_);  // the presence check and the write are one step for num_keys
     const std::shared_ptr<rocksdb::DB> db = Db();
-    const std::vector<int64_t> distinct = Distinct(keys, n);
-    const int64_t present = CountPresent(db.get(), distinct);
+    int64_t added = n;  // without count_keys the caller vouches that every key is new
+    if (count_keys_) {
+      const std::vector<int64_t> distinct = Distinct(keys, n);
+      added = static_cast<int64_t>(distinct.size()) - CountPresent(db.get(), distinct);
+    }
     rocksdb::WriteBatch wb(static_cast<size_t>(n) * (value_bytes_ + 8 + 8));
     std::string value(value_bytes_, '\0');
     char k[8];
@@ -279,7 +283,7 @@ class RocksDbStore : public ColdStore {
       if (!s.ok()) throw Error(s, "batching " + std::to_string(n) + " rows");
     }
     Write(db.get(), &wb, "writing " + std::to_string(n) + " rows");
-    num_keys_.fetch_add(static_cast<int64_t>(distinct.size()) - present, std::memory_order_relaxed);
+    num_keys_.fetch_add(added, std::memory_order_relaxed);
   }
 
   void Delete(const int64_t* keys, int64_t n) override {
@@ -287,9 +291,10 @@ class RocksDbStore : public ColdStore {
     std::lock_guard<std::mutex> lock(write_mu_);
     const std::shared_ptr<rocksdb::DB> db = Db();
     const std::vector<int64_t> distinct = Distinct(keys, n);
-    // Only present keys get a tombstone: num_keys stays exact and absent keys cost no space.
-    std::vector<bool> is_present;
-    Presence(db.get(), distinct, &is_present);
+    // Only present keys get a tombstone: num_keys stays exact and absent keys cost no space. Without count_keys
+    // the caller vouches that every key is present.
+    std::vector<bool> is_present(distinct.size(), true);
+    if (count_keys_) Presence(db.get(), distinct, &is_present);
     rocksdb::WriteBatch wb;
     int64_t removed = 0;
     char k[8];
@@ -616,6 +621,7 @@ class RocksDbStore : public ColdStore {
   const int64_t width_;
   const size_t value_bytes_;
   const int64_t block_cache_bytes_;
+  const bool count_keys_;  // StoreOptions::count_keys: read presence before writes
   int lock_fd_ = -1;
 
   mutable std::mutex db_mu_;  // guards db_ and generation_

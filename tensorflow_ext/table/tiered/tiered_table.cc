@@ -117,6 +117,7 @@ TieredTable::TieredTable(HashTable* memory, const TableOptions& table_options, c
     StoreOptions store_options;
     store_options.path = options.path;
     store_options.width = width_;
+    store_options.count_keys = false;  // the tier counts its disk keys itself
     store_options.block_cache_bytes =
         std::min(kMaxBlockCacheBytes, std::max(kMinBlockCacheBytes, options.memory_bytes / 20));
     store_ = OpenColdStore(store_options);

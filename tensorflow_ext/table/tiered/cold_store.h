@@ -24,7 +24,8 @@
 //  * Thread safety: every ColdStore method may be called from any number of
 //    threads at once.
 //  * num_keys() is exact: Put counts only keys that were absent, Delete only
-//    keys that were present (each checks with a batched read first).
+//    keys that were present (each checks with a batched read first), unless
+//    StoreOptions::count_keys is off (the caller keeps its own count).
 //
 // RocksDB lives in a plugin, _tf_ext_rocksdb_store.so (links the system
 // librocksdb.so.7.8), next to the library holding OpenColdStore (the op

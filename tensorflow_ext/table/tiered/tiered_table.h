@@ -73,7 +73,11 @@
 //  * outbox_mu_: the outbox (the chunk of rows between memory and disk) and
 //    the set of stale disk keys.
 //  The memory tier's shard locks are taken inside all of these (every
-//  HashTable call), and no tier lock is taken inside a table callback.
+//  HashTable call), and no tier lock is taken inside a table callback. A
+//  batch holds access_ (and a promoter promote_mu_) across its ParallelFor:
+//  the pool that runs pf's units must not be one whose threads may wait for
+//  a batch of this table (TF's intra-op pool runs the units, its inter-op
+//  threads the waiting ops: separate pools).
 //
 // Design
 //  * Demotion round: a threshold rank from HashTable::SampleMeta, then

@@ -1027,6 +1027,58 @@ TFEXT_TEST(RowsTakenFromTheOutboxDoNotComeBackFromDisk) {
   CHECK_EQ(tier.stats().disk_keys, store->num_keys());
 }
 
+// More promotions than TieredTable::kMaxStaleKeys between two demotion
+// rounds: past that many dead disk copies, batches delete their own. Every
+// row stays exact, and once settled the store holds exactly the live keys.
+TFEXT_TEST(ManyPromotionsWithoutARoundDeleteTheirOwnDeadCopies) {
+  TableOptions o;
+  o.width = 1;
+  HashTable memory(o), plain(o);
+  const std::string dir = TempDir();
+  auto owned = std::make_unique<ControlledStore>(OpenStore(dir + "/store", 1));  // counts its keys exactly
+  ControlledStore* store = owned.get();
+  const int64_t budget_keys = TieredTable::kMaxStaleKeys + 20000;
+  TieredTable tier(&memory, o, Tier(dir + "/store", BudgetFor(memory, budget_keys), false), std::move(owned));
+  Fill(&tier, &plain, 2 * budget_keys, 10000);
+  // Empty the memory tier (every key there removed), so that promotions fill
+  // it back without going over budget: no round runs.
+  std::vector<int64_t> in_memory, on_disk;
+  {
+    std::vector<int64_t> all(2 * budget_keys);
+    for (int64_t i = 0; i < 2 * budget_keys; ++i) all[i] = i;
+    std::vector<KeyMeta> meta(all.size());
+    std::unique_ptr<bool[]> found(new bool[all.size()]);
+    memory.FindMeta(all.data(), static_cast<int64_t>(all.size()), meta.data(), found.get(), PoolParallelFor());
+    for (const int64_t key : all) (found[key] ? in_memory : on_disk).push_back(key);
+  }
+  CHECK_GT(static_cast<int64_t>(on_disk.size()), TieredTable::kMaxStaleKeys + 10000);
+  for (size_t off = 0; off < in_memory.size(); off += 10000) {
+    const int64_t m = std::min<int64_t>(10000, static_cast<int64_t>(in_memory.size() - off));
+    const int64_t* keys = in_memory.data() + off;
+    tier.WithKeys(keys, m, PoolParallelFor(), [&] { memory.Remove(keys, m, PoolParallelFor()); });
+    plain.Remove(keys, m, PoolParallelFor());
+  }
+  CHECK_EQ(memory.size(), 0);
+  const int64_t demotions = tier.stats().demotions;
+  const int64_t promote = TieredTable::kMaxStaleKeys + 10000;
+  for (int64_t off = 0; off < promote; off += 10000) {
+    const int64_t m = std::min<int64_t>(10000, promote - off);
+    const int64_t* keys = on_disk.data() + off;
+    std::vector<float> got(m), want(m);
+    tier.WithKeys(keys, m, PoolParallelFor(),
+                  [&] { memory.Find(keys, m, 0, 1, got.data(), nullptr, nullptr, PoolParallelFor()); });
+    plain.Find(keys, m, 0, 1, want.data(), nullptr, nullptr, PoolParallelFor());
+    CHECK(SameBits(got.data(), want.data(), m));
+  }
+  CHECK_EQ(memory.size(), promote);
+  CHECK_EQ(tier.stats().demotions, demotions);  // no round ran
+  CHECK_EQ(tier.stats().disk_keys, static_cast<int64_t>(on_disk.size()) - promote);
+  CheckSameContent(ContentOf(tier), ContentOf(plain));
+  tier.Settle();  // deletes the dead copies still waiting
+  CHECK_EQ(store->num_keys(), tier.stats().disk_keys);
+  CheckSameContent(ContentOf(tier), ContentOf(plain));
+}
+
 // ---------------------------------------------------------------- a full disk
 
 // In a child: a tiered table on a 2 MiB tmpfs runs until its store is full,

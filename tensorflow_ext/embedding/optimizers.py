@@ -457,19 +457,22 @@ def _apply_generic(handler, opt, shard, group, keys, grad, step):
     defaults = shard.column_defaults
     ends = [sum(group.slot_widths[: k + 1]) for k in range(nslots)]  # each slot's end in the group's columns
     contiguous = nslots == 0 or group.offset == dim
-    if contiguous:
-        cols = dim + group.width
-        rows, _ = find(keys, tf.constant(defaults[:cols], tf.float32), col_begin=0, cols=cols)
-        var = rows[:, :dim]
-        srows = rows[:, dim:]
-    else:
-        var, _ = find(keys, tf.constant(defaults[:dim], tf.float32), col_begin=0, cols=dim)
-        srows, _ = find(
-            keys,
-            tf.constant(defaults[group.offset : group.offset + group.width], tf.float32),
-            col_begin=group.offset,
-            cols=group.width,
-        )
+    # The reads wait for the gradient, and so for the step's lookups: a new key's row is inserted by its lookup, and a
+    # read that ran first would find no row and update the column defaults instead of the key's initial row.
+    with tf.control_dependencies([grad]):
+        if contiguous:
+            cols = dim + group.width
+            rows, _ = find(keys, tf.constant(defaults[:cols], tf.float32), col_begin=0, cols=cols)
+            var = rows[:, :dim]
+            srows = rows[:, dim:]
+        else:
+            var, _ = find(keys, tf.constant(defaults[:dim], tf.float32), col_begin=0, cols=dim)
+            srows, _ = find(
+                keys,
+                tf.constant(defaults[group.offset : group.offset + group.width], tf.float32),
+                col_begin=group.offset,
+                cols=group.width,
+            )
     slots = [srows[:, end - width : end] for end, width in zip(ends, group.slot_widths)]
     new_var, new_slots = handler.generic(opt, var, slots, grad)
     if contiguous:

@@ -14,6 +14,7 @@ import pytest
 import tensorflow as tf
 
 import tensorflow_ext as tf_ext
+from tensorflow_ext.embedding import _ops
 from tensorflow_ext.embedding.tests.conftest import session_config
 
 DIM = 4
@@ -35,6 +36,11 @@ def _optimizer(name):
         "adam": lambda: t.AdamOptimizer(0.05, beta1=0.8, beta2=0.95, epsilon=1e-6),
         "ftrl": lambda: t.FtrlOptimizer(0.2, l1_regularization_strength=0.01, l2_regularization_strength=0.02),
         "rowwise_adagrad": lambda: tf_ext.RowwiseAdagradOptimizer(0.2, initial_accumulator_value=0.3),
+        # No fused kernel: the update reads rows and slots with table ops and writes them back with others.
+        "adadelta": lambda: t.AdadeltaOptimizer(1.0, rho=0.9, epsilon=1e-4),
+        "proximal_adagrad": lambda: t.ProximalAdagradOptimizer(
+            0.2, l1_regularization_strength=0.01, l2_regularization_strength=0.02
+        ),
     }[name]()
 
 
@@ -229,6 +235,45 @@ def test_bfloat16_rows_train_bit_identical(tmp_path, flavour, opt_name, num_shar
     """bf16 rows (stochastic rounding, drawn from the key and the step) move between the tiers as float32 and are
     re-encoded exactly."""
     _golden(tmp_path, flavour, opt_name, num_shards, value_dtype=tf.bfloat16, seed=3)
+
+
+@pytest.mark.parametrize("opt_name,num_shards", [("adadelta", 1), ("proximal_adagrad", 3)])
+def test_optimizers_without_a_fused_kernel_train_bit_identical(tmp_path, opt_name, num_shards):
+    _golden(tmp_path, "lookup", opt_name, num_shards, seed=7)
+
+
+@pytest.mark.parametrize("opt_name,flavour", [("adam", "lookup"), ("ftrl", "pooled")])
+def test_generic_path_of_fused_optimizers_trains_bit_identical(tmp_path, opt_name, flavour):
+    """The table-op path of the fused optimizers (and lookups): several ops per step, each bringing its keys in."""
+    old = _ops.force_generic(True)
+    try:
+        _golden(tmp_path, flavour, opt_name, 1, seed=8)
+    finally:
+        _ops.force_generic(old)
+
+
+@pytest.mark.parametrize("tiered", [False, True], ids=["in_memory", "tiered"])
+def test_generic_path_updates_a_new_keys_initial_row(tmp_path, tiered):
+    """On the table-op path, the update of a key in its first step starts from the row its lookup inserted (the
+    update's read of the rows waits for the lookup), in memory and tiered alike."""
+    storage = tf_ext.TieredStorage(memory_bytes=1 << 20, path=str(tmp_path / "tier")) if tiered else None
+    old = _ops.force_generic(True)
+    try:
+        with tf.Graph().as_default(), tf.compat.v1.Session(config=session_config()) as sess:
+            gs = tf.compat.v1.train.get_or_create_global_step()
+            emb = tf_ext.get_dynamic_embedding(
+                "emb", DIM, storage=storage, initializer=tf.compat.v1.random_normal_initializer(0.0, 0.5, seed=7)
+            )
+            keys = tf.constant(_key(np.arange(12)), tf.int64)
+            rows = tf_ext.embedding_lookup(emb, keys)
+            train = tf.compat.v1.train.GradientDescentOptimizer(0.5).minimize(tf.reduce_sum(rows), global_step=gs)
+            sess.run(tf.compat.v1.global_variables_initializer())
+            initial, _ = sess.run([rows, train])  # the keys are new: inserted and updated in this step
+            after = sess.run(tf_ext.embedding_lookup(emb, keys, is_training=False))
+    finally:
+        _ops.force_generic(old)
+    assert np.all(initial != 0)
+    np.testing.assert_array_equal(after, initial - np.float32(0.5))
 
 
 def test_lfu_policy_trains_bit_identical(tmp_path):

@@ -2,11 +2,16 @@
 
 #include "tensorflow_ext/table/kernels/table_resource.h"
 
+#include <limits.h>
+#include <stdlib.h>
+#include <unistd.h>
+
 #include <algorithm>
 #include <cmath>
 #include <cstring>
 #include <mutex>
 #include <new>
+#include <set>
 #include <stdexcept>
 
 #include "tensorflow/core/framework/device_base.h"
@@ -14,6 +19,8 @@
 #include "tensorflow/core/framework/type_index.h"
 #include "tensorflow/core/lib/core/errors.h"
 #include "tensorflow/core/lib/strings/strcat.h"
+#include "tensorflow/core/platform/env.h"
+#include "tensorflow/core/platform/logging.h"
 #include "tensorflow/core/platform/str_util.h"
 #include "tensorflow/core/platform/threadpool.h"
 #include "tensorflow_ext/table/kernels/storage_attrs.h"
@@ -146,6 +153,76 @@ std::string TableLayout::DebugString() const {
   return s;
 }
 
+namespace {
+
+// The tier store directories held by this process's tables, by canonical path
+// (CanonicalDir). The store's flock already refuses a directory held by anyone,
+// this process included; this registry lets a table of this process see that
+// a path is held HERE before opening it, and take a private sibling instead
+// (TableResource::tier_dir()). Another process's directory stays refused:
+// opening it would wipe the rows of a live process.
+class HeldTierDirs {
+ public:
+  static HeldTierDirs& Get() {
+    static HeldTierDirs* dirs = new HeldTierDirs();  // never destroyed: tables may close at exit
+    return *dirs;
+  }
+  // True (and now held) if no table of this process holds `key`.
+  bool Hold(const std::string& key) {
+    std::lock_guard<std::mutex> lock(mu_);
+    return held_.insert(key).second;
+  }
+  void Release(const std::string& key) {
+    std::lock_guard<std::mutex> lock(mu_);
+    held_.erase(key);
+  }
+
+ private:
+  std::mutex mu_;
+  std::set<std::string> held_;
+};
+
+// `path` made absolute and normalized ("." and ".." and repeated or trailing
+// slashes removed), with its longest existing prefix resolved by realpath
+// (symbolic links), so that two spellings of one directory are one key even
+// before the directory exists. A path that reaches the directory through a
+// link created after the first table opened it is not recognized: that
+// table is then refused by the store's lock, as before, naming the path.
+std::string CanonicalDir(const std::string& path) {
+  std::string absolute = path;
+  if (absolute.empty() || absolute[0] != '/') {
+    char cwd[PATH_MAX];
+    if (getcwd(cwd, sizeof(cwd)) != nullptr) absolute = std::string(cwd) + "/" + absolute;
+  }
+  std::vector<std::string> parts;
+  for (tensorflow::StringPiece part : tensorflow::str_util::Split(absolute, '/')) {
+    if (part.empty() || part == ".") continue;
+    if (part == "..") {
+      if (!parts.empty()) parts.pop_back();
+      continue;
+    }
+    parts.emplace_back(part);
+  }
+  for (size_t existing = parts.size();; --existing) {
+    std::string prefix = "/";
+    for (size_t i = 0; i < existing; ++i) tensorflow::strings::StrAppend(&prefix, i > 0 ? "/" : "", parts[i]);
+    char resolved[PATH_MAX];
+    if (realpath(prefix.c_str(), resolved) != nullptr || existing == 0) {
+      std::string out = existing == 0 ? "/" : std::string(resolved);
+      for (size_t i = existing; i < parts.size(); ++i) {
+        tensorflow::strings::StrAppend(&out, out.back() == '/' ? "" : "/", parts[i]);
+      }
+      return out;
+    }
+  }
+}
+
+// How many private siblings held by OTHER processes (their store lock) a
+// table skips before giving up: one per live table of the model elsewhere.
+constexpr int kMaxLockedSiblings = 64;
+
+}  // namespace
+
 TableResource::TableResource(const TableLayout& layout, table::TableOptions options, const TierConfig& tier,
                              const std::string& name)
     : layout_(layout), options_(options), tier_config_(tier), name_(name) {
@@ -155,17 +232,63 @@ TableResource::TableResource(const TableLayout& layout, table::TableOptions opti
   options_.rounding = layout_.rounding;
   column_defaults_ = EffectiveDefaults(layout_);
   table_ = std::make_unique<table::HashTable>(options_);
-  if (tier_config_.enabled()) {
-    table::TierOptions tier_options;
-    tier_options.path = tier_config_.path;
-    tier_options.memory_bytes = tier_config_.memory_bytes;
-    tier_options.disk_bytes = tier_config_.disk_bytes;
-    tier_options.policy = tier_config_.policy;
-    tier_ = std::make_unique<table::TieredTable>(table_.get(), options_, tier_options);
+  if (tier_config_.enabled()) OpenTier();
+}
+
+void TableResource::OpenTier() {
+  table::TierOptions tier_options;
+  tier_options.memory_bytes = tier_config_.memory_bytes;
+  tier_options.disk_bytes = tier_config_.disk_bytes;
+  tier_options.policy = tier_config_.policy;
+  std::string base = tier_config_.path;
+  while (base.size() > 1 && base.back() == '/') base.pop_back();
+  const std::string base_key = CanonicalDir(base);
+  int locked_siblings = 0;
+  for (int64_t k = 0;; ++k) {
+    // k = 0: the path itself; then the siblings "<path>.<k>".
+    const std::string suffix = k == 0 ? "" : tensorflow::strings::StrCat(".", k);
+    const std::string key = base_key + suffix;
+    if (!HeldTierDirs::Get().Hold(key)) continue;  // a table of this process has it
+    tier_options.path = k == 0 ? tier_config_.path : base + suffix;
+    try {
+      tier_ = std::make_unique<table::TieredTable>(table_.get(), options_, tier_options);
+    } catch (const table::StoreError& e) {
+      HeldTierDirs::Get().Release(key);
+      // A sibling held by another process (the same model's second table
+      // there, whose first table has closed): the next one. The path itself
+      // held by another process is refused: it is that process's store.
+      if (k > 0 && e.code() == table::StoreError::kLocked && ++locked_siblings < kMaxLockedSiblings) continue;
+      throw;
+    } catch (...) {
+      HeldTierDirs::Get().Release(key);
+      throw;
+    }
+    tier_dir_ = tier_options.path;
+    tier_dir_key_ = key;
+    tier_dir_private_ = k > 0;
+    if (tier_dir_private_) {
+      LOG(INFO) << "tf_ext table '" << name_ << "': its tier store " << tier_config_.path
+                << " is held by another table of this process, so this table keeps its disk tier in the private "
+                   "directory "
+                << tier_dir_ << " (deleted when the table closes)";
+    }
+    return;
   }
 }
 
-TableResource::~TableResource() = default;
+TableResource::~TableResource() {
+  if (tier_dir_.empty()) return;
+  tier_.reset();  // closes the store and its lock before the directory is deleted or released
+  if (tier_dir_private_) {
+    int64_t undeleted_files = 0, undeleted_dirs = 0;
+    const Status s = tensorflow::Env::Default()->DeleteRecursively(tier_dir_, &undeleted_files, &undeleted_dirs);
+    if (!s.ok() || undeleted_files != 0 || undeleted_dirs != 0) {
+      LOG(WARNING) << "tf_ext table '" << name_ << "': cannot delete its private tier store directory " << tier_dir_
+                   << " (" << undeleted_files << " files and " << undeleted_dirs << " directories left): " << s;
+    }
+  }
+  HeldTierDirs::Get().Release(tier_dir_key_);
+}
 
 namespace {
 
@@ -219,7 +342,7 @@ Status StoreErrorStatus(const TableResource& table, const char* what, const tabl
         "checkpoint still holds every key it saved)";
   }
   return StoreStatus(error.code(), "tf_ext table '", table.name(), "' ", what, " failed in its disk tier at ",
-                     table.tier_config().path, ": ", error.what(), hint);
+                     table.tier_dir(), ": ", error.what(), hint);
 }
 
 Status TableMemoryError(const TableResource& table, const char* what, const std::exception& error) {
@@ -530,6 +653,7 @@ std::string TableResource::DebugString() const {
     return tensorflow::strings::StrCat("tf_ext HashTable(", layout_.DebugString(), ", size=", table_->size(), ")");
   }
   return tensorflow::strings::StrCat("tf_ext HashTable(", layout_.DebugString(), ", ", tier_config_.DebugString(),
+                                     tier_dir_private_ ? ", private tier_dir=" : "", tier_dir_private_ ? tier_dir_ : "",
                                      ", memory keys=", table_->size(), ")");
 }
 

@@ -141,6 +141,15 @@ class TableResource : public tensorflow::lookup::LookupInterface {
   table::TieredTable* tier() { return tier_.get(); }
   const table::TieredTable* tier() const { return tier_.get(); }
   const TierConfig& tier_config() const { return tier_config_; }
+  // The directory the tier's store is in ("" untiered): tier_config().path,
+  // or, when another table of this process already holds that path, a
+  // private sibling "<path>.<k>" (k = 1, 2, ...: the first this process does
+  // not hold) that this table deletes when it closes. A store directory is
+  // refused only to another process (its file lock): a second table of the
+  // same model in one process (an evaluation or export graph in a session of
+  // its own, restored from the checkpoint) is a separate cache of that
+  // checkpoint, so it takes a directory of its own instead of failing.
+  const std::string& tier_dir() const { return tier_dir_; }
   // The resource's name ("" if it was not given).
   const std::string& name() const { return name_; }
 
@@ -275,6 +284,9 @@ class TableResource : public tensorflow::lookup::LookupInterface {
  private:
   // Logs the keys that fell off the disk tier since the last call as removed.
   void LogDroppedKeys();
+  // Opens tier_ in tier_config_.path, or in a private sibling of it (see
+  // tier_dir()); sets tier_dir_*. Throws like table::TieredTable's constructor.
+  void OpenTier();
 
   mutable tensorflow::mutex refs_mu_;
   std::shared_ptr<const RowRefs> last_refs_ TF_GUARDED_BY(refs_mu_);
@@ -299,6 +311,12 @@ class TableResource : public tensorflow::lookup::LookupInterface {
   std::string name_;
   std::vector<float> column_defaults_;
   std::unique_ptr<table::HashTable> table_;
+  // tier_dir(), its key in the process's registry of held store directories
+  // (the canonical path), and whether it is a private sibling to delete. The
+  // destructor closes tier_ first, then deletes and releases the directory.
+  std::string tier_dir_;
+  std::string tier_dir_key_;
+  bool tier_dir_private_ = false;
   // After table_: destroyed first (it stops its demoter and refers to table_).
   std::unique_ptr<table::TieredTable> tier_;
 };

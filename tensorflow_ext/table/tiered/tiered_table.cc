@@ -251,26 +251,33 @@ void TieredTable::Promote(const int64_t* keys, int64_t n, const ParallelFor& pf)
   }
   if (in_keys.empty()) return;
 
-  // Whole decoded rows with their metadata: Import re-encodes to nearest,
-  // which gives back the stored bits (see the header's contract).
-  try {
-    memory_->Import(in_keys.data(), static_cast<int64_t>(in_keys.size()), 0, width_, in_rows.data(), nullptr,
-                    in_versions.data(), in_freqs.data(), pf);
-  } catch (...) {
-    // A partial import would leave keys in both tiers: take them out again
-    // (nobody else can have inserted them: every batch promotes first, under
-    // promote_mu_), so their rows stay where they were.
-    memory_->Remove(in_keys.data(), static_cast<int64_t>(in_keys.size()), pf);
-    throw;
+  {
+    // The rows enter memory and leave the outbox's and the disk's counts in
+    // one step for size().
+    std::lock_guard<std::mutex> counting(count_mu_);
+    // Whole decoded rows with their metadata: Import re-encodes to nearest,
+    // which gives back the stored bits (see the header's contract).
+    try {
+      memory_->Import(in_keys.data(), static_cast<int64_t>(in_keys.size()), 0, width_, in_rows.data(), nullptr,
+                      in_versions.data(), in_freqs.data(), pf);
+    } catch (...) {
+      // A partial import would leave keys in both tiers: take them out again
+      // (nobody else can have inserted them: every batch promotes first,
+      // under promote_mu_), so their rows stay where they were.
+      memory_->Remove(in_keys.data(), static_cast<int64_t>(in_keys.size()), pf);
+      throw;
+    }
+    if (!outbox_hits.empty()) {
+      // The chunk may reach the disk with these rows: the demoter deletes
+      // them again when it retires the chunk (it takes promote_mu_, so it
+      // cannot retire between this promoter's look-up and this mark).
+      std::lock_guard<std::mutex> lock(outbox_mu_);
+      for (const int64_t i : outbox_hits) outbox_.taken[i] = 1;
+      in_flight_ -= static_cast<int64_t>(outbox_hits.size());
+    }
+    disk_keys_.fetch_sub(static_cast<int64_t>(disk_hits.size()));
   }
   cold_reads_.fetch_add(static_cast<int64_t>(in_keys.size()), std::memory_order_relaxed);
-  if (!outbox_hits.empty()) {
-    // The chunk may reach the disk with these rows: the demoter deletes them
-    // again when it retires the chunk (it takes promote_mu_, so it cannot
-    // retire between this promoter's look-up and this mark).
-    std::lock_guard<std::mutex> lock(outbox_mu_);
-    for (const int64_t i : outbox_hits) outbox_.taken[i] = 1;
-  }
   if (!disk_hits.empty()) {
     // Their disk copies are dead now. Deleting them is left to the demoter
     // (after its next round, off the batches' path): a row that goes back to
@@ -297,7 +304,6 @@ void TieredTable::Promote(const int64_t* keys, int64_t n, const ParallelFor& pf)
         errors_.fetch_add(1, std::memory_order_relaxed);
       }
     }
-    disk_keys_.fetch_sub(m);
   }
 }
 
@@ -370,6 +376,8 @@ int64_t TieredTable::DemoteChunk(int64_t max_keys, const std::function<bool(int6
   meta.reserve(max_keys);
   {
     ExclusiveAccess lock(access_);
+    // The rows leave memory's count and enter the outbox's in one step.
+    std::lock_guard<std::mutex> counting(count_mu_);
     memory_->Evacuate(max_keys, &evacuate_cursor_, pred, [&](int64_t key, const float* row, const KeyMeta& m) {
       keys.push_back(key);
       rows.insert(rows.end(), row, row + width_);
@@ -387,6 +395,7 @@ int64_t TieredTable::DemoteChunk(int64_t max_keys, const std::function<bool(int6
     outbox_.at.reserve(outbox_.keys.size());
     for (size_t i = 0; i < outbox_.keys.size(); ++i) outbox_.at.emplace(outbox_.keys[i], static_cast<int64_t>(i));
     outbox_keys_.store(static_cast<int64_t>(outbox_.keys.size()));
+    in_flight_ = static_cast<int64_t>(outbox_.keys.size());
   }
   const int64_t n = static_cast<int64_t>(outbox_.keys.size());
   // Written with no lock held: promoters only read keys, rows and meta (they
@@ -418,6 +427,7 @@ int64_t TieredTable::DemoteChunk(int64_t max_keys, const std::function<bool(int6
   std::vector<int64_t> taken;
   {
     std::lock_guard<std::mutex> promoting(promote_mu_);
+    std::lock_guard<std::mutex> counting(count_mu_);  // in flight -> disk, in one step
     std::lock_guard<std::mutex> lock(outbox_mu_);
     for (int64_t i = 0; i < n; ++i) {
       const int64_t key = outbox_.keys[i];
@@ -431,6 +441,7 @@ int64_t TieredTable::DemoteChunk(int64_t max_keys, const std::function<bool(int6
     disk_keys_.fetch_add(n - static_cast<int64_t>(taken.size()));
     outbox_ = Outbox();
     outbox_keys_.store(0);
+    in_flight_ = 0;
   }
   demotions_.fetch_add(n - static_cast<int64_t>(taken.size()), std::memory_order_relaxed);
   if (!taken.empty()) {
@@ -447,6 +458,7 @@ int64_t TieredTable::DemoteChunk(int64_t max_keys, const std::function<bool(int6
 
 void TieredTable::ReturnOutboxLocked() {
   std::lock_guard<std::mutex> promoting(promote_mu_);
+  std::lock_guard<std::mutex> counting(count_mu_);  // in flight -> memory, in one step
   std::lock_guard<std::mutex> lock(outbox_mu_);
   const int64_t n = static_cast<int64_t>(outbox_.keys.size());
   if (n == 0) return;
@@ -471,6 +483,7 @@ void TieredTable::ReturnOutboxLocked() {
                   freqs.data(), InlineParallelFor());
   outbox_ = Outbox();
   outbox_keys_.store(0);
+  in_flight_ = 0;
 }
 
 void TieredTable::DeleteStaleLocked() {
@@ -639,7 +652,10 @@ void TieredTable::RethrowPendingError() {
 
 // ---------------------------------------------------------------- whole table
 
-int64_t TieredTable::size() const { return memory_->size() + disk_keys_.load() + outbox_keys_.load(); }
+int64_t TieredTable::size() const {
+  std::lock_guard<std::mutex> counting(count_mu_);
+  return memory_->size() + in_flight_ + disk_keys_.load();
+}
 
 void TieredTable::Export(int64_t col_begin, int64_t cols,
                          const std::function<HashTable::ExportBuffers(int64_t)>& alloc) const {
@@ -731,9 +747,11 @@ void TieredTable::Clear() {
   memory_->Clear();
   store_->Clear();
   std::lock_guard<std::mutex> promoting(promote_mu_);
+  std::lock_guard<std::mutex> counting(count_mu_);
   std::lock_guard<std::mutex> outbox_lock(outbox_mu_);
   outbox_ = Outbox();
   outbox_keys_.store(0);
+  in_flight_ = 0;
   stale_.clear();
   disk_keys_.store(0);
 }
@@ -769,9 +787,12 @@ void TieredTable::Settle() {
 
 TierStats TieredTable::stats() const {
   TierStats s;
-  s.memory_keys = memory_->size();
+  {
+    std::lock_guard<std::mutex> counting(count_mu_);
+    s.memory_keys = memory_->size();
+    s.disk_keys = in_flight_ + disk_keys_.load();
+  }
   s.memory_bytes = memory_->memory_bytes();
-  s.disk_keys = disk_keys_.load();
   s.disk_bytes = store_->disk_bytes();
   s.budget_keys = budget_keys_;
   s.lookups = lookups_.load(std::memory_order_relaxed);

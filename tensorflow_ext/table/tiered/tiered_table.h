@@ -61,7 +61,7 @@
 //    memory tier (memory()).
 //
 // Locks (acquired only in this order, so no cycle can form):
-//    demote_mu_  ->  access_ (shared or exclusive)  ->  promote_mu_  ->  outbox_mu_
+//    demote_mu_  ->  access_ (shared or exclusive)  ->  promote_mu_  ->  count_mu_  ->  outbox_mu_
 //  * demote_mu_: one demotion round (or a whole-table operation) at a time.
 //  * access_: a writer-preferring reader/writer lock. Batches hold it
 //    shared; a demotion chunk's Evacuate and whole-table operations hold it
@@ -70,6 +70,11 @@
 //  * promote_mu_: promoters, one at a time; the demoter also takes it (with
 //    no access lock) to retire a chunk it wrote, so a promoter sees the
 //    outbox unchanged from its look-up to its import.
+//  * count_mu_: every move of keys between the counts (memory, the outbox,
+//    disk: an Evacuate into the outbox, a promotion's import, a chunk's
+//    retirement) happens whole under it, and size() and stats() read under
+//    it, so they count each key once at any instant. Never held across a
+//    store call: a reader of the counts never waits for the disk.
 //  * outbox_mu_: the outbox (the chunk of rows between memory and disk) and
 //    the set of stale disk keys.
 //  The memory tier's shard locks are taken inside all of these (every
@@ -96,7 +101,9 @@
 //    the others (a batch deletes its own once kMaxStaleKeys wait).
 //  * Accounting: the tier counts the live keys on disk itself (a Put adds
 //    the keys that were not live there, a promotion or drop subtracts its
-//    keys), so size() and stats() need no store scan.
+//    keys), so size() and stats() need no store scan. A key is in exactly
+//    one of three counts: memory, in flight (an outbox row no batch took
+//    back) or disk; a move updates both of its counts under count_mu_.
 
 #ifndef TENSORFLOW_EXT_TABLE_TIERED_TIERED_TABLE_H_
 #define TENSORFLOW_EXT_TABLE_TIERED_TIERED_TABLE_H_
@@ -130,6 +137,8 @@ struct TierOptions {
 };
 
 struct TierStats {  // monotonic counters since creation, plus sizes
+  // disk_keys: the keys on disk or on their way there (demoted rows being
+  // written); memory_keys + disk_keys is the table's size.
   int64_t memory_keys = 0, memory_bytes = 0, disk_keys = 0, disk_bytes = 0, budget_keys = 0;
   int64_t lookups = 0;     // keys that passed Promote
   int64_t cold_reads = 0;  // keys promoted from disk (a hit rate = 1 - cold_reads/lookups)
@@ -197,7 +206,10 @@ class TieredTable {
   }
 
   // --- Whole-table operations over both tiers (they lock: not inside WithAll or WithKeys). ---
-  int64_t size() const;  // memory + disk keys
+  // Keys in memory + in flight to disk + on disk: each key once, at any
+  // instant (a demotion or promotion in progress neither hides nor doubles
+  // a key). Waits only for a move in progress, never for the disk.
+  int64_t size() const;
   // As HashTable::Export over both tiers: one consistent view, alloc called
   // once with the total count (memory entries first, then disk entries).
   void Export(int64_t col_begin, int64_t cols, const std::function<HashTable::ExportBuffers(int64_t)>& alloc) const;
@@ -226,6 +238,9 @@ class TieredTable {
   // in flight and the disk tier is within its cap. Rethrows a pending
   // background error. For tests and benchmarks (and the Settle op).
   void Settle();
+  // One consistent view of the counts: memory_keys + disk_keys == size(),
+  // where disk_keys includes the rows in flight to disk (they have left
+  // memory). The byte sizes are read beside it.
   TierStats stats() const;
   int64_t budget_keys() const { return budget_keys_; }
   // Bytes per key the budget is divided by: (the memory tier's row stride +
@@ -327,9 +342,11 @@ class TieredTable {
   mutable std::mutex outbox_mu_;
   Outbox outbox_;                        // guarded by outbox_mu_
   std::unordered_set<int64_t> stale_;    // guarded by outbox_mu_
-  std::atomic<int64_t> outbox_keys_{0};  // outbox_.keys.size() + stale_.size(), read without the lock
-  std::atomic<int64_t> disk_keys_{0};    // live keys on disk
-  int64_t evacuate_cursor_ = 0;          // guarded by demote_mu_
+  std::atomic<int64_t> outbox_keys_{0};  // outbox_.keys.size(), read without the lock
+  std::atomic<int64_t> disk_keys_{0};    // live keys on disk; a move to or from memory changes it under count_mu_
+  mutable std::mutex count_mu_;
+  int64_t in_flight_ = 0;        // outbox rows no batch took back (guarded by count_mu_)
+  int64_t evacuate_cursor_ = 0;  // guarded by demote_mu_
 
   // Counters (TierStats).
   std::atomic<int64_t> lookups_{0}, cold_reads_{0}, demotions_{0}, dropped_{0}, errors_{0};

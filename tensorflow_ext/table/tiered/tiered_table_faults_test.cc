@@ -244,6 +244,7 @@ TFEXT_TEST(RowsTakenFromTheOutboxDoNotComeBackFromDisk) {
   auto owned = std::make_unique<ControlledStore>(OpenStore(dir + "/store", 4));
   ControlledStore* store = owned.get();
   TieredTable tier(&memory, o, Tier(dir + "/store", BudgetFor(memory, 200), true), std::move(owned));
+  const ReleaseAtExit release(store);
   Fill(&tier, &plain, 200, 50);  // at the budget: no demotion yet
   CHECK_EQ(tier.stats().demotions, 0);
   store->HoldNextPut();

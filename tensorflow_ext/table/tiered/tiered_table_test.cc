@@ -296,6 +296,149 @@ TFEXT_TEST(TheMemoryTierStaysWithinItsBudget) {
   }
 }
 
+// ---------------------------------------------------------------- counting
+
+// size() and stats() while a chunk of rows is between memory and disk (its
+// Put held): the chunk's rows, the rows batches take back from it and rows
+// promoted from disk are each counted once; stats() splits the same total
+// between the tiers (the chunk counts as disk: it has left memory).
+TFEXT_TEST(SizeCountsAChunkBetweenMemoryAndDiskOnce) {
+  TableOptions o;
+  o.width = 4;
+  HashTable memory(o), plain(o);
+  const std::string dir = TempDir();
+  auto owned = std::make_unique<ControlledStore>(OpenStore(dir + "/store", 4));
+  ControlledStore* store = owned.get();
+  TieredTable tier(&memory, o, Tier(dir + "/store", BudgetFor(memory, 200), true), std::move(owned));
+  const ReleaseAtExit release(store);
+  const auto check_count = [&](int64_t want) {
+    CHECK_EQ(tier.size(), want);
+    const TierStats s = tier.stats();
+    CHECK_EQ(s.memory_keys + s.disk_keys, want);
+  };
+  Fill(&tier, &plain, 600, 50);
+  tier.Settle();
+  check_count(600);
+  CHECK_EQ(memory.size(), 180);  // a round leaves 90% of the budget
+  // New keys up to just over the budget (not past 1.1x it: the demoter runs
+  // the round, not this thread), and the round's first Put is held.
+  store->HoldNextPut();
+  {
+    std::vector<int64_t> keys(25);
+    std::vector<float> rows(25 * 4, 0.5f);
+    for (int64_t i = 0; i < 25; ++i) keys[i] = 1000 + i;
+    tier.WithKeys(keys.data(), 25, PoolParallelFor(),
+                  [&] { memory.Insert(keys.data(), 25, 0, 4, rows.data(), nullptr, true, 100, PoolParallelFor()); });
+    plain.Insert(keys.data(), 25, 0, 4, rows.data(), nullptr, true, 100, PoolParallelFor());
+  }
+  std::vector<int64_t> held = store->WaitForHeldPut();
+  const int64_t h = static_cast<int64_t>(held.size());
+  CHECK_GT(h, 0);
+  CHECK_EQ(memory.size(), 205 - h);
+  check_count(625);
+  // A batch takes half of the chunk back from the outbox, and 20 rows from
+  // disk.
+  std::vector<int64_t> batch(held.begin(), held.begin() + (h + 1) / 2);
+  for (int64_t key = 0; key < 600 && batch.size() < static_cast<size_t>((h + 1) / 2 + 20); ++key) {
+    KeyMeta meta;
+    bool found = false;
+    memory.FindMeta(&key, 1, &meta, &found, PoolParallelFor());
+    if (!found && std::find(held.begin(), held.end(), key) == held.end()) batch.push_back(key);
+  }
+  const int64_t b = static_cast<int64_t>(batch.size());
+  const int64_t cold_reads = tier.stats().cold_reads;
+  std::vector<float> got(b * 4), want(b * 4);
+  tier.WithKeys(batch.data(), b, PoolParallelFor(),
+                [&] { memory.Find(batch.data(), b, 0, 4, got.data(), nullptr, nullptr, PoolParallelFor()); });
+  plain.Find(batch.data(), b, 0, 4, want.data(), nullptr, nullptr, PoolParallelFor());
+  CHECK(SameBits(got.data(), want.data(), b * 4));
+  CHECK_EQ(tier.stats().cold_reads - cold_reads, b);  // every one came from the outbox or the disk
+  check_count(625);
+  // Removing keys taken from the chunk counts them out once.
+  tier.WithKeys(held.data(), 1, PoolParallelFor(),
+                [&] { CHECK_EQ(memory.Remove(held.data(), 1, PoolParallelFor()), 1); });
+  plain.Remove(held.data(), 1, PoolParallelFor());
+  check_count(624);
+  store->Release();
+  tier.Settle();
+  check_count(624);
+  CHECK_EQ(tier.stats().disk_keys, store->num_keys());
+  CheckSameContent(ContentOf(tier), ContentOf(plain));
+}
+
+// Batches promote rows from disk (and from the outbox) while the background
+// demoter moves rows out, and nothing inserts or removes a key: size() and
+// stats() must say the same number of keys at every instant, looked at by a
+// thread that polls them and from inside every store call the tier makes
+// (while a promoter or the demoter is in the middle of a move).
+TFEXT_TEST(SizeIsExactAtEveryInstantWhileRowsMove) {
+  constexpr int64_t kKeys = 3000;
+  constexpr int kThreads = 2;
+  TableOptions o;
+  o.width = 4;
+  HashTable memory(o);
+  const std::string dir = TempDir();
+  auto owned = std::make_unique<ControlledStore>(OpenStore(dir + "/store", 4));
+  ControlledStore* store = owned.get();
+  TieredTable tier(&memory, o, Tier(dir + "/store", BudgetFor(memory, 300), true), std::move(owned));
+  Fill(&tier, nullptr, kKeys, 100);
+  tier.Settle();
+  std::atomic<int64_t> looks{0}, wrong{0}, last_wrong{0};
+  const auto look = [&] {
+    const int64_t size = tier.size();
+    const TierStats s = tier.stats();
+    ++looks;
+    if (size != kKeys || s.memory_keys + s.disk_keys != kKeys) {
+      ++wrong;
+      last_wrong = size != kKeys ? size : s.memory_keys + s.disk_keys;
+    }
+  };
+  std::atomic<int64_t> store_looks{0};
+  store->on_call_ = [&](const char*) {
+    ++store_looks;
+    look();
+  };
+  std::atomic<int> running{kThreads};
+  std::atomic<bool> failed{false};
+  std::vector<std::thread> threads;
+  for (int t = 0; t < kThreads; ++t) {
+    threads.emplace_back([&, t] {
+      try {
+        std::mt19937_64 rng(40 + t);
+        std::vector<int64_t> keys(64);
+        std::vector<float> out(64 * 4);
+        for (int b = 0; b < 150; ++b) {
+          for (int64_t& k : keys) k = static_cast<int64_t>(rng() % kKeys);
+          tier.WithKeys(keys.data(), 64, tfext::table::InlineParallelFor(), [&] {
+            memory.Find(keys.data(), 64, 0, 4, out.data(), nullptr, nullptr, tfext::table::InlineParallelFor());
+          });
+        }
+      } catch (const std::exception& e) {
+        std::fprintf(stderr, "batch thread: %s\n", e.what());
+        failed = true;
+      }
+      --running;
+    });
+  }
+  while (running.load() > 0) look();
+  for (std::thread& th : threads) th.join();
+  store->on_call_ = nullptr;
+  CHECK(!failed.load());
+  tier.Settle();
+  look();
+  if (wrong.load() != 0) {
+    std::fprintf(stderr, "%ld of %ld looks were wrong (the last: %ld keys of %ld)\n", static_cast<long>(wrong.load()),
+                 static_cast<long>(looks.load()), static_cast<long>(last_wrong.load()), static_cast<long>(kKeys));
+  }
+  CHECK_EQ(wrong.load(), 0);
+  CHECK_GT(store_looks.load(), 0);
+  const TierStats s = tier.stats();
+  CHECK_GT(s.cold_reads, 1000);
+  CHECK_GT(s.demotions, 1000);
+  CHECK_EQ(s.errors, 0);
+  CHECK_EQ(tier.size(), kKeys);
+}
+
 // ---------------------------------------------------------------- whole-table operations
 
 TFEXT_TEST(ExportAndExportSinceCoverBothTiers) {

@@ -214,14 +214,18 @@ std::string ExpectThrow(Fn&& fn) {
 }
 
 // A store that forwards to the RocksDB store and fails Puts on demand, or
-// holds a Put until released (to freeze a chunk in the outbox).
+// holds a Put until released (to freeze a chunk in the outbox), or calls a
+// test's hook at the start of each Get, Put and Delete (to look at the table
+// from inside the tier's store calls, on the tier's thread).
 class ControlledStore : public ColdStore {
  public:
   explicit ControlledStore(std::unique_ptr<ColdStore> inner) : inner_(std::move(inner)) {}
   void Get(const int64_t* keys, int64_t n, float* rows, KeyMeta* meta, bool* found) override {
+    if (on_call_) on_call_("Get");
     inner_->Get(keys, n, rows, meta, found);
   }
   void Put(const int64_t* keys, int64_t n, const float* rows, const KeyMeta* meta) override {
+    if (on_call_) on_call_("Put");
     {
       std::unique_lock<std::mutex> lock(mu_);
       if (hold_) {
@@ -238,7 +242,10 @@ class ControlledStore : public ColdStore {
     }
     inner_->Put(keys, n, rows, meta);
   }
-  void Delete(const int64_t* keys, int64_t n) override { inner_->Delete(keys, n); }
+  void Delete(const int64_t* keys, int64_t n) override {
+    if (on_call_) on_call_("Delete");
+    inner_->Delete(keys, n);
+  }
   void ForEach(const std::function<bool(int64_t, const float*, const KeyMeta&)>& fn) const override {
     inner_->ForEach(fn);
   }
@@ -250,6 +257,8 @@ class ControlledStore : public ColdStore {
 
   std::atomic<bool> fail_puts_{false};
   std::atomic<int64_t> failed_puts_{0};
+  // Set before the tier uses the store; must not throw.
+  std::function<void(const char* op)> on_call_;
 
   // Makes the next Put wait; returns once one waits, with its keys.
   void HoldNextPut() {
@@ -274,6 +283,20 @@ class ControlledStore : public ColdStore {
   bool hold_ = false;
   bool holding_ = false;
   std::vector<int64_t> held_keys_;
+};
+
+// Releases a store's held Put when it goes out of scope: declared after the
+// table, so that a failed CHECK does not leave the demoter waiting in the Put
+// while the table's destructor joins it.
+class ReleaseAtExit {
+ public:
+  explicit ReleaseAtExit(ControlledStore* store) : store_(store) {}
+  ~ReleaseAtExit() { store_->Release(); }
+  ReleaseAtExit(const ReleaseAtExit&) = delete;
+  ReleaseAtExit& operator=(const ReleaseAtExit&) = delete;
+
+ private:
+  ControlledStore* store_;
 };
 
 inline std::unique_ptr<ColdStore> OpenStore(const std::string& path, int64_t width) {

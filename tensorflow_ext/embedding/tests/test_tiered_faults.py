@@ -1,7 +1,8 @@
 """Faults and bad input of tiered embeddings (`tf_ext.TieredStorage`), each scenario in fresh processes.
 
 A full disk mid-training (and space freed again), a trainer killed with SIGKILL, missing, foreign and corrupt store
-directories, two processes (and two tables of one process) on one store path, a memory budget smaller than one
+directories, two processes on one store path (refused) and two tables of one process (the second gets a private
+directory), a memory budget smaller than one
 batch, unwritable paths, int8 rows, and a machine without the system's RocksDB library. Every process is
 `tiered_fault_worker.py` (beside this file), a small Adagrad model on a stream of ids that keeps bringing new keys (so
 a small memory tier demotes every step) and old ones (so rows come back from disk); it records what it raised in a
@@ -384,17 +385,25 @@ def test_second_process_on_one_path_is_refused_until_the_first_closes(tmp_path):
     assert third["error"] is None and third["step"] == 2, third
 
 
-def test_second_table_in_one_process_on_one_path_is_refused(tmp_path):
-    # Two sessions of one process, each with its own table of the same embedding on the same path: the second is
-    # refused naming the path; the first keeps training.
+def test_second_table_in_one_process_on_one_path_gets_a_private_directory_deleted_when_it_closes(tmp_path):
+    # Two sessions of one process, each with its own table of the same embedding on the same path (as an evaluation
+    # graph beside training): the second keeps its disk tier in the sibling directory shard_0_of_1.1, deleted when
+    # its session is, and trains like the in-memory model; the first keeps its directory and trains on, unharmed.
+    # A 16 KiB memory tier holds ~100 rows: both tables demote and read rows back from disk.
+    # (A second PROCESS on the path is still refused: test_second_process_on_one_path_is_refused_until_the_first_closes.)
     store = tmp_path / "store"
-    got = _run(tmp_path, dict(_MODEL, tier=_tier(store), steps=3, twin=True), "twin")
-    assert got["error"] is None, got
+    cfg = dict(_MODEL, tier=_tier(store, memory_bytes=16 << 10), steps=3, twin=True, twin_steps=3, dump_at=[4])
+    got = _run(tmp_path, cfg, "twin")
+    assert got["error"] is None and got["twin_error"] is None, got
     assert got["step"] == 4, got
-    error = got["twin_error"]
-    assert error is not None, got
-    assert error["class"] == "FailedPreconditionError", error
-    assert _shard_dir(str(store)) in error["message"] and _TABLE in error["message"], error
+    assert got["twin_dirs_open"] == ["shard_0_of_1", "shard_0_of_1.1"], got
+    assert got["twin_dirs_closed"] == ["shard_0_of_1"], got
+    assert sorted(os.listdir(str(store / "emb"))) == ["shard_0_of_1"]
+    want = _reference(tmp_path, [3, 4])
+    _assert_same_state(dict(np.load(str(tmp_path / "twin_state_3.npz"))), want[3], "the second table, steps 0-2")
+    _assert_same_state(_state(tmp_path, 4), want[4], "the first table, steps 0-3 around the second")
+    for stats, which in ((got["twin_stats"], "second"), (got["stats"], "first")):
+        assert np.sum(stats["disk_keys"]) > 0 and np.sum(stats["cold_reads"]) > 0, (which, stats)
 
 
 # --- bad configuration --------------------------------------------------------------------------------------------

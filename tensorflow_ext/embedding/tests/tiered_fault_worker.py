@@ -28,7 +28,10 @@ Config (JSON object):
   retry_new: when a training step fails, record its error, train one batch of retry_new fresh keys instead and
     record the embedding's size (size_after_retry), then stop.
   twin: after training, build the same model in a second graph and session of this process (a second table on the
-    same store path), record what its first step raised (twin_error), then train one more step in the first.
+    same store path) and train twin_steps steps (default 1) from scratch there: record what it raised (twin_error),
+    its tier stats (twin_stats) and the entries of the store root's "emb" directory while that session is open
+    (twin_dirs_open) and once it is closed and deleted (twin_dirs_closed), and write its state after the last step
+    to <out_dir>/twin_state_<twin_steps>.npz; then train one more step in the first (dumped when dump_at lists it).
   export_rows: build the model inside tf_ext.serving.export_rows(<this dtype>); train: false builds a serving graph
     (lookups without an optimizer; a step is one lookup).
   result: a JSON file written at the end: {"pid", "step", "saved": [steps], "stats": tier stats of each shard,
@@ -120,18 +123,31 @@ def _session():
     return tf.compat.v1.Session(config=config)
 
 
-def twin(cfg):
+def _twin_session(cfg, emb_dir, result):
+    """The twin's graph and session (both gone, and so its tables, when this returns)."""
+    steps = cfg.get("twin_steps", 1)
+    with tf.Graph().as_default():
+        m = build(cfg)
+        stats = m["emb"].tier_stats()
+        with _session() as sess:
+            sess.run(tf.compat.v1.global_variables_initializer())
+            for step in range(steps):
+                sess.run(m["train"], {m["ids"]: batch_ids(step, cfg.get("new", 96), cfg.get("old", 32))})
+            dump(sess, m, os.path.join(cfg["out_dir"], "twin_state_%d.npz" % steps))
+            result["twin_stats"] = {k: np.asarray(v).tolist() for k, v in sess.run(stats).items()}
+            result["twin_dirs_open"] = sorted(os.listdir(emb_dir))
+
+
+def twin(cfg, result):
     """Builds the same model in a second graph and session of this process (a second table on the same store
-    path) and runs one step; returns the error, or None."""
+    path), trains it and deletes the session; records twin_error, twin_stats, twin_dirs_open and twin_dirs_closed."""
+    emb_dir = os.path.join(cfg["tier"]["path"], "emb")
+    result["twin_error"] = None
     try:
-        with tf.Graph().as_default():
-            m = build(cfg)
-            with _session() as sess:
-                sess.run(tf.compat.v1.global_variables_initializer())
-                sess.run(m["train"], {m["ids"]: batch_ids(0, cfg.get("new", 96), cfg.get("old", 32))})
+        _twin_session(cfg, emb_dir, result)
     except (tf.errors.OpError, ValueError) as e:
-        return _error(e, "twin", 0)
-    return None
+        result["twin_error"] = _error(e, "twin", 0)
+    result["twin_dirs_closed"] = sorted(os.listdir(emb_dir))
 
 
 def main(cfg):
@@ -209,10 +225,13 @@ def main(cfg):
                 if step == cfg.get("ready_after"):
                     ready.write(b"READY %d\n" % step)
             if cfg.get("twin"):
-                result["twin_error"] = twin(cfg)
+                twin(cfg, result)
                 stage = "after_twin"  # this process's first table still trains
                 run_step(sess, m, step)
                 step += 1
+                if step in dump_at:
+                    stage = "dump"
+                    dump(sess, m, os.path.join(cfg["out_dir"], "state_%d.npz" % step))
             if stats is not None:
                 stage = "stats"
                 result["stats"] = {k: np.asarray(v).tolist() for k, v in sess.run(stats).items()}

@@ -278,6 +278,12 @@ void TieredTable::Promote(const int64_t* keys, int64_t n, const ParallelFor& pf)
     disk_keys_.fetch_sub(static_cast<int64_t>(disk_hits.size()));
   }
   cold_reads_.fetch_add(static_cast<int64_t>(in_keys.size()), std::memory_order_relaxed);
+  // Shielded from the next round (see "Promoted rows"), up to the cap.
+  const int64_t room = budget_keys_ / 4 - static_cast<int64_t>(promoted_.size() + shield_.size());
+  if (room > 0) {
+    promoted_.insert(promoted_.end(), in_keys.begin(),
+                     in_keys.begin() + std::min<int64_t>(room, static_cast<int64_t>(in_keys.size())));
+  }
   if (!disk_hits.empty()) {
     // Their disk copies are dead now. Deleting them is left to the demoter
     // (after its next round, off the batches' path): a row that goes back to
@@ -317,6 +323,7 @@ bool TieredTable::RankLE(const KeyMeta& a, const KeyMeta& b) const {
 void TieredTable::DemoteLocked() {
   ReturnOutboxLocked();
   if (memory_->size() > budget_keys_) {
+    RollShieldLocked();
     const int64_t target = budget_keys_ - budget_keys_ / 10;
     // Each pass samples the memory tier and picks the rank below which the
     // excess lies; a pass whose threshold moves nothing (ties, or rows that
@@ -327,26 +334,18 @@ void TieredTable::DemoteLocked() {
       const int64_t size = memory_->size();
       if (size <= target) break;
       const int64_t need = size - target;
-      std::vector<KeyMeta> sample;
-      memory_->SampleMeta(kSampleKeys, &sample);
-      if (sample.empty()) break;
-      std::sort(sample.begin(), sample.end(),
-                [this](const KeyMeta& a, const KeyMeta& b) { return RankLE(a, b) && !RankLE(b, a); });
-      const double fraction = std::min(1.0, std::ldexp(static_cast<double>(need) / size, widen));
-      const int64_t at =
-          std::min<int64_t>(static_cast<int64_t>(sample.size()) - 1,
-                            std::max<int64_t>(0, static_cast<int64_t>(std::ceil(fraction * sample.size())) - 1));
-      const KeyMeta threshold = sample[at];
+      const KeyMeta threshold = ChooseThreshold(need, widen);
       // Strictly below the threshold first, then at it: ties at the
       // threshold (many rows of one version) must not push out rows that
-      // rank above rows below it.
+      // rank above rows below it. The last resort (any) takes shielded rows
+      // too.
       const bool any = widen >= 4;
       int64_t moved_total = 0;
       int64_t left = need;
       for (const bool inclusive : {false, true}) {
-        const std::function<bool(int64_t, const KeyMeta&)> pred = [this, threshold, any, inclusive](int64_t,
+        const std::function<bool(int64_t, const KeyMeta&)> pred = [this, threshold, any, inclusive](int64_t key,
                                                                                                     const KeyMeta& m) {
-          return any || (inclusive ? RankLE(m, threshold) : !RankLE(threshold, m));
+          return any || ((inclusive ? RankLE(m, threshold) : !RankLE(threshold, m)) && !Shielded(key));
         };
         while (left > 0) {
           const int64_t ask = std::min(kDemoteChunk, left);
@@ -367,6 +366,66 @@ void TieredTable::DemoteLocked() {
   EnforceDiskCapLocked();
 }
 
+KeyMeta TieredTable::ChooseThreshold(int64_t need, int widen) {
+  const auto rank_less = [this](const KeyMeta& a, const KeyMeta& b) { return RankLE(a, b) && !RankLE(b, a); };
+  std::vector<KeyMeta> sample;
+  memory_->SampleMeta(kSampleKeys, &sample);
+  if (sample.empty()) return KeyMeta();
+  std::sort(sample.begin(), sample.end(), rank_less);
+  const int64_t size = memory_->size();
+  const int64_t s = static_cast<int64_t>(sample.size());
+  // The shielded rows, by rank: up to kSampleKeys of their keys, spread
+  // evenly over both lists, each standing for `weight` keys (a key no longer
+  // in memory counts for nothing).
+  std::vector<int64_t> keys;
+  int64_t shielded = 0;
+  {
+    std::lock_guard<std::mutex> promoting(promote_mu_);  // promoters append to promoted_
+    const int64_t old = static_cast<int64_t>(shield_.size());
+    shielded = old + static_cast<int64_t>(promoted_.size());
+    const int64_t stride = std::max<int64_t>(1, (shielded + kSampleKeys - 1) / kSampleKeys);
+    for (int64_t i = 0; i < shielded; i += stride) keys.push_back(i < old ? shield_[i] : promoted_[i - old]);
+  }
+  std::vector<KeyMeta> spared;
+  if (!keys.empty()) {
+    const int64_t m = static_cast<int64_t>(keys.size());
+    std::vector<KeyMeta> meta(m);
+    std::unique_ptr<bool[]> found(new bool[m]);
+    memory_->FindMeta(keys.data(), m, meta.data(), found.get(), InlineParallelFor());
+    for (int64_t i = 0; i < m; ++i) {
+      if (found[i]) spared.push_back(meta[i]);
+    }
+    std::sort(spared.begin(), spared.end(), rank_less);
+  }
+  const double weight = keys.empty() ? 0.0 : static_cast<double>(shielded) / static_cast<double>(keys.size());
+  // The first sampled rank at which the movable rows at or below it (all the
+  // rows at or below it, less the shielded ones) reach need * 2^widen. With
+  // nothing shielded: the need/size quantile.
+  const double want = std::ldexp(static_cast<double>(need), widen);
+  size_t below = 0;  // shielded rows (of their sample) at or below sample[j]
+  for (int64_t j = 0; j < s; ++j) {
+    while (below < spared.size() && RankLE(spared[below], sample[j])) ++below;
+    const double movable = static_cast<double>(size) * static_cast<double>(j + 1) / static_cast<double>(s) -
+                           weight * static_cast<double>(below);
+    if (movable >= want) return sample[j];
+  }
+  return sample[s - 1];
+}
+
+void TieredTable::RollShieldLocked() {
+  std::lock_guard<std::mutex> promoting(promote_mu_);
+  shield_.swap(promoted_);
+  promoted_.clear();
+  promoted_sorted_ = 0;
+  std::sort(shield_.begin(), shield_.end());
+  shield_.erase(std::unique(shield_.begin(), shield_.end()), shield_.end());
+}
+
+bool TieredTable::Shielded(int64_t key) const {
+  return std::binary_search(shield_.begin(), shield_.end(), key) ||
+         std::binary_search(promoted_.begin(), promoted_.begin() + promoted_sorted_, key);
+}
+
 int64_t TieredTable::DemoteChunk(int64_t max_keys, const std::function<bool(int64_t, const KeyMeta&)>& pred) {
   std::vector<int64_t> keys;
   std::vector<float> rows;
@@ -376,6 +435,13 @@ int64_t TieredTable::DemoteChunk(int64_t max_keys, const std::function<bool(int6
   meta.reserve(max_keys);
   {
     ExclusiveAccess lock(access_);
+    // The keys promoted since the last chunk join the sorted part of the
+    // shield (no promoter runs now).
+    if (promoted_sorted_ < static_cast<int64_t>(promoted_.size())) {
+      std::sort(promoted_.begin() + promoted_sorted_, promoted_.end());
+      std::inplace_merge(promoted_.begin(), promoted_.begin() + promoted_sorted_, promoted_.end());
+      promoted_sorted_ = static_cast<int64_t>(promoted_.size());
+    }
     // The rows leave memory's count and enter the outbox's in one step.
     std::lock_guard<std::mutex> counting(count_mu_);
     memory_->Evacuate(max_keys, &evacuate_cursor_, pred, [&](int64_t key, const float* row, const KeyMeta& m) {
@@ -754,6 +820,9 @@ void TieredTable::Clear() {
   in_flight_ = 0;
   stale_.clear();
   disk_keys_.store(0);
+  promoted_.clear();
+  promoted_sorted_ = 0;
+  shield_.clear();
 }
 
 int64_t TieredTable::RemoveIf(const std::function<bool(int64_t, const float*, const KeyMeta&)>& pred,

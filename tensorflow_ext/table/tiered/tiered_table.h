@@ -30,7 +30,8 @@
 //    held). When the memory tier holds more than budget_keys keys, a
 //    demotion round moves the lowest-ranked rows (policy: LRU = the lowest
 //    versions, LFU = the lowest frequencies, then versions) to disk until it
-//    holds 90% of budget_keys. Rounds run on a background thread, woken
+//    holds 90% of budget_keys, sparing the rows promoted since the previous
+//    round started (see "Promoted rows"). Rounds run on a background thread, woken
 //    after a batch that leaves memory over budget; past 1.1x the budget (or
 //    with background off) the batch's own thread demotes before WithKeys
 //    returns. Concurrent batches may each add their rows before a round
@@ -93,6 +94,18 @@
 //    then the outbox, then the store. A key taken from the outbox while its
 //    chunk is being written is marked taken; after the Put the chunk's taken
 //    keys are deleted from disk again.
+//  * Promoted rows: a row brought back from disk keeps its version and
+//    frequency (what training computes must not change), so by rank it is
+//    among the first a round would send back, maybe before the step that
+//    needed it runs (a prefetch would undo itself). So a round spares the
+//    rows promoted since the previous round started (the SHIELD: the keys
+//    of the promotions before this round started, and of those while it
+//    runs); once a round has passed, a row ranks as its metadata say (a
+//    lookup has stamped it by then). The round's threshold is chosen among
+//    the rows it may move (the shielded rows' ranks, sampled, are left
+//    out). At most budget_keys / 4 keys are shielded (8 bytes each, beside
+//    the budget; promotions past that are not shielded until the next
+//    round), so a round always finds its rows among the others.
 //  * Stale disk keys: a key whose disk copy must be ignored because deleting
 //    it is pending (a promotion leaves the deletion to the demoter, after its
 //    next round; a key demoted again before then is just overwritten) or
@@ -321,6 +334,15 @@ class TieredTable {
   void DeleteStaleLocked();
   // Rank order of the policy: a <= b means a leaves first.
   bool RankLE(const KeyMeta& a, const KeyMeta& b) const;
+  // The rank below which `need` of the rows a round may move lie (the
+  // shielded rows left out), from a sample of the memory tier and one of
+  // the shielded rows; quantiles times 2^widen. Call with demote_mu_ held.
+  KeyMeta ChooseThreshold(int64_t need, int widen);
+  // Starts a round's shield: the keys promoted since the previous round
+  // started. Call with demote_mu_ held and no other tier lock.
+  void RollShieldLocked();
+  // Whether a round must spare the key's row. Call with access_ exclusive.
+  bool Shielded(int64_t key) const;
   // Calls fn for every live (non-stale) disk entry. Call inside WithAll.
   void ForEachDisk(const std::function<bool(int64_t, const float*, const KeyMeta&)>& fn) const;
   void DemoterLoop();
@@ -347,6 +369,14 @@ class TieredTable {
   mutable std::mutex count_mu_;
   int64_t in_flight_ = 0;        // outbox rows no batch took back (guarded by count_mu_)
   int64_t evacuate_cursor_ = 0;  // guarded by demote_mu_
+  // The shield ("Promoted rows"): the keys promoted since the current round
+  // started (promoted_, appended by promoters under promote_mu_ with access_
+  // shared; sorted up to promoted_sorted_ under access_ exclusive), and
+  // those promoted between the previous round's start and this one's
+  // (shield_, sorted; written by the demoter under promote_mu_).
+  std::vector<int64_t> promoted_;
+  int64_t promoted_sorted_ = 0;
+  std::vector<int64_t> shield_;
 
   // Counters (TierStats).
   std::atomic<int64_t> lookups_{0}, cold_reads_{0}, demotions_{0}, dropped_{0}, errors_{0};

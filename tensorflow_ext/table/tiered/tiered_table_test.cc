@@ -296,6 +296,67 @@ TFEXT_TEST(TheMemoryTierStaysWithinItsBudget) {
   }
 }
 
+// ---------------------------------------------------------------- promoted rows
+
+// Rows a batch brings back from disk keep their old versions and
+// frequencies (training must not change), so by rank they are the first a
+// demotion would send back. The next round spares them: a prefetch's rows
+// are all in memory for the step that uses them, though a round ran in
+// between (started by the prefetch itself, or by other keys' batches), for
+// both policies. Every row stays bit for bit that of the untiered table.
+TFEXT_TEST(APrefetchedBatchIsAllHitsAfterADemotionRound) {
+  for (const auto policy : {TierOptions::Policy::kLru, TierOptions::Policy::kLfu}) {
+    for (const bool round_by_others : {false, true}) {
+      TableOptions o;
+      o.width = 4;
+      HashTable memory(o), plain(o);
+      const std::string dir = TempDir();
+      TierOptions t = Tier(dir + "/store", BudgetFor(memory, 200), false);
+      t.policy = policy;
+      TieredTable tier(&memory, o, t);
+      Fill(&tier, &plain, 1000, 50);  // versions 0..19: memory holds the newest
+      tier.Settle();
+      CHECK_EQ(memory.size(), 180);
+      // The oldest keys, all on disk: a prefetch of 15 stays under the budget
+      // (others' new keys then start a round), one of 40 goes over it (its
+      // own batch starts a round).
+      const int64_t p = round_by_others ? 15 : 40;
+      std::vector<int64_t> prefetched(p);
+      for (int64_t i = 0; i < p; ++i) prefetched[i] = i;
+      const TierStats before = tier.stats();
+      tier.WithKeys(prefetched.data(), p, PoolParallelFor(), [] {});
+      CHECK_EQ(tier.stats().cold_reads - before.cold_reads, p);
+      if (round_by_others) {
+        std::vector<int64_t> others(30);
+        std::vector<float> rows(30 * 4, 2.0f);
+        for (int64_t i = 0; i < 30; ++i) others[i] = 5000 + i;
+        tier.WithKeys(others.data(), 30, PoolParallelFor(), [&] {
+          memory.Insert(others.data(), 30, 0, 4, rows.data(), nullptr, true, 30, PoolParallelFor());
+        });
+        plain.Insert(others.data(), 30, 0, 4, rows.data(), nullptr, true, 30, PoolParallelFor());
+      }
+      const TierStats between = tier.stats();
+      CHECK_GT(between.demotions, before.demotions);  // a round ran between the prefetch and the step
+      CHECK_LE(memory.size(), tier.budget_keys());
+      // The step: a lookup that counts and stamps its keys, all in memory.
+      std::vector<float> got(p * 4), want(p * 4);
+      tier.WithKeys(prefetched.data(), p, PoolParallelFor(), [&] {
+        memory.FindOrInsert(prefetched.data(), p, 0, 4, nullptr, nullptr, got.data(), nullptr, true, 31,
+                            PoolParallelFor());
+      });
+      plain.FindOrInsert(prefetched.data(), p, 0, 4, nullptr, nullptr, want.data(), nullptr, true, 31,
+                         PoolParallelFor());
+      const TierStats after = tier.stats();
+      CHECK_EQ(after.cold_reads, between.cold_reads);  // all hits
+      CHECK_EQ(after.lookups - between.lookups, p);
+      CHECK(SameBits(got.data(), want.data(), p * 4));
+      tier.Settle();
+      CHECK_EQ(tier.size(), plain.size());
+      CheckSameContent(ContentOf(tier), ContentOf(plain));
+    }
+  }
+}
+
 // ---------------------------------------------------------------- counting
 
 // size() and stats() while a chunk of rows is between memory and disk (its

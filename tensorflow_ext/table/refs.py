@@ -282,7 +282,10 @@ class MutableTableRef(object):
             directory of its on-disk store, one table's alone), `memory_bytes` (> 0: the budget of the rows kept in
             memory), `disk_bytes` (None or 0: unbounded; else the cap of the store's files) and `policy` (one of
             `TIER_POLICIES`), e.g. a `tf_ext.TieredStorage` already divided per shard. Rows beyond the memory budget
-            live on disk; every operation still sees all of them. int8 rows cannot be tiered.
+            live on disk; every operation still sees all of them. int8 rows cannot be tiered. An optional attribute
+            `resolved_root` (None, or the directory `path` was resolved under, as `TieredStorage.shard_tier` sets
+            it) becomes the op's ``tier_root``: a process that creates the table with `TF_EXT_TIER_ROOT` set puts
+            the store under that root instead.
 
         Returns:
           The `MutableTableRef`.
@@ -610,12 +613,18 @@ def _tier_attrs(tier, layout):
             'a tiered table (tier path %r) cannot store int8 rows (storage "int8_row", a serving format: rows moving '
             'between the tiers would be re-quantized); use "float32", "bfloat16" or "float16"' % path
         )
-    return {
+    root = getattr(tier, "resolved_root", None)
+    if root is not None and (not isinstance(root, str) or not root):
+        raise invalid_argument("tier resolved_root must be None or a non-empty directory name, got %r" % (root,))
+    attrs = {
         "tier_path": path,
         "tier_memory_bytes": int(memory_bytes),
         "tier_disk_bytes": int(disk_bytes),
         "tier_policy": fields["policy"],
     }
+    if root is not None:
+        attrs["tier_root"] = root
+    return attrs
 
 
 def release_free_memory(name=None):

@@ -11,10 +11,12 @@ argument and the value. `shard_tier` turns it into what one table shard gets (th
     <root>/<embedding name>/shard_<i>_of_<n>            (one process)
     <root>/rank_<r>/<embedding name>/shard_<i>_of_<n>   (a Horovod rank r: each process its own stores)
 
-where `<root>` is the `TF_EXT_TIER_ROOT` environment variable when it is set (read when the graph is built, e.g. to
-put a serving machine's stores elsewhere than the training machine's) and `path` otherwise; a relative root is made
-absolute against the current directory then. Budgets are split evenly over the embedding's shards; they are
-per process (every Horovod rank has its own budget).
+where `<root>` is the `TF_EXT_TIER_ROOT` environment variable when it is set (read when the graph is built) and
+`path` otherwise; a relative root is made absolute against the current directory then. The shard's table records
+that root too (`resolved_root`, the handle op's ``tier_root``): a process that creates the table with
+`TF_EXT_TIER_ROOT` set puts the store under that root instead (a SavedModel served on another machine, a parameter
+server task). Budgets are split evenly over the embedding's shards; they are per process (every Horovod rank has its
+own budget).
 
 A store directory is a cache of the table (the checkpoint is the source of truth): it is wiped when a table opens
 it, a directory that is not a store is refused, and one process at a time holds it. docs/tiered_storage.md has the
@@ -119,11 +121,15 @@ class TieredStorage(object):
         shard gets an even share): a number of bytes, or a string with a unit ("1.5GB", "512MiB"; see
         `parse_bytes`); kept as an int. Rows beyond it move to disk, least recently (or frequently) used first.
       path: the root directory of the embedding's stores (each shard a directory below it; created if missing).
-        `TF_EXT_TIER_ROOT` replaces it when set.
+        `TF_EXT_TIER_ROOT` replaces it when set (when the graph is built, and again when a process creates the
+        tables).
       disk_bytes: the disk tier's cap (all shards together), as memory_bytes; None (default): unbounded. Keys
         beyond it fall off disk by `policy` and are gone (counted in the tier statistics).
       policy: "lru" (default: the rows least recently updated leave first) or "lfu" (the least frequently looked
         up, then the least recently updated).
+      resolved_root: not an argument: None, except in what `shard_tier` returns, where it is the root directory
+        (absolute) that `path` was resolved under. The table replaces that prefix of `path` with
+        `TF_EXT_TIER_ROOT` if the variable is set in the process that creates the table.
 
     Raises:
       TypeError, ValueError: an argument of the wrong type or out of range (the message names it and the value).
@@ -133,6 +139,7 @@ class TieredStorage(object):
     path: object
     disk_bytes: object = None
     policy: str = "lru"
+    resolved_root: object = dataclasses.field(default=None, init=False, repr=False)
 
     def __post_init__(self):
         memory = parse_bytes(self.memory_bytes, "TieredStorage memory_bytes")
@@ -181,14 +188,7 @@ class TieredStorage(object):
         Returns:
           An absolute path (str).
         """
-        if rank is None:
-            rank = _horovod_rank()
-        parts = [self.root()]
-        if rank is not None and rank >= 0:
-            parts.append("rank_%d" % rank)
-        parts.extend(p for p in embedding_name.split("/") if p)
-        parts.append("shard_%d_of_%d" % (shard_index, num_shards))
-        return os.path.join(*parts)
+        return _shard_directory(self.root(), embedding_name, shard_index, num_shards, rank)
 
     def shard_tier(self, embedding_name, shard_index, num_shards, rank=None):
         """What one shard's table gets (the ``tier`` argument of `refs.MutableTableRef.create`): a `TieredStorage`
@@ -198,15 +198,30 @@ class TieredStorage(object):
           embedding_name, shard_index, num_shards, rank: as for `shard_directory`.
 
         Returns:
-          A `TieredStorage` (its path absolute).
+          A `TieredStorage` (its path absolute, its `resolved_root` the root the path is under).
 
         Raises:
           ValueError: a budget smaller than one byte per shard.
         """
         self.check_shards(embedding_name, num_shards)
-        return TieredStorage(
+        root = self.root()
+        shard = TieredStorage(
             memory_bytes=self.memory_bytes // num_shards,
-            path=self.shard_directory(embedding_name, shard_index, num_shards, rank),
+            path=_shard_directory(root, embedding_name, shard_index, num_shards, rank),
             disk_bytes=None if self.disk_bytes is None else self.disk_bytes // num_shards,
             policy=self.policy,
         )
+        object.__setattr__(shard, "resolved_root", root)
+        return shard
+
+
+def _shard_directory(root, embedding_name, shard_index, num_shards, rank):
+    """`TieredStorage.shard_directory` under `root`."""
+    if rank is None:
+        rank = _horovod_rank()
+    parts = [root]
+    if rank is not None and rank >= 0:
+        parts.append("rank_%d" % rank)
+    parts.extend(p for p in embedding_name.split("/") if p)
+    parts.append("shard_%d_of_%d" % (shard_index, num_shards))
+    return os.path.join(*parts)

@@ -1,5 +1,9 @@
 // tensorflow_ext: CPU kernels of the table ops (thin over the core).
 
+#include <unistd.h>
+
+#include <cerrno>
+#include <cstdlib>
 #include <cstring>
 #include <limits>
 #include <memory>
@@ -11,6 +15,7 @@
 #include "tensorflow/core/framework/tensor.h"
 #include "tensorflow/core/framework/tensor_shape.h"
 #include "tensorflow/core/lib/core/errors.h"
+#include "tensorflow/core/platform/logging.h"
 #include "tensorflow/core/platform/mutex.h"
 #include "tensorflow_ext/table/core/table_limits.h"
 #include "tensorflow_ext/table/kernels/column_range.h"
@@ -38,6 +43,78 @@ namespace lookup = tensorflow::lookup;
 
 // ---------------------------------------------------------------------------
 // TfExtTableHandle
+
+// Moves tiered stores when a table is created (the handle's tier_root attr).
+// The Python side (tiered.ENV_ROOT) applies the same variable when it builds
+// a graph.
+constexpr char kTierRootEnv[] = "TF_EXT_TIER_ROOT";
+
+// `path` made absolute against the current directory and lexically normal
+// (no empty, "." or ".." components; "/.." is "/"), as Python's
+// os.path.abspath makes it. Empty if the current directory is unknown.
+std::string AbsoluteNormalPath(const std::string& path) {
+  std::string full = path;
+  if (full.empty() || full[0] != '/') {
+    std::vector<char> cwd(4096);
+    while (getcwd(cwd.data(), cwd.size()) == nullptr) {
+      if (errno != ERANGE) return "";
+      cwd.resize(cwd.size() * 2);
+    }
+    full = std::string(cwd.data()) + "/" + full;
+  }
+  std::vector<std::string> parts;
+  size_t begin = 0;
+  while (begin <= full.size()) {
+    size_t end = full.find('/', begin);
+    if (end == std::string::npos) end = full.size();
+    const std::string part = full.substr(begin, end - begin);
+    if (part == "..") {
+      if (!parts.empty()) parts.pop_back();
+    } else if (!part.empty() && part != ".") {
+      parts.push_back(part);
+    }
+    begin = end + 1;
+  }
+  std::string out;
+  for (const std::string& part : parts) out += "/" + part;
+  return out.empty() ? "/" : out;
+}
+
+// The store directory of a tiered table: tier_path, or, when tier_root and
+// $TF_EXT_TIER_ROOT are both set (non-empty), tier_path with its tier_root
+// prefix replaced by $TF_EXT_TIER_ROOT (both compared made absolute and
+// normal). InvalidArgument when tier_root is set but is not a directory
+// prefix of tier_path (or tier_path is empty).
+Status ResolveTierPath(const std::string& op_name, const std::string& path, const std::string& root, std::string* out) {
+  *out = path;
+  if (root.empty()) return tensorflow::OkStatus();
+  if (path.empty()) {
+    return InvalidArgument("tier_root \"", root, "\" needs a tier_path (an untiered table has neither)");
+  }
+  const std::string normal_path = AbsoluteNormalPath(path);
+  const std::string normal_root = AbsoluteNormalPath(root);
+  const bool under = normal_root == "/"
+                         ? !normal_path.empty()
+                         : normal_path.compare(0, normal_root.size(), normal_root) == 0 &&
+                               (normal_path.size() == normal_root.size() || normal_path[normal_root.size()] == '/');
+  if (normal_path.empty() || normal_root.empty() || !under) {
+    return InvalidArgument("tier_root \"", root, "\" is not a directory above tier_path \"", path,
+                           "\" (tier_root is the root the path was resolved under, or empty)");
+  }
+  const char* env = std::getenv(kTierRootEnv);
+  if (env == nullptr || env[0] == '\0') return tensorflow::OkStatus();
+  const std::string new_root = AbsoluteNormalPath(env);
+  if (new_root.empty()) {
+    return InvalidArgument(kTierRootEnv, "=\"", env, "\" cannot be made absolute: the current directory is unknown");
+  }
+  const std::string rest = normal_path.substr(normal_root == "/" ? 0 : normal_root.size());
+  *out = new_root == "/" ? (rest.empty() ? "/" : rest) : new_root + rest;
+  if (*out != path) {
+    LOG(INFO) << "tf_ext table " << op_name << ": its tier store is " << *out << " (" << kTierRootEnv << "=" << env
+              << " replaces the root " << root << " of " << path << ")";
+  }
+  return tensorflow::OkStatus();
+}
 
 class TableHandleOp : public OpKernel {
  public:
@@ -79,7 +156,10 @@ class TableHandleOp : public OpKernel {
     // Validate before any table exists: the op fails at construction.
     const std::string problem = table::ValidateOptions(options_);
     OP_REQUIRES(ctx, problem.empty(), InvalidArgument(problem));
-    OP_REQUIRES_OK(ctx, ctx->GetAttr("tier_path", &tier_.path));
+    std::string tier_path, tier_root;
+    OP_REQUIRES_OK(ctx, ctx->GetAttr("tier_path", &tier_path));
+    OP_REQUIRES_OK(ctx, ctx->GetAttr("tier_root", &tier_root));
+    OP_REQUIRES_OK(ctx, ResolveTierPath(def().name(), tier_path, tier_root, &tier_.path));
     OP_REQUIRES_OK(ctx, ctx->GetAttr("tier_memory_bytes", &tier_.memory_bytes));
     OP_REQUIRES_OK(ctx, ctx->GetAttr("tier_disk_bytes", &tier_.disk_bytes));
     std::string policy;

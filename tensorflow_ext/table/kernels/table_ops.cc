@@ -127,7 +127,14 @@ Status ScalarOutputShape(InferenceContext* c) {
 // table_resource.h): at most tier_memory_bytes of rows in memory, the others
 // in an on-disk store in that directory (at most tier_disk_bytes of files
 // there, 0 = unbounded; tier_policy "lru" or "lfu" picks the rows that leave
-// memory and, past the cap, the disk).
+// memory and, past the cap, the disk). tier_root: the directory tier_path
+// was resolved under (a prefix of it; "" = none): when the environment
+// variable TF_EXT_TIER_ROOT is set (non-empty) as the kernel is created
+// (the first run of the op in a session, which creates the table), that
+// prefix of tier_path is replaced by it (made absolute), so a graph built
+// elsewhere (a SavedModel served on another machine) puts its stores under
+// this machine's root. A tier_root that is not a directory prefix of
+// tier_path is an InvalidArgument naming both.
 REGISTER_OP("TfExtTableHandle")
     .Output("table_handle: resource")
     .Attr("dim: int")
@@ -144,6 +151,7 @@ REGISTER_OP("TfExtTableHandle")
     .Attr("tier_memory_bytes: int = 0")
     .Attr("tier_disk_bytes: int = 0")
     .Attr("tier_policy: string = 'lru'")
+    .Attr("tier_root: string = ''")
     .Attr("container: string = ''")
     .Attr("shared_name: string = ''")
     .Attr("use_node_name_sharing: bool = false")

@@ -22,6 +22,11 @@ namespace {
 // 0.8, plus arena chunk slack), up to 20 right after a shard's index doubled.
 // The worst case is taken.
 constexpr int64_t kIndexBytesPerKey = 20;
+// A demotion pass over the rows at its threshold takes them in this many
+// growing slices of the key hash (a divisor of 16), so that every shard gives
+// its share (see DemoteLocked).
+constexpr uint64_t kSpreadLevels = 8;
+
 // Keys whose metadata a demotion round samples to choose its threshold.
 constexpr int64_t kSampleKeys = 8192;
 // The store's block cache: a twentieth of the memory budget, between 1 and 32
@@ -338,9 +343,21 @@ void TieredTable::DemoteLocked() {
       const bool any = widen >= 4;
       int64_t moved_total = 0;
       int64_t left = need;
-      for (const bool inclusive : {false, true}) {
-        const std::function<bool(int64_t, const KeyMeta&)> pred = [this, threshold, any, inclusive](int64_t key,
-                                                                                                    const KeyMeta& m) {
+      // Passes: strictly below the threshold, then at it in kSpreadLevels
+      // growing slices of the key hash. Evacuate fills a chunk from the
+      // shard at its cursor on, so a pass that matches many more rows than
+      // it needs (ties: a preload's rows all share one version) would empty
+      // a few shards and leave the others full; their arenas would then
+      // grow while the emptied shards' free rows wait unused (measured: the
+      // memory tier at 1.5-2x its budget after a preload). A slice of the
+      // hash (independent of the shard) takes the rows evenly from every
+      // shard.
+      for (uint64_t pass = 0; pass <= kSpreadLevels; ++pass) {
+        const bool inclusive = pass > 0;
+        const uint64_t slice = (inclusive ? pass : kSpreadLevels) * (16 / kSpreadLevels);
+        const std::function<bool(int64_t, const KeyMeta&)> pred = [this, threshold, any, inclusive, slice](
+                                                                      int64_t key, const KeyMeta& m) {
+          if ((HashKey(key) >> 60) >= slice) return false;
           return any || ((inclusive ? RankLE(m, threshold) : !RankLE(threshold, m)) && !Shielded(key));
         };
         while (left > 0) {

@@ -252,7 +252,7 @@ TFEXT_TEST(RowsTakenFromTheOutboxDoNotComeBackFromDisk) {
   // its first chunk's Put is held.
   Fill(&tier, &plain, 220, 50);
   std::vector<int64_t> held = store->WaitForHeldPut();
-  CHECK_GT(held.size(), 10u);
+  CHECK_GE(held.size(), 2u);  // the first slice of the round's rows (DemoteLocked)
   std::sort(held.begin(), held.end());
   const int64_t h = static_cast<int64_t>(held.size());
   // Read them all (promoted from the outbox), then remove half of them.

@@ -788,6 +788,9 @@ def main_job_main(args):
     }
     if args.disk_budget:
         runs["tiered"] += ["--disk_budget", str(args.disk_budget)]
+    if args.no_prefetch_run:
+        # The job prefetches the next batch's ids by default; this run shows what that buys.
+        runs["tiered_no_prefetch"] = runs["tiered"] + ["--no_prefetch"]
     results, failed = {k: [] for k in runs}, {}
     for r in range(args.rounds):
         for name, flags in runs.items():
@@ -801,9 +804,9 @@ def main_job_main(args):
                 failed.setdefault(name, []).append(str(e))
                 continue
             summary.update(round=r, loadavg=[load0, os.getloadavg()])
-            if name == "tiered" and any(m["round"] == r for m in results["memory"]):
+            if name != "memory" and any(m["round"] == r for m in results["memory"]):
                 same, first, n = compare_checkpoints(
-                    os.path.join(args.work_dir, "model_memory"), os.path.join(args.work_dir, "model_tiered")
+                    os.path.join(args.work_dir, "model_memory"), os.path.join(args.work_dir, "model_%s" % name)
                 )
                 summary["checkpoint_vs_memory"] = {"identical": same, "first_difference": first, "tensors": n}
                 bc.log(
@@ -835,13 +838,15 @@ def main_job_main(args):
 
 def main_job_markdown(out):
     lines = [
-        "| run | AUC | logloss | steps/s | table keys | memory tier bytes | wall (s) | load |",
-        "|---|---:|---:|---:|---:|---:|---:|---|",
+        "| run | AUC | logloss | steps/s | table keys | memory tier (MiB) | keys on disk | hit rate | cold reads/step "
+        "| wall (s) | load |",
+        "|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---|",
     ]
     for name, runs in out["results"].items():
         for r in runs:
+            t = r.get("tiers") or {}
             lines.append(
-                "| %s (round %d) | %.6f | %.6f | %s | %d | %s | %.0f | %.1f .. %.1f |"
+                "| %s (round %d) | %.4f | %.4f | %s | %d | %s | %s | %s | %s | %.0f | %.1f .. %.1f |"
                 % (
                     name,
                     r["round"],
@@ -849,7 +854,10 @@ def main_job_markdown(out):
                     r["logloss"],
                     bc.fmt(r["steps_per_sec"], 2),
                     r["total_keys"],
-                    r["table_bytes"],
+                    bc.fmt(t.get("memory_bytes", r["table_bytes"]) / 2.0**20, 1),
+                    t.get("disk_keys", "-"),
+                    bc.fmt(t.get("hit_rate"), 4),
+                    bc.fmt(t.get("cold_reads_per_step"), 0),
                     r["bench_wall_s"],
                     r["loadavg"][0][0],
                     r["loadavg"][1][0],
@@ -857,11 +865,13 @@ def main_job_markdown(out):
             )
     lines.append("")
     lines.append("AUC and logloss identical, per round: %s" % out["identical_auc"])
-    lines.append(
-        "final checkpoint identical to the in-memory run's (dense variables; tables' rows, slots, versions, "
-        "frequencies by key), per round: %s"
-        % [r.get("checkpoint_vs_memory", {}).get("identical") for r in out["results"].get("tiered", [])]
-    )
+    for name, runs in out["results"].items():
+        if name != "memory":
+            lines.append(
+                "%s: final checkpoint identical to the in-memory run's (dense variables; tables' rows, slots, "
+                "versions, frequencies by key), per round: %s"
+                % (name, [r.get("checkpoint_vs_memory", {}).get("identical") for r in runs])
+            )
     return "\n".join(lines)
 
 
@@ -871,16 +881,18 @@ def main_job_markdown(out):
 def _add_train_args(p):
     p.add_argument("--keys", type=int, default=20_000_000, help="keys preloaded into the table (all fields)")
     p.add_argument("--budget", type=int, default=1536 << 20, help="memory budget of the tier (bytes)")
-    p.add_argument("--disk_cap", type=int, default=0, help="disk cap of the tier (bytes; 0: none)")
+    p.add_argument("--disk_cap", type=int, default=10 << 30, help="disk cap of the tier (bytes; 0: none)")
     p.add_argument("--policy", choices=("lru", "lfu"), default="lru")
     p.add_argument("--dim", type=int, default=32)
     p.add_argument("--fields", type=int, default=8)
     p.add_argument("--batch", type=int, default=4096)
     p.add_argument("--hidden", type=int, nargs="+", default=[128, 64])
     p.add_argument("--zipf", type=float, default=1.1)
-    p.add_argument("--steps", type=int, default=100, help="timed steps")
-    p.add_argument("--warmup", type=int, default=20)
-    p.add_argument("--chunk", type=int, default=1 << 20, help="keys per preload insert")
+    p.add_argument("--steps", type=int, default=300, help="timed steps")
+    p.add_argument("--warmup", type=int, default=100)
+    p.add_argument(
+        "--chunk", type=int, default=65536, help="keys per preload insert (at most a quarter of the budget's keys)"
+    )
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--store_dir", default=os.path.join(tempfile.gettempdir(), "tf_ext_bench_tiered"))
     p.add_argument("--cache", choices=("warm", "dropped", "uncached"), default="warm")
@@ -909,6 +921,7 @@ def main(argv=None):
     m.add_argument("--steps", type=int, default=None, help="the job's --steps (default: its own)")
     m.add_argument("--seed", type=int, default=0)
     m.add_argument("--rounds", type=int, default=2)
+    m.add_argument("--no_prefetch_run", action="store_true", help="also a tiered run with --no_prefetch")
     m.add_argument("--work_dir", default=os.path.join(tempfile.gettempdir(), "tf_ext_bench_tiered_job"))
     m.add_argument("--job_flags", nargs=argparse.REMAINDER, default=[], help="more flags of the job (last)")
     m.add_argument("--json", default=None)
@@ -922,7 +935,6 @@ def main(argv=None):
     if args.cmd == "train":
         if args.quick:
             args.keys, args.budget, args.steps, args.warmup, args.rounds = 400_000, 32 << 20, 20, 5, 1
-            args.chunk = 1 << 17
         out = train_main(args)
         config = {k: v for k, v in vars(args).items() if k not in ("cmd", "json", "log")}
         out.update(config=config, machine=machine, wall_s=time.perf_counter() - t0)

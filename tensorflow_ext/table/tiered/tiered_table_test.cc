@@ -397,10 +397,10 @@ TFEXT_TEST(SizeCountsAChunkBetweenMemoryAndDiskOnce) {
   CHECK_GT(h, 0);
   CHECK_EQ(memory.size(), 205 - h);
   check_count(625);
-  // A batch takes half of the chunk back from the outbox, and 20 rows from
+  // A batch takes half of the chunk back from the outbox, and 5 rows from
   // disk.
   std::vector<int64_t> batch(held.begin(), held.begin() + (h + 1) / 2);
-  for (int64_t key = 0; key < 600 && batch.size() < static_cast<size_t>((h + 1) / 2 + 20); ++key) {
+  for (int64_t key = 0; key < 600 && batch.size() < static_cast<size_t>((h + 1) / 2 + 5); ++key) {
     KeyMeta meta;
     bool found = false;
     memory.FindMeta(&key, 1, &meta, &found, PoolParallelFor());

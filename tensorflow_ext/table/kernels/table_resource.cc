@@ -306,6 +306,8 @@ Status StoreStatus(table::StoreError::Code code, Args&&... args) {
       return tensorflow::errors::DataLoss(std::forward<Args>(args)...);
     case table::StoreError::kInvalid:
       return tensorflow::errors::InvalidArgument(std::forward<Args>(args)...);
+    case table::StoreError::kPermission:
+      return tensorflow::errors::PermissionDenied(std::forward<Args>(args)...);
     case table::StoreError::kIO:
       break;
   }

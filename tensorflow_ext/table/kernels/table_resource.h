@@ -338,6 +338,7 @@ tensorflow::Status TableMemoryError(const TableResource& table, const char* what
 // The status for a table operation `what` that failed in the table's disk
 // tier: by error.code(), kNoSpace -> ResourceExhausted, kLocked and kForeign
 // -> FailedPrecondition, kCorrupt -> DataLoss, kInvalid -> InvalidArgument,
+// kPermission (the directory is not writable) -> PermissionDenied,
 // kUnavailable (the store's library is missing) -> FailedPrecondition (not
 // Unavailable, which a MonitoredSession takes for a lost worker and retries
 // forever), kIO -> Internal. The message names the table, the operation and

@@ -2,13 +2,16 @@
 // OpenColdStore, from $TF_EXT_ROCKSDB_STORE_LIB (set by the BUILD target) or next to this binary.
 //   bazel test //tensorflow_ext/table/tiered:cold_store_test
 //
-// Cases that need a process of their own (a second holder of a store, a missing plugin, a private mount
-// namespace) re-execute this binary with --child-<case> <dir>. A full disk and a read-only file system are made
-// with a tmpfs mounted in a private mount namespace (unshare(CLONE_NEWNS)): that needs root (CAP_SYS_ADMIN), which
-// this project's machines and CI have; without it those two tests FAIL, saying so (they never skip).
+// Cases that need a process of their own (a second holder of a store, a missing or stale plugin, a private mount
+// namespace, another user, a fresh heap to measure) re-execute this binary with --child-<case> <dir>. A full disk and a
+// read-only file system are made with a tmpfs mounted in a private mount namespace (unshare(CLONE_NEWNS)): that needs
+// root (CAP_SYS_ADMIN), which this project's machines and CI have; without it those two tests FAIL, saying so (they
+// never skip).
 #include "tensorflow_ext/table/tiered/cold_store.h"
 
+#include <dlfcn.h>
 #include <fcntl.h>
+#include <grp.h>
 #include <sched.h>
 #include <signal.h>
 #include <sys/mount.h>
@@ -22,6 +25,7 @@
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
+#include <fstream>
 #include <limits>
 #include <map>
 #include <memory>
@@ -57,6 +61,8 @@ std::string CodeName(StoreError::Code c) {
       return "kInvalid";
     case StoreError::kUnavailable:
       return "kUnavailable";
+    case StoreError::kPermission:
+      return "kPermission";
   }
   return "?";
 }
@@ -230,7 +236,7 @@ struct Child {
 
 // Starts this binary with `args`; with pipes, the child's stdin and stdout are ours to talk over.
 Child Spawn(const std::vector<std::string>& args, bool pipes, const char* plugin_override = nullptr,
-            const char* missing = nullptr) {
+            const char* expect = nullptr) {
   int in[2] = {-1, -1}, out[2] = {-1, -1};
   if (pipes) CHECK(pipe(in) == 0 && pipe(out) == 0);
   Child c;
@@ -246,7 +252,7 @@ Child Spawn(const std::vector<std::string>& args, bool pipes, const char* plugin
       close(out[1]);
     }
     if (plugin_override != nullptr) setenv(tfext::table::kRocksDbStoreLibraryEnv, plugin_override, 1);
-    if (missing != nullptr) setenv("COLD_STORE_TEST_MISSING", missing, 1);
+    if (expect != nullptr) setenv("COLD_STORE_TEST_EXPECT", expect, 1);
     std::vector<char*> argv;
     argv.push_back(const_cast<char*>(g_self.c_str()));
     for (const std::string& a : args) argv.push_back(const_cast<char*>(a.c_str()));
@@ -307,13 +313,117 @@ int ChildHold(const std::string& dir) {
 }
 
 // The plugin at $TF_EXT_ROCKSDB_STORE_LIB cannot be loaded: kUnavailable naming it, what is missing
-// ($COLD_STORE_TEST_MISSING) and the package to install.
+// ($COLD_STORE_TEST_EXPECT) and the package to install.
 int ChildMissingPlugin(const std::string& dir) {
   const std::string msg = ExpectStoreError(StoreError::kUnavailable, [&] { Open(dir + "/store", 4); });
   CHECK(Contains(msg, "apt-get install librocksdb7.8"));
   CHECK(Contains(msg, std::getenv(tfext::table::kRocksDbStoreLibraryEnv)));
-  CHECK(Contains(msg, std::getenv("COLD_STORE_TEST_MISSING")));
+  CHECK(Contains(msg, std::getenv("COLD_STORE_TEST_EXPECT")));
   CHECK(!Exists(dir + "/store"));  // nothing was created
+  return 0;
+}
+
+// The plugin at $TF_EXT_ROCKSDB_STORE_LIB was built for another interface version ($COLD_STORE_TEST_EXPECT: what
+// the message says of it): kUnavailable naming the file and both versions, every time it is asked, and its entry
+// point never runs (it would abort this process). Nothing is created.
+int ChildStalePlugin(const std::string& dir) {
+  const std::string theirs = std::getenv("COLD_STORE_TEST_EXPECT");
+  const std::string ours = "needs version " + std::to_string(tfext::table::kColdStoreAbi);
+  for (int attempt = 0; attempt < 2; ++attempt) {  // a refused plugin is not kept: the next open refuses it again
+    const std::string msg = ExpectStoreError(StoreError::kUnavailable, [&] { Open(dir + "/store", 4); });
+    CHECK(Contains(msg, std::getenv(tfext::table::kRocksDbStoreLibraryEnv)));
+    CHECK(Contains(msg, "interface version " + theirs));
+    CHECK(Contains(msg, ours));
+    CHECK(Contains(msg, "stale"));
+  }
+  CHECK(!Exists(dir + "/store"));
+  return 0;
+}
+
+// Another user (nobody) cannot write under a directory that root owns: kPermission naming the path, "not
+// writable" and the system's reason, for a directory to create and for an existing one (its lock file). The plugin
+// is loaded first, as root: the build tree that holds it may not be readable by nobody.
+int ChildPermissionDenied(const std::string& dir) {
+  Open(dir + "/warm", 2).reset();
+  CHECK(chmod(dir.c_str(), 0755) == 0);
+  CHECK(mkdir((dir + "/existing").c_str(), 0755) == 0);
+  if (setgroups(0, nullptr) != 0 || setgid(65534) != 0 || setuid(65534) != 0) {
+    ::tfext_test::FailCheck(
+        __FILE__, __LINE__,
+        std::string("this test switches to the user nobody and needs root: ") + std::strerror(errno));
+  }
+  for (const std::string& path : {dir + "/new/store", dir + "/existing"}) {
+    const std::string msg = ExpectStoreError(StoreError::kPermission, [&] { Open(path, 4); });
+    CHECK(Contains(msg, path));
+    CHECK(Contains(msg, "not writable"));
+    CHECK(Contains(msg, "Permission denied"));
+  }
+  return 0;
+}
+
+// The resident memory of a process: its VmRSS, in bytes.
+int64_t ResidentBytes() {
+  std::ifstream status("/proc/self/status");
+  std::string line;
+  while (std::getline(status, line)) {
+    if (line.compare(0, 6, "VmRSS:") == 0) return std::atoll(line.c_str() + 6) * 1024;
+  }
+  ::tfext_test::FailCheck(__FILE__, __LINE__, "no VmRSS in /proc/self/status");
+}
+
+// Stores with small write buffers and caches hold many more rows than those: each store's share of the process's
+// resident memory stays within StoreMemoryBytes. A first store, written and read before the measure, takes the
+// process-wide costs (RocksDB's code, its background threads and their buffers); then kStores more are written in
+// round robin, in batches of MaxPutRows (as the tiered table writes), and read back.
+int ChildMemoryBound(const std::string& dir) {
+  constexpr int64_t kWidth = 64, kStores = 8, kRows = 100000, kGets = 20000;
+  StoreOptions o;
+  o.width = kWidth;
+  o.write_buffer_bytes = 256 << 10;
+  o.write_buffers = 2;
+  o.block_cache_bytes = 256 << 10;
+  const int64_t batch = tfext::table::MaxPutRows(o);
+  CHECK_GT(batch, 100);
+  CHECK_LT(batch * (kWidth * 4 + 12), o.write_buffer_bytes);
+  std::vector<int64_t> keys = Range(0, batch);
+  const Rows rows = MakeRows(keys, kWidth);
+  std::vector<float> got(static_cast<size_t>(batch * kWidth));
+  std::vector<KeyMeta> got_meta(batch);
+  std::unique_ptr<bool[]> found(new bool[batch]);
+  auto fill = [&](const std::vector<ColdStore*>& stores) {
+    for (int64_t b = 0; b < kRows; b += batch) {
+      for (int64_t i = 0; i < batch; ++i) keys[i] = (b + i) * 7919;
+      for (ColdStore* s : stores) s->Put(keys.data(), batch, rows.values.data(), rows.meta.data());
+    }
+    for (int64_t g = 0; g < kGets; g += batch) {
+      for (int64_t i = 0; i < batch; ++i) keys[i] = ((g * 31 + i * 17) % kRows) * 7919;
+      for (ColdStore* s : stores) {
+        s->Get(keys.data(), batch, got.data(), got_meta.data(), found.get());
+        CHECK_EQ(std::count(found.get(), found.get() + batch, true), batch);
+      }
+    }
+  };
+  o.path = dir + "/first";
+  std::unique_ptr<ColdStore> first = OpenColdStore(o);
+  fill({first.get()});
+  const int64_t before = ResidentBytes();
+  std::vector<std::unique_ptr<ColdStore>> stores;
+  std::vector<ColdStore*> raw;
+  for (int64_t i = 0; i < kStores; ++i) {
+    o.path = dir + "/store" + std::to_string(i);
+    stores.push_back(OpenColdStore(o));
+    raw.push_back(stores.back().get());
+  }
+  fill(raw);
+  const int64_t per_store = (ResidentBytes() - before) / kStores;
+  const int64_t bound = tfext::table::StoreMemoryBytes(o);
+  std::printf("memory bound: %lld stores of %lld rows of width %lld: %lld bytes of RSS each; StoreMemoryBytes %lld\n",
+              static_cast<long long>(kStores), static_cast<long long>(kRows), static_cast<long long>(kWidth),
+              static_cast<long long>(per_store), static_cast<long long>(bound));
+  CHECK_LE(per_store, bound);
+  // Far more than the bound went through each store: its memtables were flushed many times over.
+  CHECK_GT(kRows * (kWidth * 4 + 12), 10 * bound);
+  CHECK_GT(stores[0]->disk_bytes(), kRows * kWidth * 4);
   return 0;
 }
 
@@ -321,12 +431,13 @@ int ChildReadOnly(const std::string& dir) {
   MountTmpfs(dir, "size=1m");
   CHECK(mkdir((dir + "/empty").c_str(), 0755) == 0);
   CHECK(mount(nullptr, dir.c_str(), nullptr, MS_REMOUNT | MS_RDONLY, nullptr) == 0);
-  std::string msg = ExpectStoreError(StoreError::kIO, [&] { Open(dir + "/empty", 4); });
+  std::string msg = ExpectStoreError(StoreError::kPermission, [&] { Open(dir + "/empty", 4); });
   CHECK(Contains(msg, dir + "/empty"));
   CHECK(Contains(msg, "not writable"));
   CHECK(Contains(msg, "Read-only file system"));
-  msg = ExpectStoreError(StoreError::kIO, [&] { Open(dir + "/new/store", 4); });
+  msg = ExpectStoreError(StoreError::kPermission, [&] { Open(dir + "/new/store", 4); });
   CHECK(Contains(msg, dir + "/new/store"));
+  CHECK(Contains(msg, "not writable"));
   CHECK(Contains(msg, "Read-only file system"));
   return 0;
 }
@@ -384,6 +495,9 @@ int RunChild(const std::string& which, const std::string& dir) {
   try {
     if (which == "--child-hold") return ChildHold(dir);
     if (which == "--child-missing-plugin") return ChildMissingPlugin(dir);
+    if (which == "--child-stale-plugin") return ChildStalePlugin(dir);
+    if (which == "--child-permission-denied") return ChildPermissionDenied(dir);
+    if (which == "--child-memory-bound") return ChildMemoryBound(dir);
     if (which == "--child-readonly") return ChildReadOnly(dir);
     if (which == "--child-nospace") return ChildNoSpace(dir);
   } catch (const ::tfext_test::CheckFailure&) {
@@ -596,8 +710,10 @@ TFEXT_TEST(AForeignDirectoryIsRefusedAndLeftUntouched) {
   CHECK(ListNames(dir) == before);  // no marker, no lock file, nothing removed
   CHECK_EQ(ReadText(dir + "/precious.txt"), std::string("keep me"));
   // A path that is a file is not a directory to use.
-  const std::string msg2 = ExpectStoreError(StoreError::kIO, [&] { Open(dir + "/precious.txt/store", 4); });
-  CHECK(Contains(msg2, dir + "/precious.txt"));
+  const std::string msg2 = ExpectStoreError(StoreError::kPermission, [&] { Open(dir + "/precious.txt/store", 4); });
+  CHECK(Contains(msg2, dir + "/precious.txt/store"));
+  CHECK(Contains(msg2, "not writable"));
+  CHECK(Contains(msg2, dir + "/precious.txt is a file, not a directory"));
   CHECK_EQ(ReadText(dir + "/precious.txt"), std::string("keep me"));
 }
 
@@ -686,9 +802,64 @@ TFEXT_TEST(BadOptionsAndAMissingPluginAreClearErrors) {
   CHECK_EQ(Wait(c.pid), 0);
 }
 
-TFEXT_TEST(AnUnwritablePathIsAnIOError) {
+TFEXT_TEST(AnUnwritablePathIsAPermissionError) {
   const std::string dir = TempDir();
   Child c = Spawn({"--child-readonly", dir}, /*pipes=*/false);
+  CHECK_EQ(Wait(c.pid), 0);
+  const std::string dir2 = TempDir();
+  c = Spawn({"--child-permission-denied", dir2}, /*pipes=*/false);
+  CHECK_EQ(Wait(c.pid), 0);
+}
+
+// A plugin of another interface version, or from before the version symbol, is refused before its entry point runs
+// (theirs abort the process); the real plugin exports this header's version.
+TFEXT_TEST(AStalePluginIsRefusedNamingBothVersions) {
+  const std::string dir = TempDir();
+  const char* other = std::getenv("COLD_STORE_TEST_PLUGIN_OTHER_ABI");
+  const char* none = std::getenv("COLD_STORE_TEST_PLUGIN_NO_ABI");
+  CHECK(other != nullptr && none != nullptr);  // set by the BUILD target
+  Child c = Spawn({"--child-stale-plugin", dir}, /*pipes=*/false, other, "1002");
+  CHECK_EQ(Wait(c.pid), 0);
+  c = Spawn({"--child-stale-plugin", dir}, /*pipes=*/false, none,
+            (std::string("1 (it exports no ") + tfext::table::kRocksDbStoreAbiSymbol + ")").c_str());
+  CHECK_EQ(Wait(c.pid), 0);
+  const char* real = std::getenv(tfext::table::kRocksDbStoreLibraryEnv);
+  void* handle = dlopen(real, RTLD_NOW | RTLD_LOCAL);
+  CHECK(handle != nullptr);
+  void* abi = dlsym(handle, tfext::table::kRocksDbStoreAbiSymbol);
+  CHECK(abi != nullptr);
+  CHECK_EQ(reinterpret_cast<tfext::table::RocksDbStoreAbiFn>(abi)(), tfext::table::kColdStoreAbi);
+}
+
+TFEXT_TEST(BadMemoryOptionsAreRefused) {
+  const std::string dir = TempDir();
+  StoreOptions o;
+  o.path = dir + "/store";
+  o.width = 4;
+  o.write_buffer_bytes = tfext::table::kMinWriteBufferBytes - 1;
+  std::string msg = ExpectStoreError(StoreError::kInvalid, [&] { OpenColdStore(o); });
+  CHECK(Contains(msg, "write_buffer_bytes must be >= 65536"));
+  CHECK(Contains(msg, std::to_string(tfext::table::kMinWriteBufferBytes - 1)));
+  o.write_buffer_bytes = tfext::table::kMinWriteBufferBytes;
+  o.write_buffers = 1;
+  msg = ExpectStoreError(StoreError::kInvalid, [&] { OpenColdStore(o); });
+  CHECK(Contains(msg, "write_buffers in [2, 64]"));
+  o.write_buffers = 2;
+  o.block_cache_bytes = -1;
+  msg = ExpectStoreError(StoreError::kInvalid, [&] { OpenColdStore(o); });
+  CHECK(Contains(msg, "block_cache_bytes >= 0"));
+  CHECK(!Exists(dir + "/store"));
+  // The smallest sizes work; the bound counts them.
+  o.block_cache_bytes = 0;
+  std::unique_ptr<ColdStore> s = OpenColdStore(o);
+  Put(s.get(), Range(0, 5000), 4);
+  CheckPresent(s.get(), Range(0, 5000), 4);
+  CHECK_EQ(tfext::table::StoreMemoryBytes(o), 2 * (64 << 10) + tfext::table::kStoreFixedMemoryBytes);
+}
+
+TFEXT_TEST(AStoreKeepsItsMemoryWithinStoreMemoryBytes) {
+  const std::string dir = TempDir();
+  Child c = Spawn({"--child-memory-bound", dir}, /*pipes=*/false);
   CHECK_EQ(Wait(c.pid), 0);
 }
 
@@ -741,10 +912,13 @@ int main(int argc, char** argv) {
   }
   g_self.assign(self, static_cast<size_t>(len));
   // Children get an absolute plugin path (the BUILD target passes one relative to the runfiles).
-  const char* plugin = std::getenv(tfext::table::kRocksDbStoreLibraryEnv);
-  if (plugin != nullptr && plugin[0] != '\0' && plugin[0] != '/') {
-    char abs[4096];
-    if (realpath(plugin, abs) != nullptr) setenv(tfext::table::kRocksDbStoreLibraryEnv, abs, 1);
+  for (const char* env :
+       {tfext::table::kRocksDbStoreLibraryEnv, "COLD_STORE_TEST_PLUGIN_OTHER_ABI", "COLD_STORE_TEST_PLUGIN_NO_ABI"}) {
+    const char* plugin = std::getenv(env);
+    if (plugin != nullptr && plugin[0] != '\0' && plugin[0] != '/') {
+      char abs[4096];
+      if (realpath(plugin, abs) != nullptr) setenv(env, abs, 1);
+    }
   }
   if (argc == 3 && std::strncmp(argv[1], "--child-", 8) == 0) return RunChild(argv[1], argv[2]);
   return tfext_test::RunAllTests(argc, argv);

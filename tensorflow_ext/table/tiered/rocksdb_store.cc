@@ -16,12 +16,22 @@
 //  * 4 KiB blocks (one page per point read: 0.23 Mkeys/s for present keys, 0.16 with 16 KiB blocks), a 10 bits/key
 //    Bloom filter (~1% false positives: a Get of absent keys, the common case for a key new to the table, runs at
 //    1.7-1.9 Mkeys/s, 0.16 without it), an in-block hash index (cheap; within the noise here).
-//  * Index and filter blocks live in the table readers (max_open_files = -1): about 2 bytes of RAM per disk row
-//    (1.25 of filter, under 1 of index at these row sizes). The block cache (StoreOptions::block_cache_bytes, in the
-//    process's RSS) keeps hot data blocks; the page cache does the rest. pread, not mmap: mmap reads were ~30% faster
-//    (0.38 against 0.29 Mkeys/s) but would count every touched page of the disk tier in the process's RSS, where
-//    the memory tier's budget is meant to be the whole story.
-//  * Memtables of 16 MiB, at most 3 (up to 48 MiB of RAM per store while flushes run behind the writes).
+//  * The store's RAM is bounded (cold_store.h "Memory"): memtables and block cache as StoreOptions says, and the
+//    index and filter blocks (about 2.5 bytes per disk row: 1.25 of filter, ~1.3 of index; 12 MiB for 5M rows of
+//    width 64) in the block cache, partitioned in 4 KiB blocks (their top-level blocks and level 0's pinned), not
+//    in the table readers, where they grew with the store. The price, measured with 2M rows of width 64 after the
+//    compactions settled (Mkeys per CPU-second, load ~4): with a 32 MiB cache (all of them fit) gets of present
+//    keys 0.17 against 0.20 with whole filters in the table readers, gets of absent keys 0.60 against 1.19 (each
+//    probe of a file looks up a partition in the cache), get + delete the same (0.08); with a 2 MiB cache (most
+//    partitions come back from the page cache) 0.135, 0.42 and 0.056. Whole (unpartitioned) index and filter
+//    blocks in the cache read as fast as the table readers' with a large cache (0.18, 1.11), but a miss loads a
+//    whole file's filter (~140 KiB): with a cache smaller than them, every probe would.
+//  * The block cache (in the process's RSS) keeps hot data blocks; the page cache does the rest. pread, not mmap:
+//    mmap reads were ~30% faster (0.38 against 0.29 Mkeys/s) but would count every touched page of the disk tier in
+//    the process's RSS, where the memory tier's budget is meant to be the whole story.
+//  * Memtables: write_buffers of write_buffer_bytes (the tiered table: two of memory_bytes / 32, 64 KiB to 16 MiB),
+//    and levels sized from them. Small buffers cost compaction CPU (more, smaller flushes): 1M rows written and
+//    read took 12.7 s of process CPU with 16 MiB buffers, 16.4 s with 4 MiB, 18.7 s with 1 MiB, 21.8 s with 256 KiB.
 //  * No write-ahead log (the checkpoint is the source of truth), no flush at close, and SST files with many
 //    tombstones are compacted automatically (promotes delete every key they bring back to memory).
 //  * Put and Delete read the keys first (a MultiGet) so num_keys() is exact and only present keys get tombstones:
@@ -32,6 +42,7 @@
 #include <pthread.h>
 #include <sys/file.h>
 #include <sys/stat.h>
+#include <sys/statvfs.h>
 #include <unistd.h>
 
 #include <algorithm>
@@ -70,6 +81,22 @@ constexpr int64_t kBatch = 1024;                 // keys per MultiGet call (boun
 
 std::string ErrnoText(int err) { return std::strerror(err); }
 
+// The code of a failed file system call on the store's directory: a full disk, a directory this process cannot
+// write (permissions, a read-only file system, a file in the way), or another I/O failure.
+StoreError::Code CodeOfErrno(int err) {
+  switch (err) {
+    case ENOSPC:
+      return StoreError::kNoSpace;
+    case EACCES:
+    case EPERM:
+    case EROFS:
+    case ENOTDIR:
+      return StoreError::kPermission;
+    default:
+      return StoreError::kIO;
+  }
+}
+
 // ---------------------------------------------------------------- directory helpers
 
 bool IsDirectory(const std::string& path) {
@@ -77,7 +104,7 @@ bool IsDirectory(const std::string& path) {
   return stat(path.c_str(), &st) == 0 && S_ISDIR(st.st_mode);
 }
 
-// mkdir -p. Throws kIO naming the component that could not be made.
+// mkdir -p. Throws kPermission (or kIO, kNoSpace) naming the component that could not be made.
 void MakeDirs(const std::string& path) {
   std::string prefix;
   size_t pos = 0;
@@ -88,10 +115,12 @@ void MakeDirs(const std::string& path) {
     if (prefix.empty() || prefix == "/" || IsDirectory(prefix)) continue;
     if (mkdir(prefix.c_str(), 0777) != 0 && !(errno == EEXIST && IsDirectory(prefix))) {
       const int err = errno;
-      if (err == EEXIST)
-        throw StoreError(StoreError::kIO, "tier store " + path + ": " + prefix + " is not a directory");
-      throw StoreError(StoreError::kIO,
-                       "tier store " + path + ": cannot create the directory " + prefix + ": " + ErrnoText(err));
+      if (err == EEXIST) {
+        throw StoreError(StoreError::kPermission, "tier store " + path + ": the path is not writable: " + prefix +
+                                                      " is a file, not a directory");
+      }
+      throw StoreError(CodeOfErrno(err), "tier store " + path + ": the path is not writable: cannot create the " +
+                                             "directory " + prefix + ": " + ErrnoText(err));
     }
   }
 }
@@ -101,7 +130,8 @@ std::vector<std::string> ListDir(const std::string& dir, const std::string& stor
   std::vector<std::string> names;
   DIR* d = opendir(dir.c_str());
   if (d == nullptr) {
-    throw StoreError(StoreError::kIO, "tier store " + store_path + ": cannot list " + dir + ": " + ErrnoText(errno));
+    const int err = errno;
+    throw StoreError(CodeOfErrno(err), "tier store " + store_path + ": cannot list " + dir + ": " + ErrnoText(err));
   }
   while (struct dirent* e = readdir(d)) {
     if (std::strcmp(e->d_name, ".") != 0 && std::strcmp(e->d_name, "..") != 0) names.emplace_back(e->d_name);
@@ -205,9 +235,9 @@ int64_t DecodeKey(const char* in) {
   return static_cast<int64_t>(u);
 }
 
-// RocksDB recovers from a full disk on its own by polling the free space every few seconds, and refuses a manual
-// Resume() meanwhile. The store resumes from its next write instead (RocksDbStore::Write), so a write succeeds as
-// soon as space is back, not seconds later.
+// The store resumes a database stopped by a full disk itself, from its next write once there is room
+// (RocksDbStore::Recover), instead of RocksDB's own recovery, which polls the free space every 5 s (a write would
+// fail for seconds after space is back) and refuses a manual resume meanwhile.
 class NoAutoRecovery : public rocksdb::EventListener {
  public:
   void OnErrorRecoveryBegin(rocksdb::BackgroundErrorReason, rocksdb::Status bg_error, bool* auto_recovery) override {
@@ -225,6 +255,8 @@ class RocksDbStore : public ColdStore {
       : path_(options.path),
         width_(options.width),
         value_bytes_(static_cast<size_t>(options.width) * sizeof(float) + sizeof(int64_t) + sizeof(uint32_t)),
+        write_buffer_bytes_(std::max(options.write_buffer_bytes, kMinWriteBufferBytes)),
+        write_buffers_(options.write_buffers),
         block_cache_bytes_(options.block_cache_bytes),
         count_keys_(options.count_keys) {
     TakeDirectory();
@@ -460,17 +492,47 @@ class RocksDbStore : public ColdStore {
     std::memcpy(&meta->frequency, v.data() + width_ * sizeof(float) + sizeof(int64_t), sizeof(uint32_t));
   }
 
-  // A write without the WAL. A store stopped by an earlier background error (a flush that found the disk full)
-  // is resumed once and the write retried: it succeeds if space was freed meanwhile. The rows already written stay
-  // readable either way (they wait in the memtables).
+  // A write without the WAL. A full disk stops the database (a flush or compaction failed; the rows already
+  // written stay readable in the memtables). A write that finds it stopped fails at once while the disk is still
+  // full; once there is room again, it resumes the database (Recover) and is retried, so a write succeeds as soon
+  // as space is back.
   void Write(rocksdb::DB* db, rocksdb::WriteBatch* wb, const std::string& what) {
     rocksdb::WriteOptions wo;
     wo.disableWAL = true;
     rocksdb::Status s = db->Write(wo, wb);
-    if (!s.ok() && (s.IsIOError() || s.IsNoSpace())) {
-      if (db->Resume().ok()) s = db->Write(wo, wb);
+    // A stopped database fails writes with its background error, or with Incomplete when the write waited for a
+    // flush (memtables full) and the error came meanwhile.
+    if (!s.ok() && (s.IsIOError() || s.IsNoSpace() || s.IsIncomplete()) && HasRoomFor(wb->GetDataSize())) {
+      if (Recover(db)) s = db->Write(wo, wb);
     }
     if (!s.ok()) throw Error(s, what);
+  }
+
+  // Resumes a database stopped by a background error; returns whether it did. Call with write_mu_ held. The
+  // resume runs alone: compactions are off and no background job runs meanwhile. In RocksDB 7.8 a manual resume
+  // that fails because of another job's error (a compaction that found the disk full while the resume's flush
+  // waited) leaves its flush queued but never scheduled: every later resume then waits for it forever (measured:
+  // 1 run in 3-5 of a full-disk test with 64 KiB write buffers). With nothing else running, a resume fails only by
+  // its own flush, which has run by then.
+  bool Recover(rocksdb::DB* db) {
+    std::lock_guard<std::mutex> no_manual_compaction(compact_mu_);
+    db->SetOptions({{"disable_auto_compactions", "true"}}).PermitUncheckedError();
+    bool resumed = false;
+    if (db->PauseBackgroundWork().ok()) {  // waits for the running (and sleeping failed) jobs
+      db->ContinueBackgroundWork().PermitUncheckedError();
+      resumed = db->Resume().ok();
+    }
+    db->SetOptions({{"disable_auto_compactions", "false"}}).PermitUncheckedError();
+    return resumed;
+  }
+
+  // Whether the store's file system has room for a write of `bytes` and the flushes it may need (every memtable,
+  // and a margin), so that waiting for RocksDB's recovery makes sense.
+  bool HasRoomFor(size_t bytes) const {
+    struct statvfs fs;
+    if (statvfs(path_.c_str(), &fs) != 0) return false;
+    const uint64_t free_bytes = static_cast<uint64_t>(fs.f_bavail) * fs.f_frsize;
+    return free_bytes >= bytes + static_cast<uint64_t>(write_buffers_ * write_buffer_bytes_) + (uint64_t{1} << 20);
   }
 
   StoreError Error(const rocksdb::Status& s, const std::string& what) const {
@@ -505,9 +567,23 @@ class RocksDbStore : public ColdStore {
     t.whole_key_filtering = true;
     t.optimize_filters_for_memory = true;
     t.data_block_index_type = rocksdb::BlockBasedTableOptions::kDataBlockBinaryAndHash;
-    t.cache_index_and_filter_blocks = false;
+    // Index and filter blocks live in the block cache, partitioned in 4 KiB blocks under a small top-level
+    // block, so that the cache bounds them: a store of 5M rows of width 64 has ~12 MiB of them, which table
+    // readers would otherwise hold for good. Pinned (never evicted): the top-level blocks, and every index and
+    // filter block of the level-0 files (fresh flushes, at most a few write buffers' worth of rows). Without a
+    // cache (block_cache_bytes 0) the table readers hold them (RAM that grows with the store).
+    t.index_type = rocksdb::BlockBasedTableOptions::kTwoLevelIndexSearch;
+    t.partition_filters = true;
+    t.metadata_block_size = 4096;
     if (block_cache_bytes_ > 0) {
-      t.block_cache = rocksdb::NewLRUCache(static_cast<size_t>(block_cache_bytes_));
+      t.cache_index_and_filter_blocks = true;
+      t.cache_index_and_filter_blocks_with_high_priority = true;
+      t.pin_top_level_index_and_filter = true;
+      t.pin_l0_filter_and_index_blocks_in_cache = true;
+      // Not strict: pinned blocks may take the cache over its capacity rather than fail a read. Half of it is
+      // kept for index and filter blocks (high priority), so a scan of data blocks cannot evict them all.
+      t.block_cache = rocksdb::NewLRUCache(static_cast<size_t>(block_cache_bytes_), /*num_shard_bits=*/-1,
+                                           /*strict_capacity_limit=*/false, /*high_pri_pool_ratio=*/0.5);
     } else {
       t.no_block_cache = true;
     }
@@ -517,8 +593,15 @@ class RocksDbStore : public ColdStore {
     o.table_factory.reset(rocksdb::NewBlockBasedTableFactory(t));
     o.compression = rocksdb::kNoCompression;
     o.bottommost_compression = rocksdb::kDisableCompressionOption;
-    o.write_buffer_size = 16 << 20;
-    o.max_write_buffer_number = 3;
+    // Memtables: write_buffers_ of write_buffer_bytes_ at most (StoreOptions). The levels are sized from them:
+    // a level-0 compaction (4 memtables' worth) merges into a base level of ~4x that, not RocksDB's default of
+    // 256 MiB, which small memtables would rewrite whole at every level-0 compaction.
+    o.write_buffer_size = static_cast<size_t>(write_buffer_bytes_);
+    o.max_write_buffer_number = static_cast<int>(write_buffers_);
+    o.min_write_buffer_number_to_merge = 1;
+    // Files of 32 MiB or more: each open file's table reader keeps ~2 KiB outside the cache.
+    o.max_bytes_for_level_base = static_cast<uint64_t>(16 * write_buffer_bytes_);
+    o.target_file_size_base = static_cast<uint64_t>(std::max<int64_t>(4 * write_buffer_bytes_, 32 << 20));
     o.memtable_whole_key_filtering = true;
     o.memtable_prefix_bloom_size_ratio = 0.02;
     o.level_compaction_dynamic_level_bytes = true;
@@ -530,8 +613,8 @@ class RocksDbStore : public ColdStore {
     o.max_log_file_size = 1 << 20;
     o.stats_dump_period_sec = 0;
     o.stats_persist_period_sec = 0;
-    // An SST file whose last 64K entries hold 16K tombstones is compacted in the background.
     o.listeners.push_back(std::make_shared<NoAutoRecovery>());
+    // An SST file whose last 64K entries hold 16K tombstones is compacted in the background.
     o.table_properties_collector_factories.push_back(
         rocksdb::NewCompactOnDeletionCollectorFactory(64 * 1024, 16 * 1024));
     rocksdb::DB* raw = nullptr;
@@ -561,9 +644,8 @@ class RocksDbStore : public ColdStore {
     lock_fd_ = open(lock_file.c_str(), O_RDWR | O_CREAT | O_CLOEXEC, 0644);
     if (lock_fd_ < 0) {
       const int err = errno;
-      throw StoreError(
-          err == ENOSPC ? StoreError::kNoSpace : StoreError::kIO,
-          "tier store " + path_ + ": the directory is not writable (creating " + lock_file + "): " + ErrnoText(err));
+      throw StoreError(CodeOfErrno(err), "tier store " + path_ + ": the directory is not writable (creating " +
+                                             lock_file + "): " + ErrnoText(err));
     }
     if (flock(lock_fd_, LOCK_EX | LOCK_NB) != 0) {
       const int err = errno;
@@ -585,22 +667,23 @@ class RocksDbStore : public ColdStore {
       const std::string pid = std::to_string(getpid()) + "\n";
       if (ftruncate(lock_fd_, 0) != 0 || pwrite(lock_fd_, pid.data(), pid.size(), 0) < 0) {
         const int err = errno;
-        throw StoreError(err == ENOSPC ? StoreError::kNoSpace : StoreError::kIO,
+        throw StoreError(CodeOfErrno(err),
                          "tier store " + path_ + ": cannot write " + lock_file + ": " + ErrnoText(err));
       }
       // The marker goes first (a crash from here on leaves a directory the next open recognizes), then the wipe.
       const int marker_err = WriteFile(path_ + "/" + kMarkerName, kMarkerText);
       if (marker_err != 0) {
-        throw StoreError(marker_err == ENOSPC ? StoreError::kNoSpace : StoreError::kIO,
-                         "tier store " + path_ + ": cannot write the marker " + kMarkerName + ": " +
-                             (marker_err == ENOSPC ? "no space left on device" : ErrnoText(marker_err)));
+        throw StoreError(
+            CodeOfErrno(marker_err),
+            "tier store " + path_ + ": cannot write the marker " + kMarkerName + ": " +
+                (marker_err == ENOSPC ? "no space left on device" : "not writable: " + ErrnoText(marker_err)));
       }
       for (const std::string& name : ListDir(path_, path_)) {
         if (name == kMarkerName || name == kLockName) continue;
         const int err = RemoveTree(path_ + "/" + name);
         if (err != 0) {
-          throw StoreError(StoreError::kIO, "tier store " + path_ + ": cannot remove the previous store's " + name +
-                                                ": " + ErrnoText(err));
+          throw StoreError(CodeOfErrno(err), "tier store " + path_ + ": cannot remove the previous store's " + name +
+                                                 ": " + ErrnoText(err));
         }
       }
     } catch (...) {
@@ -620,6 +703,8 @@ class RocksDbStore : public ColdStore {
   const std::string path_;
   const int64_t width_;
   const size_t value_bytes_;
+  const int64_t write_buffer_bytes_;  // StoreOptions::write_buffer_bytes, at least RocksDB's smallest
+  const int64_t write_buffers_;
   const int64_t block_cache_bytes_;
   const bool count_keys_;  // StoreOptions::count_keys: read presence before writes
   int lock_fd_ = -1;
@@ -648,9 +733,14 @@ extern "C" __attribute__((visibility("default"))) tfext::table::ColdStore* tfext
       throw StoreError(StoreError::kInvalid, "tier store " + options->path + ": width must be in [1, 2^24]; got " +
                                                  std::to_string(options->width));
     }
-    if (options->block_cache_bytes < 0) {
-      throw StoreError(StoreError::kInvalid, "tier store " + options->path + ": block_cache_bytes must be >= 0; got " +
-                                                 std::to_string(options->block_cache_bytes));
+    if (options->write_buffer_bytes < tfext::table::kMinWriteBufferBytes || options->write_buffers < 2 ||
+        options->write_buffers > 64 || options->block_cache_bytes < 0) {
+      throw StoreError(StoreError::kInvalid,
+                       "tier store " + options->path +
+                           ": write_buffer_bytes must be >= " + std::to_string(tfext::table::kMinWriteBufferBytes) +
+                           ", write_buffers in [2, 64] and block_cache_bytes >= 0; got " +
+                           std::to_string(options->write_buffer_bytes) + ", " + std::to_string(options->write_buffers) +
+                           " and " + std::to_string(options->block_cache_bytes));
     }
     return new tfext::table::RocksDbStore(*options);
   } catch (const StoreError& e) {
@@ -665,3 +755,9 @@ extern "C" __attribute__((visibility("default"))) tfext::table::ColdStore* tfext
 
 static_assert(std::is_same<decltype(&tfext_open_rocksdb_store), tfext::table::OpenRocksDbStoreFn>::value,
               "the plugin's entry point must match cold_store.h's OpenRocksDbStoreFn");
+
+// The version of cold_store.h this plugin was built with; the loader refuses the plugin unless it is its own.
+extern "C" __attribute__((visibility("default"))) int tfext_rocksdb_store_abi() { return tfext::table::kColdStoreAbi; }
+
+static_assert(std::is_same<decltype(&tfext_rocksdb_store_abi), tfext::table::RocksDbStoreAbiFn>::value,
+              "the plugin's version symbol must match cold_store.h's RocksDbStoreAbiFn");

@@ -45,6 +45,20 @@ OpenRocksDbStoreFn LoadPlugin() {
                          (why != nullptr ? why : "unknown dlopen error") +
                          " (tiered storage needs the system's RocksDB 7.8: apt-get install librocksdb7.8)");
   }
+  // The interface version first: a plugin built from another cold_store.h would read our StoreOptions and
+  // strings with its own layout (heap corruption), so nothing else of it runs unless the versions agree.
+  void* abi_sym = dlsym(handle, kRocksDbStoreAbiSymbol);
+  const int abi = abi_sym != nullptr ? reinterpret_cast<RocksDbStoreAbiFn>(abi_sym)() : 1;  // 1: before the symbol
+  if (abi != kColdStoreAbi) {
+    dlclose(handle);
+    throw StoreError(StoreError::kUnavailable,
+                     "the RocksDB store plugin " + path + " was built for cold store interface version " +
+                         std::to_string(abi) +
+                         (abi_sym == nullptr ? " (it exports no " + std::string(kRocksDbStoreAbiSymbol) + ")" : "") +
+                         " but this library needs version " + std::to_string(kColdStoreAbi) +
+                         ": a stale or foreign build; install the plugin built with this library (tensorflow_ext's " +
+                         kRocksDbStoreLibrary + " from the same build)");
+  }
   void* sym = dlsym(handle, kOpenRocksDbStoreSymbol);
   if (sym == nullptr) {
     dlclose(handle);
@@ -64,12 +78,20 @@ std::unique_ptr<ColdStore> OpenColdStore(const StoreOptions& options) {
     throw StoreError(StoreError::kInvalid,
                      "tier store " + options.path + ": width must be >= 1; got " + std::to_string(options.width));
   }
+  if (options.write_buffer_bytes < kMinWriteBufferBytes || options.write_buffers < 2 || options.write_buffers > 64 ||
+      options.block_cache_bytes < 0) {
+    throw StoreError(StoreError::kInvalid,
+                     "tier store " + options.path + ": write_buffer_bytes must be >= " +
+                         std::to_string(kMinWriteBufferBytes) + ", write_buffers in [2, 64] and " +
+                         "block_cache_bytes >= 0; got " + std::to_string(options.write_buffer_bytes) + ", " +
+                         std::to_string(options.write_buffers) + " and " + std::to_string(options.block_cache_bytes));
+  }
   OpenRocksDbStoreFn open_fn = LoadPlugin();
   int code = StoreError::kIO;
   std::string message;
   ColdStore* store = open_fn(&options, &code, &message);
   if (store == nullptr) {
-    if (code < StoreError::kNoSpace || code > StoreError::kUnavailable) code = StoreError::kIO;
+    if (code < StoreError::kNoSpace || code > StoreError::kPermission) code = StoreError::kIO;
     throw StoreError(static_cast<StoreError::Code>(code), message);
   }
   return std::unique_ptr<ColdStore>(store);

@@ -29,10 +29,22 @@ constexpr uint64_t kSpreadLevels = 8;
 
 // Keys whose metadata a demotion round samples to choose its threshold.
 constexpr int64_t kSampleKeys = 8192;
-// The store's block cache: a twentieth of the memory budget, between 1 and 32
-// MiB. It is process memory beside the budget (RSS), and a hot key lives in
-// the memory tier anyway: the cache only serves repeated cold reads.
-constexpr int64_t kMinBlockCacheBytes = int64_t{1} << 20;
+// The store's RAM, out of the budget (see "Budget" in the header): two
+// write buffers and a block cache of a thirty-second of memory_bytes each,
+// up to 16 MiB per buffer and 32 MiB of cache. Smaller write buffers cost
+// compaction CPU (each row is rewritten more often): tiered_table_bench
+// (300K keys, uniform, 25% in memory: a 28 MB budget; the whole run's
+// process CPU) took 10.9 s with buffers of 0.9 MiB (this share), 10.2 s
+// with 1.8 MiB, 8.7 s with 3.5 MiB, 8.0 s with 16 MiB, and 7.1-7.4 s with
+// the earlier settings (48 MiB of memtables beside the budget). Buffers
+// large enough to matter would take a large part of a small budget, whose
+// rows then go to disk instead. The cache holds the store's index and
+// filter blocks and repeated cold reads; a cold read misses it anyway
+// (cold_store_bench: present-key gets at 0.17-0.19 Mkeys/s with 1 or 32
+// MiB of cache at 1M rows).
+constexpr int64_t kStoreShareDivisor = 32;
+constexpr int64_t kMaxWriteBufferBytes = int64_t{16} << 20;
+constexpr int64_t kMinBlockCacheBytes = int64_t{64} << 10;
 constexpr int64_t kMaxBlockCacheBytes = int64_t{32} << 20;
 
 }  // namespace
@@ -75,6 +87,46 @@ int64_t TieredTable::BytesPerKey(int64_t row_bytes) {
   return ((row_bytes + kIndexBytesPerKey) * 11 + 9) / 10;
 }
 
+StoreOptions TieredTable::StoreOptionsFor(const TierOptions& options, int64_t width) {
+  StoreOptions store_options;
+  store_options.path = options.path;
+  store_options.width = width;
+  store_options.count_keys = false;  // the tier counts its disk keys itself
+  const int64_t share = std::max<int64_t>(options.memory_bytes, 0) / kStoreShareDivisor;
+  store_options.write_buffer_bytes = std::min(kMaxWriteBufferBytes, std::max(kMinWriteBufferBytes, share));
+  store_options.write_buffers = 2;
+  store_options.block_cache_bytes = std::min(kMaxBlockCacheBytes, std::max(kMinBlockCacheBytes, share));
+  return store_options;
+}
+
+int64_t TieredTable::StoreShareBytes(int64_t memory_bytes) {
+  TierOptions options;
+  options.memory_bytes = memory_bytes;
+  // An eighth of the budget at most: from 48 MiB up, the store's whole bound
+  // (3/32 of the budget + kStoreFixedMemoryBytes, at most 65.5 MiB) fits in
+  // it; below, RocksDB's floors and the fixed cost exceed it, by up to 1.7
+  // MiB.
+  return std::min(StoreMemoryBytes(StoreOptionsFor(options, 1)), std::max<int64_t>(memory_bytes, 0) / 8);
+}
+
+int64_t TieredTable::BudgetKeys(int64_t memory_bytes, int64_t row_bytes) {
+  return std::max<int64_t>(0, memory_bytes - StoreShareBytes(memory_bytes)) / BytesPerKey(row_bytes);
+}
+
+int64_t TieredTable::MemoryBytesFor(int64_t rows, int64_t row_bytes) {
+  // From the rows' bytes plus the largest share up: the smallest budget
+  // that holds them (BudgetKeys grows with memory_bytes, give or take a few
+  // bytes at the share's rounding: checked on the way).
+  const int64_t need = rows * BytesPerKey(row_bytes);
+  int64_t lo = need, hi = need + need / 7 + 1;
+  while (BudgetKeys(hi, row_bytes) < rows) hi += hi / 8 + BytesPerKey(row_bytes);
+  while (hi - lo > 1) {
+    const int64_t mid = lo + (hi - lo) / 2;
+    (BudgetKeys(mid, row_bytes) >= rows ? hi : lo) = mid;
+  }
+  return hi;
+}
+
 TieredTable::TieredTable(HashTable* memory, const TableOptions& table_options, const TierOptions& options)
     : TieredTable(memory, table_options, options, nullptr) {}
 
@@ -104,24 +156,19 @@ TieredTable::TieredTable(HashTable* memory, const TableOptions& table_options, c
                                 std::to_string(static_cast<int>(options.policy)));
   }
   bytes_per_key_ = BytesPerKey(memory_->row_bytes());
-  budget_keys_ = options.memory_bytes / bytes_per_key_;
+  budget_keys_ = BudgetKeys(options.memory_bytes, memory_->row_bytes());
   if (budget_keys_ < kMinBudgetKeys) {
     throw std::invalid_argument(
         "tiered table at " + options.path + ": memory_bytes=" + std::to_string(options.memory_bytes) + " holds " +
         std::to_string(budget_keys_) + " rows of " + std::to_string(bytes_per_key_) +
-        " bytes (row + index); a tier needs " + "room for at least " + std::to_string(kMinBudgetKeys) +
-        " rows (memory_bytes >= " + std::to_string(kMinBudgetKeys * bytes_per_key_) + ")");
+        " bytes (row + index) beside the disk tier's " + std::to_string(StoreShareBytes(options.memory_bytes)) +
+        " bytes; a tier needs room for at least " + std::to_string(kMinBudgetKeys) +
+        " rows (memory_bytes >= " + std::to_string(MemoryBytesFor(kMinBudgetKeys, memory_->row_bytes())) + ")");
   }
   if (store != nullptr) {
     store_ = std::move(store);
   } else {
-    StoreOptions store_options;
-    store_options.path = options.path;
-    store_options.width = width_;
-    store_options.count_keys = false;  // the tier counts its disk keys itself
-    store_options.block_cache_bytes =
-        std::min(kMaxBlockCacheBytes, std::max(kMinBlockCacheBytes, options.memory_bytes / 20));
-    store_ = OpenColdStore(store_options);
+    store_ = OpenColdStore(StoreOptionsFor(options, width_));
   }
   if (options.background) demoter_ = std::thread([this] { DemoterLoop(); });
 }
@@ -361,7 +408,9 @@ void TieredTable::DemoteLocked() {
           return any || ((inclusive ? RankLE(m, threshold) : !RankLE(threshold, m)) && !Shielded(key));
         };
         while (left > 0) {
-          const int64_t ask = std::min(kDemoteChunk, left);
+          // Chunks no larger than a write buffer: a larger Put would make
+          // its memtable as large (cold_store.h "Memory").
+          const int64_t ask = std::min({kDemoteChunk, MaxPutRows(StoreOptionsFor(options_, width_)), left});
           const int64_t moved = DemoteChunk(ask, pred);
           moved_total += moved;
           left -= moved;

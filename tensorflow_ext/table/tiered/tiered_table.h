@@ -22,15 +22,22 @@
 //    so no key of a batch leaves memory between its promotion and op(). Two
 //    operations of one training step (a lookup, then the optimizer's apply)
 //    each promote: a row demoted between them comes back, exact.
-//  * Budget: budget_keys() = memory_bytes / bytes_per_key(), where a key
-//    costs its row (row_bytes) + 20 index bytes (the most the core takes per
-//    key at scale), times 1.1: memory may hold up to 1.1x budget_keys
-//    before batches demote themselves, and that peak must fit in
-//    memory_bytes (the memory tier's arena keeps the most rows it ever
-//    held). When the memory tier holds more than budget_keys keys, a
-//    demotion round moves the lowest-ranked rows (policy: LRU = the lowest
-//    versions, LFU = the lowest frequencies, then versions) to disk until it
-//    holds 90% of budget_keys, sparing the rows promoted since the previous
+//  * Budget: memory_bytes holds the disk tier's store too: its RocksDB
+//    memtables, block cache and fixed cost (cold_store.h "Memory"; two write
+//    buffers and a cache of memory_bytes / 32 each, at most 16 and 32 MiB).
+//    StoreShareBytes() takes them out of the budget (an eighth of it at most:
+//    exact from 48 MiB up; below, RocksDB's floors exceed that share by up
+//    to 1.7 MiB), and the memory tier gets the rest: budget_keys() =
+//    (memory_bytes - StoreShareBytes()) / bytes_per_key(), where a key costs
+//    its row (row_bytes) + 20 index bytes (the most the core takes per key
+//    at scale), times 1.1: memory may hold up to 1.1x budget_keys before
+//    batches demote themselves, and that peak must fit (the memory tier's
+//    arena keeps the most rows it ever held). So memory tier + store stay
+//    within memory_bytes. Demotion writes chunks of at most a write
+//    buffer's rows (MaxPutRows). When the memory tier holds more than
+//    budget_keys keys, a demotion round moves the lowest-ranked rows
+//    (policy: LRU = the lowest versions, LFU = the lowest frequencies, then
+//    versions) to disk until it holds 90% of budget_keys, sparing the rows promoted since the previous
 //    round started (see "Promoted rows"). Rounds run on a background thread, woken
 //    after a batch that leaves memory over budget; past 1.1x the budget (or
 //    with background off) the batch's own thread demotes before WithKeys
@@ -260,6 +267,13 @@ class TieredTable {
   // 20 index bytes) * 1.1, rounded up (see "Budget").
   int64_t bytes_per_key() const { return bytes_per_key_; }
   static int64_t BytesPerKey(int64_t row_bytes);
+  // The budget's arithmetic (see "Budget"): the store's options and its
+  // share of memory_bytes, the keys a budget holds, and the smallest budget
+  // that holds `rows` keys.
+  static StoreOptions StoreOptionsFor(const TierOptions& options, int64_t width);
+  static int64_t StoreShareBytes(int64_t memory_bytes);
+  static int64_t BudgetKeys(int64_t memory_bytes, int64_t row_bytes);
+  static int64_t MemoryBytesFor(int64_t rows, int64_t row_bytes);
   // Keys that fell off the disk tier since the last call (for the
   // delta-checkpoint change log).
   std::vector<int64_t> TakeDroppedKeys();

@@ -335,16 +335,12 @@ int main(int argc, char** argv) {
       HashTable memory(options);
       TierOptions tier_options;
       tier_options.path = path;
-      // The budget in bytes the tier divides by its bytes per key (row +
-      // index). 100% holds every key with room to spare: nothing demotes.
-      int64_t bytes_per_key;
-      {
-        TierOptions probe = tier_options;
-        probe.memory_bytes = int64_t{1} << 30;
-        bytes_per_key = TieredTable(&memory, options, probe).bytes_per_key();
-      }
+      // The budget in bytes that holds this many keys (rows + index, beside
+      // the store's share). 100% holds every key with room to spare: nothing
+      // demotes.
       const double keys_in_budget = f >= 1.0 ? c.num_keys * 1.2 : c.num_keys * f;
-      tier_options.memory_bytes = static_cast<int64_t>(std::ceil(keys_in_budget)) * bytes_per_key;
+      tier_options.memory_bytes =
+          TieredTable::MemoryBytesFor(static_cast<int64_t>(std::ceil(keys_in_budget)), memory.row_bytes());
       TieredTable tier(&memory, options, tier_options);
       Prefill(c, [&](const int64_t* keys, int64_t n, const float* rows) {
         tier.Import(keys, n, 0, c.width, rows, nullptr, nullptr, nullptr, false, c.pf);

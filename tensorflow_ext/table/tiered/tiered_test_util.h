@@ -77,9 +77,9 @@ inline std::string TempDir() {
   return tmpl;
 }
 
-// A memory budget that holds `rows` rows of `table` (as the tier counts them).
+// A memory budget that holds `rows` rows of `table` (as the tier counts them, its store's share included).
 inline int64_t BudgetFor(const HashTable& table, int64_t rows) {
-  return rows * TieredTable::BytesPerKey(table.row_bytes());
+  return TieredTable::MemoryBytesFor(rows, table.row_bytes());
 }
 
 inline TierOptions Tier(const std::string& path, int64_t memory_bytes, bool background) {

@@ -81,6 +81,10 @@ LONG_FILE_EXCEPTIONS = {
     "tensorflow_ext/embedding/kernels/embedding_kernels.cc": "the CPU kernels of the lookup op family (dense, ids, "
     "multi-table, sparse and their gradients) sharing LookupBase and the row initializer; to split by op family "
     "if it grows",
+    "tensorflow_ext/table/tiered/cold_store_test.cc": "the RocksDB store's tests, one binary sharing the plugin "
+    "loading and the private tmpfs mounts of its full-disk and read-only cases; to split by theme if it grows",
+    "tools/bench_tiered.py": "the tiered-storage benchmark's one script: the ctr-style training child, the main-job "
+    "pair and the peers' variants (TFRA, its Redis table) share the runner, the batches and the report",
     "tensorflow_ext/embedding/tests/test_embedding_kernels.py": "tests of every embedding kernel against TF's own "
     "kernels, sharing one set of reference helpers; to split by op if it grows",
 }

@@ -110,10 +110,10 @@ clang-format:
 
 # ---------------------------------------------------------------- build
 # The op library, the RocksDB store plugin + the wheel (dist/), and in-tree copies of both .so and _build_info.py for
-# pytest from the root.
+# pytest from the root; the C++ serving check programs stay in bazel-bin/ (tensorflow_ext/serving/cc).
 build: venv bazel rocksdb
 	$(BAZEL) build $(BAZEL_FLAGS) //:build_pip_pkg //tensorflow_ext:_tf_ext_ops.so \
-	  //tensorflow_ext/table/tiered:_tf_ext_rocksdb_store.so
+	  //tensorflow_ext/table/tiered:_tf_ext_rocksdb_store.so //tensorflow_ext/serving/cc:all
 	@install -m 0755 bazel-bin/tensorflow_ext/_tf_ext_ops.so $(OPS_SO)
 	@install -m 0755 bazel-bin/tensorflow_ext/table/tiered/_tf_ext_rocksdb_store.so $(STORE_SO)
 	@install -m 0644 bazel-bin/tensorflow_ext/gen/_build_info.py $(BUILD_INFO)

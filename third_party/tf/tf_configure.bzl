@@ -4,6 +4,8 @@ The Python interpreter is $PYTHON_BIN_PATH, else <workspace>/.venv/bin/python, e
 The generated repository holds:
   :tf_header_lib                TF's include dir (stray .so files excluded) as a cc_library with TF's -D flags
   :libtensorflow_framework      cc_import of libtensorflow_framework.so.2
+  :libtensorflow_cc             cc_import of libtensorflow_cc.so.2 (TF's kernels, DirectSession, the C API): for
+                                programs that run graphs without Python (tensorflow_ext/serving/cc)
   :build_info.py                TF version + compile/link flags, copied into the package as _build_info.py
   tf_config.bzl                 TF_VERSION, TF_CXX_FLAGS, TF_LINK_FLAGS, PYTHON_BIN_PATH for macros
 """
@@ -57,6 +59,7 @@ def _tf_configure_impl(ctx):
 
     ctx.symlink(info["include"], "include")
     ctx.symlink(info["lib"] + "/libtensorflow_framework.so.2", "lib/libtensorflow_framework.so.2")
+    ctx.symlink(info["lib"] + "/libtensorflow_cc.so.2", "lib/libtensorflow_cc.so.2")
 
     defines = []
     copts = []
@@ -81,6 +84,11 @@ cc_library(
 cc_import(
     name = "libtensorflow_framework",
     shared_library = "lib/libtensorflow_framework.so.2",
+)
+
+cc_import(
+    name = "libtensorflow_cc",
+    shared_library = "lib/libtensorflow_cc.so.2",
 )
 
 filegroup(

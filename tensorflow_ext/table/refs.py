@@ -456,19 +456,27 @@ class MutableTableRef(object):
         (int64 scalars; negative: no test)."""
         return loader.load_ops().tf_ext_table_evict(self._handle, min_version, min_frequency, name=name)
 
-    # ---- change log (delta checkpoints) -----------------------------------------
+    # ---- change log (delta checkpoints, serving updates) -------------------------
 
-    def change_log_start(self, capacity, name=None):
-        """The op that starts (or restarts) logging removed keys, up to `capacity` (int64 scalar)."""
-        return loader.load_ops().tf_ext_table_change_log_start(self._handle, capacity, name=name)
+    def change_log_start(self, capacity, channel="checkpoint", name=None):
+        """The op that starts (or restarts) logging removed keys in `channel`, up to `capacity` (int64 scalar).
 
-    def change_log(self, read_keys=True, name=None):
-        """(removed keys int64 [m] (empty unless read_keys), enabled, untracked, overflow bools): the log's state."""
-        return loader.load_ops().tf_ext_table_change_log(self._handle, read_keys=read_keys, name=name)
+        Channels are independent readers of the same removals ("checkpoint": delta checkpoints; "serving": serving
+        updates): each has its own capacity, read marks and commit.
+        """
+        return loader.load_ops().tf_ext_table_change_log_start(self._handle, capacity, channel=channel, name=name)
 
-    def change_log_commit(self, name=None):
-        """The op that empties the removal log after a save that read it."""
-        return loader.load_ops().tf_ext_table_change_log_commit(self._handle, name=name)
+    def change_log(self, read_keys=True, channel="checkpoint", name=None):
+        """(removed keys int64 [m] (empty unless read_keys), enabled, untracked, overflow bools): `channel`'s state.
+
+        With read_keys the keys and flags returned are marked as read: `change_log_commit` then drops them.
+        A channel never started reads as not enabled.
+        """
+        return loader.load_ops().tf_ext_table_change_log(self._handle, read_keys=read_keys, channel=channel, name=name)
+
+    def change_log_commit(self, channel="checkpoint", name=None):
+        """The op that drops from `channel`'s log what its last read saw (after the save that read it succeeded)."""
+        return loader.load_ops().tf_ext_table_change_log_commit(self._handle, channel=channel, name=name)
 
     # ---- tiers (memory over disk) ------------------------------------------------
 

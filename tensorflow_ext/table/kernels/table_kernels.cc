@@ -598,17 +598,28 @@ class TableExportSinceOp : public TableOpBase {
   }
 };
 
-// TfExtTableChangeLog: the removed keys logged (marked as read) and the log's flags.
+// The `channel` attr of the change-log ops: a non-empty name.
+Status GetChannelAttr(OpKernelConstruction* ctx, std::string* channel) {
+  TF_RETURN_IF_ERROR(ctx->GetAttr("channel", channel));
+  if (channel->empty()) {
+    return InvalidArgument("change log channel must be a non-empty name (e.g. '", TableResource::kCheckpointChannel,
+                           "'), got ''");
+  }
+  return tensorflow::OkStatus();
+}
+
+// TfExtTableChangeLog: the removed keys logged in a channel (marked as read) and its flags.
 class TableChangeLogOp : public OpKernel {
  public:
   explicit TableChangeLogOp(OpKernelConstruction* ctx) : OpKernel(ctx) {
     OP_REQUIRES_OK(ctx, ctx->GetAttr("read_keys", &read_keys_));
+    OP_REQUIRES_OK(ctx, GetChannelAttr(ctx, &channel_));
   }
   void Compute(OpKernelContext* ctx) override {
     RefCountPtr<TableResource> table;
     OP_REQUIRES_OK(ctx, GetTableResource(ctx, 0, &table));
     std::vector<int64_t> removed;
-    const TableResource::ChangeLogState state = table->ReadChangeLog(read_keys_ ? &removed : nullptr);
+    const TableResource::ChangeLogState state = table->ReadChangeLog(channel_, read_keys_ ? &removed : nullptr);
     Tensor* keys = nullptr;
     OP_REQUIRES_OK(ctx, ctx->allocate_output(0, TensorShape({static_cast<int64_t>(removed.size())}), &keys));
     if (!removed.empty()) std::memcpy(keys->flat<int64_t>().data(), removed.data(), removed.size() * sizeof(int64_t));
@@ -622,29 +633,40 @@ class TableChangeLogOp : public OpKernel {
 
  private:
   bool read_keys_ = true;
+  std::string channel_;
 };
 
 class TableChangeLogStartOp : public OpKernel {
  public:
-  using OpKernel::OpKernel;
+  explicit TableChangeLogStartOp(OpKernelConstruction* ctx) : OpKernel(ctx) {
+    OP_REQUIRES_OK(ctx, GetChannelAttr(ctx, &channel_));
+  }
   void Compute(OpKernelContext* ctx) override {
     RefCountPtr<TableResource> table;
     OP_REQUIRES_OK(ctx, GetTableResource(ctx, 0, &table));
     int64_t capacity = 0;
     OP_REQUIRES_OK(ctx, GetScalarInt64(ctx, 1, "capacity", &capacity));
     OP_REQUIRES(ctx, capacity >= 0, InvalidArgument("capacity must be >= 0 removed keys, got ", capacity));
-    table->StartChangeLog(capacity);
+    table->StartChangeLog(channel_, capacity);
   }
+
+ private:
+  std::string channel_;
 };
 
 class TableChangeLogCommitOp : public OpKernel {
  public:
-  using OpKernel::OpKernel;
+  explicit TableChangeLogCommitOp(OpKernelConstruction* ctx) : OpKernel(ctx) {
+    OP_REQUIRES_OK(ctx, GetChannelAttr(ctx, &channel_));
+  }
   void Compute(OpKernelContext* ctx) override {
     RefCountPtr<TableResource> table;
     OP_REQUIRES_OK(ctx, GetTableResource(ctx, 0, &table));
-    table->CommitChangeLog();
+    table->CommitChangeLog(channel_);
   }
+
+ private:
+  std::string channel_;
 };
 
 class TableImportOp : public TableOpBase {

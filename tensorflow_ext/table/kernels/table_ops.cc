@@ -310,6 +310,9 @@ REGISTER_OP("TfExtTableExportSince")
       return OkStatus();
     });
 
+// The change log (TableResource::ReadChangeLog): `channel` names the reader
+// ("checkpoint": delta checkpoints; "serving": serving updates); each channel
+// has its own capacity, read marks and commit, and sees every removal.
 REGISTER_OP("TfExtTableChangeLog")
     .Input("table_handle: resource")
     .Output("removed_keys: int64")
@@ -317,6 +320,7 @@ REGISTER_OP("TfExtTableChangeLog")
     .Output("untracked: bool")
     .Output("overflow: bool")
     .Attr("read_keys: bool = true")
+    .Attr("channel: string = 'checkpoint'")
     .SetIsStateful()
     .SetShapeFn([](InferenceContext* c) {
       TF_RETURN_IF_ERROR(HandleInput(c));
@@ -330,6 +334,7 @@ REGISTER_OP("TfExtTableChangeLog")
 REGISTER_OP("TfExtTableChangeLogStart")
     .Input("table_handle: resource")
     .Input("capacity: int64")
+    .Attr("channel: string = 'checkpoint'")
     .SetIsStateful()
     .SetShapeFn([](InferenceContext* c) {
       TF_RETURN_IF_ERROR(HandleInput(c));
@@ -338,6 +343,7 @@ REGISTER_OP("TfExtTableChangeLogStart")
 
 REGISTER_OP("TfExtTableChangeLogCommit")
     .Input("table_handle: resource")
+    .Attr("channel: string = 'checkpoint'")
     .SetIsStateful()
     .SetShapeFn([](InferenceContext* c) { return HandleInput(c); });
 

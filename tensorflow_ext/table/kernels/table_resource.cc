@@ -593,59 +593,72 @@ void TableResource::LogDroppedKeys() {
   LogRemovedKeys(dropped.data(), static_cast<int64_t>(dropped.size()));
 }
 
-void TableResource::StartChangeLog(int64_t capacity) {
+void TableResource::StartChangeLog(const std::string& channel, int64_t capacity) {
   tensorflow::mutex_lock l(log_mu_);
-  log_capacity_ = capacity < 0 ? 0 : capacity;
-  log_removed_.clear();
-  log_removed_.shrink_to_fit();
-  log_seq_ = log_untracked_seq_ = log_overflow_seq_ = log_read_seq_ = 0;
-  log_read_size_ = 0;
+  ChangeLogChannel& log = log_channels_[channel];
+  log = ChangeLogChannel();  // frees the old keys' memory too
+  log.capacity = capacity < 0 ? 0 : capacity;
   log_enabled_.store(true, std::memory_order_release);
 }
 
 void TableResource::LogRemovedKeys(const int64_t* keys, int64_t n) {
   if (n <= 0 || !log_enabled_.load(std::memory_order_acquire)) return;
   tensorflow::mutex_lock l(log_mu_);
-  ++log_seq_;
-  if (log_overflow_seq_ != 0 && log_overflow_seq_ > log_read_seq_) return;  // the next save is full anyway
-  if (static_cast<int64_t>(log_removed_.size()) + n > log_capacity_) {
-    // Past the bound: forget the keys (the next save must be full) and free their memory.
-    log_overflow_seq_ = log_seq_;
-    log_removed_.clear();
-    log_removed_.shrink_to_fit();
-    log_read_size_ = 0;
-    return;
+  for (auto& entry : log_channels_) {
+    ChangeLogChannel& log = entry.second;
+    ++log.seq;
+    if (log.overflow_seq != 0 && log.overflow_seq > log.read_seq) continue;  // its next save is full anyway
+    if (static_cast<int64_t>(log.removed.size()) + n > log.capacity) {
+      // Past the bound: forget the keys (the next save must be full) and free their memory.
+      log.overflow_seq = log.seq;
+      log.removed.clear();
+      log.removed.shrink_to_fit();
+      log.read_size = 0;
+      continue;
+    }
+    log.removed.insert(log.removed.end(), keys, keys + n);
   }
-  log_removed_.insert(log_removed_.end(), keys, keys + n);
 }
 
 void TableResource::NoteUntrackedWrite() {
   if (!log_enabled_.load(std::memory_order_acquire)) return;
   tensorflow::mutex_lock l(log_mu_);
-  log_untracked_seq_ = ++log_seq_;
+  for (auto& entry : log_channels_) {
+    ChangeLogChannel& log = entry.second;
+    log.untracked_seq = ++log.seq;
+  }
 }
 
-TableResource::ChangeLogState TableResource::ReadChangeLog(std::vector<int64_t>* removed) {
+TableResource::ChangeLogState TableResource::ReadChangeLog(const std::string& channel, std::vector<int64_t>* removed) {
   LogDroppedKeys();  // outside log_mu_: LogRemovedKeys takes it
   tensorflow::mutex_lock l(log_mu_);
   ChangeLogState state;
-  state.enabled = log_enabled_.load(std::memory_order_acquire);
-  state.untracked = log_untracked_seq_ != 0;
-  state.overflow = log_overflow_seq_ != 0;
+  auto it = log_channels_.find(channel);
+  if (it == log_channels_.end()) {
+    if (removed != nullptr) removed->clear();
+    return state;  // never started: disabled, nothing logged
+  }
+  ChangeLogChannel& log = it->second;
+  state.enabled = true;
+  state.untracked = log.untracked_seq != 0;
+  state.overflow = log.overflow_seq != 0;
   if (removed == nullptr) return state;  // the flags only: nothing is marked as read
-  *removed = log_removed_;
-  log_read_seq_ = log_seq_;
-  log_read_size_ = log_removed_.size();
+  *removed = log.removed;
+  log.read_seq = log.seq;
+  log.read_size = log.removed.size();
   return state;
 }
 
-void TableResource::CommitChangeLog() {
+void TableResource::CommitChangeLog(const std::string& channel) {
   tensorflow::mutex_lock l(log_mu_);
-  const size_t drop = std::min(log_read_size_, log_removed_.size());
-  log_removed_.erase(log_removed_.begin(), log_removed_.begin() + drop);
-  if (log_untracked_seq_ <= log_read_seq_) log_untracked_seq_ = 0;
-  if (log_overflow_seq_ <= log_read_seq_) log_overflow_seq_ = 0;
-  log_read_size_ = 0;
+  auto it = log_channels_.find(channel);
+  if (it == log_channels_.end()) return;
+  ChangeLogChannel& log = it->second;
+  const size_t drop = std::min(log.read_size, log.removed.size());
+  log.removed.erase(log.removed.begin(), log.removed.begin() + drop);
+  if (log.untracked_seq <= log.read_seq) log.untracked_seq = 0;
+  if (log.overflow_seq <= log.read_seq) log.overflow_seq = 0;
+  log.read_size = 0;
 }
 
 int64_t TableResource::MemoryUsed() const { return table_->memory_bytes(); }

@@ -30,6 +30,7 @@
 #include <atomic>
 #include <cstdint>
 #include <functional>
+#include <map>
 #include <memory>
 #include <new>
 #include <stdexcept>
@@ -235,7 +236,7 @@ class TableResource : public tensorflow::lookup::LookupInterface {
   int64_t MemoryUsed() const override;
   std::string DebugString() const override;
 
-  // --- Change log, for delta checkpoints ---
+  // --- Change log, for delta checkpoints and serving updates ---
   // A delta save writes the rows whose version is at least the step of the
   // previous save (ExportSince) and the keys removed since then. A removed
   // key leaves no row to find by version, so while the log is on (from a full
@@ -246,24 +247,34 @@ class TableResource : public tensorflow::lookup::LookupInterface {
   // step) cannot be found by version either and are noted as "untracked":
   // they make the next save full too. Logging all key sets instead (and
   // comparing them at save time) would hold a copy of every key.
+  //
+  // Channels: delta checkpoints and serving updates read and commit the log
+  // at their own times, so each reader has its own channel (by name:
+  // kCheckpointChannel, "serving", ...) with its own capacity, read marks and
+  // commit. Every removal and untracked write goes to every started channel;
+  // a channel that was never started reads as disabled and logs nothing.
+  static constexpr const char* kCheckpointChannel = "checkpoint";
   struct ChangeLogState {
     bool enabled = false;
     bool untracked = false;
     bool overflow = false;
   };
-  // Turns the log on (or resets it) with room for `capacity` removed keys.
-  void StartChangeLog(int64_t capacity);
+  // Turns `channel`'s log on (or resets it) with room for `capacity` removed
+  // keys. Other channels are unchanged.
+  void StartChangeLog(const std::string& channel, int64_t capacity);
   // Called by every kernel that removes keys (absent keys may be included).
   void LogRemovedKeys(const int64_t* keys, int64_t n);
   // Called by every kernel that writes rows without setting their version.
   void NoteUntrackedWrite();
   // Keys that fell off the disk tier are logged as removals too (taken from
   // the tier after each batch and before every read of the log).
-  // Copies the logged keys into *removed and marks them (and the flags seen)
-  // as read (removed == nullptr: returns the flags only, marks nothing); CommitChangeLog (after the save succeeded)
-  // then drops what the last read saw, keeping what was logged after it.
-  ChangeLogState ReadChangeLog(std::vector<int64_t>* removed);
-  void CommitChangeLog();
+  // Copies `channel`'s logged keys into *removed and marks them (and the flags
+  // seen) as read (removed == nullptr: returns the flags only, marks nothing);
+  // CommitChangeLog (after the save succeeded) then drops what the last read
+  // saw, keeping what was logged after it. A commit without a read since the
+  // previous commit drops nothing.
+  ChangeLogState ReadChangeLog(const std::string& channel, std::vector<int64_t>* removed);
+  void CommitChangeLog(const std::string& channel);
 
   // The row references of the table's last training lookup (see
   // HashTable::UpdateRows): the removal epoch read before the lookup, one
@@ -293,17 +304,23 @@ class TableResource : public tensorflow::lookup::LookupInterface {
 
   ~TableResource() override;
 
+  // One reader's log (see StartChangeLog).
+  struct ChangeLogChannel {
+    int64_t capacity = 0;
+    std::vector<int64_t> removed;
+    // Event sequence numbers: the last event, the last untracked write, the
+    // last overflow (0 = none), and the last event and log size a read saw.
+    uint64_t seq = 0;
+    uint64_t untracked_seq = 0;
+    uint64_t overflow_seq = 0;
+    uint64_t read_seq = 0;
+    size_t read_size = 0;
+  };
   mutable tensorflow::mutex log_mu_;
+  // Whether any channel was started: removals skip log_mu_ until then.
   std::atomic<bool> log_enabled_{false};
-  int64_t log_capacity_ TF_GUARDED_BY(log_mu_) = 0;
-  std::vector<int64_t> log_removed_ TF_GUARDED_BY(log_mu_);
-  // Event sequence numbers: the last event, the last untracked write, the
-  // last overflow (0 = none), and the last event and log size a read saw.
-  uint64_t log_seq_ TF_GUARDED_BY(log_mu_) = 0;
-  uint64_t log_untracked_seq_ TF_GUARDED_BY(log_mu_) = 0;
-  uint64_t log_overflow_seq_ TF_GUARDED_BY(log_mu_) = 0;
-  uint64_t log_read_seq_ TF_GUARDED_BY(log_mu_) = 0;
-  size_t log_read_size_ TF_GUARDED_BY(log_mu_) = 0;
+  // The started channels, by name (a handful at most: a map keeps it simple).
+  std::map<std::string, ChangeLogChannel> log_channels_ TF_GUARDED_BY(log_mu_);
 
   TableLayout layout_;
   table::TableOptions options_;

@@ -30,3 +30,17 @@ from tensorflow_ext.embedding.export_mode import freezing
 from tensorflow_ext.embedding.export_mode import in_saved_model_export
 
 __all__ = ["export_rows", "freeze_for_serving", "freezing", "in_saved_model_export"]
+
+# The follower (live models): imported on first use, so that `python -m tensorflow_ext.serving.follow` runs a module
+# its package has not imported yet. The module is callable: `follow(...)` is `follow.follow(...)`.
+_FOLLOW_NAMES = ("follow", "Follower", "ServedModel")
+__all__ += list(_FOLLOW_NAMES)
+
+
+def __getattr__(name):  # PEP 562
+    if name in _FOLLOW_NAMES:
+        import importlib  # pylint: disable=import-outside-toplevel
+
+        module = importlib.import_module("tensorflow_ext.serving.follow")
+        return module if name == "follow" else getattr(module, name)
+    raise AttributeError("module %r has no attribute %r" % (__name__, name))

@@ -1,6 +1,7 @@
 // tensorflow_ext: the read-only serving table as a TF resource, its ops and CPU kernels.
 //
-// A TfExtFrozenTableHandle resource holds a `std::shared_ptr<const table::FrozenTable>`:
+// A TfExtFrozenTableHandle resource (FrozenTableResource, frozen_table_resource.h: the live model's kernels read it
+// too) holds a `std::shared_ptr<const table::FrozenTable>`:
 // lookups copy the pointer under a short lock and then read the immutable table
 // with no lock at all, so concurrent requests never wait on each other.
 // TfExtFrozenTableBuild (run by the restore of a SavedModel or checkpoint)
@@ -33,6 +34,7 @@
 #include "tensorflow/core/lib/core/errors.h"
 #include "tensorflow/core/platform/mutex.h"
 #include "tensorflow/core/util/work_sharder.h"
+#include "tensorflow_ext/serving/kernels/frozen_table_resource.h"
 #include "tensorflow_ext/table/core/frozen_table.h"
 #include "tensorflow_ext/table/kernels/storage_attrs.h"
 
@@ -57,59 +59,6 @@ using tensorflow::core::RefCountPtr;
 using tensorflow::errors::InvalidArgument;
 using tensorflow::shape_inference::InferenceContext;
 using tensorflow::shape_inference::ShapeHandle;
-
-class FrozenTableResource : public tensorflow::ResourceBase {
- public:
-  FrozenTableResource(int64_t dim, RowStorage storage)
-      : dim_(dim), storage_(storage), table_(FrozenTable::Build(nullptr, nullptr, 0, dim, storage)) {}
-
-  int64_t dim() const { return dim_; }
-  RowStorage storage() const { return storage_; }
-
-  // The current table; the caller reads it with no lock held.
-  std::shared_ptr<const FrozenTable> Get() const {
-    tensorflow::tf_shared_lock l(mu_);
-    return table_;
-  }
-
-  void Set(std::shared_ptr<const FrozenTable> t) {
-    std::shared_ptr<const FrozenTable> old;
-    {
-      tensorflow::mutex_lock l(mu_);
-      old.swap(table_);
-      table_ = std::move(t);
-    }
-    // `old` is released here, outside the lock (or by the last lookup still reading it).
-  }
-
-  std::string DebugString() const override {
-    auto t = Get();
-    return "tf_ext frozen table (dim=" + std::to_string(dim_) + ", storage=" + RowStorageName(storage_) + ", " +
-           std::to_string(t->size()) + " keys)";
-  }
-
-  int64_t MemoryUsed() const override { return Get()->memory_bytes(); }
-
- private:
-  const int64_t dim_;
-  const RowStorage storage_;
-  mutable tensorflow::mutex mu_;
-  std::shared_ptr<const FrozenTable> table_ TF_GUARDED_BY(mu_);
-};
-
-Status GetFrozenTable(OpKernelContext* ctx, RefCountPtr<FrozenTableResource>* out) {
-  const Tensor& t = ctx->input(0);
-  if (t.dtype() != tensorflow::DT_RESOURCE || t.NumElements() != 1) {
-    return InvalidArgument("input 0 must be a scalar tf_ext frozen table handle (resource), got ",
-                           DataTypeString(t.dtype()), " of shape ", t.shape().DebugString());
-  }
-  const ResourceHandle& h = t.flat<ResourceHandle>()(0);
-  if (h.hash_code() != tensorflow::TypeIndex::Make<FrozenTableResource>().hash_code()) {
-    return InvalidArgument("input 0 is not a tf_ext frozen table handle: it refers to '", h.name(), "' of type ",
-                           h.maybe_type_name());
-  }
-  return tensorflow::LookupResource(ctx, h, out);
-}
 
 // ---------------------------------------------------------------------------
 // TfExtFrozenTableHandle
@@ -182,7 +131,7 @@ class FrozenTableFindOp : public OpKernel {
   using OpKernel::OpKernel;
   void Compute(OpKernelContext* ctx) override {
     RefCountPtr<FrozenTableResource> res;
-    OP_REQUIRES_OK(ctx, GetFrozenTable(ctx, &res));
+    OP_REQUIRES_OK(ctx, GetFrozenTable(ctx, 0, &res));
     const int64_t dim = res->dim();
     const Tensor& keys = ctx->input(1);
     const Tensor& def = ctx->input(2);
@@ -227,7 +176,7 @@ class FrozenTableBuildOp : public OpKernel {
   using OpKernel::OpKernel;
   void Compute(OpKernelContext* ctx) override {
     RefCountPtr<FrozenTableResource> res;
-    OP_REQUIRES_OK(ctx, GetFrozenTable(ctx, &res));
+    OP_REQUIRES_OK(ctx, GetFrozenTable(ctx, 0, &res));
     const int64_t dim = res->dim();
     const Tensor& keys = ctx->input(1);
     const Tensor& values = ctx->input(2);
@@ -260,7 +209,7 @@ class FrozenTableExportOp : public OpKernel {
   using OpKernel::OpKernel;
   void Compute(OpKernelContext* ctx) override {
     RefCountPtr<FrozenTableResource> res;
-    OP_REQUIRES_OK(ctx, GetFrozenTable(ctx, &res));
+    OP_REQUIRES_OK(ctx, GetFrozenTable(ctx, 0, &res));
     const std::shared_ptr<const FrozenTable> t = res->Get();
     const int64_t n = t->size();
     Tensor* keys = nullptr;
@@ -279,7 +228,7 @@ class FrozenTableStatOp : public OpKernel {
   using OpKernel::OpKernel;
   void Compute(OpKernelContext* ctx) override {
     RefCountPtr<FrozenTableResource> res;
-    OP_REQUIRES_OK(ctx, GetFrozenTable(ctx, &res));
+    OP_REQUIRES_OK(ctx, GetFrozenTable(ctx, 0, &res));
     Tensor* out = nullptr;
     OP_REQUIRES_OK(ctx, ctx->allocate_output(0, TensorShape({}), &out));
     out->scalar<int64_t>()() = ((*res->Get()).*Stat)();

@@ -20,6 +20,21 @@ uint64_t FrozenTable::Bucket(int64_t key) const {
 
 namespace {
 
+// The storage's name as the ops spell it (table/kernels/storage_attrs.h), for messages.
+const char* StorageName(RowStorage storage) {
+  switch (storage) {
+    case RowStorage::kFloat32:
+      return "float32";
+    case RowStorage::kBFloat16:
+      return "bfloat16";
+    case RowStorage::kFloat16:
+      return "float16";
+    case RowStorage::kInt8Row:
+      return "int8_row";
+  }
+  return "unknown";
+}
+
 // Throws std::invalid_argument naming `key` when an int8 row cannot hold `row` within its error bound.
 void CheckInt8Row(int64_t key, const float* row, int64_t dim) {
   constexpr float kFloat16Max = 65504.0f;
@@ -53,6 +68,17 @@ std::shared_ptr<const FrozenTable> FrozenTable::Build(const int64_t* keys, const
   if (storage == RowStorage::kInt8Row) {
     for (int64_t i = 0; i < n; ++i) CheckInt8Row(keys[i], values + i * dim, dim);
   }
+  return Lay(keys, n, dim, storage, [keys, values, dim, storage](int64_t i, float* area) {
+    if (storage == RowStorage::kInt8Row) {
+      EncodeInt8Row(values + i * dim, dim, area);
+    } else {
+      HostEncodeElements(storage, values + i * dim, 0, dim, area, Rounding::kNearest, keys[i], 0);
+    }
+  });
+}
+
+std::shared_ptr<const FrozenTable> FrozenTable::Lay(const int64_t* keys, int64_t n, int64_t dim, RowStorage storage,
+                                                    const std::function<void(int64_t, float*)>& fill_row) {
   std::shared_ptr<FrozenTable> t(new FrozenTable());
   t->dim_ = dim;
   t->storage_ = storage;
@@ -97,14 +123,46 @@ std::shared_ptr<const FrozenTable> FrozenTable::Build(const int64_t* keys, const
   for (int64_t j = 0; j < n; ++j) {
     const int64_t i = order[j];
     t->keys_[j] = keys[i];
-    float* area = t->rows_.data() + j * row_floats;
-    if (storage == RowStorage::kInt8Row) {
-      EncodeInt8Row(values + i * dim, dim, area);
-    } else {
-      HostEncodeElements(storage, values + i * dim, 0, dim, area, Rounding::kNearest, keys[i], 0);
-    }
+    fill_row(i, t->rows_.data() + j * row_floats);
   }
   return t;
+}
+
+std::shared_ptr<const FrozenTable> FrozenTable::Merge(const FrozenTable& base, const FrozenTable* overlay,
+                                                      const int64_t* removed, int64_t n_removed) {
+  if (overlay != nullptr && (overlay->dim_ != base.dim_ || overlay->storage_ != base.storage_)) {
+    throw std::invalid_argument("frozen table merge: the base has dim=" + std::to_string(base.dim_) +
+                                ", storage=" + StorageName(base.storage_) + " but the overlay has dim=" +
+                                std::to_string(overlay->dim_) + ", storage=" + StorageName(overlay->storage_));
+  }
+  // Sorted, so that each base key costs one binary search; removed lists are small next to a base.
+  std::vector<int64_t> gone(removed, removed + std::max<int64_t>(n_removed, 0));
+  std::sort(gone.begin(), gone.end());
+  // The merged keys and where each one's stored row is: base rows first, then the overlay's.
+  std::vector<int64_t> keys;
+  std::vector<const float*> rows;
+  const int64_t overlay_size = overlay != nullptr ? overlay->size() : 0;
+  keys.reserve(static_cast<size_t>(base.size() + overlay_size));
+  rows.reserve(keys.capacity());
+  for (int64_t j = 0; j < base.size(); ++j) {
+    const int64_t key = base.keys_[j];
+    if (overlay != nullptr && overlay->Contains(key)) continue;
+    if (std::binary_search(gone.begin(), gone.end(), key)) continue;
+    keys.push_back(key);
+    rows.push_back(static_cast<const float*>(base.stored_row(j)));
+  }
+  for (int64_t j = 0; j < overlay_size; ++j) {
+    keys.push_back(overlay->keys_[j]);
+    rows.push_back(static_cast<const float*>(overlay->stored_row(j)));
+  }
+  const int64_t n = static_cast<int64_t>(keys.size());
+  if (n > kMaxKeys) {
+    throw std::invalid_argument("frozen table merge: the merged table would hold " + std::to_string(n) +
+                                " keys, more than " + std::to_string(kMaxKeys));
+  }
+  const size_t row_bytes = static_cast<size_t>(base.row_bytes_);
+  return Lay(keys.data(), n, base.dim_, base.storage_,
+             [&rows, row_bytes](int64_t i, float* area) { std::memcpy(area, rows[i], row_bytes); });
 }
 
 int64_t FrozenTable::IndexOf(int64_t key) const {

@@ -32,6 +32,7 @@
 #define TENSORFLOW_EXT_TABLE_CORE_FROZEN_TABLE_H_
 
 #include <cstdint>
+#include <functional>
 #include <memory>
 #include <vector>
 
@@ -53,10 +54,24 @@ class FrozenTable {
   static std::shared_ptr<const FrozenTable> Build(const int64_t* keys, const float* values, int64_t n, int64_t dim,
                                                   RowStorage storage);
 
+  // A table holding base's keys that are neither in `overlay` (may be null:
+  // empty) nor among removed[0..n_removed) (any order, duplicates allowed),
+  // plus every key of `overlay`, each with the row of the table it comes from
+  // copied in its stored form: no decode and re-encode, so a merged row reads
+  // exactly as it did in its source. Throws std::invalid_argument when
+  // overlay's dim or storage differs from base's (naming both), and
+  // std::bad_alloc when memory runs out. Memory: the new table plus 24 bytes
+  // per key while it is built; neither source is copied beforehand.
+  static std::shared_ptr<const FrozenTable> Merge(const FrozenTable& base, const FrozenTable* overlay,
+                                                  const int64_t* removed, int64_t n_removed);
+
   // Writes the decoded row of each of keys[0..n) to out[i * dim ..]
   // (default_row, dim floats, for a key that is absent) and, when `found` is
   // not null, whether the key is present. Thread-safe.
   void Find(const int64_t* keys, int64_t n, float* out, bool* found, const float* default_row) const;
+
+  // Whether `key` is in the table. Thread-safe.
+  bool Contains(int64_t key) const { return IndexOf(key) >= 0; }
 
   int64_t size() const { return static_cast<int64_t>(keys_.size()); }
   int64_t dim() const { return dim_; }
@@ -67,11 +82,19 @@ class FrozenTable {
   const int64_t* keys() const { return keys_.data(); }
   // Writes the decoded rows [size(), dim] in the order of keys() to `out`.
   void ExportRows(float* out) const;
+  // The stored form of row `index` (of keys()[index]): row_bytes() bytes, as row_codec.h encodes `storage()`.
+  const void* stored_row(int64_t index) const { return rows_.data() + index * (row_bytes_ / 4); }
+  int64_t row_bytes() const { return row_bytes_; }
 
  private:
   FrozenTable() = default;
   FrozenTable(const FrozenTable&) = delete;
   FrozenTable& operator=(const FrozenTable&) = delete;
+
+  // A table of dim, storage holding keys[0..n), the row of keys[i] written into its stored area by
+  // fill_row(i, area) (Build encodes, Merge copies). Throws std::invalid_argument for a duplicate key.
+  static std::shared_ptr<const FrozenTable> Lay(const int64_t* keys, int64_t n, int64_t dim, RowStorage storage,
+                                                const std::function<void(int64_t, float*)>& fill_row);
 
   uint64_t Bucket(int64_t key) const;
   // The position of `key` in keys_, or -1.

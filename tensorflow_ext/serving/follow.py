@@ -123,7 +123,9 @@ class ServedModel(object):
             self._apply_fetches = [apply_sig.outputs["version"].name, apply_sig.outputs["applied"].name]
             self._version_fetch = self._signatures[VERSION_SIGNATURE].outputs["version"].name
             handles = [op for op in self._graph.get_operations() if op.type == "TfExtLiveModelHandle"]
+            # The live model's name and layout lines (update_format), for messages and the status endpoint.
             self.model_name = handles[0].get_attr("model_name").decode() if len(handles) == 1 else None
+            self.layout = handles[0].get_attr("layout").decode() if len(handles) == 1 else None
         except BaseException:
             self._session.close()
             raise
@@ -416,7 +418,7 @@ class Follower(object):
         try:
             new_version, applied = self._model.apply(path)
         except (tf.errors.OpError, OSError, ValueError) as e:
-            self._refuse(path, _op_message(e), version)
+            self._refuse(path, "%s: %s" % (type(e).__name__, _op_message(e)), version)
             return None
         seconds = time.monotonic() - start
         name = os.path.basename(path)

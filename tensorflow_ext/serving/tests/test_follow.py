@@ -206,7 +206,10 @@ def test_a_corrupt_update_is_refused_once_and_read_again_only_when_its_directory
     assert follower.poll_once() == 0
     stats = follower.stats
     assert stats["refused"] == 1 and stats["version"] == 5
-    assert "refused %s (version 5 keeps serving): the bundle %s is corrupt" % (name(9), bad) == stats["last_error"]
+    assert (
+        "refused %s (version 5 keeps serving): DataLossError: the bundle %s is corrupt" % (name(9), bad)
+        == stats["last_error"]
+    )
     delta(d, 9, 12)
     assert follower.poll_once() == 0  # update-9 not read again; update-12 waits for it
     assert model.calls == [name(9)]

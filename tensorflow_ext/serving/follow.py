@@ -469,8 +469,10 @@ class Follower(object):
 
     def _error(self, message):
         with self._cond:
+            repeated = self._stats["last_error"] == message
             self._stats["last_error"] = message
-        self._on_event("error", message)
+        if not repeated:  # a lasting failure (an unreadable directory) is said once, not at every poll
+            self._on_event("error", message)
 
     def _set(self, **fields):
         with self._cond:

@@ -384,3 +384,28 @@ def test_the_package_names_and_a_model_that_is_not_updatable(tmp_path):
         "the SavedModel %s is not updatable: it has no tf_ext_apply_update or tf_ext_served_version signature "
         "(it has ['serving_default']); export it inside tf_ext.serving.freeze_for_serving(live_model=...)" % export
     )
+
+
+def test_the_background_thread_survives_a_failing_listing(tmp_path):
+    d = str(tmp_path / "u")
+    with open(d, "w") as f:  # not a directory: listing it fails
+        f.write("x")
+    failed = threading.Event()
+    events = Events()
+
+    def on_event(kind, message):
+        events(kind, message)
+        if kind == "error":
+            failed.set()
+
+    follower = Follower(FakeModel(5), d, poll_secs=0.01, on_event=on_event)
+    try:
+        assert failed.wait(120.0)  # guards against a hang only
+        assert "polling %s failed: NotADirectoryError" % d in follower.stats["last_error"]
+        os.remove(d)
+        delta(d, 5, 9)
+        assert follower.wait_for_version(9, timeout=120.0)
+    finally:
+        follower.close()
+    assert events.kinds().count("error") == 1  # said once however many polls failed
+    assert events.kinds()[-1] == "applied"

@@ -1,8 +1,10 @@
 """The modes in which dynamic embeddings are built and checkpointed: frozen serving tables, SavedModel exports, and
 the Saver's save or restore build.
 
-* `freeze_for_serving(value_dtype)` / `freezing()`: embeddings created inside the scope (in this thread) are read-only
-  serving tables (`tensorflow_ext.serving` re-exports both: that is where users find them).
+* `freeze_for_serving(value_dtype, live_model)` / `freezing()`: embeddings created inside the scope (in this thread)
+  are read-only serving tables (`tensorflow_ext.serving` re-exports both: that is where users find them).
+  `live_model_name()` is the model name of the innermost such scope that gives one (`live_model`: an updatable
+  export), which the SavedModel export reads (tensorflow_ext/serving/live.py; this module only records it).
 * `export_rows(value_dtype)`: embeddings created inside the scope keep plain (mutable) tables whose embedding columns
   are stored as `value_dtype`, for a lean export. `serving_storage()` is the storage name the innermost of the two
   scopes asks for (both set it the same way: one mechanism for frozen and plain exports).
@@ -31,6 +33,7 @@ __all__ = [
     "freeze_for_serving",
     "freezing",
     "in_saved_model_export",
+    "live_model_name",
     "saver_build",
     "serving_storage",
     "table_storage",
@@ -51,17 +54,21 @@ def _serving_storage_name(value_dtype, scope):
 
 
 @contextlib.contextmanager
-def _serving_scope(frozen, storage):
+def _serving_scope(frozen, storage, live_model=None):
     scopes = getattr(_state, "serving_scopes", [])
-    _state.serving_scopes = scopes + [(frozen, storage)]
+    _state.serving_scopes = scopes + [(frozen, storage, live_model)]
     try:
         yield
     finally:
         _state.serving_scopes = scopes
 
 
+# The patch of tensorflow_ext/serving/live.py that makes a Builder export updatable (this layer cannot import it).
+_LIVE_EXPORT_PATCH = "live_model_add_meta_graph_and_variables"
+
+
 @contextlib.contextmanager
-def freeze_for_serving(value_dtype=None):
+def freeze_for_serving(value_dtype=None, live_model=None):
     """Dynamic embeddings created inside this scope (in this thread) are frozen read-only serving tables.
 
     Use it around `Estimator.export_saved_model(...)`, or around the building of an inference graph that a
@@ -69,20 +76,45 @@ def freeze_for_serving(value_dtype=None):
     keys and embedding values; the SavedModel then loads into frozen tables in any process that imported
     tensorflow_ext.
 
+    With `live_model`, a SavedModel exported inside the scope is updatable: the process serving it applies the
+    serving updates of that model (`tf_ext.serving.apply_update`, or its `tf_ext_apply_update` signature) to its
+    frozen tables and to the variables its signatures read, and each request reads them all at one version
+    (`tensorflow_ext.serving.live`). Export the Builder's graph inside the scope too (not only build it).
+
     Args:
       value_dtype: how the frozen tables store their rows: tf.float32, tf.bfloat16, tf.float16 (rounded to
         nearest) or tf.int8 (int8 rows: a uint8 per column plus a per-row fp16 scale and bias; every value within
         scale / 2 of the trained one). None: the embedding's own `value_dtype` (tf.float32 unless it was created
         with another). Lookups return float32 rows whatever the storage.
+      live_model: None, or the name of the model (a non-empty str: the trainer's `ServingUpdateWriter(model_name=)`)
+        whose serving updates the export applies.
 
     Yields:
       None.
 
     Raises:
-      ValueError: another dtype, naming the supported ones.
+      ValueError: another dtype, naming the supported ones; a `live_model` that is not a non-empty str, or one
+        inside `export_rows()` (a live model updates frozen tables only).
+      RuntimeError: `live_model` before `tensorflow_ext.serving` was imported (it installs the live export).
     """
     storage = None if value_dtype is None else _serving_storage_name(value_dtype, "freeze_for_serving")
-    with _serving_scope(True, storage):
+    if live_model is not None:
+        if not isinstance(live_model, str) or not live_model:
+            raise ValueError(
+                "freeze_for_serving(live_model=%r): the model name must be a non-empty str" % (live_model,)
+            )
+        if any(not frozen for frozen, _, _ in getattr(_state, "serving_scopes", [])):
+            raise ValueError(
+                "freeze_for_serving(live_model=%r) inside export_rows(): a live model updates frozen tables only, "
+                "and the plain tables of export_rows() are not updated; use freeze_for_serving(value_dtype=..., "
+                "live_model=...) alone" % live_model
+            )
+        if not tf_compat.is_installed(_LIVE_EXPORT_PATCH):
+            raise RuntimeError(
+                "freeze_for_serving(live_model=%r): import tensorflow_ext.serving first (tf_ext.serving."
+                "freeze_for_serving does), which installs the live export" % live_model
+            )
+    with _serving_scope(True, storage, live_model):
         yield
 
 
@@ -100,9 +132,15 @@ def export_rows(value_dtype):
       None.
 
     Raises:
-      ValueError: another dtype, naming the supported ones.
+      ValueError: another dtype, naming the supported ones; inside `freeze_for_serving(live_model=...)`.
     """
     storage = _serving_storage_name(value_dtype, "export_rows")
+    if live_model_name() is not None:  # (also when an inner scope names no model: the plain tables stay plain)
+        raise ValueError(
+            "export_rows(%r) inside freeze_for_serving(live_model=%r): a live model updates frozen tables only, and "
+            "the plain tables of export_rows() would not be updated; use freeze_for_serving(value_dtype=...) for "
+            "compact rows" % (value_dtype, live_model_name())
+        )
     with _serving_scope(False, storage):
         yield
 
@@ -115,6 +153,17 @@ def freezing():
     """
     scopes = getattr(_state, "serving_scopes", [])
     return bool(scopes) and scopes[-1][0]
+
+
+def live_model_name():
+    """The model name of the innermost `freeze_for_serving(live_model=...)` scope of this thread (scopes inside it
+    that name none keep it), else None: a SavedModel exported now is updatable with that model's serving updates.
+
+    Returns:
+      str or None.
+    """
+    names = [live for _, _, live in getattr(_state, "serving_scopes", []) if live is not None]
+    return names[-1] if names else None
 
 
 def serving_storage():

@@ -22,14 +22,24 @@ remove a key of a frozen table, and applying an optimizer to one is a ValueError
 tf.float16 (rounded to nearest) or tf.int8 (int8 rows: a uint8 per column plus a per-row fp16 scale and bias, every
 value within scale / 2 of the trained one); `export_rows(value_dtype)` makes the same choice for a lean export's
 plain tables. Lookups decode inside the kernel and return float32 rows; a table of int8 rows is never trained.
+
+**Live models (opt in).** A SavedModel exported inside `freeze_for_serving(live_model="<model name>")` is
+updatable: the serving process applies the trainer's serving updates of that model (changed rows, removed keys,
+dense variables; see `tensorflow_ext.serving.update_format`) in place, through `apply_update(sess, update_dir)` or
+the SavedModel's `tf_ext_apply_update` signature (input `update_dir`, outputs `version` and `applied`), from any
+runtime that loaded it with tensorflow_ext's ops. Every request reads all tables and variables at one version;
+`served_version()` in a model_fn (or the `tf_ext_served_version` signature) tells which: the trainer's global step
+of the last update applied, or the checkpoint's before any. See `tensorflow_ext.serving.live`.
 """
 
 from tensorflow_ext.embedding.export_mode import export_rows
 from tensorflow_ext.embedding.export_mode import freeze_for_serving
 from tensorflow_ext.embedding.export_mode import freezing
 from tensorflow_ext.embedding.export_mode import in_saved_model_export
+from tensorflow_ext.serving.live import apply_update
+from tensorflow_ext.serving.live import served_version
 
-__all__ = ["export_rows", "freeze_for_serving", "freezing", "in_saved_model_export"]
+__all__ = ["apply_update", "export_rows", "freeze_for_serving", "freezing", "in_saved_model_export", "served_version"]
 
 # The follower (live models): imported on first use, so that `python -m tensorflow_ext.serving.follow` runs a module
 # its package has not imported yet. The module is callable: `follow(...)` is `follow.follow(...)`.

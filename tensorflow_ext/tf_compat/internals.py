@@ -49,6 +49,7 @@ __all__ = [
     "ops",
     "resources",
     "saveable_object",
+    "saved_model_builder_meta_graphs",
     "saver_checkpoints_with_time",
     "slot_creator",
     "state_manager_trainable",
@@ -141,3 +142,15 @@ def saver_checkpoints_with_time(saver):
     """[(path, time)] of the checkpoints a tf.compat.v1.train.Saver keeps, oldest first. The public
     `Saver.last_checkpoints` has the paths only, and `set_last_checkpoints_with_time` needs the times back."""
     return list(saver._last_checkpoints)
+
+
+# ---------------------------------------------------------------------------------------------- SavedModel export
+
+
+def saved_model_builder_meta_graphs(builder):
+    """The MetaGraphDefs a `tf.compat.v1.saved_model.Builder` has added so far, in order: the repeated field
+    ``meta_graphs`` of its private ``_saved_model`` (the SavedModel proto its `save()` writes). An updatable export
+    (tensorflow_ext/serving/live.py) edits the graph of the one its `add_meta_graph*` call just appended, so that
+    the signatures' nodes read the live model; the Builder has no hook between exporting a meta graph and keeping
+    it. The entries are protobuf messages: changes to them go into the SavedModel that `save()` writes."""
+    return builder._saved_model.meta_graphs

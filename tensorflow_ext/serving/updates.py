@@ -283,7 +283,7 @@ class ServingUpdateWriter(object):
 
     def _reset(self):
         self._base = None  # the step the next delta starts from (the last to_step, or the step at start)
-        self._chain = 0  # updates since (and with) the last full one; 0: none yet
+        self._chain = 0  # updates since (and with) the last full one (or the start); 0: none yet
 
     @property
     def updates_dir(self):
@@ -331,6 +331,7 @@ class ServingUpdateWriter(object):
         sess.run(part.start)
         self._reset()
         self._base = int(sess.run(part.read_global_step))
+        self._chain = 1  # the state at start counts as the full one (a follower's model at this step)
 
     def write(self, sess, full=False):
         """Writes one serving update, if the global step advanced past the directory's newest update.
@@ -350,10 +351,17 @@ class ServingUpdateWriter(object):
         if started_now:  # a new session's tables (or start() never called): nothing tells what changed before
             self.start(sess)
         step = int(sess.run(part.read_global_step))
-        existing = update_format.list_updates(self._dir)
+        try:
+            existing = update_format.list_updates(self._dir)
+        except OSError as e:  # not a directory, not readable: as a failed write
+            self._failed(step, e)
+            self._summaries(step, None)
+            return None
         newest = existing[-1][0] if existing else None
-        if newest is not None and step <= newest:
-            self.stats["skipped"] += 1
+        if (newest is not None and step <= newest) or (
+            not started_now and self._base is not None and step <= self._base
+        ):
+            self.stats["skipped"] += 1  # nothing trained since the newest update (or since start())
             return None
         want_delta = (
             not full
@@ -361,7 +369,6 @@ class ServingUpdateWriter(object):
             and self._base is not None
             and self._base < step
             and (newest is None or newest == self._base)
-            and self._full_every > 1
             and self._chain < self._full_every  # the full one and full_every - 1 deltas after it
         )
         manifest = self._write(sess, part, step, want_delta)
@@ -416,15 +423,7 @@ class ServingUpdateWriter(object):
             _stage("manifest_written", tmp)
             os.rename(tmp, final)
         except (tf.errors.OpError, OSError) as e:
-            self.stats["failed"] += 1
-            tf.compat.v1.logging.warning(
-                "serving updates: writing the update at step %d into %s failed (%d failures so far); training goes "
-                "on and the next update covers the same steps: %s",
-                step,
-                self._dir,
-                self.stats["failed"],
-                e,
-            )
+            self._failed(step, e)
             shutil.rmtree(tmp, ignore_errors=True)
             return None
         try:
@@ -451,6 +450,17 @@ class ServingUpdateWriter(object):
         )
         return manifest
 
+    def _failed(self, step, error):
+        self.stats["failed"] += 1
+        tf.compat.v1.logging.warning(
+            "serving updates: writing the update at step %d into %s failed (%d failures so far); training goes on "
+            "and the next update covers the same steps: %s",
+            step,
+            self._dir,
+            self.stats["failed"],
+            error,
+        )
+
     def _remove_temporaries(self):
         """Deletes the `.tmp-*` entries a killed writer (or deletion) left, once per writer."""
         for name in os.listdir(self._dir):
@@ -470,7 +480,11 @@ class ServingUpdateWriter(object):
         """Deletes the updates beyond `keep`, never the newest full one nor a delta after it."""
         if self._keep is None:
             return
-        updates = update_format.list_updates(self._dir)
+        try:
+            updates = update_format.list_updates(self._dir)
+        except OSError as e:
+            tf.compat.v1.logging.warning("serving updates: cannot list %s to delete old updates: %s", self._dir, e)
+            return
         if len(updates) <= self._keep:
             return
         fulls = [i for i, (_, path) in enumerate(updates) if self._kind(path) == update_format.KIND_FULL]

@@ -38,8 +38,13 @@ from tensorflow_ext.embedding.export_mode import freezing
 from tensorflow_ext.embedding.export_mode import in_saved_model_export
 from tensorflow_ext.serving.live import apply_update
 from tensorflow_ext.serving.live import served_version
+from tensorflow_ext.serving.updates import ServingUpdateHook
+from tensorflow_ext.serving.updates import ServingUpdateListener
+from tensorflow_ext.serving.updates import ServingUpdateWriter
 
 __all__ = ["apply_update", "export_rows", "freeze_for_serving", "freezing", "in_saved_model_export", "served_version"]
+# The trainer's side of live models: serving updates written every N seconds/steps or after each checkpoint.
+__all__ += ["ServingUpdateHook", "ServingUpdateListener", "ServingUpdateWriter"]
 
 # The follower (live models): imported on first use, so that `python -m tensorflow_ext.serving.follow` runs a module
 # its package has not imported yet. The module is callable: `follow(...)` is `follow.follow(...)`.

@@ -47,6 +47,20 @@ class FrozenTableResource : public tensorflow::ResourceBase {
     // `old` is released here, outside the lock (or by the last lookup still reading it).
   }
 
+  // Replaces the table with an empty one if it is still `expected` (a live model gives up the rows it started from:
+  // live_model.h). Returns whether it did.
+  bool ReleaseIfCurrent(const table::FrozenTable* expected) {
+    std::shared_ptr<const table::FrozenTable> empty = table::FrozenTable::Build(nullptr, nullptr, 0, dim_, storage_);
+    std::shared_ptr<const table::FrozenTable> old;
+    {
+      tensorflow::mutex_lock l(mu_);
+      if (table_.get() != expected) return false;
+      old.swap(table_);
+      table_ = std::move(empty);
+    }
+    return true;
+  }
+
   std::string DebugString() const override {
     auto t = Get();
     return "tf_ext frozen table (dim=" + std::to_string(dim_) + ", storage=" + RowStorageName(storage_) + ", " +

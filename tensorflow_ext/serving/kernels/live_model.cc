@@ -112,11 +112,16 @@ Status LiveModelResource::StartLocked(OpKernelContext* ctx, const char* dense_in
   int tables_start = 0, tables_stop = 0;
   TF_RETURN_IF_ERROR(ctx->op_kernel().InputRange("tables", &tables_start, &tables_stop));
   std::multiset<std::string> slot_lines;  // the slots' layout lines without names
+  std::vector<RefCountPtr<FrozenTableResource>> sources;
+  std::vector<std::weak_ptr<const table::FrozenTable>> source_tables;
   for (int i = tables_start; i < tables_stop; ++i) {
     RefCountPtr<FrozenTableResource> table;
     TF_RETURN_IF_ERROR(GetFrozenTable(ctx, i, &table));
-    v->tables.push_back(LiveShard::FromBase(table->Get()));
+    std::shared_ptr<const table::FrozenTable> rows = table->Get();
+    source_tables.push_back(rows);
+    v->tables.push_back(LiveShard::FromBase(std::move(rows)));
     slot_lines.insert("table " + std::to_string(table->dim()));
+    sources.push_back(std::move(table));
   }
   OpInputList dense;
   TF_RETURN_IF_ERROR(ctx->input_list(dense_input, &dense));
@@ -154,8 +159,19 @@ Status LiveModelResource::StartLocked(OpKernelContext* ctx, const char* dense_in
     return InvalidArgument("live model '", model_name_, "': its layout does not describe its inputs: the inputs are [",
                            slots, "], the layout's lines (names left out) are [", lines, "]");
   }
+  sources_ = std::move(sources);
+  source_tables_ = std::move(source_tables);
   Publish(std::move(v));
   return OkStatus();
+}
+
+void LiveModelResource::ReleaseReplacedSources(const ModelVersion& v) {
+  for (size_t i = 0; i < sources_.size() && i < v.tables.size(); ++i) {
+    std::shared_ptr<const table::FrozenTable> rows = source_tables_[i].lock();
+    if (rows == nullptr || v.tables[i]->base() == rows) continue;
+    sources_[i]->ReleaseIfCurrent(rows.get());
+    source_tables_[i].reset();
+  }
 }
 
 Status GetLiveModel(OpKernelContext* ctx, RefCountPtr<LiveModelResource>* out) {

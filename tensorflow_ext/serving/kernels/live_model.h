@@ -17,6 +17,7 @@
 #include "tensorflow/core/framework/tensor.h"
 #include "tensorflow/core/framework/variant_tensor_data.h"
 #include "tensorflow/core/platform/mutex.h"
+#include "tensorflow_ext/serving/kernels/frozen_table_resource.h"
 #include "tensorflow_ext/table/core/live_shard.h"
 
 namespace tfext {
@@ -56,6 +57,12 @@ struct LivePin {
 
 // The resource of a TfExtLiveModelHandle: the model's name and layout (attrs), its current version (null until the
 // first op that takes the model runs), the appliers' mutex and the counters of TfExtLiveStats.
+//
+// Memory: a slot starts from its frozen table's rows without copying them, so the frozen table's resource and the
+// model share them. Once no version being published reads them any more (a full update or a compaction of the slot
+// replaced its base), the model empties that frozen table (if it still holds those rows), so that the rows are
+// freed when the last request pinning an older version ends: serving memory stays one set of tables, not two. A
+// frozen table is read through its live model only.
 class LiveModelResource : public tensorflow::ResourceBase {
  public:
   LiveModelResource(std::string model_name, std::string layout)
@@ -92,6 +99,10 @@ class LiveModelResource : public tensorflow::ResourceBase {
   // StartIfNeeded with apply_mu held by the caller.
   Status StartLocked(OpKernelContext* ctx, const char* dense_input);
 
+  // Empties each frozen table the model started from whose rows `v` (the current version) no longer reads. Call
+  // with apply_mu held.
+  void ReleaseReplacedSources(const ModelVersion& v);
+
   std::string DebugString() const override {
     auto v = Current();
     return "tf_ext live model '" + model_name_ + "' (" +
@@ -123,6 +134,10 @@ class LiveModelResource : public tensorflow::ResourceBase {
   const std::string layout_;
   mutable tensorflow::mutex mu_;
   std::shared_ptr<const ModelVersion> current_ TF_GUARDED_BY(mu_);
+  // Per table slot (set at the start, under apply_mu): the frozen table it started from and those rows (weak: the
+  // model does not keep them alive; null once released).
+  std::vector<tensorflow::core::RefCountPtr<FrozenTableResource>> sources_;
+  std::vector<std::weak_ptr<const table::FrozenTable>> source_tables_;
 };
 
 // The model whose handle is input 0 of the kernel's op.

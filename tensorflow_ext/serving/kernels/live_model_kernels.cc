@@ -19,7 +19,8 @@
 // The model starts at the first run of any of these ops (all take the same model, tables, dense and global_step
 // inputs): version 0 is each frozen table's current table (shared, not copied), a copy of each dense input and the
 // global step input (0 without one). A frozen table restored later is not seen by the model: load a new SavedModel
-// instead.
+// instead. Once a full update or a compaction has replaced a slot's starting rows, the model empties that frozen
+// table so that those rows can be freed (live_model.h): the frozen tables are read through the model only.
 //
 // Slots: table slot i is the i-th `tables` input; dense slot j the j-th dense input. The `layout` attr is the model's
 // layout lines (update_format.layout); they must describe the slots (the same table dims and dense dtypes and
@@ -294,7 +295,7 @@ class LiveApplyOp : public OpKernel {
     OP_REQUIRES_OK(ctx, ReadUpdateMeta(ctx, &u));
     std::lock_guard<std::mutex> l(model->apply_mu);
     OP_REQUIRES_OK(ctx, model->StartLocked(ctx, "dense_in"));
-    const std::shared_ptr<const ModelVersion> current = model->Current();
+    std::shared_ptr<const ModelVersion> current = model->Current();
     bool apply = false;
     std::shared_ptr<ModelVersion> next;
     Status s = CheckUpdate(*model, current->version, u, &apply);
@@ -313,7 +314,11 @@ class LiveApplyOp : public OpKernel {
     applied->scalar<bool>()() = apply;
     if (!apply) return;
     model->Publish(next);
+    model->ReleaseReplacedSources(*next);
     model->applies.fetch_add(1);
+    // The version before the update shares the bases being compacted below: let it go (requests pinning it keep it
+    // alive as long as they need it), so that a compacted base exists twice only while its compaction runs.
+    current.reset();
     // Then the shards whose overlays grew large, one at a time (one base exists twice at most), each published as a
     // version of the same number and contents.
     for (size_t i = 0; i < next->tables.size(); ++i) {
@@ -330,6 +335,7 @@ class LiveApplyOp : public OpKernel {
       }
       next = std::move(compacted);
       model->Publish(next);
+      model->ReleaseReplacedSources(*next);
       model->compactions.fetch_add(1);
     }
   }

@@ -506,3 +506,33 @@ def test_two_threads_applying_one_update_apply_it_once(live):
     g.record("delta", 150, *update, w)
     stats = g.check_reads(probe)
     assert stats["applies"] == 1 and stats["stale"] == 1
+
+
+def test_frozen_tables_give_up_their_rows_once_no_version_reads_them(live):
+    # The model starts from the frozen tables' rows without a copy; once a full update (or a compaction) replaced a
+    # slot's base, that frozen table is emptied so the rows can be freed (one set of tables in memory, not two).
+    rng = np.random.default_rng(13)
+    g = live()
+    g.restore(rng, n=(40, 30))
+    probe = _probe(rng)
+    with g.graph.as_default():
+        sizes = [load_ops().tf_ext_frozen_table_size(t) for t in g.tables]
+    g.check_reads(probe)
+    # A small delta: no compaction (overlays under a quarter of the bases), both frozen tables still hold their rows.
+    update = ([[1], [2]], [np.ones((1, 3)), np.ones((1, 2))], [[], []])
+    g.apply_update("delta", START_STEP, START_STEP + 1, *update, np.ones(DENSE_SHAPE))
+    stats = g.check_reads(probe)
+    assert stats["compactions"] == 0
+    assert g.session.run(sizes) == [40, 30]
+    # A delta of 20 new keys in slot 0: its overlay passes a quarter of its base and the slot is compacted.
+    update = ([np.arange(2000, 2020), []], [np.ones((20, 3)), np.ones((0, 2))], [[], []])
+    g.apply_update("delta", START_STEP + 1, START_STEP + 2, *update, np.ones(DENSE_SHAPE))
+    stats = g.check_reads(probe)
+    assert stats["compactions"] == 1 and stats["overlay_keys"] == 1  # slot 1's key 2 is still in its overlay
+    assert g.session.run(sizes) == [0, 30]
+    # A full update replaces both bases.
+    keys = [rng.choice(1200, 20, replace=False) for _ in DIMS]
+    values = [rng.standard_normal((20, dim)) for dim in DIMS]
+    g.apply_update("full", 0, START_STEP + 3, keys, values, [[], []], np.ones(DENSE_SHAPE))
+    g.check_reads(probe)
+    assert g.session.run(sizes) == [0, 0]

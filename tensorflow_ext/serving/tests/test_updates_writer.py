@@ -20,6 +20,7 @@ import tensorflow as tf
 
 import tensorflow_ext as tf_ext
 from tensorflow_ext.embedding.checkpoint import format as ckpt_format
+from tensorflow_ext.embedding.tests.conftest import run_fresh
 from tensorflow_ext.serving import update_format as uf
 from tensorflow_ext.serving import updates
 from tensorflow_ext.serving.tests import updates_worker as worker
@@ -502,3 +503,54 @@ def test_bad_arguments(tmp_path):
         worker.build()
         with pytest.raises(ValueError, match="dense_variables names 'nope'"):
             updates.ServingUpdateWriter(d, dense_variables=["nope"])
+
+
+class _FakeHorovod(object):
+    """`horovod.tensorflow` as a rank other than 0 of an initialized job sees it."""
+
+    @staticmethod
+    def is_initialized():
+        return True
+
+    @staticmethod
+    def rank():
+        return 1
+
+
+def test_only_horovod_rank_0_writes(tmp_path, monkeypatch):
+    udir = tmp_path / "updates"
+    with tf.Graph().as_default():
+        gs, emb, ids, train, *_ = worker.build()
+        writer = updates.ServingUpdateWriter(str(udir), keep=None)
+        with _session() as sess:
+            sess.run(tf.compat.v1.global_variables_initializer())
+            monkeypatch.setitem(sys.modules, "horovod.tensorflow", _FakeHorovod())
+            writer.start(sess)
+            sess.run(train, {ids: worker.batch(0, 8)})
+            assert writer.write(sess) is None
+            assert not udir.exists()
+            # The serving channel was never started on this rank: its removals cost nothing.
+            assert not sess.run(emb.shards[0].table.change_log(read_keys=False, channel=updates.SERVING_CHANNEL)[1])
+            monkeypatch.delitem(sys.modules, "horovod.tensorflow")
+            assert writer.write(sess)["to_step"] == 1
+
+
+def test_a_model_parallel_embedding_is_refused(tmp_path):
+    out = run_fresh(
+        """
+        import tensorflow as tf
+        tf.compat.v1.disable_v2_behavior()
+        import tensorflow_ext as tf_ext
+        import tensorflow_ext.horovod as tfe_hvd
+        tfe_hvd.init()
+        tf.compat.v1.train.get_or_create_global_step()
+        tfe_hvd.get_dynamic_embedding("m", 2, parallelism="model")
+        try:
+            tf_ext.serving.ServingUpdateWriter(%r)
+        except ValueError as e:
+            print("ValueError", e)
+        """
+        % str(tmp_path / "updates"),
+        tmp_path,
+    )
+    assert "ValueError ServingUpdateWriter: dynamic embedding 'm' is model-parallel (ModelParallel)" in out, out

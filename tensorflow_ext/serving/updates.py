@@ -39,7 +39,8 @@ so a reader never sees half of one), except the newest full update and every del
 any version needs: a resync from the full one, then the deltas), and every update while no full one exists.
 
 Horovod: in a data-parallel job only rank 0 writes (the others hold the same rows); model-parallel embeddings (each
-rank holds part of the keys) are refused. The writer is meant for a trainer whose steps do not run while it writes
+rank holds part of the keys) are refused. Parameter-server training: every worker sees the same tables, so give the
+hook (or listener) to the chief only (`hooks=[hook] if run_config.is_chief else []`); one writer per directory. The writer is meant for a trainer whose steps do not run while it writes
 (hooks and listeners run between steps): rows trained concurrently could carry versions past to_step (harmless:
 newer rows, rewritten by the next update).
 """

@@ -21,7 +21,8 @@ How the export is made (the `live_model_*` patches of the Builder's `add_meta_gr
    for its reads of served state: `TfExtFrozenTableFind` of a frozen table handle (a table slot per shard, named by
    the shard), `ReadVariableOp` of a `VarHandleOp` or any read of a `VariableV2`'s ref output (a dense slot per
    variable), the global step and `served_version()` (the version). Reads the live model cannot redirect are
-   refused by name (a plain table, a variable read through ResourceGather, a lookup inside a tf.cond / while).
+   refused by name (a dynamic embedding's plain table, a variable read through ResourceGather, a lookup inside a
+   tf.cond or while loop).
    The live ops are added to the graph (name scope `tf_ext_live`, new reads for the pin's inputs) with the two
    signatures; the existing ops and their edges are left as they are (the export's session already ran them).
 2. TF's export writes the variables and appends the MetaGraphDef.
@@ -31,8 +32,11 @@ How the export is made (the `live_model_*` patches of the Builder's `add_meta_gr
 
 The model's layout (`update_format` layout lines: `table <shard> <dim>` per table slot, `dense <variable> <dtype>
 <shape>` per dense slot) is the handle's attr; an update applies only when its layout holds every one of those lines.
+So every variable the signatures read (the global step aside) must be in the trainer's updates: a
+`ServingUpdateWriter` writes the trainable variables and MODEL_VARIABLES, and others named in its `dense_variables`.
 """
 
+import os
 import threading
 import uuid
 
@@ -40,6 +44,7 @@ import tensorflow as tf
 
 from tensorflow_ext import tf_compat
 from tensorflow_ext.embedding import export_mode
+from tensorflow_ext.embedding import state as state_lib
 from tensorflow_ext.serving import update_format
 from tensorflow_ext.tf_compat import internals
 from tensorflow_ext.utils import loader
@@ -66,8 +71,6 @@ _SCOPE = "tf_ext_live"
 # Reads of a resource variable that return no value (nothing to redirect).
 _VARIABLE_METADATA_OPS = ("VariableShape", "VarIsInitializedOp")
 _REF_VARIABLE_OPS = ("VariableV2", "Variable")
-# Handles of plain (mutable) tables: a live model updates frozen tables only.
-_PLAIN_TABLE_OPS = ("TfExtTableHandle",)
 
 _state = threading.local()
 
@@ -131,7 +134,7 @@ def apply_update(sess, update_dir, meta_graph_def=None):
                 "meta_graph_def" % (_APPLY_COLLECTION, len(tensors))
             )
         feed, fetches = tensors[0], tensors[1:]
-    version, applied = sess.run(fetches, {feed: update_dir})
+    version, applied = sess.run(fetches, {feed: os.fspath(update_dir)})
     return int(version), bool(applied)
 
 
@@ -234,6 +237,14 @@ def _find_reads(graph, closure, model_name):
     step = tf.compat.v1.train.get_global_step(graph)
     reads.global_step = None if step is None else step.op
     step_is_int64 = step is not None and step.dtype.base_dtype == tf.int64
+    # The handles of dynamic embeddings' plain (trainable) shards: a live model updates frozen tables only. (Other
+    # tables, a vocabulary's tf_ext.HashTable say, are no part of a serving update and are served as exported.)
+    plain_shards = {
+        shard.handle.op: shard.name
+        for emb in state_lib.get_dynamic_embeddings(graph)
+        for shard in emb.shards
+        if shard.handle.op.type != "TfExtFrozenTableHandle"
+    }
     tables, variables = {}, {}  # op -> what the slot needs
     dense_tensors = {}  # tensor name -> variable op
     for op in sorted(closure, key=lambda o: o.name):
@@ -247,12 +258,12 @@ def _find_reads(graph, closure, model_name):
                     _refuse(model_name, op, "it reads the frozen table %r otherwise than by a lookup" % source.name)
                 tables[source] = (_table_name(source), op.get_attr("dim"))
                 reads.finds.append((op, source))
-            elif source.type in _PLAIN_TABLE_OPS:
+            elif source in plain_shards:
                 _refuse(
                     model_name,
                     op,
-                    "it reads the plain table %r (created outside freeze_for_serving, or inside export_rows), which "
-                    "a live model does not update" % _table_name(source),
+                    "it reads the plain table %r of a dynamic embedding created outside freeze_for_serving, which a "
+                    "live model does not update" % plain_shards[source],
                 )
             elif source.type == "VarHandleOp":
                 if op.type in _VARIABLE_METADATA_OPS:
@@ -467,6 +478,11 @@ def _export_live(original, builder, args, kwargs, map_index):
     outputs = _signature_tensors(signature_def_map, graph, "outputs")
     closure = _closure(outputs)
     reads = _find_reads(graph, closure, model_name)
+    if reads.global_step is None:
+        tf.compat.v1.logging.warning(
+            "live model %r: the exported graph has no global step, so the export serves version 0 and applies no "
+            "delta update until a full one (create the global step in the graph the Builder exports)" % model_name
+        )
     live = _build_live_ops(graph, reads, model_name)
     graph.clear_collection(_APPLY_COLLECTION)
     for tensor in live.apply_tensors:

@@ -2,12 +2,13 @@
 applies serving updates in the order the request says.
 
 Usage: python live_worker.py <request.json> <out.npz>. The request holds an ids file (npy, int64 [n, 2]) and exports,
-each {"path", "loader": "tf1" (tf.compat.v1.saved_model.loader.load into a Session; updates through
-tf_ext.serving.apply_update) or "tf2" (tf.saved_model.load, eager; updates through the tf_ext_apply_update
-signature), "actions": ["predict" | ["apply", update_dir], ...]}. For each export it writes, per "predict", the
-serving_default outputs ("<export>/<i>/<output>" in the npz), and reports per action the served version
-(tf_ext_served_version) or the apply's (version, applied) or its error (class and message), plus the op types the
-serving signature's outputs are computed from, up to the live model's pin (tf1 loader).
+each {"path", "tags" (default ["serve"]), "loader", "actions": ["predict" | ["apply", update_dir], ...]}. Loader
+"tf1": tf.compat.v1.saved_model.loader.load into a Session, updates through tf_ext.serving.apply_update (given the
+loader's MetaGraphDef at odd action indexes and not at even ones: both ways it finds the signature); "tf2":
+tf.saved_model.load (eager), updates through the tf_ext_apply_update signature. For each export it writes, per
+"predict", the serving_default outputs ("<export>/<i>/<output>" in the npz), and reports per action the served
+version (tf_ext_served_version) or the apply's (version, applied) or its error (class and message), plus the op
+types the serving signature's outputs are computed from, up to the live model's pin (tf1 loader).
 
 The process keeps TensorFlow 2 behaviour (eager) for the tf2 loader; the tf1 loader runs in its own Graph.
 """
@@ -48,7 +49,7 @@ def _serve_tf1(export, ids, out, prefix):
     graph = tf.Graph()
     with graph.as_default():
         sess = tf.compat.v1.Session(graph=graph)
-        meta = tf.compat.v1.saved_model.loader.load(sess, ["serve"], export["path"])
+        meta = tf.compat.v1.saved_model.loader.load(sess, export.get("tags", ["serve"]), export["path"])
     serving = meta.signature_def["serving_default"]
     feed = serving.inputs["ids"].name
     fetches = {k: v.name for k, v in serving.outputs.items()}

@@ -98,11 +98,12 @@ def _edges(graph):
     }
 
 
-def _export_builder(model_dir, export_dir, live_model, use_resource=False):
-    """A Builder export of the model (inside freeze_for_serving(live_model=...)); returns whether the exporting
-    graph's ops kept their edges and the session still computes what it computed before."""
+def _export_builder(model_dir, export_dir, live_model, use_resource=False, second_tags=None, value_dtype=None):
+    """A Builder export of the model (inside freeze_for_serving(live_model=...)), and with `second_tags` a second
+    meta graph of it (add_meta_graph); returns whether the exporting graph's ops kept their edges and the session
+    still computes what it computed before."""
     with tf.Graph().as_default() as graph, tf.compat.v1.Session() as sess:
-        with tf_ext.serving.freeze_for_serving(live_model=live_model), _variable_scope(use_resource):
+        with tf_ext.serving.freeze_for_serving(value_dtype, live_model), _variable_scope(use_resource):
             tf.compat.v1.train.get_or_create_global_step()
             ids = tf.compat.v1.placeholder(tf.int64, [None, 2], name="ids")
             prob, _ = _model(ids)
@@ -119,6 +120,9 @@ def _export_builder(model_dir, export_dir, live_model, use_resource=False):
                     "serving_default": tf.compat.v1.saved_model.predict_signature_def({"ids": ids}, outputs)
                 },
             )
+            if second_tags:
+                signature = tf.compat.v1.saved_model.predict_signature_def({"ids": ids}, outputs)
+                builder.add_meta_graph(second_tags, {"serving_default": signature})
             builder.save()
         after = _edges(graph)
         unchanged = all(after[name] == edges for name, edges in before.items())
@@ -295,7 +299,9 @@ def exports(trained, tmp_path_factory):
         tf.compat.v1.saved_model.simple_save(sess, exports["frozen"], {"ids": ids}, {"prob": prob})
     for name, use_resource in (("builder_ref", False), ("builder_resource", True)):
         exports[name] = str(base / name)
-        unchanged[name] = _export_builder(model_dir, exports[name], MODEL, use_resource)
+        unchanged[name] = _export_builder(model_dir, exports[name], MODEL, use_resource, SECOND_TAGS)
+    exports["builder_bfloat16"] = str(base / "builder_bfloat16")
+    _export_builder(model_dir, exports["builder_bfloat16"], MODEL, value_dtype=tf.bfloat16)
     exports["estimator_ref"] = _export_estimator(model_dir, str(base / "estimator_ref"), MODEL)
     exports["estimator_resource"] = _export_estimator(model_dir, str(base / "estimator_resource"), MODEL, True)
     return exports, unchanged
@@ -317,7 +323,8 @@ def _run_worker(tmp, request):
     return json.loads(proc.stdout.strip().splitlines()[-1]), dict(np.load(out_file))
 
 
-LIVE_TF1 = ["builder_ref", "builder_resource", "estimator_ref", "estimator_resource"]
+LIVE_TF1 = ["builder_ref", "builder_resource", "estimator_ref", "estimator_resource", "builder_ref/second"]
+SECOND_TAGS = ["serve", "second"]  # the Builder exports' second meta graph (add_meta_graph)
 LIVE_TF2 = ["builder_resource", "estimator_ref"]
 
 
@@ -332,8 +339,9 @@ def served_tf1(exports, updates, tmp_path_factory):
     np.save(os.path.join(tmp, "ids.npy"), updates["ids"])
     request = {"ids": os.path.join(tmp, "ids.npy"), "exports": {}}
     request["exports"]["frozen"] = dict(path=exports[0]["frozen"], loader="tf1", actions=["predict"], frozen=True)
-    for name in LIVE_TF1:
-        request["exports"][name] = dict(path=exports[0][name], loader="tf1", actions=_actions(updates))
+    for name in LIVE_TF1 + ["builder_bfloat16"]:
+        path, tags = (exports[0][name.split("/")[0]], SECOND_TAGS) if "/" in name else (exports[0][name], ["serve"])
+        request["exports"][name] = dict(path=path, tags=tags, loader="tf1", actions=_actions(updates))
     return _run_worker(tmp, request)
 
 
@@ -350,7 +358,14 @@ def served_tf2(request, exports, updates, tmp_path_factory):
     return name, report, out
 
 
-def _check_served(name, report, out, updates):
+def _bfloat16_nearest(x):
+    """float32 rounded to bfloat16 (nearest even) and back, by its bits."""
+    bits = np.asarray(x, np.float32).view(np.uint32)
+    return (((bits + 0x7FFF + ((bits >> 16) & 1)) >> 16) << 16).astype(np.uint32).view(np.float32)
+
+
+def _check_served(name, report, out, updates, rows=lambda row: row):
+    """Checks the served results of _ACTIONS; `rows` maps a row to how the export's tables store it."""
     results = report[name]["results"]
     assert len(results) == len(_ACTIONS), results
     stage_version = updates["steps"]
@@ -359,7 +374,9 @@ def _check_served(name, report, out, updates):
         if action == "predict":
             assert "error" not in result, result
             assert result["version"] == stage_version[expect] == version, (i, result)
-            expected = _numpy_predict(updates["params"][expect], updates["ids"])
+            params = dict(updates["params"][expect])
+            params.update({n: {k: rows(v) for k, v in params[n].items()} for n in SHARDS})
+            expected = _numpy_predict(params, updates["ids"])
             np.testing.assert_allclose(out["%s/%d/prob" % (name, i)], expected, rtol=1e-5, atol=1e-6)
             # served_version() in the model reads the request's version
             np.testing.assert_array_equal(out["%s/%d/version" % (name, i)], version)
@@ -392,6 +409,14 @@ def test_live_exports_serve_the_frozen_predictions(served_tf1, updates, name):
 def test_updates_change_predictions_as_numpy_says_tf1_loader(served_tf1, updates, name):
     report, out = served_tf1
     _check_served(name, report, out, updates)
+
+
+def test_compact_rows_take_updates_rounded_as_they_store_rows(served_tf1, updates):
+    report, out = served_tf1
+    _check_served("builder_bfloat16", report, out, updates, rows=_bfloat16_nearest)
+    # (the rounding shows: float32 rows would serve other predictions)
+    float32 = _numpy_predict(updates["params"][1], updates["ids"])
+    assert np.abs(out["builder_bfloat16/2/prob"] - float32).max() > 1e-4
 
 
 def test_updates_change_predictions_as_numpy_says_tf2_load(served_tf2, updates):
@@ -518,3 +543,14 @@ def test_a_trainers_updates_bring_the_served_model_to_the_trainers_state(trained
         assert results[-1] == {"version": to_steps[-1]}
         np.testing.assert_allclose(out["%s/%d/prob" % (name, len(applies))], expected, rtol=1e-5, atol=1e-6)
         np.testing.assert_array_equal(out["%s/%d/version" % (name, len(applies))], to_steps[-1])
+
+
+def test_apply_update_refuses_a_model_that_is_not_live(exports, updates):
+    with tf.Graph().as_default() as graph, tf.compat.v1.Session(graph=graph) as sess:
+        meta = tf.compat.v1.saved_model.loader.load(sess, ["serve"], exports[0]["frozen"])
+        with pytest.raises(
+            ValueError, match=r"no signature 'tf_ext_apply_update' \(signatures: \['serving_default'\]\)"
+        ):
+            tf_ext.serving.apply_update(sess, updates["delta"], meta)
+        with pytest.raises(ValueError, match="holds no live export"):
+            tf_ext.serving.apply_update(sess, updates["delta"])

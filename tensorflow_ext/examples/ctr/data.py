@@ -31,8 +31,9 @@ def training_source(args, num_ranks):
     """
     if args.data:
         return None, True, ",".join(args.train_files)
-    # Day by day, the stream drifts by --drift_per_day over the batches of one day (all ranks together).
-    drift = args.drift_per_day / float(args.steps * num_ranks) if args.days and args.steps else 0.0
+    # Day by day (and in a live-serving day), the stream drifts by --drift_per_day over the batches of one day (all
+    # ranks together).
+    drift = args.drift_per_day / float(args.steps * num_ranks) if (args.days or args.serve_live) and args.steps else 0.0
     stream = synthetic.CriteoLikeStream(seed=args.seed, max_ids=args.max_ids, zipf_a=args.zipf, drift=drift)
     return stream, False, "synthetic"
 
@@ -102,8 +103,9 @@ def input_fns(args, stream, start_batches, num_ranks):
             )
             return with_next_ids(dataset) if prefetches(args) else dataset
 
-        # Day by day, a model is evaluated on the next day's data (the stream's clock after this run's training).
-        eval_clock = start_batches + args.steps * num_ranks if args.days else None
+        # Day by day (and live), a model is evaluated on the next day's data (the stream's clock after this run's
+        # training).
+        eval_clock = start_batches + args.steps * num_ranks if args.days or args.serve_live else None
 
         def eval_input_fn():
             return stream.dataset(args.batch_size, args.eval_steps, start=0, split="eval", clock=eval_clock)

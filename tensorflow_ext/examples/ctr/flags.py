@@ -16,8 +16,30 @@ from tensorflow_ext.table import tiered
 DEFAULT_MODEL_DIR = os.path.join(tempfile.gettempdir(), "tf_ext_ctr_model")
 
 # Defaults: a run on a 2-core machine takes ~2-4 minutes; --quick is for tests.
-_DEFAULTS = dict(steps=3000, batch_size=1024, eval_steps=20, dim=8, hidden="256,128", max_ids=2**22, log_every=100)
-_QUICK = dict(steps=100, batch_size=512, eval_steps=5, dim=4, hidden="64,32", max_ids=2**20, log_every=50)
+_DEFAULTS = dict(
+    steps=3000,
+    batch_size=1024,
+    eval_steps=20,
+    dim=8,
+    hidden="256,128",
+    max_ids=2**22,
+    log_every=100,
+    update_secs=10.0,
+    live_eval_secs=30.0,
+    live_eval_batches=4,
+)
+_QUICK = dict(
+    steps=100,
+    batch_size=512,
+    eval_steps=5,
+    dim=4,
+    hidden="64,32",
+    max_ids=2**20,
+    log_every=50,
+    update_secs=2.0,
+    live_eval_secs=4.0,
+    live_eval_batches=2,
+)
 
 _DISTRIBUTED = ("model_parallel", "data_parallel")
 _DISTRIBUTED_SAVE_STEPS = 1000
@@ -37,6 +59,9 @@ _DEFAULT_LR = {
 VALUE_DTYPES = ("float32", "bfloat16", "float16")
 SERVE_DTYPES = VALUE_DTYPES + ("int8",)
 
+# The flags of live serving (--serve_live): given without it, they are refused.
+_LIVE_FLAGS = ("update_secs", "live_eval_secs", "live_eval_batches", "updates_dir", "poll_secs")
+
 # Flags that count things: each must be >= 1 when given.
 _POSITIVE_FLAGS = (
     "batch_size",
@@ -51,6 +76,7 @@ _POSITIVE_FLAGS = (
     "capacity",
     "evict_every",
     "static_buckets",
+    "live_eval_batches",
 )
 
 
@@ -69,7 +95,7 @@ def parse_args(argv=None):
         description="DeepFM / Wide&Deep CTR Estimator with tf_ext dynamic embeddings.",
     )
     # --help lists the flags in this order: the job, its sizes, the row storage, the memory and disk tiers, the run,
-    # the feature lifecycle, the process.
+    # the feature lifecycle, live serving, the process.
     for add_flags in (
         _add_job_flags,
         _add_size_flags,
@@ -77,6 +103,7 @@ def parse_args(argv=None):
         _add_tier_flags,
         _add_run_flags,
         _add_lifecycle_flags,
+        _add_live_flags,
         _add_process_flags,
     ):
         add_flags(parser)
@@ -316,8 +343,8 @@ def _add_lifecycle_flags(p):
         "--drift_per_day",
         type=float,
         default=20.0,
-        help="synthetic, with --days: popularity ranks the ids move per day (new ids appear, old ones fade; "
-        "default 20).",
+        help="synthetic, with --days or --serve_live: popularity ranks the ids move per day of --steps (new ids "
+        "appear, old ones fade; default 20).",
     )
     p.add_argument(
         "--admission",
@@ -344,6 +371,62 @@ def _add_lifecycle_flags(p):
         default=None,
         help="baseline: static hashed tables of N buckets per field (tf.Variable, ids hashed into buckets) "
         "instead of dynamic embeddings.",
+    )
+
+
+def _positive_float(value):
+    """An argparse type: a number of seconds > 0."""
+    try:
+        seconds = float(value)
+    except ValueError:
+        raise argparse.ArgumentTypeError("%r is not a number" % (value,)) from None
+    if not seconds > 0:
+        raise argparse.ArgumentTypeError("must be > 0, got %r" % (value,))
+    return seconds
+
+
+def _add_live_flags(p):
+    """Live serving: the day's training streamed into a served model (live.py)."""
+    p.add_argument(
+        "--serve_live",
+        action="store_true",
+        help="live-serving mode: export the model at the start of the day as an updatable frozen SavedModel, serve "
+        "it from a follower process (python -m tensorflow_ext.serving.follow) that applies the serving updates the "
+        "trainer writes every --update_secs, and report the served AUC over the day beside the start-of-day "
+        "export's (a model refreshed only by daily exports). The synthetic stream drifts by --drift_per_day over "
+        "the run.",
+    )
+    p.add_argument(
+        "--update_secs",
+        type=_positive_float,
+        default=None,
+        help="with --serve_live: write a serving update every N seconds of training (default %g; %g with --quick)."
+        % (_DEFAULTS["update_secs"], _QUICK["update_secs"]),
+    )
+    p.add_argument(
+        "--live_eval_secs",
+        type=_positive_float,
+        default=None,
+        help="with --serve_live: score the held-out slice every N seconds (default %g; %g with --quick)."
+        % (_DEFAULTS["live_eval_secs"], _QUICK["live_eval_secs"]),
+    )
+    p.add_argument(
+        "--live_eval_batches",
+        type=int,
+        default=None,
+        help="with --serve_live: batches of --batch_size held-out examples in each scored slice (default %d; %d "
+        "with --quick)." % (_DEFAULTS["live_eval_batches"], _QUICK["live_eval_batches"]),
+    )
+    p.add_argument(
+        "--updates_dir",
+        default=None,
+        help="with --serve_live: where the trainer writes serving updates (default <model_dir>/serving_updates).",
+    )
+    p.add_argument(
+        "--poll_secs",
+        type=_positive_float,
+        default=None,
+        help="with --serve_live: how often the follower looks for new updates (default 1).",
     )
 
 
@@ -374,7 +457,8 @@ def _fill_defaults(p, args):
     defaults = _QUICK if args.quick else _DEFAULTS
     for k, v in defaults.items():
         if getattr(args, k) is None and not (args.data and k in ("steps", "eval_steps")):
-            setattr(args, k, v)
+            if k not in _LIVE_FLAGS or args.serve_live:
+                setattr(args, k, v)
     if args.learning_rate is None:
         args.learning_rate = _DEFAULT_LR[args.optimizer]
     try:
@@ -383,6 +467,11 @@ def _fill_defaults(p, args):
         p.error("--hidden must be comma-separated ints, got %r" % args.hidden)
     if args.export_dir is None:
         args.export_dir = os.path.join(args.model_dir, "export")
+    if args.serve_live:
+        if args.updates_dir is None:
+            args.updates_dir = os.path.join(args.model_dir, "serving_updates")
+        if args.poll_secs is None:
+            args.poll_secs = 1.0
     if args.distributed and args.save_checkpoints_steps is None:
         args.save_checkpoints_steps = _DISTRIBUTED_SAVE_STEPS
 
@@ -405,6 +494,26 @@ def _check(p, args):
     if args.quiet and args.verbose:
         p.error("--quiet and --verbose exclude each other")
     _check_storage(p, args)
+    _check_live(p, args)
+
+
+def _check_live(p, args):
+    """Refuses live-serving flags without --serve_live, and --serve_live with what it does not support."""
+    if not args.serve_live:
+        given = ["--" + name for name in _LIVE_FLAGS if getattr(args, name) is not None]
+        if given:
+            p.error("%s describe live serving: give --serve_live too" % ", ".join(given))
+        return
+    # The mode scores slices of the synthetic stream at the trainer's clock, and runs one trainer process.
+    for flag, value in (
+        ("--data", args.data),
+        ("--days", args.days),
+        ("--distributed", args.distributed),
+        ("--no_export", args.no_export),
+        ("--static_buckets", args.static_buckets),
+    ):
+        if value:
+            p.error("--serve_live does not run with %s (one process training on the synthetic stream)" % flag)
 
 
 def _check_storage(p, args):

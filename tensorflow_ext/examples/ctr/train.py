@@ -4,7 +4,9 @@ A run continues from the latest checkpoint in ``--model_dir`` (global step, dens
 slots); on the synthetic stream it starts at the batch after the last one trained, so it sees new data. Under
 ``--distributed`` (horovodrun) every rank trains on its own batches; rank 0 writes checkpoints and summaries, then
 evaluates and exports alone, from the checkpoint (which holds every key), and returns the summary; the other ranks
-return None.
+return None. With ``--serve_live`` the run is a live-serving day (:mod:`live`): a follower process serves the
+start-of-day export and applies the serving updates the trainer writes, and the summary's ``live`` entry reports
+the served AUC over the day.
 """
 
 import contextlib
@@ -19,6 +21,7 @@ import tensorflow as tf
 
 from tensorflow_ext.examples.ctr import checkpoints
 from tensorflow_ext.examples.ctr import data
+from tensorflow_ext.examples.ctr import live
 from tensorflow_ext.examples.ctr import log
 from tensorflow_ext.examples.ctr import model
 from tensorflow_ext.examples.ctr import progress
@@ -51,7 +54,7 @@ def run(args):
     Returns:
       A dict with ``auc``, ``loss``, ``logloss``, ``global_step``, ``steps``,
       ``steps_per_sec``, ``table_sizes``, ``total_keys``, ``table_bytes_per_key``, ``export_dir``
-      (``served_auc`` with --served_auc), ...;
+      (``served_auc`` with --served_auc, ``live`` with --serve_live), ...;
       None on ranks other than 0 of a distributed run (rank 0 evaluates and exports).
     """
     t_start = time.time()
@@ -70,7 +73,18 @@ def _run(args, job, t_start):
     train_input_fn, eval_input_fn, eval_clock = data.input_fns(args, job.stream, job.start_batches, job.num_ranks)
     if not args.quiet and job.rank == 0:
         _announce(args, job)
-    hook, train_seconds = _train(args, job, estimator, config, train_input_fn)
+    day = live.LiveDay(args, job, estimator, train_input_fn) if args.serve_live else None
+    try:
+        return _run_day(args, job, t_start, estimator, config, (train_input_fn, eval_input_fn, eval_clock), day)
+    finally:
+        if day is not None:
+            day.close()
+
+
+def _run_day(args, job, t_start, estimator, config, input_fns, day):
+    """`_run` once the Estimator is built: train (beside the live day's follower, if any), evaluate, export."""
+    train_input_fn, eval_input_fn, eval_clock = input_fns
+    hook, train_seconds = _train(args, job, estimator, config, train_input_fn, day.start() if day else [])
     if job.rank != 0:
         return None
     metrics, eval_seconds, export_dir = _evaluate_and_export(args, job, estimator, eval_input_fn)
@@ -94,6 +108,8 @@ def _run(args, job, t_start):
         summary["served_auc"], summary["served_examples"] = round(auc, 6), examples
     summary.update(_tier_summary(args, hook))
     summary["event_files"] = len(checkpoints.event_files(args.model_dir))
+    if day is not None:
+        summary["live"] = day.finish(summary["global_step"], export_dir)
     summary["wall_seconds"] = round(time.time() - t_start, 1)
     return summary
 
@@ -262,8 +278,9 @@ def _compact_details(args):
     return ", %s slots, %s rounding" % (slots, args.rounding or "default")
 
 
-def _train(args, job, estimator, config, train_input_fn):
-    """Trains for --steps (None: until the data ends); returns (the run's progress hook, training seconds)."""
+def _train(args, job, estimator, config, train_input_fn, hooks):
+    """Trains for --steps (None: until the data ends) with `hooks` (the live day's, if any) beside the model's;
+    returns (the run's progress hook, training seconds)."""
     progress.ProgressHook.last = None
     t_train = time.time()
     # Rank 0 (the rank that writes checkpoints) records the stream position of each one.
@@ -279,11 +296,11 @@ def _train(args, job, estimator, config, train_input_fn):
             estimator.train(
                 job.hvd.shard_input_fn(train_input_fn),
                 steps=args.steps,
-                hooks=job.hvd.training_hooks(config),
+                hooks=job.hvd.training_hooks(config) + list(hooks),
                 saving_listeners=listeners,
             )
         else:
-            estimator.train(train_input_fn, steps=args.steps, saving_listeners=listeners)
+            estimator.train(train_input_fn, steps=args.steps, hooks=hooks, saving_listeners=listeners)
     return progress.ProgressHook.last, time.time() - t_train
 
 

@@ -30,6 +30,8 @@ the SavedModel's `tf_ext_apply_update` signature (input `update_dir`, outputs `v
 runtime that loaded it with tensorflow_ext's ops. Every request reads all tables and variables at one version;
 `served_version()` in a model_fn (or the `tf_ext_served_version` signature) tells which: the trainer's global step
 of the last update applied, or the checkpoint's before any. See `tensorflow_ext.serving.live`.
+`follow(saved_model_dir, updates_dir)` (or `python -m tensorflow_ext.serving.follow`, which also serves HTTP) loads
+such an export and applies a trainer's updates as they come, in order; see `tensorflow_ext.serving.follow`.
 """
 
 from tensorflow_ext.embedding.export_mode import export_rows

@@ -44,6 +44,7 @@ import argparse
 import http.server
 import json
 import os
+import re
 import signal
 import sys
 import threading
@@ -54,19 +55,18 @@ import numpy as np
 import tensorflow as tf
 
 from tensorflow_ext.serving import update_format
+from tensorflow_ext.serving.live import APPLY_SIGNATURE
+from tensorflow_ext.serving.live import APPLY_UPDATE_DIR
+from tensorflow_ext.serving.live import VERSION_SIGNATURE
 
 __all__ = [
-    "APPLY_SIGNATURE",
     "Follower",
     "SUMMARY_TAGS",
     "ServedModel",
-    "VERSION_SIGNATURE",
     "follow",
     "main",
 ]
 
-APPLY_SIGNATURE = "tf_ext_apply_update"
-VERSION_SIGNATURE = "tf_ext_served_version"
 DEFAULT_SIGNATURE = "serving_default"
 
 # TensorBoard scalars a follower with a summary_dir writes: tag -> the stats field it holds.
@@ -82,9 +82,14 @@ SUMMARY_TAGS = {
 
 
 def _op_message(error):
-    """An OpError's own message, without TensorFlow's trailing node context ("\\n\\t [[{{node ...}}]]")."""
+    """An error's own message: for an OpError without what TensorFlow puts around it (a leading "Graph execution
+    error" with the node's Python stack up to its "Node: '...'" line, the trailing "[[{{node ...}}]]")."""
     message = error.message if isinstance(error, tf.errors.OpError) else str(error)
-    return message.split("\n\t [[")[0].strip()
+    message = message.split("\n\t [[")[0]
+    nodes = list(re.finditer(r"(^|\n)Node: '[^'\n]*'\n", message))
+    if nodes:
+        message = message[nodes[-1].end() :]
+    return message.strip()
 
 
 class ServedModel(object):
@@ -119,7 +124,7 @@ class ServedModel(object):
                     % (saved_model_dir, " or ".join(missing), sorted(self._signatures))
                 )
             apply_sig = self._signatures[APPLY_SIGNATURE]
-            self._apply_feed = apply_sig.inputs["update_dir"].name
+            self._apply_feed = apply_sig.inputs[APPLY_UPDATE_DIR].name
             self._apply_fetches = [apply_sig.outputs["version"].name, apply_sig.outputs["applied"].name]
             self._version_fetch = self._signatures[VERSION_SIGNATURE].outputs["version"].name
             handles = [op for op in self._graph.get_operations() if op.type == "TfExtLiveModelHandle"]
@@ -392,7 +397,8 @@ class Follower(object):
                 if not fulls:
                     waiting = (
                         "served version %d; the next update %s holds the changes from step %d to %d: waiting for "
-                        "the updates before it or a full update" % (version, path, manifest["from_step"], step)
+                        "the updates before it or a full update"
+                        % (version, os.path.basename(path), manifest["from_step"], step)
                     )
                     break
                 i, resync = fulls[-1], True  # the newest full update past the gap

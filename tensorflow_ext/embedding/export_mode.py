@@ -86,22 +86,23 @@ def freeze_for_serving(value_dtype=None, live_model=None):
         nearest) or tf.int8 (int8 rows: a uint8 per column plus a per-row fp16 scale and bias; every value within
         scale / 2 of the trained one). None: the embedding's own `value_dtype` (tf.float32 unless it was created
         with another). Lookups return float32 rows whatever the storage.
-      live_model: None, or the name of the model (a non-empty str: the trainer's `ServingUpdateWriter(model_name=)`)
-        whose serving updates the export applies.
+      live_model: None, or the name of the model whose serving updates the export applies (a non-empty str
+        without whitespace: the trainer's `ServingUpdateWriter(model_name=)`).
 
     Yields:
       None.
 
     Raises:
-      ValueError: another dtype, naming the supported ones; a `live_model` that is not a non-empty str, or one
-        inside `export_rows()` (a live model updates frozen tables only).
+      ValueError: another dtype, naming the supported ones; a `live_model` that is not a non-empty str without
+        whitespace, or one inside `export_rows()` (a live model updates frozen tables only).
       RuntimeError: `live_model` before `tensorflow_ext.serving` was imported (it installs the live export).
     """
     storage = None if value_dtype is None else _serving_storage_name(value_dtype, "freeze_for_serving")
     if live_model is not None:
-        if not isinstance(live_model, str) or not live_model:
+        if not isinstance(live_model, str) or not live_model or any(c.isspace() for c in live_model):
             raise ValueError(
-                "freeze_for_serving(live_model=%r): the model name must be a non-empty str" % (live_model,)
+                "freeze_for_serving(live_model=%r): the model name must be a non-empty str without whitespace (as "
+                "the trainer's ServingUpdateWriter(model_name=) is)" % (live_model,)
             )
         if any(not frozen for frozen, _, _ in getattr(_state, "serving_scopes", [])):
             raise ValueError(

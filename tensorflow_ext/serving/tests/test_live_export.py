@@ -456,9 +456,10 @@ def test_live_models_refuse_what_they_cannot_update(tmp_path):
     with pytest.raises(ValueError, match="export_rows"):
         with tf_ext.serving.export_rows(tf.float16), tf_ext.serving.freeze_for_serving(live_model=MODEL):
             pass
-    with pytest.raises(ValueError, match="non-empty str"):
-        with tf_ext.serving.freeze_for_serving(live_model=""):
-            pass
+    for name in ("", "two words", 3):
+        with pytest.raises(ValueError, match="non-empty str without whitespace"):
+            with tf_ext.serving.freeze_for_serving(live_model=name):
+                pass
 
     def export(build, name, before=lambda: None):
         with tf.Graph().as_default(), tf.compat.v1.Session() as sess:

@@ -167,7 +167,7 @@ def parse_layout(text):
 
 
 def layout_difference(model_layout, update_layout):
-    """"" when every line of `model_layout` is in `update_layout`, else a message naming each difference."""
+    """ "" when every line of `model_layout` is in `update_layout`, else a message naming each difference."""
     have = set(update_layout.splitlines())
     missing = [line for line in model_layout.splitlines() if line not in have]
     if not missing:
@@ -243,7 +243,11 @@ def _check_manifest(manifest, where):
         raise UpdateFormatError("serving update %s: the manifest is not a JSON object" % where)
     for field, kind in _MANIFEST_FIELDS.items():
         value = manifest.get(field)
-        ok = isinstance(value, (int, float)) and not isinstance(value, bool) if kind is float else isinstance(value, kind)
+        ok = (
+            isinstance(value, (int, float)) and not isinstance(value, bool)
+            if kind is float
+            else isinstance(value, kind)
+        )
         if not ok or (kind is int and isinstance(value, bool)):
             raise UpdateFormatError(
                 "serving update %s: manifest field %r must be %s, got %r" % (where, field, kind.__name__, value)

@@ -33,7 +33,10 @@ EXPECTED = {
         "restore_values_only restrict safe_embedding_lookup_sparse string_to_key supported_optimizers "
         "warm_start_from_checkpoint warm_start_op"
     ).split(),
-    "tensorflow_ext.serving": ("export_rows freeze_for_serving freezing in_saved_model_export").split(),
+    "tensorflow_ext.serving": (
+        "Follower ServedModel ServingUpdateHook ServingUpdateListener ServingUpdateWriter apply_update export_rows "
+        "follow freeze_for_serving freezing in_saved_model_export served_version"
+    ).split(),
     "tensorflow_ext.horovod": (
         "Average BroadcastGlobalVariablesHook Compression DistributedOptimizer ModelParallel Sum allreduce "
         "barrier broadcast_global_variables checkpoint estimator export_saved_model get_dynamic_embedding "

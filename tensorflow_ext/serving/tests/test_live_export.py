@@ -195,22 +195,19 @@ def _by_shard(name, keys):
 
 
 def _delta(params, rng, changed, added, removed):
-    """(shards of a delta that sets `changed` + `added` keys to new rows and removes `removed`, new params)."""
+    """(shards of a delta that removes `removed` keys, then sets `changed` + `added` keys to new rows and the dense
+    variables to new values; the params after it: a key both removed and set ends with its new row)."""
     new = {k: (dict(v) if isinstance(v, dict) else v) for k, v in params.items()}
     shards = {}
     for name in SHARDS:
-        rows_keys = list(changed[name]) + list(added[name])
+        rows = {int(k): rng.normal(0, 0.3, DIM).astype(np.float32) for k in list(changed[name]) + list(added[name])}
         for key in removed[name]:
             new[name].pop(int(key), None)
-        values = {int(k): rng.normal(0, 0.3, DIM).astype(np.float32) for k in rows_keys}
-        new[name].update(values)
-        for shard, keys in _by_shard(name, rows_keys).items():
-            shards[shard] = (keys, np.stack([values[int(k)] for k in keys]) if len(keys) else np.zeros([0, DIM]))
-        for shard, keys in _by_shard(name, removed[name]).items():
-            shards[shard] = shards.get(shard, ([], np.zeros([0, DIM]))) + (keys,)
-        for shard in shards:
-            if len(shards[shard]) == 2:
-                shards[shard] += ([],)
+        new[name].update(rows)
+        row_keys, removed_keys = _by_shard(name, sorted(rows)), _by_shard(name, removed[name])
+        for shard, keys in row_keys.items():
+            values = np.array([rows[int(k)] for k in keys], np.float32).reshape([-1, DIM])
+            shards[shard] = (keys, values, removed_keys[shard])
     new["w"] = rng.normal(0, 0.5, [2 * DIM, 1]).astype(np.float32)
     new["b"] = rng.normal(0, 0.5, [1]).astype(np.float32)
     return shards, new
@@ -224,7 +221,7 @@ def updates(trained, tmp_path_factory):
     rng = np.random.RandomState(1)
     trained_keys = {name: sorted(params[name]) for name in SHARDS}
     changed = {n: trained_keys[n][:30] for n in SHARDS}
-    removed = {n: trained_keys[n][30:45] for n in SHARDS}
+    removed = {n: trained_keys[n][25:45] for n in SHARDS}  # 5 keys both removed and changed
     added = {n: list(range(10**6, 10**6 + 12)) for n in SHARDS}
     delta_shards, after_delta = _delta(params, rng, changed, added, removed)
     delta = _write_update(
@@ -251,7 +248,7 @@ def updates(trained, tmp_path_factory):
     gap = _write_update(str(base / "gap"), "delta", step + 7, step + 8, {}, dense)
     ids = np.concatenate(
         [
-            np.array([[k, k] for k in trained_keys["item"][:50]]),  # changed, removed, unchanged
+            np.array(list(zip(trained_keys["item"][:50], trained_keys["user"][:50]))),  # changed, removed, kept
             np.array([[k, k + 1] for k in added["item"]]),  # added keys
             np.random.RandomState(2).randint(0, TRAIN_IDS, size=[40, 2]),
             [[5 * 10**7, 2**62]],  # never seen

@@ -552,3 +552,30 @@ def test_apply_update_refuses_a_model_that_is_not_live(exports, updates):
             tf_ext.serving.apply_update(sess, updates["delta"], meta)
         with pytest.raises(ValueError, match="holds no live export"):
             tf_ext.serving.apply_update(sess, updates["delta"])
+
+
+def test_the_builders_base_class_exports_live_models_too(tmp_path):
+    """TF's _SavedModelBuilder (the base class of tf.compat.v1.saved_model.Builder, which overrides both methods
+    without calling it) is patched as well."""
+    from tensorflow.python.saved_model import builder_impl  # pylint: disable=import-outside-toplevel
+
+    with tf.Graph().as_default(), tf.compat.v1.Session() as sess:
+        with tf_ext.serving.freeze_for_serving(live_model=MODEL):
+            tf.compat.v1.train.get_or_create_global_step()
+            ids = tf.compat.v1.placeholder(tf.int64, [None, 2], name="ids")
+            prob, _ = _model(ids)
+            sess.run(tf.compat.v1.global_variables_initializer())
+            builder = builder_impl._SavedModelBuilder(str(tmp_path / "base"))  # pylint: disable=protected-access
+            signature = tf.compat.v1.saved_model.predict_signature_def({"ids": ids}, {"prob": prob})
+            builder.add_meta_graph_and_variables(sess, ["serve"], {"serving_default": signature})
+            builder.add_meta_graph(["serve", "second"], {"serving_default": signature})
+            builder.save()
+    for tags in (["serve"], ["serve", "second"]):
+        with tf.Graph().as_default() as graph, tf.compat.v1.Session(graph=graph) as sess:
+            meta = tf.compat.v1.saved_model.loader.load(sess, tags, str(tmp_path / "base"))
+            assert {live.APPLY_SIGNATURE, live.VERSION_SIGNATURE} <= set(meta.signature_def)
+            prob = graph.get_tensor_by_name(meta.signature_def["serving_default"].outputs["prob"].name)
+            closure_types = {op.type for op in live._closure([prob])}  # pylint: disable=protected-access
+            assert "TfExtLiveFind" in closure_types and "TfExtFrozenTableFind" not in closure_types
+            assert sess.run(prob, {meta.signature_def["serving_default"].inputs["ids"].name: [[1, 2]]}).shape == (1,)
+            assert sess.run(meta.signature_def[live.VERSION_SIGNATURE].outputs["version"].name) == 0

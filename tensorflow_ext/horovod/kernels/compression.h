@@ -1,0 +1,75 @@
+// tensorflow_ext: the compression kernels of the dense gradient exchange (tensorflow_ext/horovod/allreduce.py),
+// TensorFlow-independent: fused pack/unpack of fp16/bf16 buffers, Top-K selection with error feedback and the
+// scatter-add of every rank's entries.
+//
+// Contract
+//  * Wire formats: kFloat32 (4 bytes, the value itself), kFloat16 (IEEE binary16 bits), kBFloat16 (the top half of
+//    the float32, as bits). The conversions are TensorFlow's tf.cast, bit for bit: round to nearest even, a finite
+//    value beyond the 16-bit range becomes +-Inf (fp16: |x| >= 65520), +-Inf stays +-Inf, NaN becomes the quiet NaN
+//    tf.cast makes (fp16: 0x7E00 with the sign kept; bf16: 0x7FC0, sign dropped). Subnormals round like any value
+//    (no flush to zero), so the results do not depend on the CPU's denormal mode. 16 bits to float32 is exact.
+//  * PackScaled / UnpackScaled are tf.cast(x * scale) and tf.cast(x) * scale, element by element (the multiply is
+//    skipped when scale == 1, as allreduce.py skips it), in one pass.
+//  * TopKSelect: acc = grad + residual; the k entries of largest |acc| (exactly k = min(k, n); equal magnitudes go
+//    to the lower index; NaN counts as larger than Inf so that a non-finite gradient is always sent) are emitted in
+//    ascending index order as (index + offset, wire(acc)); new_residual = acc, except at the emitted entries:
+//    acc - float(wire(acc)) (0 for kFloat32; the rounding error of a 16-bit wire), or 0 where that is not finite
+//    (an Inf or NaN was sent: keeping Inf - Inf = NaN would poison every later step). A threshold estimated from a
+//    strided sample of acc (at twice the wanted fraction) picks the candidates in the same pass that writes
+//    new_residual; only the candidates are ranked, and all n entries only when fewer than k pass it (never wrong,
+//    only slower).
+//  * ScatterAdd: dense[0, n) = 0, then dense[indices[j]] += float(values[j]) for j in order (the order of
+//    tf.math.unsorted_segment_sum), then dense *= scale unless scale == 1; dense may be split into parts (the
+//    gradients of a fused buffer, written in place). An index outside [0, n) is reported.
+//  * The loops are compiled for AVX-512 (x86-64-v4), AVX2 and baseline x86-64 (picked at load time from what the
+//    CPU has) with floating-point contraction off: the instruction set never changes a value.
+
+#ifndef TENSORFLOW_EXT_HOROVOD_KERNELS_COMPRESSION_H_
+#define TENSORFLOW_EXT_HOROVOD_KERNELS_COMPRESSION_H_
+
+#include <cstdint>
+#include <vector>
+
+namespace tfext {
+namespace hvd {
+
+enum class WireFormat : int32_t { kFloat32 = 0, kFloat16 = 1, kBFloat16 = 2 };
+
+// Bytes of one element on the wire.
+constexpr int64_t WireBytes(WireFormat f) { return f == WireFormat::kFloat32 ? 4 : 2; }
+
+// The scalar conversions (the vector loops below compute the same bits).
+uint16_t FloatToHalfBits(float x);
+uint16_t FloatToBFloat16Bits(float x);
+float HalfBitsToFloat(uint16_t h);
+float BFloat16BitsToFloat(uint16_t h);
+
+// dst[i] = wire(src[i] * scale) for i in [0, n); dst holds n elements of format f (dst may not alias src).
+void PackScaled(const float* src, int64_t n, float scale, WireFormat f, void* dst);
+
+// dst[i] = float(src[i]) * scale for i in [0, n); src holds n elements of format f.
+void UnpackScaled(const void* src, WireFormat f, int64_t n, float scale, float* dst);
+
+// Scratch memory of TopKSelect, kept between calls by the caller (one per thread).
+struct TopKScratch {
+  std::vector<uint32_t> sample;
+  std::vector<int32_t> candidates;
+  std::vector<uint32_t> keys;
+};
+
+// The Top-K selection of one gradient (see the contract). grad, residual and new_residual hold n floats
+// (new_residual may alias residual, not grad); indices and values receive min(k, n) entries (values in format f).
+// n must be below 2^31 and offset + n at most 2^31 - 1 (the caller checks). Returns the number of entries written.
+int64_t TopKSelect(const float* grad, const float* residual, int64_t n, int64_t k, int32_t offset, WireFormat f,
+                   float* new_residual, int32_t* indices, void* values, TopKScratch* scratch);
+
+// The dense sum of the entries, written into the parts of a buffer of starts[num_parts] floats: part p holds
+// positions [starts[p], starts[p + 1]) (see the contract). Returns -1, or the position j of the first index outside
+// [0, starts[num_parts]) (the parts are then unspecified).
+int64_t ScatterAdd(const int32_t* indices, const void* values, WireFormat f, int64_t m, float scale,
+                   float* const* parts, const int64_t* starts, int num_parts);
+
+}  // namespace hvd
+}  // namespace tfext
+
+#endif  // TENSORFLOW_EXT_HOROVOD_KERNELS_COMPRESSION_H_

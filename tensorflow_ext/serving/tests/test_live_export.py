@@ -490,13 +490,15 @@ def test_live_models_refuse_what_they_cannot_update(tmp_path):
 
 def test_a_trainers_updates_bring_the_served_model_to_the_trainers_state(trained, exports, tmp_path):
     """The trainer goes on from the exported checkpoint with a ServingUpdateWriter (deltas with new, retrained and
-    removed keys, then a full update); the live exports, given its updates in order, serve what numpy computes
-    from the trainer's final parameters."""
+    removed keys, some of them removed and trained again between two updates, then a full update); the live exports,
+    given its updates in order, serve after each one what numpy computes from the trainer's parameters at that
+    update (so a delta that lost a removal or a row shows, not only the full update that ends the run)."""
     from tensorflow_ext.serving.updates import ServingUpdateWriter  # pylint: disable=import-outside-toplevel
 
     model_dir, _, step = trained
     updates_dir = str(tmp_path / "updates")
     rng = np.random.RandomState(3)
+    removed_keys = np.arange(0, TRAIN_IDS, 7)
     with tf.Graph().as_default(), tf.compat.v1.Session() as sess:
         global_step = tf.compat.v1.train.get_or_create_global_step()
         ids = tf.compat.v1.placeholder(tf.int64, [None, 2])
@@ -504,43 +506,63 @@ def test_a_trainers_updates_bring_the_served_model_to_the_trainers_state(trained
         prob, embs = _model(ids)
         loss = tf.compat.v1.losses.log_loss(labels, prob)
         train = tf.compat.v1.train.AdagradOptimizer(0.3).minimize(loss, global_step=global_step)
-        remove = embs[1].remove(tf.constant(np.arange(0, TRAIN_IDS, 7), tf.int64))
+        remove = embs[1].remove(tf.constant(removed_keys, tf.int64))
         writer = ServingUpdateWriter(updates_dir, model_name=MODEL)
         tf.compat.v1.train.Saver().restore(sess, tf.train.latest_checkpoint(model_dir))
         writer.start(sess)
-        manifests = []
+
+        def trainer_params():
+            params = {}
+            for emb in embs:
+                exported = emb.export()
+                keys, values = sess.run([exported.keys, exported.values])
+                params[emb.name] = dict(zip(keys.tolist(), values))
+            with tf.compat.v1.variable_scope("", reuse=True):
+                params["w"], params["b"] = sess.run([tf.compat.v1.get_variable("w"), tf.compat.v1.get_variable("b")])
+            return params
+
+        manifests, stages = [], []
         for round_ in range(3):
-            for _ in range(4):  # ids past TRAIN_IDS are new keys
+            for i in range(4):  # ids past TRAIN_IDS are new keys
+                if round_ == 1 and i == 2:
+                    # Removed mid-interval: the next two steps train some of them again (removed and re-added
+                    # between two updates), the others stay removed.
+                    sess.run(remove)
                 batch = rng.randint(0, TRAIN_IDS + 100, size=[64, 2])
                 sess.run(train, {ids: batch, labels: (batch[:, 1] % 2).astype(np.float32)})
-            if round_ == 1:
-                sess.run(remove)
             manifests.append(writer.write(sess, full=round_ == 2))
-        params = {}
-        for emb in embs:
-            exported = emb.export()
-            keys, values = sess.run([exported.keys, exported.values])
-            params[emb.name] = dict(zip(keys.tolist(), values))
-        with tf.compat.v1.variable_scope("", reuse=True):
-            params["w"], params["b"] = sess.run([tf.compat.v1.get_variable("w"), tf.compat.v1.get_variable("b")])
+            stages.append(trainer_params())
     assert [m["kind"] for m in manifests] == ["delta", "delta", "full"]
     assert manifests[1]["removed"] > 0
+    readded = [k for k in removed_keys.tolist() if k in stages[1]["user"]]
+    assert readded and len(readded) < len(removed_keys), "the test must see keys re-added and keys left removed"
     to_steps = [m["to_step"] for m in manifests]
     assert to_steps == [step + 4, step + 8, step + 12]
-    serve_ids = np.concatenate([rng.randint(0, TRAIN_IDS + 100, size=[64, 2]), [[TRAIN_IDS + 500, 2**40]]])
+    # Every removed user key (re-added or not), random ids, new and unknown ones.
+    serve_ids = np.concatenate(
+        [
+            np.stack([rng.randint(0, TRAIN_IDS, len(removed_keys)), removed_keys], 1),
+            rng.randint(0, TRAIN_IDS + 100, size=[64, 2]),
+            [[TRAIN_IDS + 500, 2**40]],
+        ]
+    )
     np.save(str(tmp_path / "ids.npy"), serve_ids.astype(np.int64))
-    applies = [["apply", path] for _, path in update_format.list_updates(updates_dir)]
+    actions = []
+    for _, path in update_format.list_updates(updates_dir):
+        actions += [["apply", path], "predict"]
     request = {"ids": str(tmp_path / "ids.npy"), "exports": {}}
     for name in ("builder_ref", "estimator_resource"):
-        request["exports"][name] = dict(path=exports[0][name], loader="tf1", actions=applies + ["predict"])
+        request["exports"][name] = dict(path=exports[0][name], loader="tf1", actions=actions)
     report, out = _run_worker(str(tmp_path), request)
-    expected = _numpy_predict(params, serve_ids)
     for name in request["exports"]:
         results = report[name]["results"]
-        assert results[:-1] == [{"version": s, "applied": True} for s in to_steps], results
-        assert results[-1] == {"version": to_steps[-1]}
-        np.testing.assert_allclose(out["%s/%d/prob" % (name, len(applies))], expected, rtol=1e-5, atol=1e-6)
-        np.testing.assert_array_equal(out["%s/%d/version" % (name, len(applies))], to_steps[-1])
+        assert results[0::2] == [{"version": s, "applied": True} for s in to_steps], results
+        assert results[1::2] == [{"version": s} for s in to_steps], results
+        for u, params in enumerate(stages):
+            expected = _numpy_predict(params, serve_ids)
+            got = out["%s/%d/prob" % (name, 2 * u + 1)]
+            np.testing.assert_allclose(got, expected, rtol=1e-5, atol=1e-6, err_msg="%s after update %d" % (name, u))
+            np.testing.assert_array_equal(out["%s/%d/version" % (name, 2 * u + 1)], to_steps[u])
 
 
 def test_apply_update_refuses_a_model_that_is_not_live(exports, updates):

@@ -24,6 +24,12 @@ sets, so it runs on Horovod's Gloo backend (CPU) as well as on MPI.
 * **Fusion**: the gradients of a step are concatenated into flat buffers of at most `fusion_bytes` (64 MiB by
   default) and each buffer is reduced with one collective (or one chain of collectives), then split back.
 
+The steps that touch every entry of a buffer run as fused kernels of the op library (`compression_ops`): packing
+(concatenation, pre-scale and 16-bit cast in one pass), unpacking (cast back, post-scale and split), the Top-K
+selection (residual add, sampled threshold, exactly k entries: equal magnitudes go to the lower index, and an Inf or
+NaN is always sent) and the scatter-add of all ranks' entries. They give the bits of the TensorFlow ops they replace;
+a residual entry whose sent value was not finite becomes 0.
+
 The environment overrides the arguments: `TF_EXT_HVD_COMPRESSION` (none, fp16, bf16), `TF_EXT_HVD_HIERARCHICAL`
 (0/1), `TF_EXT_HVD_NODE_SIZE`, `TF_EXT_HVD_TOPK_RATIO` (a number in (0, 1], or "none"),
 `TF_EXT_HVD_TOPK_MIN_ELEMENTS`, `TF_EXT_HVD_TOPK_WARMUP_STEPS`, `TF_EXT_HVD_FUSION_BYTES`.
@@ -36,6 +42,7 @@ import numpy as np
 import tensorflow as tf
 
 from tensorflow_ext.horovod import _hvd
+from tensorflow_ext.horovod import compression_ops
 from tensorflow_ext.horovod import consistency
 from tensorflow_ext.tf_compat import internals
 
@@ -474,74 +481,59 @@ def hierarchical_process_sets(node_size=None):
 
 
 # ---------------------------------------------------------------------------------------------------------------
-# Collectives on flat buffers.
+# Collectives on flat wire buffers (compression_ops: float32, float16, or bfloat16 as uint16 bit patterns).
 
 
-def _to_bits(x):
-    """bf16 tensor -> uint16 bit patterns (Horovod moves uint16 but has no bf16)."""
-    return tf.bitcast(x, tf.uint16)
-
-
-def _from_bits(x):
-    return tf.bitcast(x, tf.bfloat16)
-
-
-def _pad_to(x, multiple):
-    n = tf.size(x)
-    pad = tf.math.floormod(-n, multiple)
-    return tf.pad(x, [[0, pad]]), n
+def _pad_to(w, multiple):
+    """w zero-padded to a multiple of `multiple` entries (zero bits: +0.0 in every wire dtype)."""
+    n = w.shape[0] if w.shape.rank == 1 else None
+    if n is not None and n % multiple == 0:
+        return w
+    return tf.pad(w, [[0, tf.math.floormod(-tf.size(w), multiple)]])
 
 
 class _Reducer(object):
-    """Sum-reduces flat buffers over a process set with a compression."""
+    """Sum-reduces flat wire buffers over a process set.
 
-    def __init__(self, compression, name):
+    Horovod has no bf16 reduction, so a bf16 buffer (`bf16=True`: uint16 bit patterns) is reduced as bits: one
+    alltoall, the sum in float32 on the receiving rank (rounded to bf16 once per stage), one allgather: the same bytes
+    as a ring allreduce. Other buffers go through Horovod's own reductions in their dtype.
+    """
+
+    def __init__(self, name):
         self._hvd = _hvd.require_horovod()
-        self._comp = compression
         self._name = name
 
-    def reduce_scatter(self, x, ps, name):
-        """x: flat, length a multiple of ps.size(); returns this rank's summed slice (x's dtype)."""
+    def reduce_scatter(self, w, ps, name, bf16):
+        """w: flat, length a multiple of ps.size(); returns this rank's summed slice."""
         hvd = self._hvd
-        if self._comp is BF16Compressor and x.dtype.is_floating:
-            n = ps.size()
-            bits = _to_bits(tf.cast(x, tf.bfloat16))
-            got = hvd.alltoall(bits, process_set=ps, name=name + "_a2a")
+        if bf16:
+            got = hvd.alltoall(w, process_set=ps, name=name + "_a2a")
             if isinstance(got, (tuple, list)):
                 got = got[0]
-            parts = tf.reshape(tf.cast(_from_bits(got), tf.float32), [n, -1])
-            return tf.cast(tf.reduce_sum(parts, axis=0), x.dtype)
-        comp, ctx = self._comp.compress(x)
-        out = hvd.reducescatter(comp, op=hvd.Sum, process_set=ps, name=name + "_rs")
-        return self._comp.decompress(out, ctx)
+            parts = tf.reshape(tf.cast(tf.bitcast(got, tf.bfloat16), tf.float32), [ps.size(), -1])
+            return tf.bitcast(tf.cast(tf.reduce_sum(parts, axis=0), tf.bfloat16), tf.uint16)
+        return hvd.reducescatter(w, op=hvd.Sum, process_set=ps, name=name + "_rs")
 
-    def allgather(self, x, ps, name):
-        """Concatenation of every rank's slice, in rank order (x's dtype)."""
+    def allgather(self, w, ps, name):
+        """Concatenation of every rank's slice, in rank order."""
+        return self._hvd.allgather(w, process_set=ps, name=name + "_ag")
+
+    def allreduce(self, w, ps, name, bf16):
+        """Sum over the process set (flat w, any length; the result has w's length)."""
         hvd = self._hvd
-        if self._comp is BF16Compressor and x.dtype.is_floating:
-            got = hvd.allgather(_to_bits(tf.cast(x, tf.bfloat16)), process_set=ps, name=name + "_ag")
-            return tf.cast(_from_bits(got), x.dtype)
-        comp, ctx = self._comp.compress(x)
-        out = hvd.allgather(comp, process_set=ps, name=name + "_ag")
-        return self._comp.decompress(out, ctx)
+        if bf16:
+            padded = _pad_to(w, ps.size())
+            out = self.allgather(self.reduce_scatter(padded, ps, name, True), ps, name)
+            return out if padded is w else out[: tf.size(w)]
+        return hvd.allreduce(w, op=hvd.Sum, process_set=ps, name=name + "_ar")
 
-    def allreduce(self, x, ps, name):
-        """Sum over the process set (flat x, any length)."""
-        hvd = self._hvd
-        if self._comp is BF16Compressor and x.dtype.is_floating:
-            padded, n = _pad_to(x, ps.size())
-            part = self.reduce_scatter(padded, ps, name)
-            return self.allgather(part, ps, name)[:n]
-        comp, ctx = self._comp.compress(x)
-        out = hvd.allreduce(comp, op=hvd.Sum, process_set=ps, name=name + "_ar")
-        return self._comp.decompress(out, ctx)
-
-    def hierarchical(self, x, node_ps, cross_ps, name):
-        """Sum over all ranks: reduce-scatter in the node, allreduce of the slice across nodes, allgather."""
-        padded, n = _pad_to(x, node_ps.size())
-        part = self.reduce_scatter(padded, node_ps, name + "_node")
-        part = self.allreduce(part, cross_ps, name + "_cross")
-        return self.allgather(part, node_ps, name + "_node")[:n]
+    def hierarchical(self, w, node_ps, cross_ps, name, bf16):
+        """Sum over all ranks: reduce-scatter in the node, allreduce of the slice across nodes, allgather. The
+        result may be longer than w (zero padding to a multiple of the node's size)."""
+        part = self.reduce_scatter(_pad_to(w, node_ps.size()), node_ps, name + "_node", bf16)
+        part = self.allreduce(part, cross_ps, name + "_cross", bf16)
+        return self.allgather(part, node_ps, name + "_node")
 
 
 # ---------------------------------------------------------------------------------------------------------------
@@ -576,43 +568,12 @@ def _item_bytes(grad):
     return grad.dtype.base_dtype.name, (n if n is not None else 1 << 30) * grad.dtype.size
 
 
-# Below this many entries (or above this ratio) tf.math.top_k on the whole tensor is cheap enough.
-_PRESELECT_MIN_ELEMENTS = 1 << 16
-_PRESELECT_MAX_RATIO = 0.25
-_SAMPLE = 16384
-
-
-def _top_k_indices(magnitude, n, k):
-    """int32 indices of the k largest entries of the flat `magnitude` (n entries), in no particular order.
-
-    tf.math.top_k over millions of entries costs about 15 ns per entry on one CPU core, more than sending 1% of a
-    gradient over a fast link. So a threshold is first estimated from a strided sample (at twice the wanted
-    fraction), only the entries above it are ranked exactly, and the exact top_k of the whole tensor runs only
-    when fewer than k entries pass (never wrong, only slower).
-    """
-    if k >= n:
-        return tf.range(n, dtype=tf.int32)
-    if n < _PRESELECT_MIN_ELEMENTS or k > _PRESELECT_MAX_RATIO * n:
-        return tf.math.top_k(magnitude, k=k, sorted=False).indices
-    stride = max(1, n // _SAMPLE)
-    sample = magnitude[::stride]
-    m = (n + stride - 1) // stride
-    keep = min(m, max(1, int(math.ceil(2.0 * k * m / n))))
-    threshold = tf.reduce_min(tf.math.top_k(sample, k=keep, sorted=False).values)
-    candidates = tf.cast(tf.reshape(tf.where(magnitude >= threshold), [-1]), tf.int32)
-
-    def ranked():
-        best = tf.math.top_k(tf.gather(magnitude, candidates), k=k, sorted=False).indices
-        return tf.gather(candidates, best)
-
-    def whole():
-        return tf.math.top_k(magnitude, k=k, sorted=False).indices
-
-    return tf.cond(tf.size(candidates) >= k, ranked, whole, name="topk_select")
-
-
 class DenseReducer(object):
     """Reduces a step's dense gradients with the `Config`'s methods (built once per compute_gradients).
+
+    Each fused buffer is packed (pre-scale and 16-bit cast in one pass), reduced in its wire form and unpacked
+    (cast back, post-scale and split in one pass); Top-K selects, gathers and scatter-adds with the fused kernels of
+    `compression_ops`.
 
     Args:
       config: a `Config`.
@@ -627,6 +588,7 @@ class DenseReducer(object):
         self._config = config
         self._ps = process_set
         self._name = name
+        self._wire16 = config.compression.wire_dtype
         size = process_set.size()
         if op == hvd.Average:
             self._pre, self._post = 1.0 / predivide, predivide / size
@@ -634,34 +596,33 @@ class DenseReducer(object):
             self._pre, self._post = 1.0, 1.0
         # Top-K sends unscaled values: the sum of all ranks' entries times this.
         self._topk_factor = 1.0 / size if op == hvd.Average else 1.0
-        self._reducer = _Reducer(config.compression, name)
+        self._reducer = _Reducer(name)
         self._node_ps = self._cross_ps = None
         if config.hierarchical:
             if process_set is not hvd.global_process_set and process_set.size() != hvd.size():
                 raise ValueError("the 2D allreduce works on all ranks; it cannot be combined with a process_set")
             self._node_ps, self._cross_ps = hierarchical_process_sets(config.node_size)
 
-    def _sum(self, flat, name):
-        if self._node_ps is not None:
-            return self._reducer.hierarchical(flat, self._node_ps, self._cross_ps, name)
-        return self._reducer.allreduce(flat, self._ps, name)
-
-    def _scaled(self, t, factor):
-        return t if factor == 1.0 else t * tf.cast(factor, t.dtype)
-
     def _dense_buckets(self, grads, tag):
         """Fused sum of grads (list of tensors); returns the reduced list."""
         out = [None] * len(grads)
         order = list(range(len(grads)))
         for b, group in enumerate(_buckets(order, self._config.fusion_bytes, lambda i: _item_bytes(grads[i]))):
-            flats = [tf.reshape(grads[i], [-1]) for i in group]
-            flat = flats[0] if len(flats) == 1 else tf.concat(flats, 0)
-            flat = consistency.gate(self._scaled(flat, self._pre))
-            summed = self._scaled(self._sum(flat, "%s_%s%d" % (self._name, tag, b)), self._post)
-            sizes = [tf.size(f) for f in flats]
-            parts = [summed] if len(group) == 1 else tf.split(summed, tf.stack(sizes), num=len(group))
-            for i, part in zip(group, parts):
-                out[i] = tf.reshape(part, tf.shape(grads[i]))
+            like = [grads[i] for i in group]
+            bf16 = compression_ops.wire_dtype(like[0].dtype, self._wire16) == tf.uint16 and like[0].dtype.is_floating
+            # Padded where the first collective splits the buffer among ranks.
+            if self._node_ps is not None:
+                multiple = self._node_ps.size()
+            else:
+                multiple = self._ps.size() if bf16 else 1
+            packed = consistency.gate(compression_ops.pack(like, self._wire16, self._pre, multiple))
+            name = "%s_%s%d" % (self._name, tag, b)
+            if self._node_ps is not None:
+                summed = self._reducer.hierarchical(packed, self._node_ps, self._cross_ps, name, bf16)
+            else:
+                summed = self._reducer.allreduce(packed, self._ps, name, bf16)
+            for i, part in zip(group, compression_ops.unpack(summed, self._wire16, like, self._post)):
+                out[i] = part
         return out
 
     def reduce(self, grads_and_vars, global_step=None):
@@ -735,57 +696,27 @@ class DenseReducer(object):
             return [tf.identity(t) for t in reduced]
 
     def _topk_sparse(self, grads, residuals):
-        """Each bucket: per gradient the top ceil(ratio*n) of |grad + residual|; one allgather of the indices (in
-        the bucket's flat buffer) and one of the values; every rank scatter-adds them all."""
+        """Each bucket: per gradient the top ceil(ratio*n) of |grad + residual| (one pass, compression_ops); one
+        allgather of the positions (in the bucket's flat buffer) and one of the wire values; every rank
+        scatter-adds them all. The residual keeps what was not sent, including the rounding of a 16-bit wire, so
+        sent + residual == grad + old residual."""
         cfg = self._config
         hvd = self._hvd
         out = [None] * len(grads)
         order = list(range(len(grads)))
         for b, group in enumerate(_buckets(order, cfg.fusion_bytes, lambda i: _item_bytes(grads[i]))):
-            idx_parts, val_parts, assigns, offset = [], [], [], 0
-            sizes = []
-            for i in group:
-                n = _static_size(grads[i])
-                k = max(1, int(math.ceil(cfg.topk_ratio * n)))
-                acc = tf.reshape(grads[i] + residuals[i].read_value(), [-1])
-                idx = _top_k_indices(tf.abs(acc), n, k)
-                vals = tf.gather(acc, idx)
-                # What the other ranks will see of these values (after the wire compression): the residual keeps
-                # the rest, so sent + residual == grad + old residual.
-                comp, ctx = self._wire(vals)
-                sent = self._unwire(comp, ctx, vals.dtype)
-                new_res = tf.tensor_scatter_nd_sub(acc, tf.expand_dims(idx, 1), sent)
-                assigns.append(residuals[i].assign(tf.reshape(new_res, tf.shape(residuals[i]))))
-                idx_parts.append(idx + offset)
-                val_parts.append(comp)
-                sizes.append(n)
-                offset += n
+            like = [grads[i] for i in group]
+            ks = [max(1, int(math.ceil(cfg.topk_ratio * _static_size(g)))) for g in like]
+            idx, vals, new_residuals = compression_ops.top_k_select(
+                like, [residuals[i].read_value() for i in group], ks, self._wire16
+            )
+            assigns = [residuals[i].assign(r) for i, r in zip(group, new_residuals)]
             name = "%s_topk%d" % (self._name, b)
-            idx = consistency.gate(tf.concat(idx_parts, 0) if len(idx_parts) > 1 else idx_parts[0])
-            vals = consistency.gate(tf.concat(val_parts, 0) if len(val_parts) > 1 else val_parts[0])
-            all_idx = hvd.allgather(idx, process_set=self._ps, name=name + "_idx")
-            all_vals = hvd.allgather(vals, process_set=self._ps, name=name + "_val")
-            dtype = grads[group[0]].dtype
-            all_vals = self._unwire(all_vals, dtype, dtype)
-            total = tf.math.unsorted_segment_sum(all_vals, all_idx, offset)
-            total = self._scaled(total, self._topk_factor)
+            all_idx = hvd.allgather(consistency.gate(idx), process_set=self._ps, name=name + "_idx")
+            all_vals = hvd.allgather(consistency.gate(vals), process_set=self._ps, name=name + "_val")
+            parts = compression_ops.scatter_add(all_idx, all_vals, self._wire16, like, self._topk_factor)
             with tf.control_dependencies(assigns):
-                parts = tf.split(total, sizes) if len(group) > 1 else [tf.identity(total)]
+                parts = [tf.identity(p) for p in parts]
             for i, part in zip(group, parts):
-                out[i] = tf.reshape(part, tf.shape(grads[i]))
+                out[i] = part
         return out
-
-    def _wire(self, vals):
-        """Values as sent by the Top-K allgather: 16-bit with fp16/bf16 compression (bf16 as uint16 bits)."""
-        comp = self._config.compression
-        if comp is FP16Compressor:
-            return tf.cast(vals, tf.float16), vals.dtype
-        if comp is BF16Compressor:
-            return _to_bits(tf.cast(vals, tf.bfloat16)), vals.dtype
-        return vals, vals.dtype
-
-    def _unwire(self, comp, ctx, dtype):
-        del ctx
-        if comp.dtype == tf.uint16:
-            return tf.cast(_from_bits(comp), dtype)
-        return tf.cast(comp, dtype) if comp.dtype != dtype else comp

@@ -266,6 +266,47 @@ def test_a_failed_write_keeps_training_and_the_next_update_covers_its_steps(tmp_
     assert not [n for n in os.listdir(udir) if n.startswith(uf.TMP_PREFIX)]
 
 
+def test_a_write_that_fails_after_reading_the_removal_log_keeps_the_removals_for_the_next_one(tmp_path, monkeypatch):
+    # The failure comes after the session run that read the 'serving' log and wrote the bundle (as a full disk while
+    # the manifest is written): the log must not be committed, so the next update still removes those keys.
+    udir = str(tmp_path / "updates")
+
+    def fail_once(stage, path):
+        if stage == "bundle_written" and not failed:
+            failed.append(path)
+            raise OSError(28, "No space left on device (injected)", path)
+
+    failed = []
+    with tf.Graph().as_default():
+        gs, emb, ids, train, remove_ids, remove, evict, _ = worker.build()
+        writer = updates.ServingUpdateWriter(udir, keep=None)
+        with _session() as sess:
+            sess.run(tf.compat.v1.global_variables_initializer())
+            writer.start(sess)
+            start = worker.table_state(sess, emb)
+            for i in range(3):
+                sess.run(train, {ids: worker.batch(i, 12)})
+            assert writer.write(sess)["kind"] == uf.KIND_DELTA
+            present = sorted(k for rows in worker.table_state(sess, emb)[0].values() for k in rows)
+            sess.run(remove, {remove_ids: present[:5]})
+            before = {k for rows in worker.table_state(sess, emb)[0].values() for k in rows}
+            for i in range(3, 6):
+                sess.run(train, {ids: worker.batch(i, 12)})
+            sess.run(evict)
+            evicted = before - {k for rows in worker.table_state(sess, emb)[0].values() for k in rows}
+            assert evicted, "the eviction removed nothing: the test would not cover it"
+            monkeypatch.setattr(updates, "_test_hook", fail_once)
+            assert writer.write(sess) is None and failed
+            assert writer.stats["failed"] == 1 and not os.path.exists(failed[0])
+            sess.run(train, {ids: worker.batch(6, 12)})
+            manifest = writer.write(sess)
+            assert (manifest["kind"], manifest["from_step"], manifest["to_step"]) == (uf.KIND_DELTA, 3, 7)
+            _, tensors = worker.read_update(_paths(udir)[-1])
+            removed = set(np.concatenate([tensors[uf.removed_name(s)] for s in worker.SHARDS]).tolist())
+            assert set(present[:5]) | evicted <= removed
+            worker.assert_same_state(worker.replay(_paths(udir), *start)[:2], worker.table_state(sess, emb))
+
+
 def _in_mount_namespace(setup, argv):
     """argv run by a shell in a private mount namespace after the shell commands `setup` (as the tiered fault tests:
     nothing outside the worker sees the mount)."""

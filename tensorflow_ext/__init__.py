@@ -38,6 +38,7 @@ _LAZY = {
     "tfra": (("tensorflow_ext.tfra",), None),
     "dynamic_embedding": (("tensorflow_ext.dynamic_embedding",), None),  # TFRA's module name (`import ... as tfra`)
     "horovod": (("tensorflow_ext.horovod",), None),
+    "distribute": (("tensorflow_ext.distribute",), None),
     "tf_compat": (("tensorflow_ext.tf_compat",), None),
     "xla": (("tensorflow_ext.xla",), None),
     "DynamicEmbeddingOptimizer": (("tensorflow_ext.tfra",), "DynamicEmbeddingOptimizer"),

@@ -20,7 +20,7 @@ EXPECTED = {
     "tensorflow_ext": (
         "DynamicEmbedding DynamicEmbeddingOptimizer GraphKeys HashTable RowwiseAdagradOptimizer TieredStorage "
         "__version__ "
-        "dynamic_embedding "
+        "distribute dynamic_embedding "
         "embedding embedding_lookup embedding_lookup_sparse errors examples feature_column "
         "get_dynamic_embedding graph horovod mixed_precision safe_embedding_lookup_sparse serving table "
         "tf_compat tfra utils xla"
@@ -33,6 +33,7 @@ EXPECTED = {
         "restore_values_only restrict safe_embedding_lookup_sparse string_to_key supported_optimizers "
         "warm_start_from_checkpoint warm_start_op"
     ).split(),
+    "tensorflow_ext.distribute": ("WorkQueue").split(),
     "tensorflow_ext.serving": (
         "Follower ServedModel ServingUpdateHook ServingUpdateListener ServingUpdateWriter apply_update export_rows "
         "follow freeze_for_serving freezing in_saved_model_export served_version"

@@ -43,6 +43,7 @@ LAYERS = (
         (
             "tensorflow_ext.serving",
             "tensorflow_ext.horovod",
+            "tensorflow_ext.distribute",
             "tensorflow_ext.graph",
             "tensorflow_ext.xla",
             "tensorflow_ext.mixed_precision",

@@ -405,8 +405,10 @@ def init(node_size=None, **kwargs):
 
     Raises:
       ValueError: node_size does not divide the number of ranks, the number of ranks is unknown before
-        `hvd.init` (not started by horovodrun or the Gloo environment variables), or one of Horovod's rank-layout
-        variables (HOROVOD_SIZE, HOROVOD_RANK, ...) is set to something that is not an int (named with its value).
+        `hvd.init` (not started by horovodrun or the Gloo environment variables), one of Horovod's rank-layout
+        variables (HOROVOD_SIZE, HOROVOD_RANK, ...) is set to something that is not an int (named with its value),
+        or Horovod did not start (named with this rank's 2D settings: ranks started with different node sizes
+        register different process sets, which Horovod refuses on one of them).
     """
     hvd = _hvd.require_horovod()
     _check_launch_env()
@@ -423,7 +425,8 @@ def init(node_size=None, **kwargs):
                 "HOROVOD_LOCAL_SIZE) or set %sNODE_SIZE" % (ENV_PREFIX, ENV_PREFIX)
             )
     if node_size is None:
-        hvd.init(**kwargs)
+        sets = list(kwargs.pop("process_sets", None) or [])
+        _start(hvd, sets, None, 0, kwargs)
         return
     size = _env_int("HOROVOD_SIZE")
     if size is None:
@@ -436,11 +439,33 @@ def init(node_size=None, **kwargs):
     ours = []
     if 1 < node_size < size:
         ours = [hvd.ProcessSet(r) for r in nodes] + [hvd.ProcessSet(r) for r in cross]
-    hvd.init(process_sets=sets + ours, **kwargs)
+    _start(hvd, sets + ours, node_size, len(ours), kwargs)
     if ours:
         _registered[node_size] = (ours[: len(nodes)], ours[len(nodes) :])
     else:
         _registered[node_size] = (None, None)
+
+
+def _start(hvd, process_sets, node_size, ours, kwargs):
+    """hvd.init with `process_sets` (`ours` of them the 2D allreduce's for `node_size`).
+
+    Raises:
+      ValueError: Horovod did not start; the message names this rank's 2D settings, the usual cause being ranks
+        started with different ones (Horovod fails on the rank that sees the mismatch and only logs why; the
+        others stop at their first collective).
+    """
+    try:
+        if process_sets:
+            hvd.init(process_sets=process_sets, **kwargs)
+        else:
+            hvd.init(**kwargs)
+    except ValueError as e:
+        raise ValueError(
+            "init: Horovod did not start (%s). This rank registered %d process sets, %d of them the 2D allreduce's "
+            "(node_size=%s). Horovod's log above names its reason; when it says the ranks set up mismatching "
+            "process sets, start every rank with the same node_size, %sNODE_SIZE and %sHIERARCHICAL"
+            % (e, len(process_sets), ours, node_size, ENV_PREFIX, ENV_PREFIX)
+        ) from e
 
 
 def hierarchical_process_sets(node_size=None):

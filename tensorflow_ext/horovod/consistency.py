@@ -252,7 +252,8 @@ def _raise_mismatch(texts, lengths):
     detail = describe_mismatch(out) or "the configurations differ (%s)" % " | ".join(out)
     message = (
         "tensorflow_ext.horovod: the ranks built different models, so their collectives cannot be "
-        "matched: %s. Every rank must run the same model code with the same arguments." % detail
+        "matched: %s. Every rank must run the same model code with the same arguments (and the same TF_EXT_HVD_* "
+        "environment overrides of DistributedOptimizer's reduction)." % detail
     )
     # Also written at once: when the job ends, the launcher stops the other ranks and may lose the end of their
     # output (the traceback with the error).

@@ -137,6 +137,9 @@ class _DistributedOptimizer(tf.compat.v1.train.Optimizer):
         grads_and_vars = self._optimizer.compute_gradients(*args, **kwargs)
         if self._process_set.size() == 1 or hvd_embedding.in_single_process():
             return grads_and_vars
+        # Declared now, not only in apply_gradients: the collectives built below run behind the configuration check,
+        # which must already compare these settings when the gradients alone are run.
+        consistency.declare("DistributedOptimizer '%s'" % self._name, self._reduction_settings())
         out = []
         fast = []  # indices into out of the dense gradients for the accelerated reduction
         with tf.name_scope(self._name + "_Allreduce"):
@@ -176,7 +179,11 @@ class _DistributedOptimizer(tf.compat.v1.train.Optimizer):
         return op
 
     def _reduction_settings(self):
+        """The settings every rank must share, resolved: a 2D node size left to Horovod is its local_size here."""
         config = self._config
+        node_size = config.node_size
+        if config.hierarchical and node_size is None:
+            node_size = self._hvd.local_size()
         return [
             ("optimizer", type(self._optimizer).__name__),
             ("op", {self._hvd.Average: "Average", self._hvd.Sum: "Sum"}.get(self._op, self._op)),
@@ -184,11 +191,11 @@ class _DistributedOptimizer(tf.compat.v1.train.Optimizer):
             ("horovod compression", getattr(self._compression, "__name__", self._compression)),
             ("sparse_as_dense", self._sparse_as_dense),
             ("gradient_predivide_factor", self._predivide),
+            ("hierarchical", config.hierarchical),
+            ("node_size", node_size),
         ] + [
             (k, getattr(config, k))
             for k in (
-                "hierarchical",
-                "node_size",
                 "topk_ratio",
                 "topk_min_elements",
                 "topk_warmup_steps",

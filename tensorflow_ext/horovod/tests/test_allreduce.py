@@ -131,3 +131,54 @@ def test_malformed_launch_variables_are_named():
         name, value = list(case_env.items())[-1]
         assert line.startswith("ValueError environment variable %s=%r is not an int" % (name, value)), line
         assert "start the job with horovodrun" not in line, line
+
+
+COMPRESSION_WORKER = os.path.join(HERE, "compression_worker.py")
+
+
+def test_fused_kernels_reduce_like_the_tensorflow_chain_on_2_ranks():
+    """DenseReducer (pack, Horovod, unpack; Top-K select, allgather, scatter-add) gives the bits of the pure
+    TensorFlow + Horovod chain it replaced: none/fp16/bf16, Average with and without a predivide factor, Sum, fused
+    and unfused buckets, Top-K residuals over 3 steps."""
+    code, out = horovodrun(2, COMPRESSION_WORKER, "reference")
+    assert code == 0, out[-8000:]
+    for r in range(2):
+        assert "RANK %d REFERENCE OK" % r in out, out[-8000:]
+
+
+def test_ranks_with_different_compression_settings_are_refused_before_the_first_exchange():
+    """Rank 1 alone gets a TF_EXT_HVD_* override: the first step fails on both ranks naming the setting and both
+    values, with the variables untouched; also when only the gradients are run. Equal overrides train alike."""
+    code, out = horovodrun(2, COMPRESSION_WORKER, "settings")
+    assert code == 0, out[-8000:]
+    prefix = "DistributedOptimizer 'DistributedGradientDescentOptimizer': "
+    expected = {
+        "compression": ["compression differs across ranks: rank 0: none, rank 1: fp16"],
+        "compression kinds": ["compression differs across ranks: rank 0: bf16, rank 1: fp16"],
+        "topk_ratio": ["topk_ratio differs across ranks: rank 0: 0.01, rank 1: 0.02"],
+        "hierarchical": [
+            "hierarchical differs across ranks: rank 0: False, rank 1: True",
+            "node_size differs across ranks: rank 0: None, rank 1: 2",
+        ],
+        "node_size": ["node_size differs across ranks: rank 0: 2, rank 1: 1"],
+        "fusion_bytes": ["fusion_bytes differs across ranks: rank 0: 67108864, rank 1: 1024"],
+        "gradients only": ["topk_ratio differs across ranks: rank 0: None, rank 1: 0.5"],
+    }
+    for r in range(2):
+        for case, parts in expected.items():
+            lines = [line for line in out.splitlines() if "RANK %d CASE %s REFUSED:" % (r, case) in line]
+            assert len(lines) == 1, (r, case, out[-8000:])
+            for part in parts:
+                assert prefix + part in lines[0], (r, case, part, lines[0])
+    digests = [line.rsplit(" ", 1)[1] for line in out.splitlines() if "CASE same TRAINED" in line]
+    assert len(digests) == 2 and digests[0] == digests[1], out[-8000:]
+
+
+def test_ranks_started_with_different_node_sizes_are_refused_at_init():
+    """TF_EXT_HVD_NODE_SIZE on one rank of 4: its process sets differ from the others'. Horovod refuses them on one
+    rank, which names its 2D settings and the fix; no rank starts training (none hangs)."""
+    code, out = horovodrun(4, COMPRESSION_WORKER, "init")
+    assert code != 0, out[-8000:]
+    assert "STARTED" not in out, out[-8000:]
+    assert "init: Horovod did not start" in out, out[-8000:]
+    assert "start every rank with the same node_size, TF_EXT_HVD_NODE_SIZE and TF_EXT_HVD_HIERARCHICAL" in out

@@ -34,6 +34,13 @@ only imports tensorflow_ext; ``--serve_frozen`` and ``--serve_dtype`` choose its
 tables (frozen or plain; float32, bfloat16, float16 or int8 rows), ``--served_auc``
 reports the export's AUC on the evaluation data, computed in a fresh session.
 
+Live serving: ``--serve_live`` runs a day of training beside a follower process
+(``python -m tensorflow_ext.serving.follow``) that serves the start-of-day export,
+made updatable (``freeze_for_serving(live_model="ctr")``), and applies the serving
+updates the trainer writes every ``--update_secs``; the job scores held-out slices of
+the drifting stream through the follower's HTTP endpoint and beside the start-of-day
+export, and reports both AUCs over the day (summary: ``live``).
+
 Compact rows: ``--value_dtype bfloat16|float16`` stores the tables' embedding
 columns in half precision (``--slot_dtype same``: the optimizer's slots too;
 ``--rounding``: how updates are rounded back); ``--optimizer rowwise_adagrad`` keeps
@@ -49,7 +56,8 @@ The modules, bottom to top: ``flags`` (the command line), ``log`` (output lines,
 TensorFlow's logs), ``data`` (input pipelines, the serving input),
 ``checkpoints`` (what the example keeps in ``--model_dir``), ``progress`` (the
 training hook), ``model`` (the ``model_fn``), ``served`` (the export's row storage
-and its served AUC), ``train`` (one run), ``days``
+and its served AUC), ``follower`` (the follower process of ``--serve_live`` and its
+HTTP client), ``live`` (a live-serving day), ``train`` (one run), ``days``
 (``--days``), ``cli`` (the command); ``__main__`` runs it. This package exports
 the entry points below.
 """

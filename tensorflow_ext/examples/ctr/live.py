@@ -7,7 +7,7 @@ A live day is one run of the job (:func:`train.run`) with these additions:
    "ctr")``), the *daily export*, under ``<model_dir>/live_exports``.
 2. A follower process (:mod:`follower`: ``python -m tensorflow_ext.serving.follow``) serves it over HTTP and applies
    each serving update the trainer writes into ``--updates_dir``, in order.
-3. The trainer trains ``--steps`` with a ``ServingUpdateHook`` (``tensorflow_ext.serving.updates``) writing an update every
+3. The trainer trains ``--steps`` with a ``tf_ext.serving.ServingUpdateHook`` writing an update every
    ``--update_secs`` seconds (and a last one when training ends).
 4. Every ``--live_eval_secs`` (and once before the first step) the job scores a held-out slice of the current data
    (``--live_eval_batches`` batches of the synthetic stream's evaluation split, at the clock of the batch being
@@ -31,13 +31,13 @@ import time
 import numpy as np
 import tensorflow as tf
 
+from tensorflow_ext import serving
 from tensorflow_ext.examples import synthetic
 from tensorflow_ext.examples.ctr import data
 from tensorflow_ext.examples.ctr import follower
 from tensorflow_ext.examples.ctr import log
 from tensorflow_ext.examples.ctr import served
 from tensorflow_ext.serving import update_format
-from tensorflow_ext.serving import updates
 
 # The served model's name: the trainer's updates carry it, and the live export refuses updates of another model.
 MODEL_NAME = "ctr"
@@ -136,7 +136,7 @@ class LiveDay(object):
                 args.update_secs,
                 args.updates_dir,
             )
-        self._update_hook = updates.ServingUpdateHook(
+        self._update_hook = serving.ServingUpdateHook(
             args.updates_dir, every_secs=args.update_secs, model_name=MODEL_NAME
         )
         return [self._update_hook, LiveEvalHook(self, args.live_eval_secs)]

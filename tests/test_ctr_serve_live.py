@@ -55,7 +55,7 @@ def test_serve_live_two_days(tmp_path):
     # from the day's first step; no full update is needed).
     s2, log2, _ = _run_ctr(*_LIVE, "--model_dir", model_dir)
     live2 = _check_day(s2, log2, s1["global_step"])
-    assert live2["follower"]["stats"]["resyncs"] == 0, live2["follower"]
+    assert live2["updates"]["full"] == 0 and live2["follower"]["stats"]["resyncs"] == 0, live2
     assert live2["final"]["live_auc"] >= live2["final"]["daily_auc"], live2["final"]
     print("day 1: %s\nday 2: %s" % (live1["final"], live2["final"]))
 

@@ -326,6 +326,7 @@ def _serve(args):
 def _reload(args):
     """A full reload: the export loaded a second time into a new session beside the first, then the first closed."""
     tf, _ = _import_tf()
+    rss_start = _rss()
     sampler = _RssSampler()
 
     def load():
@@ -346,7 +347,7 @@ def _reload(args):
     samples = sampler.stop()
     second.close()
     with open(args.out, "w") as f:
-        json.dump(dict(rss=samples, t_reload=t_reload, t_swapped=t_swapped, load_end=_load()), f)
+        json.dump(dict(rss=samples, rss_start=rss_start, t_reload=t_reload, t_swapped=t_swapped, load_end=_load()), f)
 
 
 # --------------------------------------------------------------------------- apply (a child process)
@@ -518,6 +519,7 @@ def _serve_figures(args, variant, r, publish, published, load_start):
         qps=n / (window[1] - window[0]) if n else 0.0,
         p50_ms=float(np.percentile(lat, 50)) if n else None,
         p99_ms=float(np.percentile(lat, 99)) if n else None,
+        rss_start=r["rss_start"],  # before the model was loaded: the process's own (TensorFlow's) memory
         rss_steady=float(np.median(steady)) if steady else None,
         rss_max=float(max(during)) if during else None,
         freshness=fresh,
@@ -537,6 +539,7 @@ def _run_reload(args, work):
         r = json.load(f)
     steady = [b for t, b in r["rss"] if t < r["t_reload"]]
     return dict(
+        rss_start=r["rss_start"],
         rss_steady=float(np.median(steady[len(steady) // 2 :])),
         rss_max=float(max(b for _, b in r["rss"])),
         reload_s=r["t_swapped"] - r["t_reload"],
@@ -556,6 +559,13 @@ def _run_apply(args, work, form, chain):
     return r
 
 
+def _ratio(peak, steady, base=0):
+    """ "1.23x": (peak - base) / (steady - base), or "-"."""
+    if not peak or not steady or steady <= base:
+        return "-"
+    return "%.2fx" % ((peak - base) / float(steady - base))
+
+
 def _report(result):
     lines = ["keys %d in %d tables (dim 9), changed per update %d, removed %d; %d client threads, batch %d" % (
         result["keys"], result["tables"], result["changed_keys"], result["removed_keys"], result["clients"],
@@ -564,15 +574,23 @@ def _report(result):
         fresh = ", ".join("%.2f s (write %.2f + visible %.2f)" % (
             f["freshness_s"], f["write_s"], f["publish_to_visible_s"]) for f in run["freshness"])  # fmt: skip
         lines.append(
-            "serve %-7s %7.0f req/s p50 %6.2f ms p99 %6.2f ms  RSS steady %6.1f MiB max %6.1f MiB  freshness %s  "
-            "load %s..%s" % (run["variant"], run["qps"], run["p50_ms"] or 0, run["p99_ms"] or 0,
-                             (run["rss_steady"] or 0) / 2**20, (run["rss_max"] or 0) / 2**20, fresh or "-",
+            "serve %-7s %7.0f req/s p50 %6.2f ms p99 %6.2f ms  RSS steady %6.1f MiB max %6.1f MiB (%s; the model's "
+            "part %s)  freshness %s  load %s..%s" % (run["variant"], run["qps"], run["p50_ms"] or 0, run["p99_ms"] or 0,
+                             (run["rss_steady"] or 0) / 2**20, (run["rss_max"] or 0) / 2**20,
+                             _ratio(run["rss_max"], run["rss_steady"]),
+                             _ratio(run["rss_max"], run["rss_steady"], run["rss_start"]), fresh or "-",
                              run["load_start"][0], run["load_end"][0])  # fmt: skip
         )
     for run in result["reload"]:
         lines.append(
-            "reload: RSS steady %.1f MiB, max %.1f MiB (%.2fx), %.1f s"
-            % (run["rss_steady"] / 2**20, run["rss_max"] / 2**20, run["rss_max"] / run["rss_steady"], run["reload_s"])
+            "reload: RSS steady %.1f MiB, max %.1f MiB (%s; the model's part %s), %.1f s"
+            % (
+                run["rss_steady"] / 2**20,
+                run["rss_max"] / 2**20,
+                _ratio(run["rss_max"], run["rss_steady"]),
+                _ratio(run["rss_max"], run["rss_steady"], run["rss_start"]),
+                run["reload_s"],
+            )
         )
     for run in result["apply"]:
         lines.append(

@@ -4,8 +4,23 @@ A trainer writes serving updates (`tensorflow_ext.serving.updates`) into one dir
 (`tensorflow_ext.serving.live`) applies them; the follower (`tensorflow_ext.serving.follow`) finds them. All three
 read the names below from here, and the C++ apply op compares the same layout lines.
 
-An update is a directory `update-<to_step:012d>` (written as `.tmp-<random>` and renamed when complete, so a reader
-never sees a partial update) holding
+An updates directory holds two kinds of entries, both written as `.tmp-<random>` and renamed when complete (so a
+reader never sees a partial one):
+
+  update-<to_step:012d>   the chain: every update the trainer wrote, in to_step order, each a delta from the previous
+                          one's to_step, or a full update where the trainer could not write a delta (its first update,
+                          or one after changes its change log could not follow). A follower applies the chain in
+                          order: a delta costs the served model only its changed rows.
+  full-<to_step:012d>     a full snapshot beside the chain: every `full_every`-th update, the trainer also writes the
+                          whole model at that update's to_step (kind "full", same format; published after the chain's
+                          update of that step). The chain does not need it: a follower reads it only to resync, when
+                          its version is older than the oldest delta it could chain from (a gap, or updates deleted by
+                          the trainer's `keep`, which deletes only entries older than the newest full one, snapshot or
+                          chained: that one and every delta after it stay). Applying a full update rebuilds every table
+                          beside the served one: about twice the tables' memory while it applies, like loading the
+                          SavedModel again.
+
+Each of them is a directory holding
 
   update.index, update.data-*   a TF tensor bundle (SaveV2; every tensor CRC-checked when read) with
       tf_ext_update/model_name  string []   the model the update belongs to
@@ -59,11 +74,14 @@ __all__ = [
     "keys_name",
     "layout",
     "layout_difference",
+    "list_snapshots",
     "list_updates",
     "parse_layout",
+    "parse_snapshot_dir_name",
     "parse_update_dir_name",
     "read_manifest",
     "removed_name",
+    "snapshot_dir_name",
     "table_entry",
     "update_dir_name",
     "values_name",
@@ -76,6 +94,8 @@ MANIFEST_NAME = "MANIFEST.json"
 TMP_PREFIX = ".tmp-"
 _DIR_PREFIX = "update-"
 _DIR_RE = re.compile(r"^update-(\d{12,})$")
+_SNAPSHOT_PREFIX = "full-"
+_SNAPSHOT_RE = re.compile(r"^full-(\d{12,})$")
 
 META_MODEL_NAME = "tf_ext_update/model_name"
 META_LAYOUT = "tf_ext_update/layout"
@@ -181,14 +201,31 @@ def layout_difference(model_layout, update_layout):
 
 
 def update_dir_name(to_step):
+    """The base name of the chain's update at `to_step`."""
+    return _dir_name(_DIR_PREFIX, to_step, "an update")
+
+
+def snapshot_dir_name(to_step):
+    """The base name of the full snapshot at `to_step` (written beside the chain's update of that step)."""
+    return _dir_name(_SNAPSHOT_PREFIX, to_step, "a snapshot")
+
+
+def _dir_name(prefix, to_step, what):
     if int(to_step) < 0:
-        raise UpdateFormatError("an update's to_step must be >= 0, got %d" % to_step)
-    return "%s%012d" % (_DIR_PREFIX, int(to_step))
+        raise UpdateFormatError("%s's to_step must be >= 0, got %d" % (what, to_step))
+    return "%s%012d" % (prefix, int(to_step))
 
 
 def parse_update_dir_name(name):
-    """The to_step of an update directory's base name, or None for any other name (temporaries included)."""
+    """The to_step of a chain update directory's base name, or None for any other name (temporaries and snapshots
+    included)."""
     m = _DIR_RE.match(name)
+    return int(m.group(1)) if m else None
+
+
+def parse_snapshot_dir_name(name):
+    """The to_step of a full snapshot directory's base name, or None for any other name."""
+    m = _SNAPSHOT_RE.match(name)
     return int(m.group(1)) if m else None
 
 
@@ -198,14 +235,24 @@ def bundle_prefix(update_dir):
 
 
 def list_updates(updates_dir):
-    """[(to_step, path)] of the complete updates in `updates_dir`, by to_step (an absent directory: [])."""
+    """[(to_step, path)] of the complete updates of the chain in `updates_dir`, by to_step (an absent directory:
+    [])."""
+    return _list(updates_dir, parse_update_dir_name)
+
+
+def list_snapshots(updates_dir):
+    """[(to_step, path)] of the complete full snapshots in `updates_dir`, by to_step (an absent directory: [])."""
+    return _list(updates_dir, parse_snapshot_dir_name)
+
+
+def _list(updates_dir, parse):
     try:
         names = os.listdir(updates_dir)
     except FileNotFoundError:
         return []
     found = []
     for name in names:
-        step = parse_update_dir_name(name)
+        step = parse(name)
         if step is not None:
             found.append((step, os.path.join(updates_dir, name)))
     return sorted(found)

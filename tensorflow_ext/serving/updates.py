@@ -18,12 +18,19 @@ Removed keys come from the table's change log, channel "serving": the log of del
 delta checkpoints, writes the log cannot follow by version (a preload `insert`, an import, a restore, a lookup
 without a global step) and a log past `max_removed_keys` make the next update a full one.
 
-Which updates are full: every `full_every`-th update of a writer, `write(sess, full=True)`, any update after an
-untracked write or a log overflow, and the first update of a writer whose channel was started at the write itself.
-The first update of a run (the hook starts the channel when the session is created, after the checkpoint restore)
-is a delta from the global step at session start when the directory is empty or its newest update is at that step,
-so a follower whose model is at that step continues; otherwise it is full (a follower of the directory would see a
-gap, or an earlier run's updates past the restored checkpoint that this run never trained).
+The chain of updates (`update-<to_step>`) is made of deltas, but where the writer cannot write one: a full update
+follows an untracked write or a log overflow, and is the first update of a writer whose channel was started at the
+write itself. The first update of a run (the hook starts the channel when the session is created, after the
+checkpoint restore) is a delta from the global step at session start when the directory is empty or its newest
+update is at that step, so a follower whose model is at that step continues; otherwise it is full (a follower of the
+directory would see a gap, or an earlier run's updates past the restored checkpoint that this run never trained).
+
+Full snapshots (`full-<to_step>`): every `full_every`-th update, and at `write(sess, full=True)`, the writer writes
+the usual update into the chain and then a full snapshot of the same step beside it. A follower applies the chain
+(deltas: memory for the changed rows only) and reads a snapshot only to resync, when the chain cannot take it from
+its version (a gap, or a version older than the oldest update kept): applying a full update rebuilds every table
+beside the served one, about twice the tables' memory while it applies (as a reload of the SavedModel). The chain's
+own full updates cost a follower the same. A snapshot that fails to be written is retried at the next update.
 
 Updates are numbered by their to_step, which strictly increases over the directory: a write at a global step that
 did not advance past the directory's newest update writes nothing and returns None.
@@ -34,9 +41,11 @@ only then is the channel committed. A writer killed at any point leaves no parti
 one, deleted by the next writer). An error while writing (a full disk, a permission) is logged and counted
 (`stats["failed"]`); training goes on, nothing is committed, and the next update covers the same range.
 
-`keep` bounds the directory: older updates beyond the newest `keep` are deleted (renamed to a `.tmp-*` name first,
-so a reader never sees half of one), except the newest full update and every delta after it (what a follower at
-any version needs: a resync from the full one, then the deltas), and every update while no full one exists.
+`keep` bounds the directory: updates of the chain older than the newest `keep` ones are deleted (renamed to a
+`.tmp-*` name first, so a reader never sees half of one), but only those older than the newest full one, a snapshot
+or a full update of the chain (what a follower at any version needs is that full one and every update after it: a
+resync, then the chain); snapshots older than the newest full one are deleted (a resync reads the newest); nothing
+is deleted while no full one exists.
 
 Horovod: in a data-parallel job only rank 0 writes (the others hold the same rows); model-parallel embeddings (each
 rank holds part of the keys) are refused. Parameter-server training: every worker sees the same tables, so give the
@@ -61,7 +70,7 @@ __all__ = ["SERVING_CHANNEL", "ServingUpdateHook", "ServingUpdateListener", "Ser
 
 # The change-log channel of serving updates (delta checkpoints use "checkpoint").
 SERVING_CHANNEL = "serving"
-STATS_FIELDS = ("written", "failed", "full", "skipped", "keys", "removed", "bytes")
+STATS_FIELDS = ("written", "failed", "full", "snapshots", "skipped", "keys", "removed", "bytes")
 _SCOPE = "tf_ext_serving_updates/"
 
 # Tests only: called as _test_hook(stage, path) at "bundle_written" (the tmp directory holds the bundle),
@@ -238,16 +247,19 @@ class ServingUpdateWriter(object):
     Args:
       updates_dir: the directory of updates (a local path; created when missing).
       model_name: the name the served model checks (`freeze_for_serving(live_model=...)`).
-      full_every: int >= 1: every full_every-th update of the writer is full (1: all).
-      keep: int >= 1: updates kept (see the module docstring for what is never deleted), or None: keep all.
+      full_every: int >= 1: every full_every-th update of the writer has a full snapshot beside it (1: every
+        update). The chain itself stays deltas (see the module docstring).
+      keep: int >= 1: updates of the chain kept (see the module docstring for what is never deleted), or None: keep
+        every update and snapshot.
       dense_variables: more variables (or names) to write besides the trainable ones and MODEL_VARIABLES.
       max_removed_keys: removed keys each shard logs between updates (8 bytes each); past that the next is full.
       summary_dir: where to write TensorBoard scalars `tf_ext/serving_updates/{written,failed,keys,bytes}` after
         each attempt (None: none).
 
     Attributes:
-      stats: a dict of counts since construction: written, failed, full, skipped (nothing new), keys (rows
-        written), removed (keys), bytes.
+      stats: a dict of counts since construction: written (updates of the chain), failed (writes of an update
+        or a snapshot), full (full updates of the chain), snapshots (full snapshots written), skipped (nothing new),
+        keys (rows written into the chain), removed (keys), bytes (of updates and snapshots).
     """
 
     def __init__(
@@ -275,6 +287,7 @@ class ServingUpdateWriter(object):
         self._summary_dir = summary_dir
         self._part = None
         self._kinds = {}  # update path -> kind, of the updates this writer wrote or read
+        self.last_snapshot = None  # the manifest of the snapshot the last write() wrote, if it wrote one
         self._cleaned = False
         self.stats = {k: 0 for k in STATS_FIELDS}
         self._reset()
@@ -284,7 +297,7 @@ class ServingUpdateWriter(object):
 
     def _reset(self):
         self._base = None  # the step the next delta starts from (the last to_step, or the step at start)
-        self._chain = 0  # updates since (and with) the last full one (or the start); 0: none yet
+        self._chain = 0  # updates since (and with) the last full one or snapshot (or the start); 0: none yet
 
     @property
     def updates_dir(self):
@@ -332,18 +345,19 @@ class ServingUpdateWriter(object):
         sess.run(part.start)
         self._reset()
         self._base = int(sess.run(part.read_global_step))
-        self._chain = 1  # the state at start counts as the full one (a follower's model at this step)
+        self._chain = 1  # the state at start counts as a full one (a follower's model at this step)
 
     def write(self, sess, full=False):
         """Writes one serving update, if the global step advanced past the directory's newest update.
 
         Args:
           sess: a Session of the training graph (a hook's run_context.session works too).
-          full: write a full update.
+          full: write a full snapshot beside the update (as every `full_every`-th update does).
 
         Returns:
-          The manifest written (a dict, see update_format), or None: nothing new, not rank 0, or a failure
-          (logged and counted in `stats["failed"]`; the next update covers its range).
+          The manifest of the update written into the chain (a dict, see update_format), or None: nothing new, not
+          rank 0, or a failure (logged and counted in `stats["failed"]`; the next update covers its range). A
+          snapshot written with it is `last_snapshot` (its manifest; None when none was written).
         """
         part = self._part_for(sess)
         if _writer_rank() != 0:
@@ -365,26 +379,38 @@ class ServingUpdateWriter(object):
             self.stats["skipped"] += 1  # nothing trained since the newest update (or since start())
             return None
         want_delta = (
-            not full
-            and not started_now
+            not started_now
             and self._base is not None
             and self._base < step
             and (newest is None or newest == self._base)
-            and self._chain < self._full_every  # the full one and full_every - 1 deltas after it
         )
-        manifest = self._write(sess, part, step, want_delta)
-        self._summaries(step, manifest)
+        self.last_snapshot = None
+        manifest = self._write(sess, part, step, want_delta, update_format.update_dir_name(step))
         if manifest is None:
+            self._summaries(step, None)
             return None
         sess.run(part.commit)
         self._base = step
-        self._chain = 1 if manifest["kind"] == update_format.KIND_FULL else self._chain + 1
+        if manifest["kind"] == update_format.KIND_FULL:
+            self._chain = 1
+        else:
+            self._chain += 1
+            # The full one and full_every - 1 deltas after it; a snapshot that failed is tried at the next update.
+            if full or self._chain > self._full_every:
+                # The same state as the update just written (no step runs between the two): the log's removals
+                # are committed, and a full write reads every row, none of the log.
+                self.last_snapshot = self._write(sess, part, step, False, update_format.snapshot_dir_name(step))
+                if self.last_snapshot is not None:
+                    self._chain = 1
+        self._summaries(step, manifest)
         self._prune()
         return manifest
 
-    def _write(self, sess, part, step, want_delta):
-        """Writes and publishes the update; returns its manifest, or None after a failure (logged, counted)."""
-        final = os.path.join(self._dir, update_format.update_dir_name(step))
+    def _write(self, sess, part, step, want_delta, name):
+        """Writes and publishes the update (or snapshot) `name`; returns its manifest, or None after a failure
+        (logged, counted)."""
+        snapshot = update_format.parse_snapshot_dir_name(name) is not None
+        final = os.path.join(self._dir, name)
         tmp = os.path.join(self._dir, update_format.TMP_PREFIX + uuid.uuid4().hex)
         try:
             os.makedirs(self._dir, exist_ok=True)
@@ -424,7 +450,7 @@ class ServingUpdateWriter(object):
             _stage("manifest_written", tmp)
             os.rename(tmp, final)
         except (tf.errors.OpError, OSError) as e:
-            self._failed(step, e)
+            self._failed(step, e, snapshot)
             shutil.rmtree(tmp, ignore_errors=True)
             return None
         try:
@@ -434,16 +460,20 @@ class ServingUpdateWriter(object):
                 "serving updates: cannot fsync %s after publishing %s: %s", self._dir, final, e
             )
         _stage("renamed", final)
-        self._kinds[final] = kind
-        self.stats["written"] += 1
-        self.stats["full"] += kind == update_format.KIND_FULL
-        self.stats["keys"] += manifest["keys"]
-        self.stats["removed"] += manifest["removed"]
         self.stats["bytes"] += nbytes
+        if snapshot:
+            self.stats["snapshots"] += 1
+        else:
+            self._kinds[final] = kind
+            self.stats["written"] += 1
+            self.stats["full"] += kind == update_format.KIND_FULL
+            self.stats["keys"] += manifest["keys"]
+            self.stats["removed"] += manifest["removed"]
         tf.compat.v1.logging.info(
-            "serving updates: wrote %s (%s from step %d, %d rows, %d removed keys, %d bytes)",
+            "serving updates: wrote %s (%s%s from step %d, %d rows, %d removed keys, %d bytes)",
             final,
             kind,
+            " snapshot" if snapshot else "",
             manifest["from_step"],
             manifest["keys"],
             manifest["removed"],
@@ -451,14 +481,20 @@ class ServingUpdateWriter(object):
         )
         return manifest
 
-    def _failed(self, step, error):
+    def _failed(self, step, error, snapshot=False):
         self.stats["failed"] += 1
         tf.compat.v1.logging.warning(
-            "serving updates: writing the update at step %d into %s failed (%d failures so far); training goes on "
-            "and the next update covers the same steps: %s",
+            "serving updates: writing the %s at step %d into %s failed (%d failures so far); training goes on and %s: "
+            "%s",
+            "full snapshot" if snapshot else "update",
             step,
             self._dir,
             self.stats["failed"],
+            (
+                "the update of that step is in the chain, the next update writes a snapshot"
+                if snapshot
+                else "the next update covers the same steps"
+            ),
             error,
         )
 
@@ -478,29 +514,32 @@ class ServingUpdateWriter(object):
         return self._kinds[path]
 
     def _prune(self):
-        """Deletes the updates beyond `keep`, never the newest full one nor a delta after it."""
+        """Deletes the updates of the chain beyond `keep` and the snapshots, if older than the newest full one."""
         if self._keep is None:
             return
         try:
             updates = update_format.list_updates(self._dir)
+            snapshots = update_format.list_snapshots(self._dir)
         except OSError as e:
             tf.compat.v1.logging.warning("serving updates: cannot list %s to delete old updates: %s", self._dir, e)
             return
-        if len(updates) <= self._keep:
-            return
-        fulls = [i for i, (_, path) in enumerate(updates) if self._kind(path) == update_format.KIND_FULL]
+        fulls = [step for step, path in updates if self._kind(path) == update_format.KIND_FULL]
+        fulls += [step for step, _ in snapshots]
         if not fulls:
-            return  # every delta may be needed by a follower at some step of the chain
-        end = min(len(updates) - self._keep, fulls[-1])
-        for _, path in updates[:end]:
+            return  # every update may be needed by a follower at some step of the chain
+        newest_full = max(fulls)
+        older = sum(1 for step, _ in updates if step < newest_full)
+        doomed = [path for _, path in updates[: min(len(updates) - self._keep, older)]]
+        doomed += [path for step, path in snapshots if step < newest_full]
+        for path in doomed:
             # Renamed first: a reader listing the directory never sees half of a deleted update.
-            doomed = os.path.join(self._dir, update_format.TMP_PREFIX + uuid.uuid4().hex)
+            tmp = os.path.join(self._dir, update_format.TMP_PREFIX + uuid.uuid4().hex)
             try:
-                os.rename(path, doomed)
+                os.rename(path, tmp)
             except OSError as e:
                 tf.compat.v1.logging.warning("serving updates: cannot delete %s: %s", path, e)
                 continue
-            shutil.rmtree(doomed, ignore_errors=True)
+            shutil.rmtree(tmp, ignore_errors=True)
             self._kinds.pop(path, None)
 
     def _summaries(self, step, manifest):

@@ -490,9 +490,10 @@ def test_live_models_refuse_what_they_cannot_update(tmp_path):
 
 def test_a_trainers_updates_bring_the_served_model_to_the_trainers_state(trained, exports, tmp_path):
     """The trainer goes on from the exported checkpoint with a ServingUpdateWriter (deltas with new, retrained and
-    removed keys, some of them removed and trained again between two updates, then a full update); the live exports,
-    given its updates in order, serve after each one what numpy computes from the trainer's parameters at that
-    update (so a delta that lost a removal or a row shows, not only the full update that ends the run)."""
+    removed keys, some of them removed and trained again between two updates, the last one with a full snapshot
+    beside it); the live exports, given its updates in order, serve after each one what numpy computes from the
+    trainer's parameters at that update (so a delta that lost a removal or a row shows), and so does an export given
+    the snapshot alone (a resync)."""
     from tensorflow_ext.serving.updates import ServingUpdateWriter  # pylint: disable=import-outside-toplevel
 
     model_dir, _, step = trained
@@ -532,7 +533,9 @@ def test_a_trainers_updates_bring_the_served_model_to_the_trainers_state(trained
                 sess.run(train, {ids: batch, labels: (batch[:, 1] % 2).astype(np.float32)})
             manifests.append(writer.write(sess, full=round_ == 2))
             stages.append(trainer_params())
-    assert [m["kind"] for m in manifests] == ["delta", "delta", "full"]
+        snapshot = writer.last_snapshot
+    assert [m["kind"] for m in manifests] == ["delta", "delta", "delta"]
+    assert (snapshot["kind"], snapshot["to_step"]) == ("full", manifests[2]["to_step"])
     assert manifests[1]["removed"] > 0
     readded = [k for k in removed_keys.tolist() if k in stages[1]["user"]]
     assert readded and len(readded) < len(removed_keys), "the test must see keys re-added and keys left removed"
@@ -553,8 +556,16 @@ def test_a_trainers_updates_bring_the_served_model_to_the_trainers_state(trained
     request = {"ids": str(tmp_path / "ids.npy"), "exports": {}}
     for name in ("builder_ref", "estimator_resource"):
         request["exports"][name] = dict(path=exports[0][name], loader="tf1", actions=actions)
+    (snapshot_path,) = [p for _, p in update_format.list_snapshots(updates_dir)]
+    request["exports"]["resync"] = dict(
+        path=exports[0]["builder_ref"], loader="tf1", actions=[["apply", snapshot_path], "predict"]
+    )
     report, out = _run_worker(str(tmp_path), request)
-    for name in request["exports"]:
+    assert report["resync"]["results"] == [{"version": to_steps[2], "applied": True}, {"version": to_steps[2]}]
+    np.testing.assert_allclose(
+        out["resync/1/prob"], _numpy_predict(stages[2], serve_ids), rtol=1e-5, atol=1e-6, err_msg="the snapshot"
+    )
+    for name in ("builder_ref", "estimator_resource"):
         results = report[name]["results"]
         assert results[0::2] == [{"version": s, "applied": True} for s in to_steps], results
         assert results[1::2] == [{"version": s} for s in to_steps], results

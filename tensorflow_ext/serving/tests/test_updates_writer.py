@@ -118,7 +118,7 @@ def test_deltas_hold_exactly_the_rows_changed_and_the_keys_removed(tmp_path):
     assert writer.stats["written"] == 6 and writer.stats["full"] == 0 and writer.stats["failed"] == 0
 
 
-def test_full_every_and_after_an_overflow_or_an_untracked_write(tmp_path):
+def test_full_every_writes_snapshots_beside_a_chain_of_deltas_and_overflows_full_updates_into_it(tmp_path):
     udir = str(tmp_path / "updates")
     with tf.Graph().as_default():
         gs, emb, ids, train, remove_ids, remove, _, untracked = worker.build()
@@ -127,13 +127,9 @@ def test_full_every_and_after_an_overflow_or_an_untracked_write(tmp_path):
             sess.run(tf.compat.v1.global_variables_initializer())
             writer.start(sess)
             start = worker.table_state(sess, emb)
-            kinds = []
+            kinds, snapshot_steps = [], []
 
-            def step_and_write(i, before=None):
-                sess.run(train, {ids: worker.batch(i, 10)})
-                if before is not None:
-                    before()
-                manifest = writer.write(sess)
+            def check_write(manifest):
                 kinds.append(manifest["kind"])
                 state = worker.table_state(sess, emb)
                 _, tensors = worker.read_update(_paths(udir)[-1])
@@ -141,7 +137,25 @@ def test_full_every_and_after_an_overflow_or_an_untracked_write(tmp_path):
                     assert manifest["from_step"] == 0 and manifest["removed"] == 0
                     for shard in worker.SHARDS:
                         assert sorted(tensors[uf.keys_name(shard)].tolist()) == sorted(state[0][shard])
+                # The chain alone, from the state at start, gives the trainer's state.
                 worker.assert_same_state(worker.replay(_paths(udir), *start)[:2], state)
+                snapshot = writer.last_snapshot
+                if snapshot is not None:
+                    step = manifest["to_step"]
+                    snapshot_steps.append(step)
+                    path = os.path.join(udir, uf.snapshot_dir_name(step))
+                    got, tensors = worker.read_update(path)
+                    assert got == snapshot and tensors[uf.META_KIND] == b"full"
+                    assert (snapshot["kind"], snapshot["from_step"], snapshot["to_step"]) == (uf.KIND_FULL, 0, step)
+                    assert snapshot["layout"] == manifest["layout"] and snapshot["removed"] == 0
+                    # The snapshot alone is the trainer's state: what a follower resyncs from.
+                    worker.assert_same_state(worker.replay([path])[:2], state)
+
+            def step_and_write(i, before=None):
+                sess.run(train, {ids: worker.batch(i, 10)})
+                if before is not None:
+                    before()
+                check_write(writer.write(sess))
 
             for i in range(5):
                 step_and_write(i)
@@ -153,14 +167,53 @@ def test_full_every_and_after_an_overflow_or_an_untracked_write(tmp_path):
             step_and_write(8)
             step_and_write(9)
             assert writer.write(sess, full=True) is None  # the step did not advance: nothing new
-            step_and_write(10, lambda: None)
+            step_and_write(10)
             sess.run(train, {ids: worker.batch(11, 10)})
-            kinds.append(writer.write(sess, full=True)["kind"])
+            check_write(writer.write(sess, full=True))
     full, delta = uf.KIND_FULL, uf.KIND_DELTA
-    # The state at start counts as the first full one: every third update is full, and so are the updates after
-    # the overflow (6th) and the untracked write (8th), each starting a new count.
-    assert kinds == [delta, delta, full, delta, delta, full, delta, full, delta, delta, full, full], kinds
-    assert writer.stats["full"] == 5 and writer.stats["skipped"] == 1
+    # The chain holds deltas but after the overflow (6th update) and the untracked write (8th): full updates there,
+    # each starting a new count. The state at start counts as the first full one: every third update has a snapshot
+    # beside it (3rd, 11th), and so has the update written with full=True (12th).
+    assert kinds == [delta] * 5 + [full, delta, full] + [delta] * 4, kinds
+    assert snapshot_steps == [3, 11, 12]
+    assert [s for s, _ in uf.list_snapshots(udir)] == snapshot_steps
+    assert [s for s, _ in uf.list_updates(udir)] == list(range(1, 13))
+    stats = writer.stats
+    assert (stats["written"], stats["full"], stats["snapshots"], stats["skipped"]) == (12, 2, 3, 1)
+
+
+def test_a_snapshot_that_fails_is_written_at_the_next_update(tmp_path, monkeypatch):
+    udir = str(tmp_path / "updates")
+    arrivals = []
+
+    def fail_the_third_bundle(stage, path):  # the 2nd update's snapshot's (after updates 1 and 2)
+        if stage == "bundle_written":
+            arrivals.append(path)
+            if len(arrivals) == 3:
+                raise OSError(28, "No space left on device (injected)", path)
+
+    with tf.Graph().as_default():
+        gs, emb, ids, train, *_ = worker.build()
+        writer = updates.ServingUpdateWriter(udir, full_every=2, keep=None)
+        with _session() as sess:
+            sess.run(tf.compat.v1.global_variables_initializer())
+            writer.start(sess)
+            monkeypatch.setattr(updates, "_test_hook", fail_the_third_bundle)
+            snapshots = []
+            for i in range(5):
+                sess.run(train, {ids: worker.batch(i, 10)})
+                manifest = writer.write(sess)
+                assert manifest["kind"] == uf.KIND_DELTA and manifest["to_step"] == i + 1
+                snapshots.append(writer.last_snapshot and writer.last_snapshot["to_step"])
+                if i == 2:
+                    at_3 = worker.table_state(sess, emb)
+    # Due at the 2nd update, failed, written at the 3rd; the count starts again there.
+    assert snapshots == [None, None, 3, None, 5]
+    assert writer.stats["failed"] == 1 and writer.stats["snapshots"] == 2 and writer.stats["written"] == 5
+    assert [s for s, _ in uf.list_snapshots(udir)] == [3, 5]
+    assert [s for s, _ in uf.list_updates(udir)] == [1, 2, 3, 4, 5]
+    assert not [n for n in os.listdir(udir) if n.startswith(uf.TMP_PREFIX)]
+    worker.assert_same_state(worker.replay([os.path.join(udir, uf.snapshot_dir_name(3))])[:2], at_3)
 
 
 def test_a_step_that_did_not_advance_writes_nothing_and_the_next_update_carries_its_removals(tmp_path):
@@ -407,27 +460,45 @@ def test_a_writer_killed_mid_update_leaves_no_partial_update(tmp_path, stage):
 def test_keep_never_deletes_what_a_follower_needs(tmp_path):
     udir = str(tmp_path / "updates")
     with tf.Graph().as_default():
-        gs, emb, ids, train, *_ = worker.build()
+        gs, emb, ids, train, _, _, _, untracked = worker.build()
         writer = updates.ServingUpdateWriter(udir, full_every=3, keep=2)
         with _session() as sess:
             sess.run(tf.compat.v1.global_variables_initializer())
             writer.start(sess)
-            written = []  # (to_step, kind)
-            for i in range(9):
+            start = worker.table_state(sess, emb)
+            written = []  # (to_step, kind, whether a snapshot is beside it)
+            for i in range(11):
                 sess.run(train, {ids: worker.batch(i, 10)})
+                if i == 7:
+                    sess.run(untracked)  # the 8th update is a full one of the chain
                 manifest = writer.write(sess)
-                written.append((manifest["to_step"], manifest["kind"]))
+                written.append((manifest["to_step"], manifest["kind"], writer.last_snapshot is not None))
+                state = worker.table_state(sess, emb)
+                fulls = [s for s, kind, snap in written if kind == uf.KIND_FULL or snap]
                 listed = [step for step, _ in uf.list_updates(udir)]
-                fulls = [j for j, (_, kind) in enumerate(written) if kind == uf.KIND_FULL]
+                snapshots = [step for step, _ in uf.list_snapshots(udir)]
                 if not fulls:
-                    assert listed == [s for s, _ in written]  # every delta may be needed
+                    assert listed == [s for s, _, _ in written] and not snapshots  # every delta may be needed
+                    worker.assert_same_state(worker.replay(_paths(udir), *start)[:2], state)
                     continue
-                first = min(fulls[-1], len(written) - 2)
-                assert listed == [s for s, _ in written[first:]], (listed, written)
-                # A follower at any version resyncs from the newest full update and the deltas after it.
-                paths = _paths(udir)[fulls[-1] - first :]
-                worker.assert_same_state(worker.replay(paths)[:2], worker.table_state(sess, emb))
-    assert [kind for _, kind in written].count(uf.KIND_FULL) == 3
+                # The newest `keep` updates, and every update from the newest full one on; the newest snapshot
+                # only (none when the newest full one is in the chain).
+                newest = fulls[-1]
+                kept = [s for s, _, _ in written]
+                kept = [s for j, s in enumerate(kept) if j >= len(kept) - 2 or s >= newest]
+                assert listed == kept, (listed, written)
+                assert snapshots == [s for s, _, snap in written if snap and s == newest], (snapshots, written)
+                # A follower at any version resyncs from the newest full one, then applies the updates after it.
+                full_path = os.path.join(udir, (uf.snapshot_dir_name if snapshots else uf.update_dir_name)(newest))
+                after = [p for s, p in uf.list_updates(udir) if s > newest]
+                worker.assert_same_state(worker.replay([full_path] + after)[:2], state)
+    kinds = [(kind, snap) for _, kind, snap in written]
+    delta, full = uf.KIND_DELTA, uf.KIND_FULL
+    assert kinds == [(delta, False), (delta, False), (delta, True)] * 2 + [(delta, False), (full, False)] + [
+        (delta, False),
+        (delta, False),
+        (delta, True),
+    ], kinds
 
 
 def _model_fn(features, labels, mode):

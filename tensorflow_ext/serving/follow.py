@@ -16,20 +16,29 @@ too: the model serializes appliers and applies each update at most once.
 
 What the follower does with the updates directory (a listing every `poll_secs`, no file notifications):
 
-* Every complete update newer than the served version (`update-<to_step>`, see `update_format`) is applied in order.
-  Updates at or below the served version are stale and never read.
-* A delta that starts past the served version is a gap: the follower applies the newest full update past it (a
-  resync, counted) or, if none is there, waits for the missing updates (`stats["waiting"]` says which) and applies
-  nothing after the gap.
+* Every complete update of the chain newer than the served version (`update-<to_step>`, see `update_format`) is
+  applied in order. Updates at or below the served version are stale and never read. A delta costs the model the
+  memory of its changed rows.
+* A delta that starts past the served version is a gap (so is a follower whose version is older than the oldest
+  delta kept): the follower applies the newest full update past its version, a full snapshot (`full-<to_step>`) or
+  a full update of the chain (a resync, counted), then the chain after it; if there is none, it waits for the missing
+  updates (`stats["waiting"]` says which) and applies nothing after the gap. Snapshots are read for resyncs only. A
+  full update rebuilds every table beside the served one: while it applies the model needs about twice the memory
+  of its tables, as a reload of the SavedModel does; the chain's deltas never do.
 * An update that cannot be applied is refused: a manifest that is missing, not JSON, of another format or whose
-  to_step is not its directory's name; a bundle that is truncated or corrupt (TensorFlow's CRC check); another model
-  or a layout that lacks the model's lines (the model's own check). It is logged and counted, the previous version
-  keeps serving, and it is not read again unless its directory changes (its files, sizes or times). The deltas after
-  it wait for a full update.
+  to_step is not its directory's name (a snapshot that is not full); a bundle that is truncated or corrupt
+  (TensorFlow's CRC check); another model or a layout that lacks the model's lines (the model's own check). It is
+  logged and counted, the previous version keeps serving, and it is not read again unless its directory changes
+  (its files, sizes or times). The deltas after it wait for a full update.
+* An apply that fails with any other error (ResourceExhausted, Unavailable, Internal, an OSError: what may pass) is
+  tried again at the next polls, up to `MAX_RETRIES` times (`stats["retries"]` counts the retries,
+  `stats["retrying"]` says which update waits for one), and refused after that. Nothing after it is applied
+  meanwhile.
 
-`stats` (a dict): version, applied, stale (applied by another applier first), refused, resyncs, polls, waiting (the
-gap message, or None), last_error, last_apply_seconds (the last apply's duration), lag_seconds (from the served
-update's creation, by the trainer's clock, to when it was served). With `summary_dir`, the served version, lag and
+`stats` (a dict): version, applied, stale (applied by another applier first), refused, resyncs, retries, polls,
+waiting (the gap message, or None), retrying (the failure an update waits to be retried after, or None), last_error,
+last_apply_seconds (the last apply's duration), lag_seconds (from the served update's creation, by the trainer's
+clock, to when it was served). With `summary_dir`, the served version, lag and
 counts go to TensorBoard as the scalars in `SUMMARY_TAGS` (step: the served version) after each poll that changed
 them.
 
@@ -61,6 +70,7 @@ from tensorflow_ext.serving.live import VERSION_SIGNATURE
 
 __all__ = [
     "Follower",
+    "MAX_RETRIES",
     "SUMMARY_TAGS",
     "ServedModel",
     "follow",
@@ -68,6 +78,24 @@ __all__ = [
 ]
 
 DEFAULT_SIGNATURE = "serving_default"
+
+# How many times an apply that failed with an error that may pass is tried again (at the next polls) before the
+# update is refused.
+MAX_RETRIES = 3
+
+# Errors that say the update itself cannot apply: another model or layout, bad shapes (InvalidArgument), a gap
+# (FailedPrecondition), a damaged or missing file (DataLoss, NotFound, OutOfRange: a bundle shorter than its index
+# says), a bad manifest (update_format.UpdateFormatError, a ValueError). Trying the same bytes again fails the same
+# way: refused at once. Any other error (no memory, a file system that is unavailable, an internal error) may pass.
+_PERMANENT_ERRORS = (
+    tf.errors.InvalidArgumentError,
+    tf.errors.FailedPreconditionError,
+    tf.errors.DataLossError,
+    tf.errors.NotFoundError,
+    tf.errors.OutOfRangeError,
+    ValueError,
+)
+_RETRY = object()  # _apply's result for an update to try again at the next poll
 
 # TensorBoard scalars a follower with a summary_dir writes: tag -> the stats field it holds.
 SUMMARY_TAGS = {
@@ -78,6 +106,7 @@ SUMMARY_TAGS = {
     "tf_ext/serving/updates_stale": "stale",
     "tf_ext/serving/updates_refused": "refused",
     "tf_ext/serving/resyncs": "resyncs",
+    "tf_ext/serving/update_retries": "retries",
 }
 
 
@@ -226,7 +255,7 @@ def _fingerprint(path):
 
 
 def _log_event(kind, message):
-    if kind in ("refused", "gap", "error"):
+    if kind in ("refused", "gap", "error", "retry"):
         tf.compat.v1.logging.warning("serving follower: %s", message)
     else:
         tf.compat.v1.logging.info("serving follower: %s", message)
@@ -245,8 +274,8 @@ class Follower(object):
       poll_secs: seconds between listings in the background thread.
       start: start the background thread now (else call `start()` or `poll_once()`).
       summary_dir: a directory for TensorBoard scalars (`SUMMARY_TAGS`), or None.
-      on_event: a callable (kind, message) told of each "applied", "stale", "resync", "refused", "gap" and "error";
-        default: TensorFlow's logging (warnings for refusals, gaps and errors).
+      on_event: a callable (kind, message) told of each "applied", "stale", "resync", "refused", "gap", "retry" and
+        "error"; default: TensorFlow's logging (warnings for refusals, gaps, retries and errors).
     """
 
     def __init__(self, model, updates_dir, poll_secs=1.0, start=True, summary_dir=None, on_event=None):
@@ -262,14 +291,17 @@ class Follower(object):
         self._closed = False
         self._thread = None
         self._refused = {}  # update directory -> its fingerprint when refused
+        self._failures = {}  # update directory -> the transient failures of its applies, since its last success
         self._stats = dict(
             version=model.version(),
             applied=0,
             stale=0,
             refused=0,
             resyncs=0,
+            retries=0,
             polls=0,
             waiting=None,
+            retrying=None,
             last_error=None,
             last_apply_seconds=None,
             lag_seconds=None,
@@ -360,74 +392,125 @@ class Follower(object):
         version = self._model.version()
         self._set(version=version)
         found = update_format.list_updates(self._updates_dir)
-        present = {path for _, path in found}
+        snapshots = update_format.list_snapshots(self._updates_dir)
+        present = {path for _, path in found + snapshots}
         for path in [p for p in self._refused if p not in present]:
             del self._refused[path]  # gone: a new directory of that name is a new update
+        for path in [p for p in self._failures if p not in present]:
+            del self._failures[path]
         pending = []  # (to_step, path, manifest) newer than the served version, in order
         for step, path in found:
             if step <= version or self._still_refused(path):
                 continue
-            try:
-                manifest = update_format.read_manifest(path)
-                if manifest["to_step"] != step:
-                    raise update_format.UpdateFormatError(
-                        "serving update %s: its manifest's to_step is %d, its name says %d"
-                        % (path, manifest["to_step"], step)
-                    )
-            except update_format.UpdateFormatError as e:
-                self._refuse(path, str(e), version)
-                continue
-            pending.append((step, path, manifest))
+            manifest = self._read_manifest(path, step, version)
+            if manifest is not None:
+                pending.append((step, path, manifest))
 
         applied = 0
-        waiting = None
-        resync = False
-        i = 0
-        while i < len(pending):
-            step, path, manifest = pending[i]
-            if step <= version or path in self._refused:
-                i += 1
-                continue
-            if manifest["kind"] == update_format.KIND_DELTA and manifest["from_step"] > version:
-                fulls = [
-                    k
-                    for k in range(i, len(pending))
-                    if pending[k][2]["kind"] == update_format.KIND_FULL and pending[k][1] not in self._refused
-                ]
-                if not fulls:
+        waiting = retrying = None
+        tried = set()  # each update is tried at most once per poll
+        while True:
+            ready = [(s, p, m) for s, p, m in pending if s > version and p not in self._refused and p not in tried]
+            if not ready:
+                break
+            step, path, manifest = ready[0]
+            resync = manifest["kind"] == update_format.KIND_DELTA and manifest["from_step"] > version
+            if resync:
+                full = self._newest_full(ready, snapshots, version, tried)
+                if full is None:
                     waiting = (
                         "served version %d; the next update %s holds the changes from step %d to %d: waiting for "
                         "the updates before it or a full update"
                         % (version, os.path.basename(path), manifest["from_step"], step)
                     )
                     break
-                i, resync = fulls[-1], True  # the newest full update past the gap
-                continue
+                step, path, manifest = full
+            tried.add(path)
             result = self._apply(path, manifest, version, resync)
-            resync = False
+            if result is _RETRY:  # the updates after it need it: none is tried before the next poll
+                retrying = self.stats["last_error"]
+                break
             if result is not None:
-                version, was_applied = max(version, result[0]), result[1]
-                applied += int(was_applied)
-            i += 1
+                version = max(version, result[0])
+                applied += int(result[1])
         with self._cond:
             previous = self._stats["waiting"]
             self._stats["waiting"] = waiting
+            self._stats["retrying"] = retrying
             if waiting is not None and waiting != previous:
                 self._stats["last_error"] = waiting
         if waiting is not None and waiting != previous:
             self._on_event("gap", waiting)
         return applied
 
+    def _newest_full(self, ready, snapshots, version, tried):
+        """(to_step, path, manifest) of the newest full update past `version` that is not refused: a full update of
+        the chain (`ready`, read) or a snapshot (its manifest read now, refused if bad); None if there is none."""
+        candidates = [(s, 1, p, m) for s, p, m in ready if m["kind"] == update_format.KIND_FULL]
+        candidates += [(s, 0, p, None) for s, p in snapshots if s > version and p not in tried]
+        for step, _, path, manifest in sorted(candidates, reverse=True):  # at one step, the chain's first
+            if manifest is None:
+                if self._still_refused(path):
+                    continue
+                manifest = self._read_manifest(path, step, version, snapshot=True)
+                if manifest is None:
+                    continue
+            return step, path, manifest
+        return None
+
+    def _read_manifest(self, path, step, version, snapshot=False):
+        """The manifest of the update (or snapshot) at `path`, named for `step`; None: refused (bad)."""
+        try:
+            manifest = update_format.read_manifest(path)
+            if manifest["to_step"] != step:
+                raise update_format.UpdateFormatError(
+                    "serving update %s: its manifest's to_step is %d, its name says %d"
+                    % (path, manifest["to_step"], step)
+                )
+            if snapshot and manifest["kind"] != update_format.KIND_FULL:
+                raise update_format.UpdateFormatError(
+                    "serving update %s: a snapshot must be a full update, its manifest says kind %r"
+                    % (path, manifest["kind"])
+                )
+        except update_format.UpdateFormatError as e:
+            self._refuse(path, str(e), version)
+            return None
+        return manifest
+
     def _apply(self, path, manifest, version, resync):
-        """Applies one update; returns (the served version after it, whether it applied), or None: refused."""
+        """Applies one update; returns (the served version after it, whether it applied), None: refused, or _RETRY:
+        failed with an error that may pass (tried again at the next poll)."""
+        name = os.path.basename(path)
+        failures = self._failures.get(path, 0)
+        if failures:
+            with self._cond:
+                self._stats["retries"] += 1
         start = time.monotonic()
         try:
             new_version, applied = self._model.apply(path)
         except (tf.errors.OpError, OSError, ValueError) as e:
-            self._refuse(path, "%s: %s" % (type(e).__name__, _op_message(e)), version)
-            return None
+            message = "%s: %s" % (type(e).__name__, _op_message(e))
+            failures += 1
+            if isinstance(e, _PERMANENT_ERRORS) or failures > MAX_RETRIES:
+                self._failures.pop(path, None)
+                if failures > 1:
+                    message = "failed %d times, the last time with %s" % (failures, message)
+                self._refuse(path, message, version)
+                return None
+            self._failures[path] = failures
+            message = "%s failed (version %d keeps serving; tried again at the next poll, retry %d of %d): %s" % (
+                name,
+                version,
+                failures,
+                MAX_RETRIES,
+                message,
+            )
+            with self._cond:
+                self._stats["last_error"] = message
+            self._on_event("retry", message)
+            return _RETRY
+        self._failures.pop(path, None)
         seconds = time.monotonic() - start
-        name = os.path.basename(path)
         if not applied:
             with self._cond:
                 self._stats["stale"] += 1
@@ -661,7 +744,8 @@ def main(argv=None):
     Progress lines go to stderr ("follow: ..."); with --port, stdout gets one line "port <n>" once serving.
 
     Returns:
-      0; with --once, 1 when an update was refused or a gap is left (nothing after it applied).
+      0; with --once, 1 when an update was refused, or a gap or a failed apply (one that may pass, see
+      `MAX_RETRIES`) is left (nothing after it applied).
     """
     args = _parse_args(argv)
 
@@ -706,10 +790,10 @@ def main(argv=None):
                     stats["stale"],
                     stats["refused"],
                     stats["resyncs"],
-                    "; " + stats["waiting"] if stats["waiting"] else "",
+                    "".join("; " + stats[k] for k in ("waiting", "retrying") if stats[k]),
                 )
             )
-            return 1 if stats["refused"] or stats["waiting"] else 0
+            return 1 if stats["refused"] or stats["waiting"] or stats["retrying"] else 0
         stop = threading.Event()
         server = None
         if args.port is not None:

@@ -112,9 +112,11 @@ def export_live(work, version, model_name=MODEL, ckpt=None):
     return export_dir
 
 
-def write_update(updates_dir, layout, kind, from_step, to_step, values_at=None, model_name=MODEL, name_step=None):
+def write_update(
+    updates_dir, layout, kind, from_step, to_step, values_at=None, model_name=MODEL, name_step=None, snapshot=False
+):
     """Publishes one update (all keys of every table line of `layout` and its dense values at version `values_at`,
-    default to_step) as `update-<name_step or to_step>`; returns its directory.
+    default to_step) as `update-<name_step or to_step>` (`full-<...>` with `snapshot`); returns its directory.
 
     `layout` is written into the bundle and the manifest, and decides the shapes (a table line of another dim writes
     rows of that dim)."""
@@ -164,7 +166,8 @@ def write_update(updates_dir, layout, kind, from_step, to_step, values_at=None, 
             removed=0,
         ),
     )
-    path = os.path.join(updates_dir, update_format.update_dir_name(to_step if name_step is None else name_step))
+    dir_name = update_format.snapshot_dir_name if snapshot else update_format.update_dir_name
+    path = os.path.join(updates_dir, dir_name(to_step if name_step is None else name_step))
     os.rename(tmp, path)
     return path
 
@@ -175,6 +178,11 @@ def delta(updates_dir, layout, from_step, to_step, **kw):
 
 def full(updates_dir, layout, to_step, **kw):
     return write_update(updates_dir, layout, update_format.KIND_FULL, 0, to_step, **kw)
+
+
+def snapshot(updates_dir, layout, to_step, **kw):
+    """A full snapshot beside the chain (`full-<to_step>`)."""
+    return full(updates_dir, layout, to_step, snapshot=True, **kw)
 
 
 def data_file(update_dir):

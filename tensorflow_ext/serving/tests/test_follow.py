@@ -16,6 +16,7 @@ import pytest
 import tensorflow as tf
 
 from tensorflow_ext.serving import update_format
+from tensorflow_ext.serving.follow import MAX_RETRIES
 from tensorflow_ext.serving.follow import SUMMARY_TAGS
 from tensorflow_ext.serving.follow import Follower
 
@@ -36,6 +37,7 @@ class FakeModel(object):
         self.calls = []  # the update directories' names, in the order apply was called
         self.closed = False
         self.before_apply = before_apply  # called with the path before an apply (another applier, in a test)
+        self.failures = {}  # directory name -> the errors its next applies raise, in order (a test's faults)
 
     def version(self):
         return self._version
@@ -45,6 +47,8 @@ class FakeModel(object):
             self.before_apply(path)
         with self._lock:
             self.calls.append(os.path.basename(path))
+            if self.failures.get(os.path.basename(path)):
+                raise self.failures[os.path.basename(path)].pop(0)
             manifest = update_format.read_manifest(path)
             with open(os.path.join(path, "update.index")) as f:
                 if f.read() != BUNDLE_OK:
@@ -68,8 +72,11 @@ class FakeModel(object):
         self.closed = True
 
 
-def write_update(updates_dir, kind, from_step, to_step, model_name=MODEL, bundle=BUNDLE_OK, created_unix=None):
-    """Publishes an update directory as a trainer does: a temporary directory renamed when complete."""
+def write_update(
+    updates_dir, kind, from_step, to_step, model_name=MODEL, bundle=BUNDLE_OK, created_unix=None, dir_name=None
+):
+    """Publishes an update directory (`dir_name`, default the chain's update at to_step) as a trainer does: a
+    temporary directory renamed when complete."""
     os.makedirs(updates_dir, exist_ok=True)
     tmp = os.path.join(updates_dir, update_format.TMP_PREFIX + uuid.uuid4().hex)
     os.makedirs(tmp)
@@ -89,7 +96,7 @@ def write_update(updates_dir, kind, from_step, to_step, model_name=MODEL, bundle
             removed=0,
         ),
     )
-    path = os.path.join(updates_dir, update_format.update_dir_name(to_step))
+    path = os.path.join(updates_dir, dir_name or update_format.update_dir_name(to_step))
     os.rename(tmp, path)
     return path
 
@@ -102,8 +109,17 @@ def full(d, b, **kw):
     return write_update(d, update_format.KIND_FULL, 0, b, **kw)
 
 
+def snapshot(d, b, kind=update_format.KIND_FULL, **kw):
+    """A full snapshot beside the chain (`full-<b>`)."""
+    return write_update(d, kind, 0, b, dir_name=update_format.snapshot_dir_name(b), **kw)
+
+
 def name(step):
     return update_format.update_dir_name(step)
+
+
+def snapshot_name(step):
+    return update_format.snapshot_dir_name(step)
 
 
 class Events(list):
@@ -410,3 +426,168 @@ def test_the_background_thread_survives_a_failing_listing(tmp_path):
         follower.close()
     assert events.kinds().count("error") == 1  # said once however many polls failed
     assert events.kinds()[-1] == "applied"
+
+
+def test_snapshots_are_read_only_to_resync_a_model_the_chain_cannot_take(tmp_path):
+    # The trainer's periodic full updates are snapshots beside a chain of deltas: a follower that the chain can take
+    # applies deltas only (no table rebuilt); one older than the oldest delta resyncs from the newest snapshot.
+    d = str(tmp_path / "u")
+    delta(d, 5, 8)
+    delta(d, 8, 10)
+    snapshot(d, 10)
+    delta(d, 10, 12)
+    delta(d, 12, 14)
+    snapshot(d, 14)
+    delta(d, 14, 15)
+    on_chain = FakeModel(5)
+    follower, events = _follower(on_chain, d)
+    assert follower.poll_once() == 5
+    assert on_chain.calls == [name(8), name(10), name(12), name(14), name(15)]
+    assert follower.stats["resyncs"] == 0 and events.kinds() == ["applied"] * 5
+    follower.close()
+
+    behind = FakeModel(3)  # the updates before step 5 were deleted (the trainer's keep)
+    follower, events = _follower(behind, d)
+    assert follower.poll_once() == 2
+    assert behind.calls == [snapshot_name(14), name(15)]
+    stats = follower.stats
+    assert (stats["version"], stats["resyncs"], stats["applied"], stats["waiting"]) == (15, 1, 2, None)
+    assert events.kinds() == ["resync", "applied"]
+    assert events[0][1].startswith("resync past a gap: %s (full update from step 0 to 14" % snapshot_name(14))
+    follower.close()
+
+
+def test_a_gap_resyncs_from_the_newest_full_of_the_chain_and_the_snapshots(tmp_path):
+    d = str(tmp_path / "u")
+    delta(d, 9, 12)  # a gap at 5
+    full(d, 14)  # a full update of the chain (after an untracked write, say)
+    delta(d, 14, 16)
+    snapshot(d, 16)
+    delta(d, 16, 18)
+    snapshot(d, 11)  # older: never read
+    model = FakeModel(5)
+    follower, _ = _follower(model, d)
+    assert follower.poll_once() == 2
+    assert model.calls == [snapshot_name(16), name(18)]
+    follower.close()
+    # Past the snapshots, the chain's full update is the newest.
+    d2 = str(tmp_path / "u2")
+    delta(d2, 9, 12)
+    snapshot(d2, 12)
+    delta(d2, 12, 14)
+    full(d2, 16)
+    model = FakeModel(5)
+    follower, _ = _follower(model, d2)
+    assert follower.poll_once() == 1
+    assert model.calls == [name(16)] and follower.stats["resyncs"] == 1
+    follower.close()
+
+
+def test_a_bad_snapshot_is_refused_and_the_next_newest_full_one_serves(tmp_path):
+    d = str(tmp_path / "u")
+    delta(d, 7, 10)  # a gap at 5
+    snapshot(d, 10)
+    delta(d, 10, 12)
+    snapshot(d, 12, bundle="garbage")
+    delta(d, 12, 14)
+    snapshot(d, 14, kind=update_format.KIND_DELTA)  # not a full update: refused unread
+    model = FakeModel(5)
+    follower, events = _follower(model, d)
+    assert follower.poll_once() == 3
+    assert model.calls == [snapshot_name(12), snapshot_name(10), name(12), name(14)]
+    stats = follower.stats
+    assert (stats["version"], stats["refused"], stats["resyncs"]) == (14, 2, 1)
+    assert events.kinds() == ["refused", "refused", "resync", "applied", "applied"]
+    assert "%s: a snapshot must be a full update, its manifest says kind 'delta'" % snapshot_name(14) in events[0][1]
+    assert "DataLossError: the bundle %s is corrupt" % os.path.join(d, snapshot_name(12)) in events[1][1]
+    assert follower.poll_once() == 0 and follower.stats["refused"] == 2  # refused ones are not read again
+    follower.close()
+
+
+@pytest.mark.parametrize(
+    "error",
+    [
+        tf.errors.ResourceExhaustedError(None, None, "OOM when allocating the rows"),
+        tf.errors.UnavailableError(None, None, "the file system is unavailable"),
+        tf.errors.InternalError(None, None, "something failed inside"),
+        OSError(5, "Input/output error"),
+    ],
+    ids=lambda e: type(e).__name__,
+)
+def test_an_apply_failing_with_an_error_that_may_pass_is_tried_again_at_the_next_polls(tmp_path, error):
+    d = str(tmp_path / "u")
+    delta(d, 5, 9)
+    delta(d, 9, 12)
+    model = FakeModel(5)
+    model.failures[name(9)] = [error, error]
+    follower, events = _follower(model, d)
+    message = "%s: %s" % (type(error).__name__, error.message if isinstance(error, tf.errors.OpError) else error)
+    for retries in (0, 1):
+        assert follower.poll_once() == 0
+        assert model.calls == [name(9)] * (retries + 1)  # the update after it is not tried meanwhile
+        stats = follower.stats
+        assert (stats["version"], stats["refused"], stats["retries"]) == (5, 0, retries)
+        assert (
+            stats["retrying"]
+            == stats["last_error"]
+            == (
+                "%s failed (version 5 keeps serving; tried again at the next poll, retry %d of %d): %s"
+                % (name(9), retries + 1, MAX_RETRIES, message)
+            )
+        )
+    assert follower.poll_once() == 2
+    assert model.calls == [name(9)] * 3 + [name(12)]
+    stats = follower.stats
+    assert (stats["version"], stats["refused"], stats["retries"], stats["retrying"]) == (12, 0, 2, None)
+    assert events.kinds() == ["retry", "retry", "applied", "applied"]
+    follower.close()
+
+
+def test_an_apply_that_keeps_failing_is_refused_after_the_retries(tmp_path):
+    d = str(tmp_path / "u")
+    delta(d, 5, 9)
+    delta(d, 9, 12)
+    model = FakeModel(5)
+    model.failures[name(9)] = [tf.errors.InternalError(None, None, "failed inside (%d)" % i) for i in range(10)]
+    follower, events = _follower(model, d)
+    for _ in range(MAX_RETRIES + 1):
+        assert follower.poll_once() == 0
+    assert model.calls == [name(9)] * (MAX_RETRIES + 1)
+    stats = follower.stats
+    assert (stats["version"], stats["refused"], stats["retries"], stats["retrying"]) == (5, 1, MAX_RETRIES, None)
+    assert events.kinds() == ["retry"] * MAX_RETRIES + ["refused", "gap"]
+    assert events[MAX_RETRIES][1] == (
+        "refused %s (version 5 keeps serving): failed %d times, the last time with InternalError: failed inside (%d)"
+        % (name(9), MAX_RETRIES + 1, MAX_RETRIES)
+    )
+    assert follower.poll_once() == 0 and len(model.calls) == MAX_RETRIES + 1  # refused: not tried again
+    full(d, 14)
+    assert follower.poll_once() == 1 and follower.version == 14
+    follower.close()
+
+
+@pytest.mark.parametrize(
+    "error",
+    [
+        tf.errors.InvalidArgumentError(None, None, "bad shapes"),
+        tf.errors.FailedPreconditionError(None, None, "a gap"),
+        tf.errors.DataLossError(None, None, "checksum does not match"),
+        tf.errors.NotFoundError(None, None, "no such file"),
+        tf.errors.OutOfRangeError(None, None, "read less bytes than requested"),
+        update_format.UpdateFormatError("not an update"),
+    ],
+    ids=lambda e: type(e).__name__,
+)
+def test_an_apply_failing_with_an_error_of_the_update_itself_is_refused_at_once(tmp_path, error):
+    d = str(tmp_path / "u")
+    delta(d, 5, 9)
+    model = FakeModel(5)
+    model.failures[name(9)] = [error]
+    follower, events = _follower(model, d)
+    assert follower.poll_once() == 0
+    assert follower.poll_once() == 0
+    assert model.calls == [name(9)]
+    stats = follower.stats
+    assert (stats["refused"], stats["retries"], stats["retrying"]) == (1, 0, None)
+    assert events.kinds() == ["refused"]
+    follower.close()

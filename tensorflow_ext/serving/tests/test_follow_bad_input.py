@@ -127,6 +127,29 @@ def test_a_gap_waits_for_the_missing_update_then_a_later_gap_resyncs_from_a_full
     assert events.kinds() == ["gap", "applied", "applied", "gap", "resync", "applied"]
 
 
+def test_a_follower_behind_the_oldest_delta_resyncs_from_the_newest_snapshot(model, tmp_path):
+    # The trainer's keep deleted the updates from V0 on; snapshots are beside the chain at 14 and 16.
+    d = str(tmp_path / "u")
+    fx.delta(d, model.layout, 12, 14)
+    fx.snapshot(d, model.layout, 14)
+    fx.delta(d, model.layout, 14, 16)
+    fx.snapshot(d, model.layout, 16)
+    fx.delta(d, model.layout, 16, 18)
+    follower, events = _follower(model, d)
+    assert follower.poll_once() == 2
+    assert served(follower) == 18
+    assert events.kinds() == ["resync", "applied"]
+    assert update_format.snapshot_dir_name(16) in events[0][1] and _name(18) in events[1][1]
+    # A follower the chain can take applies its deltas, never a snapshot.
+    fx.delta(d, model.layout, 18, 20)
+    fx.snapshot(d, model.layout, 20)
+    fx.delta(d, model.layout, 20, 22)
+    assert follower.poll_once() == 2
+    assert served(follower) == 22
+    assert events.kinds()[2:] == ["applied", "applied"] and follower.stats["resyncs"] == 1
+    assert [_name(20), _name(22)] == [m.split(" ")[0] for _, m in events[2:]]
+
+
 @pytest.mark.parametrize(
     "damage, error",
     [

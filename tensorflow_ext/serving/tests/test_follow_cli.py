@@ -141,9 +141,13 @@ def test_a_serving_process_follows_a_trainer_and_answers_over_http(tmp_path):
 
         trainer.train_to(15)
         manifest = trainer.writer.write(trainer.sess, full=True)
-        assert (manifest["kind"], manifest["to_step"]) == ("full", 15), manifest
+        # A delta in the chain and a full snapshot beside it: the follower applies the delta only.
+        assert (manifest["kind"], manifest["from_step"], manifest["to_step"]) == ("delta", 12, 15), manifest
+        assert trainer.writer.last_snapshot["to_step"] == 15
+        assert os.path.isdir(os.path.join(updates_dir, update_format.snapshot_dir_name(15)))
         status = _wait_for_version(port, proc, 15)
-        assert (status["stats"]["applied"], status["stats"]["refused"]) == (2, 0), status
+        stats = status["stats"]
+        assert (stats["applied"], stats["refused"], stats["resyncs"], stats["retries"]) == (2, 0, 0, 0), status
         assert _predict(port) == 15
 
         code, body = _http(port, "/v1/models/default:predict", {"instances": [1]})
@@ -163,7 +167,8 @@ def test_a_serving_process_follows_a_trainer_and_answers_over_http(tmp_path):
     err = open(stderr_path).read()
     assert "follow: loaded %s (model %s) at version %d" % (export, fx.MODEL, V0) in err, err[-3000:]
     assert "follow: %s (delta update from step 10 to 12" % update_format.update_dir_name(12) in err, err[-3000:]
-    assert "follow: %s (full update from step" % update_format.update_dir_name(15) in err, err[-3000:]
+    assert "follow: %s (delta update from step 12 to 15" % update_format.update_dir_name(15) in err, err[-3000:]
+    assert update_format.snapshot_dir_name(15) not in err, err[-3000:]
     assert "follow: stopping at version 15" in err, err[-3000:]
     last = {}
     for path in sorted(os.listdir(summary_dir)):

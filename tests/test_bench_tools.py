@@ -238,3 +238,12 @@ def test_bench_saver_build_tiny():
     result = json.loads(out.strip().splitlines()[-1])
     # A time in seconds, and part of the tool's run (not milliseconds, not an absolute bound a busy machine could miss).
     assert result["tables"] == 2 and 0 < result["saver_build_s_median"] < wall_s, (result, wall_s)
+
+
+def test_bench_compression_quick(tmp_path):
+    """The compression-cost tool runs both implementations of every method (a small model, no busy processes)."""
+    out = tmp_path / "compression.json"
+    _run("bench_compression.py", "--quick", "--load", "0", "--json", str(out))
+    results = json.loads(out.read_text())["results"]
+    assert [r["method"] for r in results] == ["fp16", "bf16", "topk1", "topk1_fp16"]
+    assert all(r["tf_ms"] > 0 and r["fused_ms"] > 0 and r["load_processes"] == 0 for r in results)

@@ -8,6 +8,10 @@
 #include <algorithm>
 #include <cstring>
 
+#if defined(__x86_64__) && defined(__GNUC__)
+#include <immintrin.h>
+#endif
+
 namespace tfext {
 namespace hvd {
 namespace {
@@ -65,13 +69,15 @@ inline uint16_t BFloat16Bits(float x) {
 
 inline float HalfToFloat(uint16_t h) {
   const uint32_t sign = static_cast<uint32_t>(h & 0x8000u) << 16;
-  const uint32_t em = h & 0x7FFFu;  // exponent and mantissa
-  // Zero or subnormal: em * 2^-24, exact (and normal) in float32. Normal: the exponent rebiased from 15 to 127.
-  // Inf and NaN: the all-ones exponent; a NaN comes out quiet, as from vcvtph2ps.
-  const float subnormal = static_cast<float>(static_cast<int32_t>(em)) * 5.9604644775390625e-08f;
-  const uint32_t normal = (em << 13) + (112u << 23);
-  const uint32_t special = (em << 13) | 0x7F800000u | (em > 0x7C00u ? 0x00400000u : 0u);
-  return FromBits(sign | (em < 0x400u ? Bits(subnormal) : (em >= 0x7C00u ? special : normal)));
+  const uint32_t shifted = static_cast<uint32_t>(h & 0x7FFFu) << 13;  // exponent and mantissa, float32-aligned
+  const uint32_t exponent = shifted & 0x0F800000u;
+  // Normal: the exponent rebiased from 15 to 127. Inf and NaN: the all-ones exponent; a NaN comes out quiet, as
+  // from vcvtph2ps. Zero or subnormal: 2^-14 * (1 + m) - 2^-14, exact in float32 (and normal or zero).
+  const uint32_t normal = shifted + (112u << 23);
+  const uint32_t special = shifted | 0x7F800000u | (shifted > 0x0F800000u ? 0x00400000u : 0u);
+  const uint32_t subnormal = Bits(FromBits(shifted + (113u << 23)) - FromBits(113u << 23));
+  const uint32_t magnitude = exponent == 0 ? subnormal : (exponent == 0x0F800000u ? special : normal);
+  return FromBits(sign | magnitude);
 }
 
 inline float BFloat16ToFloat(uint16_t h) { return FromBits(static_cast<uint32_t>(h) << 16); }
@@ -104,15 +110,20 @@ TFEXT_HVD_CLONES void UnpackBFloat16Loop(const uint16_t* src, int64_t n, float s
 
 // ---- Top-K ----
 
+// acc[i] = grad[i] + residual[i] for i in [0, n), and the candidates among them: appends base + i to `above` for
+// every i with Key(acc[i]) > t, and to `at` for those equal to t while fewer than at_cap are there. `above` must
+// have room for n + kCollectSlack more entries, `at` for at_cap + kCollectSlack. Portable version: branch-free
+// (the index is always written, the count advances only for a match).
+constexpr int64_t kCollectSlack = 16;
+
 TFEXT_HVD_CLONES void AddLoop(const float* a, const float* b, int64_t n, float* out) {
   for (int64_t i = 0; i < n; ++i) out[i] = a[i] + b[i];
 }
 
-// Appends base + i to above for every i with Key(acc[i]) > t, and to at for those equal to t while fewer than
-// at_cap are there. `above` must have room for n more entries. Branch-free: the index is always written, the count
-// advances only for a match.
-void Collect(const float* acc, int64_t n, int32_t base, uint32_t t, int32_t* above, int64_t* n_above, int32_t* at,
-             int64_t* n_at, int64_t at_cap) {
+void AccumulateCollectPortable(const float* grad, const float* residual, int64_t n, int32_t base, uint32_t t,
+                               float* acc, int32_t* above, int64_t* n_above, int32_t* at, int64_t* n_at,
+                               int64_t at_cap) {
+  AddLoop(grad, residual, n, acc);
   int64_t na = *n_above, ne = *n_at;
   for (int64_t i = 0; i < n; ++i) {
     const uint32_t key = Key(acc[i]);
@@ -124,6 +135,64 @@ void Collect(const float* acc, int64_t n, int32_t base, uint32_t t, int32_t* abo
   }
   *n_above = na;
   *n_at = ne;
+}
+
+#if defined(__x86_64__) && defined(__GNUC__)
+#define TFEXT_HVD_HAVE_AVX512 1
+// The same with AVX-512: 16 entries per step, the matches compacted in a register (vpcompressd to memory is slow
+// on some CPUs) and stored whole (hence the slack).
+__attribute__((target("avx512f,popcnt"))) void AccumulateCollectAvx512(const float* grad, const float* residual,
+                                                                       int64_t n, int32_t base, uint32_t t, float* acc,
+                                                                       int32_t* above, int64_t* n_above, int32_t* at,
+                                                                       int64_t* n_at, int64_t at_cap) {
+  int64_t na = *n_above, ne = *n_at;
+  const __m512i threshold = _mm512_set1_epi32(static_cast<int32_t>(t));
+  const __m512i no_sign = _mm512_set1_epi32(0x7FFFFFFF);
+  const __m512i step = _mm512_set1_epi32(16);
+  __m512i index = _mm512_add_epi32(_mm512_set1_epi32(base),
+                                   _mm512_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15));
+  int64_t i = 0;
+  for (; i + 16 <= n; i += 16) {
+    const __m512 a = _mm512_add_ps(_mm512_loadu_ps(grad + i), _mm512_loadu_ps(residual + i));
+    _mm512_storeu_ps(acc + i, a);
+    const __m512i key = _mm512_and_si512(_mm512_castps_si512(a), no_sign);
+    const __mmask16 greater = _mm512_cmpgt_epu32_mask(key, threshold);
+    const __mmask16 equal = _mm512_cmpeq_epu32_mask(key, threshold);
+    if (greater) {
+      _mm512_storeu_si512(above + na, _mm512_maskz_compress_epi32(greater, index));
+      na += __builtin_popcount(greater);
+    }
+    if (equal && ne < at_cap) {
+      _mm512_storeu_si512(at + ne, _mm512_maskz_compress_epi32(equal, index));
+      ne = std::min<int64_t>(at_cap, ne + __builtin_popcount(equal));  // the first ones: the lower indices
+    }
+    index = _mm512_add_epi32(index, step);
+  }
+  *n_above = na;
+  *n_at = ne;
+  if (i < n) {
+    AccumulateCollectPortable(grad + i, residual + i, n - i, base + static_cast<int32_t>(i), t, acc + i, above, n_above,
+                              at, n_at, at_cap);
+  }
+}
+
+inline bool CpuHasAvx512Now() {
+  __builtin_cpu_init();  // may run before libgcc's own initialization
+  return __builtin_cpu_supports("avx512f") && __builtin_cpu_supports("popcnt");
+}
+const bool kCpuHasAvx512 = CpuHasAvx512Now();
+#else
+#define TFEXT_HVD_HAVE_AVX512 0
+#endif
+
+void AccumulateCollect(const float* grad, const float* residual, int64_t n, int32_t base, uint32_t t, float* acc,
+                       int32_t* above, int64_t* n_above, int32_t* at, int64_t* n_at, int64_t at_cap) {
+#if TFEXT_HVD_HAVE_AVX512
+  if (kCpuHasAvx512) {
+    return AccumulateCollectAvx512(grad, residual, n, base, t, acc, above, n_above, at, n_at, at_cap);
+  }
+#endif
+  AccumulateCollectPortable(grad, residual, n, base, t, acc, above, n_above, at, n_at, at_cap);
 }
 
 // Below this many entries (or above this fraction) every entry is ranked: the sample would not pay.
@@ -270,15 +339,15 @@ int64_t TopKSelect(const float* grad, const float* residual, int64_t n, int64_t 
     // later entry equal to t can be among the k largest). About 2k are expected above t: past 8k + kBlock the
     // sample misled, and every entry is ranked instead.
     const int64_t cap = std::min(n, 8 * k + kBlock);
-    cand.resize(cap + kBlock + k + 1);
+    cand.resize(cap + kBlock + kCollectSlack + k + kCollectSlack);
     int32_t* above = cand.data();
-    int32_t* at = cand.data() + cap + kBlock;
+    int32_t* at = cand.data() + cap + kBlock + kCollectSlack;
     int64_t n_above = 0, n_at = 0;
     int64_t i = 0;
     for (; i < n && n_above <= cap; i += kBlock) {
       const int64_t len = std::min(kBlock, n - i);
-      AddLoop(grad + i, residual + i, len, new_residual + i);
-      Collect(new_residual + i, len, static_cast<int32_t>(i), t, above, &n_above, at, &n_at, k);
+      AccumulateCollect(grad + i, residual + i, len, static_cast<int32_t>(i), t, new_residual + i, above, &n_above, at,
+                        &n_at, k);
     }
     if (i < n) AddLoop(grad + i, residual + i, n - i, new_residual + i);
     if (n_above <= cap && n_above + n_at >= k) {

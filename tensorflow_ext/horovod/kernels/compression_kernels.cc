@@ -13,8 +13,9 @@
 //       split(unsorted_segment_sum(float(values), indices, sum of sizes) * scale).
 //
 // The 16-bit types are float16 and bfloat16 (the Python side bitcasts bfloat16 to uint16 for Horovod). Results are
-// the TensorFlow chains' bit for bit (compression.h's contract; tests/test_compression_kernels.py), except that a
-// Top-K residual entry whose sent value was not finite becomes 0 instead of NaN.
+// the TensorFlow chains' bit for bit (compression.h's contract; tensorflow_ext/horovod/tests/
+// test_compression_kernels.py), except that a Top-K residual entry whose sent value was not finite becomes 0
+// instead of NaN.
 
 #include <algorithm>
 #include <string>

@@ -281,12 +281,17 @@ class _Reader:
             with tf.control_dependencies([requests.enqueue(tf.constant(0, tf.int64))]):
                 return slices.dequeue()
 
-        # Sequential map: the next request goes out only when flat_map has read the slice before it through.
+        # Sequential map: the next request goes out only when flat_map has read the slice before it through. No
+        # injected prefetch (the options hold for the whole pipeline built on this dataset): its autotuned buffer
+        # could read whole slices ahead, which would count as done and be lost with a worker that stops.
+        options = tf.data.Options()
+        options.experimental_optimization.inject_prefetch = False
         self.dataset = (
             tf.compat.v1.data.Dataset.from_tensors(tf.constant(0, tf.int32))
             .repeat()
             .map(ask)
             .take_while(lambda s: tf.strings.length(s) > 0)
+            .with_options(options)
         )
 
 

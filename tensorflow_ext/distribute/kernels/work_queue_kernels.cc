@@ -262,8 +262,8 @@ class WorkQueueTakeOp : public OpKernel {
                    << "' did not renew its lease in time (stopped or cut off): its slice is handed out again";
     }
     if (r.released) {
-      LOG(INFO) << "tf_ext work queue '" << queue->name() << "': worker '" << worker
-                << "' started again: the slice it held is handed out again";
+      LOG(WARNING) << "tf_ext work queue '" << queue->name() << "': worker '" << worker
+                   << "' started again: the slice it held is handed out again";
     }
     Tensor* out = nullptr;
     OP_REQUIRES_OK(ctx, ctx->allocate_output(0, TensorShape({}), &out));

@@ -25,10 +25,6 @@ tf.compat.v1.disable_v2_behavior()
 TAKEN, WAIT, FINISHED = 0, 1, 2
 # Guards against a hang only: the conditions below are waited for, never timed.
 HANG_S = 120
-# tf.data's injected prefetch reads an element ahead of the consumer: where the test counts what a reader holds
-# while it reads, the reader reads nothing ahead (the queue counts a slice done once its reader has read it through).
-_NO_READ_AHEAD = tf.data.Options()
-_NO_READ_AHEAD.experimental_optimization.inject_prefetch = False
 
 
 def _wait_until(cond, what):
@@ -214,7 +210,7 @@ def test_reader_in_monitored_training_session_asks_for_a_slice_only_when_the_las
     with tf.Graph().as_default():
         queue = tf_ext.distribute.WorkQueue(["s%d" % i for i in range(4)], shuffle=False)
         dataset = queue.dataset().flat_map(lambda s: tf.data.Dataset.from_tensors(s).repeat(5))
-        it = tf.compat.v1.data.make_initializable_iterator(dataset.with_options(_NO_READ_AHEAD))
+        it = tf.compat.v1.data.make_initializable_iterator(dataset)
         tf.compat.v1.add_to_collection(tf.compat.v1.GraphKeys.TABLE_INITIALIZERS, it.initializer)
         nxt, progress = it.get_next(), queue.progress()
         seen = []
@@ -224,7 +220,8 @@ def test_reader_in_monitored_training_session_asks_for_a_slice_only_when_the_las
                 p = sess.run(progress)
                 seen.append((s, p["done"], p["held"]))
     assert [s for s, _, _ in seen] == [s for s in ("s0", "s1", "s2", "s3") for _ in range(5)]
-    # While a slice is read, this worker holds it alone, and every slice before it is done.
+    # While a slice is read, this worker holds it alone, and every slice before it is done: nothing is read ahead
+    # (the reader turns tf.data's injected prefetch off).
     assert [(done, held) for _, done, held in seen] == [(i // 5, 1) for i in range(20)], seen
 
 
@@ -240,7 +237,7 @@ def test_a_slow_reader_holds_one_slice_while_a_fast_one_reads_the_rest():
             queue = tf_ext.distribute.WorkQueue(slices, worker=worker, lease_secs=600)
             # (Two workers on one task: their iterators need names of their own, the queue is shared by name.)
             with tf.name_scope(worker):
-                it = tf.compat.v1.data.make_initializable_iterator(queue.dataset().with_options(_NO_READ_AHEAD))
+                it = tf.compat.v1.data.make_initializable_iterator(queue.dataset())
             nxt, progress = it.get_next(), queue.progress()
             sess = tf.compat.v1.Session(server.target)
             if worker == "slow":

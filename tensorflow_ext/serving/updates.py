@@ -13,6 +13,14 @@ global step of the key's last training lookup or update) is >= a, read with `exp
 only: no optimizer slots, no metadata), the keys removed since the previous update (eviction, `remove`, keys that
 fell off a tiered table's disk), and every dense variable whole. A full update holds every row instead.
 
+Dense variables: every global variable of the training graph (and every trainable one and MODEL_VARIABLES) except
+the global step, tf_ext's own variables (under a `tf_ext_*` scope, or a tf_ext policy's counters and filters) and
+slots: a variable whose name starts with another variable's name and "/" (an optimizer's slots such as
+`dense/w/Adagrad`, an ExponentialMovingAverage's `dense/w/ExponentialMovingAverage`). So batch normalization's moving
+mean and variance (global, not trainable) are in every update, and so are an optimizer's few non-slot scalars (Adam's
+`beta1_power`, `beta2_power`), which a served model does not read. `dense_variables` adds more (local variables,
+say). A global variable of an unknown shape is left out (logged), unless named in `dense_variables`.
+
 Removed keys come from the table's change log, channel "serving": the log of delta checkpoints (channel
 "checkpoint") sees the same removals and is read and committed independently, so both can run in one job. As for
 delta checkpoints, writes the log cannot follow by version (a preload `insert`, an import, a restore, a lookup
@@ -63,6 +71,7 @@ import uuid
 import tensorflow as tf
 
 from tensorflow_ext.embedding import state as state_lib
+from tensorflow_ext.embedding.checkpoint import policy_state
 from tensorflow_ext.serving import update_format
 from tensorflow_ext.tf_compat import internals
 
@@ -203,17 +212,41 @@ class _GraphPart(object):
 
 
 def _dense_variables(graph, global_step, extra):
-    """The dense variables an update holds: trainable variables and MODEL_VARIABLES (never optimizer slots, the
-    global step, embedding shards or tf_ext's own variables), plus `extra` (variables or their names), by name."""
+    """The dense variables an update holds (the module docstring's rule), plus `extra` (variables or their names),
+    sorted by name."""
+    global_vars = graph.get_collection(tf.compat.v1.GraphKeys.GLOBAL_VARIABLES)
+    named = global_vars + graph.get_collection(tf.compat.v1.GraphKeys.TRAINABLE_VARIABLES)
+    named += graph.get_collection(tf.compat.v1.GraphKeys.MODEL_VARIABLES)
+    # Shards are in TRAINABLE_VARIABLES too but are no tf.Variable.
+    candidates = [v for v in named if isinstance(v, tf.Variable)]
+    local_vars = [v for v in graph.get_collection(tf.compat.v1.GraphKeys.LOCAL_VARIABLES) if isinstance(v, tf.Variable)]
+    op_names = {v.op.name for v in candidates + local_vars}
+    policy_owned = policy_state.claimed_variables(graph)
+    required = {
+        v.name
+        for key in (tf.compat.v1.GraphKeys.TRAINABLE_VARIABLES, tf.compat.v1.GraphKeys.MODEL_VARIABLES)
+        for v in graph.get_collection(key)
+        if isinstance(v, tf.Variable)
+    }
+
     found = {}
-    for v in graph.get_collection(tf.compat.v1.GraphKeys.TRAINABLE_VARIABLES) + graph.get_collection(
-        tf.compat.v1.GraphKeys.MODEL_VARIABLES
-    ):
-        # Shards are in TRAINABLE_VARIABLES too but are no tf.Variable; tf_ext's variables are under tf_ext_ scopes.
-        if isinstance(v, tf.Variable) and v.name != global_step.name and not v.name.startswith("tf_ext_"):
-            found[v.name] = v
-    by_name = {v.name: v for v in graph.get_collection(tf.compat.v1.GraphKeys.GLOBAL_VARIABLES)}
-    by_name.update((v.name, v) for v in graph.get_collection(tf.compat.v1.GraphKeys.LOCAL_VARIABLES))
+    for v in candidates:
+        parts = v.op.name.split("/")
+        if v.name == global_step.name or any(p.startswith("tf_ext_") for p in parts) or id(v) in policy_owned:
+            continue  # the version itself, and tf_ext's own state (counters, filters, bookkeeping)
+        if any("/".join(parts[:i]) in op_names for i in range(1, len(parts))):
+            continue  # a slot of another variable: an optimizer's accumulator, a moving average's shadow
+        if not v.shape.is_fully_defined() and v.name not in required:
+            tf.compat.v1.logging.warning(
+                "serving updates: global variable %s has shape %s, not fully defined: it is not in the updates (name "
+                "it in dense_variables to be told why not)",
+                v.name,
+                v.shape,
+            )
+            continue
+        found[v.name] = v
+    by_name = {v.name: v for v in global_vars if isinstance(v, tf.Variable)}
+    by_name.update((v.name, v) for v in local_vars)
     for v in extra or ():
         if isinstance(v, str):
             name = v if ":" in v else v + ":0"
@@ -251,7 +284,7 @@ class ServingUpdateWriter(object):
         update). The chain itself stays deltas (see the module docstring).
       keep: int >= 1: updates of the chain kept (see the module docstring for what is never deleted), or None: keep
         every update and snapshot.
-      dense_variables: more variables (or names) to write besides the trainable ones and MODEL_VARIABLES.
+      dense_variables: more variables (or names) to write besides the default ones (the module docstring's rule).
       max_removed_keys: removed keys each shard logs between updates (8 bytes each); past that the next is full.
       summary_dir: where to write TensorBoard scalars `tf_ext/serving_updates/{written,failed,keys,bytes}` after
         each attempt (None: none).

@@ -6,6 +6,7 @@
 #include "tensorflow_ext/horovod/kernels/compression.h"
 
 #include <algorithm>
+#include <atomic>
 #include <cstring>
 
 #if defined(__x86_64__) && defined(__GNUC__)
@@ -185,10 +186,12 @@ const bool kCpuHasAvx512 = CpuHasAvx512Now();
 #define TFEXT_HVD_HAVE_AVX512 0
 #endif
 
+std::atomic<bool> force_portable_collect{false};
+
 void AccumulateCollect(const float* grad, const float* residual, int64_t n, int32_t base, uint32_t t, float* acc,
                        int32_t* above, int64_t* n_above, int32_t* at, int64_t* n_at, int64_t at_cap) {
 #if TFEXT_HVD_HAVE_AVX512
-  if (kCpuHasAvx512) {
+  if (kCpuHasAvx512 && !force_portable_collect.load(std::memory_order_relaxed)) {
     return AccumulateCollectAvx512(grad, residual, n, base, t, acc, above, n_above, at, n_at, at_cap);
   }
 #endif
@@ -248,6 +251,8 @@ void EmitAll(int64_t n, int32_t offset, Encode encode, Decode decode, float* acc
 }
 
 }  // namespace
+
+void SetPortableCollectForTesting(bool portable) { force_portable_collect.store(portable); }
 
 uint16_t FloatToHalfBits(float x) { return HalfBits(x); }
 uint16_t FloatToBFloat16Bits(float x) { return BFloat16Bits(x); }

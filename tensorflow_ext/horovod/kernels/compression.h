@@ -69,6 +69,10 @@ int64_t TopKSelect(const float* grad, const float* residual, int64_t n, int64_t 
 int64_t ScatterAdd(const int32_t* indices, const void* values, WireFormat f, int64_t m, float scale,
                    float* const* parts, const int64_t* starts, int num_parts);
 
+// For tests: whether TopKSelect collects its candidates with the portable loop even where the CPU has AVX-512
+// (false by default). Both forms give the same results; this lets one machine check both.
+void SetPortableCollectForTesting(bool portable);
+
 }  // namespace hvd
 }  // namespace tfext
 

@@ -33,7 +33,8 @@ How the export is made (the `live_model_*` patches of the Builder's `add_meta_gr
 The model's layout (`update_format` layout lines: `table <shard> <dim>` per table slot, `dense <variable> <dtype>
 <shape>` per dense slot) is the handle's attr; an update applies only when its layout holds every one of those lines.
 So every variable the signatures read (the global step aside) must be in the trainer's updates: a
-`ServingUpdateWriter` writes the trainable variables and MODEL_VARIABLES, and others named in its `dense_variables`.
+`ServingUpdateWriter` writes every global variable of the training graph but the global step, tf_ext's own and
+slots (batch normalization's moving statistics included), and others named in its `dense_variables`.
 """
 
 import os

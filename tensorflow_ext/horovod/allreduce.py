@@ -5,9 +5,10 @@ Everything here is built from Horovod's collectives (allreduce, reducescatter, a
 sets, so it runs on Horovod's Gloo backend (CPU) as well as on MPI.
 
 * **Compression** (`Compression.fp16`, `Compression.bf16`): the buffer is cast to 16 bits before it is sent and
-  back after. fp16 is summed by Horovod's allreduce in fp16 (a sum above 65504 becomes inf); bf16 keeps float32's
-  range: Horovod has no bf16 reduction, so a bf16 buffer is reduced as its 16-bit patterns (one alltoall, the sum
-  in float32 on the receiving rank, one allgather: the same bytes as a ring allreduce). Infinities and NaNs stay
+  back after. A 16-bit buffer is reduced as bytes (one alltoall, the sum in float32 on the receiving rank rounded
+  once to 16 bits, one allgather: the same bytes as a ring allreduce): Horovod has no bf16 reduction, and its fp16
+  one converts every partial sum in software. fp16 overflows above 65504 (such a sum becomes inf); bf16 keeps
+  float32's range. Infinities and NaNs stay
   non-finite, so a mixed-precision "skip the step when a gradient is not finite" still sees them. Compress
   gradients after loss scaling has been undone (wrap the loss-scaling optimizer in `DistributedOptimizer`, which
   is what happens when `DistributedOptimizer(mp_optimizer)` is built).
@@ -520,44 +521,46 @@ def _pad_to(w, multiple):
 class _Reducer(object):
     """Sum-reduces flat wire buffers over a process set.
 
-    Horovod has no bf16 reduction, so a bf16 buffer (`bf16=True`: uint16 bit patterns) is reduced as bits: one
-    alltoall, the sum in float32 on the receiving rank (rounded to bf16 once per stage), one allgather: the same bytes
-    as a ring allreduce. Other buffers go through Horovod's own reductions in their dtype.
+    A 16-bit buffer (`sixteen=True`: float16, or bfloat16 as uint16 bit patterns) is reduced as bytes: one alltoall,
+    the sum in float32 on the receiving rank (`compression_ops.sum_parts`, rounded once per stage), one allgather:
+    the bytes of a ring allreduce. Horovod has no bf16 reduction, and its fp16 one converts every partial sum in
+    software (several times the time of the float32 allreduce on a CPU). Other buffers go through Horovod's own
+    reductions in their dtype.
     """
 
-    def __init__(self, name):
+    def __init__(self, name, wire16):
         self._hvd = _hvd.require_horovod()
         self._name = name
+        self._wire16 = wire16
 
-    def reduce_scatter(self, w, ps, name, bf16):
+    def reduce_scatter(self, w, ps, name, sixteen):
         """w: flat, length a multiple of ps.size(); returns this rank's summed slice."""
         hvd = self._hvd
-        if bf16:
+        if sixteen:
             got = hvd.alltoall(w, process_set=ps, name=name + "_a2a")
             if isinstance(got, (tuple, list)):
                 got = got[0]
-            parts = tf.reshape(tf.cast(tf.bitcast(got, tf.bfloat16), tf.float32), [ps.size(), -1])
-            return tf.bitcast(tf.cast(tf.reduce_sum(parts, axis=0), tf.bfloat16), tf.uint16)
+            return compression_ops.sum_parts(got, ps.size(), self._wire16)
         return hvd.reducescatter(w, op=hvd.Sum, process_set=ps, name=name + "_rs")
 
     def allgather(self, w, ps, name):
         """Concatenation of every rank's slice, in rank order."""
         return self._hvd.allgather(w, process_set=ps, name=name + "_ag")
 
-    def allreduce(self, w, ps, name, bf16):
+    def allreduce(self, w, ps, name, sixteen):
         """Sum over the process set (flat w, any length; the result has w's length)."""
         hvd = self._hvd
-        if bf16:
+        if sixteen:
             padded = _pad_to(w, ps.size())
             out = self.allgather(self.reduce_scatter(padded, ps, name, True), ps, name)
             return out if padded is w else out[: tf.size(w)]
         return hvd.allreduce(w, op=hvd.Sum, process_set=ps, name=name + "_ar")
 
-    def hierarchical(self, w, node_ps, cross_ps, name, bf16):
+    def hierarchical(self, w, node_ps, cross_ps, name, sixteen):
         """Sum over all ranks: reduce-scatter in the node, allreduce of the slice across nodes, allgather. The
         result may be longer than w (zero padding to a multiple of the node's size)."""
-        part = self.reduce_scatter(_pad_to(w, node_ps.size()), node_ps, name + "_node", bf16)
-        part = self.allreduce(part, cross_ps, name + "_cross", bf16)
+        part = self.reduce_scatter(_pad_to(w, node_ps.size()), node_ps, name + "_node", sixteen)
+        part = self.allreduce(part, cross_ps, name + "_cross", sixteen)
         return self.allgather(part, node_ps, name + "_node")
 
 
@@ -621,7 +624,7 @@ class DenseReducer(object):
             self._pre, self._post = 1.0, 1.0
         # Top-K sends unscaled values: the sum of all ranks' entries times this.
         self._topk_factor = 1.0 / size if op == hvd.Average else 1.0
-        self._reducer = _Reducer(name)
+        self._reducer = _Reducer(name, self._wire16)
         self._node_ps = self._cross_ps = None
         if config.hierarchical:
             if process_set is not hvd.global_process_set and process_set.size() != hvd.size():
@@ -634,18 +637,18 @@ class DenseReducer(object):
         order = list(range(len(grads)))
         for b, group in enumerate(_buckets(order, self._config.fusion_bytes, lambda i: _item_bytes(grads[i]))):
             like = [grads[i] for i in group]
-            bf16 = compression_ops.wire_dtype(like[0].dtype, self._wire16) == tf.uint16 and like[0].dtype.is_floating
+            sixteen = self._wire16 is not None and like[0].dtype.is_floating
             # Padded where the first collective splits the buffer among ranks.
             if self._node_ps is not None:
                 multiple = self._node_ps.size()
             else:
-                multiple = self._ps.size() if bf16 else 1
+                multiple = self._ps.size() if sixteen else 1
             packed = consistency.gate(compression_ops.pack(like, self._wire16, self._pre, multiple))
             name = "%s_%s%d" % (self._name, tag, b)
             if self._node_ps is not None:
-                summed = self._reducer.hierarchical(packed, self._node_ps, self._cross_ps, name, bf16)
+                summed = self._reducer.hierarchical(packed, self._node_ps, self._cross_ps, name, sixteen)
             else:
-                summed = self._reducer.allreduce(packed, self._ps, name, bf16)
+                summed = self._reducer.allreduce(packed, self._ps, name, sixteen)
             for i, part in zip(group, compression_ops.unpack(summed, self._wire16, like, self._post)):
                 out[i] = part
         return out

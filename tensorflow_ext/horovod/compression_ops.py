@@ -1,11 +1,13 @@
 """The compression steps of the dense gradient exchange (`allreduce.DenseReducer`) as fused kernels.
 
 A fused buffer travels in its *wire* form: the gradients' own dtype without compression, float16 with fp16, and
-bfloat16 as uint16 bit patterns with bf16 (Horovod moves uint16 but has no bf16 reduction). Four steps touch every
+bfloat16 as uint16 bit patterns with bf16 (Horovod moves uint16 but has no bf16 reduction). Five steps touch every
 entry of a buffer, and each is one op of the library (tensorflow_ext/horovod/kernels, one vectorized pass):
 
 * `pack`: the gradients flattened, concatenated, multiplied by the pre-scale, cast to the wire dtype and
   zero-padded to a multiple of the process set's size;
+* `sum_parts`: the receiving side of a 16-bit reduce-scatter (Horovod only moves the bytes): every rank's slice
+  summed in float32 and rounded once;
 * `unpack`: the reduced buffer cast back, multiplied by the post-scale and split into the gradients' shapes;
 * `top_k_select`: per gradient, acc = gradient + residual, its k entries of largest magnitude (positions in the
   bucket and wire values, ascending), and the new residual (acc minus what was sent);
@@ -24,9 +26,9 @@ import tensorflow as tf
 
 from tensorflow_ext.utils.loader import load_ops
 
-__all__ = ["pack", "scatter_add", "top_k_select", "unpack", "wire_dtype"]
+__all__ = ["pack", "scatter_add", "sum_parts", "top_k_select", "unpack", "wire_dtype"]
 
-_OPS = ("TfExtHvdPack", "TfExtHvdUnpack", "TfExtHvdTopKSelect", "TfExtHvdScatterAdd")
+_OPS = ("TfExtHvdPack", "TfExtHvdUnpack", "TfExtHvdSumParts", "TfExtHvdTopKSelect", "TfExtHvdScatterAdd")
 
 try:
     for _op in _OPS:
@@ -131,6 +133,22 @@ def unpack(wire, wire16, like, scale=1.0):
     summed = _scaled(_from_wire(wire[:total], wire16, dtype), scale)
     parts = [summed] if len(like) == 1 else tf.split(summed, tf.stack(sizes), num=len(like))
     return [tf.reshape(p, tf.shape(g)) for p, g in zip(parts, like)]
+
+
+def sum_parts(parts, num_parts, wire16):
+    """The receiving side of a 16-bit reduce-scatter: `parts` (16-bit wire entries, `num_parts` equal slices, one per
+    rank in rank order) summed in float32 in rank order and rounded once to the wire dtype.
+
+    Args:
+      parts: 1-D wire tensor (float16, or uint16 bfloat16 bits).
+      num_parts: int, the number of ranks that sent a slice.
+      wire16: tf.float16 or tf.bfloat16.
+
+    Returns:
+      A 1-D wire tensor of size(parts) / num_parts entries.
+    """
+    out = load_ops().tf_ext_hvd_sum_parts(_kernel_view(parts, wire16), num_parts=num_parts)
+    return tf.bitcast(out, tf.uint16) if wire16 == tf.bfloat16 else out
 
 
 def top_k_select(grads, residuals, ks, wire16):

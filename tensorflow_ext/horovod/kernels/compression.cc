@@ -109,6 +109,19 @@ TFEXT_HVD_CLONES void UnpackBFloat16Loop(const uint16_t* src, int64_t n, float s
   for (int64_t i = 0; i < n; ++i) dst[i] = kScaled ? BFloat16ToFloat(src[i]) * scale : BFloat16ToFloat(src[i]);
 }
 
+// ---- the sum of the ranks' 16-bit slices ----
+
+template <bool kHalf>
+TFEXT_HVD_CLONES void SumPartsBlock(const uint16_t* parts, int64_t num_parts, int64_t stride, int64_t len, float* acc,
+                                    uint16_t* out) {
+  for (int64_t i = 0; i < len; ++i) acc[i] = 0.0f;
+  for (int64_t r = 0; r < num_parts; ++r) {
+    const uint16_t* row = parts + r * stride;
+    for (int64_t i = 0; i < len; ++i) acc[i] += kHalf ? HalfToFloat(row[i]) : BFloat16ToFloat(row[i]);
+  }
+  for (int64_t i = 0; i < len; ++i) out[i] = kHalf ? HalfBits(acc[i]) : BFloat16Bits(acc[i]);
+}
+
 // ---- Top-K ----
 
 // acc[i] = grad[i] + residual[i] for i in [0, n), and the candidates among them: appends base + i to `above` for
@@ -294,6 +307,24 @@ void UnpackScaled(const void* src, WireFormat f, int64_t n, float scale, float* 
     case WireFormat::kBFloat16:
       return scaled ? UnpackBFloat16Loop<true>(static_cast<const uint16_t*>(src), n, scale, dst)
                     : UnpackBFloat16Loop<false>(static_cast<const uint16_t*>(src), n, scale, dst);
+  }
+}
+
+void SumParts(const uint16_t* parts, int64_t num_parts, int64_t stride, int64_t len, WireFormat f, uint16_t* out) {
+  if (num_parts == 1) {
+    if (len > 0) std::memcpy(out, parts, sizeof(uint16_t) * len);
+    return;
+  }
+  // Blocks whose float32 sums stay in the L1 cache while every rank's row is added.
+  constexpr int64_t kSumBlock = 2048;
+  float acc[kSumBlock];
+  for (int64_t i = 0; i < len; i += kSumBlock) {
+    const int64_t n = std::min(kSumBlock, len - i);
+    if (f == WireFormat::kFloat16) {
+      SumPartsBlock<true>(parts + i, num_parts, stride, n, acc, out + i);
+    } else {
+      SumPartsBlock<false>(parts + i, num_parts, stride, n, acc, out + i);
+    }
   }
 }
 

@@ -9,7 +9,8 @@
 //    tf.cast makes (fp16: 0x7E00 with the sign kept; bf16: 0x7FC0, sign dropped). Subnormals round like any value
 //    (no flush to zero), so the results do not depend on the CPU's denormal mode. 16 bits to float32 is exact.
 //  * PackScaled / UnpackScaled are tf.cast(x * scale) and tf.cast(x) * scale, element by element (the multiply is
-//    skipped when scale == 1, as allreduce.py skips it), in one pass.
+//    skipped when scale == 1, as allreduce.py skips it), in one pass. SumParts sums the ranks' 16-bit slices of a
+//    reduce-scatter in float32 and rounds once.
 //  * TopKSelect: acc = grad + residual; the k entries of largest |acc| (exactly k = min(k, n); equal magnitudes go
 //    to the lower index; NaN counts as larger than Inf so that a non-finite gradient is always sent) are emitted in
 //    ascending index order as (index + offset, wire(acc)); new_residual = acc, except at the emitted entries:
@@ -21,6 +22,8 @@
 //  * ScatterAdd: dense[0, n) = 0, then dense[indices[j]] += float(values[j]) for j in order (the order of
 //    tf.math.unsorted_segment_sum), then dense *= scale unless scale == 1; dense may be split into parts (the
 //    gradients of a fused buffer, written in place). An index outside [0, n) is reported.
+//  * Where two NaNs meet in an addition (the residual add, a sum over ranks), which one comes out (its sign and
+//    payload) is unspecified, as in TensorFlow's own adds; every such result is a NaN.
 //  * The loops are compiled for AVX-512 (x86-64-v4), AVX2 and baseline x86-64 (picked at load time from what the
 //    CPU has) with floating-point contraction off: the instruction set never changes a value.
 
@@ -56,6 +59,12 @@ struct TopKScratch {
   std::vector<int32_t> candidates;
   std::vector<uint32_t> keys;
 };
+
+// The receiving side of a 16-bit reduce-scatter: parts holds num_parts rows (one per rank, in rank order), row r
+// at parts + r * stride; out[i] = wire(0 + float(row 0 [i]) + float(row 1 [i]) + ...) for i in [0, len), summed in
+// float32 in rank order (the order and starting +0 of tf.reduce_sum over the rows) and rounded once; with
+// num_parts == 1 out is row 0. f is kFloat16 or kBFloat16; out may not alias parts.
+void SumParts(const uint16_t* parts, int64_t num_parts, int64_t stride, int64_t len, WireFormat f, uint16_t* out);
 
 // The Top-K selection of one gradient (see the contract). grad, residual and new_residual hold n floats
 // (new_residual may alias residual, not grad); indices and values receive min(k, n) entries (values in format f).

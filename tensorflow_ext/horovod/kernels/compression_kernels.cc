@@ -5,6 +5,9 @@
 //       tf.cast(concat(flatten(grads)) * scale, out_type), zero-padded to a multiple of `multiple` entries.
 //   TfExtHvdUnpack(packed: in_type) -> grads: N * float (of `shapes`)
 //       split(tf.cast(packed[:sum of sizes], float) * scale) reshaped to `shapes`; entries past them are ignored.
+//   TfExtHvdSumParts(parts: T) -> sum: T [size / num_parts]
+//       cast(reduce_sum(reshape(cast(parts, float), [num_parts, -1]), 0), T): the receiving side of a 16-bit
+//       reduce-scatter (Horovod moves the bytes, the sum is formed in float32 and rounded once).
 //   TfExtHvdTopKSelect(grads: N * float, residuals: N * float) -> indices: int32, values: out_type,
 //       new_residuals: N * float
 //       per gradient i: acc = grads[i] + residuals[i]; its ks[i] largest |acc| as (position in the concatenation
@@ -238,6 +241,56 @@ class UnpackOp : public OpKernel {
 };
 
 REGISTER_KERNEL_BUILDER(Name("TfExtHvdUnpack").Device(DEVICE_CPU), UnpackOp);
+
+REGISTER_OP("TfExtHvdSumParts")
+    .Input("parts: T")
+    .Output("sum: T")
+    .Attr("T: {half, bfloat16}")
+    .Attr("num_parts: int >= 1")
+    .SetShapeFn([](InferenceContext* c) {
+      ShapeHandle parts;
+      TF_RETURN_IF_ERROR(c->WithRank(c->input(0), 1, &parts));
+      int64_t num_parts;
+      TF_RETURN_IF_ERROR(c->GetAttr("num_parts", &num_parts));
+      DimensionHandle m;
+      TF_RETURN_IF_ERROR(c->Divide(c->Dim(parts, 0), num_parts, /*evenly_divisible=*/true, &m));
+      c->set_output(0, c->Vector(m));
+      return OkStatus();
+    })
+    .Doc(
+        "The receiving side of a 16-bit reduce-scatter: parts is num_parts equal slices (one per rank, in rank "
+        "order); cast(reduce_sum(reshape(cast(parts, float), [num_parts, -1]), 0), T).");
+
+class SumPartsOp : public OpKernel {
+ public:
+  explicit SumPartsOp(OpKernelConstruction* ctx) : OpKernel(ctx) {
+    OP_REQUIRES_OK(ctx, ctx->GetAttr("num_parts", &num_parts_));
+    DataType dtype;
+    OP_REQUIRES_OK(ctx, ctx->GetAttr("T", &dtype));
+    format_ = FormatOf(dtype);
+  }
+
+  void Compute(OpKernelContext* ctx) override {
+    const Tensor& parts = ctx->input(0);
+    OP_REQUIRES(ctx, parts.dims() == 1 && parts.NumElements() % num_parts_ == 0,
+                errors::InvalidArgument("TfExtHvdSumParts: parts must be a vector of num_parts=", num_parts_,
+                                        " equal slices, got shape ", parts.shape().DebugString()));
+    const int64_t m = parts.NumElements() / num_parts_;
+    Tensor* out = nullptr;
+    OP_REQUIRES_OK(ctx, ctx->allocate_output(0, TensorShape({m}), &out));
+    const uint16_t* src = static_cast<const uint16_t*>(parts.data());
+    uint16_t* dst = static_cast<uint16_t*>(out->data());
+    ParallelRange(ctx, m, [&](int64_t begin, int64_t end) {
+      hvd::SumParts(src + begin, num_parts_, m, end - begin, format_, dst + begin);
+    });
+  }
+
+ private:
+  int64_t num_parts_;
+  WireFormat format_;
+};
+
+REGISTER_KERNEL_BUILDER(Name("TfExtHvdSumParts").Device(DEVICE_CPU), SumPartsOp);
 
 REGISTER_OP("TfExtHvdTopKSelect")
     .Input("grads: N * float")

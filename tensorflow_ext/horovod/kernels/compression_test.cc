@@ -101,6 +101,38 @@ TFEXT_TEST(EverySixteenBitPatternConvertsBack) {
   }
 }
 
+TFEXT_TEST(SlicesOfTheRanksSumInFloat32AndRoundOnce) {
+  std::mt19937 rng(3);
+  const int64_t len = 5003, stride = 5010;  // rows longer than the summed range: only [0, len) is read
+  for (WireFormat f : {WireFormat::kFloat16, WireFormat::kBFloat16}) {
+    for (int64_t ranks : {int64_t{1}, int64_t{2}, int64_t{3}, int64_t{7}}) {
+      std::vector<uint16_t> parts(ranks * stride), out(len);
+      for (auto& p : parts) p = static_cast<uint16_t>(rng() & 0xFFFFu);
+      tfext::hvd::SumParts(parts.data(), ranks, stride, len, f, out.data());
+      for (int64_t i = 0; i < len; ++i) {
+        const auto value = [&](int64_t r) {
+          const uint16_t h = parts[r * stride + i];
+          return f == WireFormat::kFloat16 ? ReferenceHalfToFloat(h) : FromBits(static_cast<uint32_t>(h) << 16);
+        };
+        float sum = ranks == 1 ? value(0) : 0.0f;  // one rank: its slice as it came
+        for (int64_t r = 0; ranks > 1 && r < ranks; ++r) sum += value(r);
+        const uint16_t want = f == WireFormat::kFloat16 ? ReferenceHalf(sum) : ReferenceBFloat16(sum);
+        const uint16_t exponent_bits = f == WireFormat::kFloat16 ? 0x7C00 : 0x7F80;
+        const auto is_nan = [&](uint16_t h) {
+          return (h & exponent_bits) == exponent_bits && (h & ~exponent_bits & 0x7FFF);
+        };
+        if (ranks == 1) {
+          CHECK_EQ(out[i], parts[i]);
+        } else if (std::isnan(sum)) {
+          CHECK(is_nan(out[i]));  // which NaN an addition of two NaNs returns is the compiler's choice
+        } else {
+          CHECK_EQ(out[i], want);
+        }
+      }
+    }
+  }
+}
+
 // The k largest magnitudes by a sort (ties to the lower index, NaN above Inf), ascending.
 std::vector<int32_t> ReferenceTopK(const std::vector<float>& acc, int64_t k) {
   std::vector<int32_t> order(acc.size());

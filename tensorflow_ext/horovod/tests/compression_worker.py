@@ -2,10 +2,10 @@
 test_allreduce.py).
 
 Usage:
-  compression_worker.py reference   the fused reduction (DenseReducer: pack, Horovod, unpack; Top-K select, gather,
-                                    scatter-add) against the pure TensorFlow + Horovod chain it replaced, bit for
-                                    bit: none/fp16/bf16, Average with a predivide factor and Sum, several buckets,
-                                    Top-K residuals over 3 steps
+  compression_worker.py reference   the fused reduction (DenseReducer: pack, Horovod, sum of the 16-bit slices,
+                                    unpack; Top-K select, gather, scatter-add) against the pure TensorFlow + Horovod
+                                    chain of the same math, bit for bit: none/fp16/bf16, Average with a predivide
+                                    factor and Sum, several buckets, Top-K residuals over 3 steps
   compression_worker.py settings    per case, rank 1 alone gets TF_EXT_HVD_* overrides: the first step fails on
                                     both ranks naming the setting and both values, before any gradient is exchanged
                                     (the variables are unchanged); equal overrides on both ranks train alike
@@ -58,7 +58,7 @@ def reference_dense(grads, comp, pre, post, name):
     flat = tf.concat([tf.reshape(g, [-1]) for g in grads], 0)
     if pre != 1.0:
         flat = flat * tf.cast(pre, tf.float32)
-    if comp == "bf16":
+    if comp in ("fp16", "bf16"):  # reduced as bytes: alltoall, the float32 sum, allgather
         n = tf.size(flat)
         padded = tf.pad(flat, [[0, tf.math.floormod(-n, size)]])
         got = hvd.alltoall(_wire(padded, comp), name=name + "_a2a")

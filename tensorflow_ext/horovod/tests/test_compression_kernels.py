@@ -120,6 +120,38 @@ def test_pack_and_unpack_equal_the_tensorflow_casts_bit_for_bit():
     assert "PACK OK" in out, out
 
 
+def test_sum_of_the_ranks_16_bit_slices_equals_the_float32_reduce_sum():
+    """The receiving side of a 16-bit reduce-scatter: cast to float32, reduce_sum over the ranks, cast back, bit for
+    bit: 1 to 5 ranks, slices of odd lengths, -0.0, Inf, NaN and sums that overflow fp16."""
+    out = run(
+        """
+        rng = np.random.RandomState(4)
+        with tf.Graph().as_default(), tf.compat.v1.Session() as s:
+            for wname in ("fp16", "bf16"):
+                wire = WIRES[wname]
+                for ranks in (1, 2, 3, 5):
+                    for m in (0, 1, 17, 40001):
+                        x = (rng.normal(size=ranks * m) * 10.0 ** rng.randint(-4, 5, size=ranks * m)).astype(np.float32)
+                        x[::11] = -0.0
+                        if m > 3:
+                            x[1], x[2], x[m + 2 if ranks > 1 else 3] = np.inf, np.nan, 4e4  # 4e4 + 4e4 overflows fp16
+                            x[m + 1 if ranks > 1 else 0] = 4e4
+                        w = co._to_wire(tf.constant(x), wire)
+                        got = s.run(co.sum_parts(w, ranks, wire))
+                        parts = tf.reshape(co._from_wire(w, wire, tf.float32), [ranks, -1])
+                        want = s.run(co._to_wire(tf.reduce_sum(parts, axis=0), wire))
+                        assert got.shape == (m,) and np.array_equal(bits(got), bits(want)), (wname, ranks, m)
+            try:
+                s.run(co.sum_parts(tf.zeros([7], tf.float16), 2, tf.float16))
+            except (tf.errors.InvalidArgumentError, ValueError) as e:
+                print("ERROR", str(e).splitlines()[0])
+        print("SUM OK")
+        """
+    )
+    assert "SUM OK" in out, out
+    assert "ERROR" in out and "7" in out.split("ERROR")[1], out
+
+
 def test_top_k_select_is_the_exact_top_k_with_error_feedback():
     """Per gradient the k largest |grad + residual| (ties to the lower index, NaN and Inf first), the wire values
     tf.cast gives, and the new residual, against numpy: sizes on both sides of the sampled-threshold path, patterns

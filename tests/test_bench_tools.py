@@ -241,9 +241,14 @@ def test_bench_saver_build_tiny():
 
 
 def test_bench_compression_quick(tmp_path):
-    """The compression-cost tool runs both implementations of every method (a small model, no busy processes)."""
+    """The compression-cost tool runs both implementations of every method and the 2-rank reductions (a small
+    model, no busy processes)."""
     out = tmp_path / "compression.json"
-    _run("bench_compression.py", "--quick", "--load", "0", "--json", str(out))
+    _run("bench_compression.py", "--quick", "--load", "0", "--collectives", "--json", str(out))
     results = json.loads(out.read_text())["results"]
-    assert [r["method"] for r in results] == ["fp16", "bf16", "topk1", "topk1_fp16"]
-    assert all(r["tf_ms"] > 0 and r["fused_ms"] > 0 and r["load_processes"] == 0 for r in results)
+    methods = [r for r in results if "method" in r]
+    assert [r["method"] for r in methods] == ["fp16", "bf16", "topk1", "topk1_fp16"]
+    assert all(r["tf_ms"] > 0 and r["fused_ms"] > 0 and r["load_processes"] == 0 for r in methods)
+    collectives = [r["collective"] for r in results if "collective" in r]
+    assert collectives == ["plain_fp32", "horovod_fp16", "fp16", "bf16", "topk1"], results
+    assert all(r["ms"] > 0 for r in results if "collective" in r)

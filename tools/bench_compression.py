@@ -10,21 +10,27 @@ averaged over 2 ranks:
                 scatter-add of 2 ranks' entries (dense sum, scale, split)
   topk1_fp16    the same with fp16 values
 
+`--collectives` adds the whole reduction of the same 25 MB on 2 local ranks under horovodrun (loopback: no link
+limit, so this is the CPU cost of each method end to end): plain Horovod float32, Horovod's own fp16 allreduce,
+and DenseReducer with fp16, bf16 and Top-K 1%.
+
 "tf" is the chain of TensorFlow ops the reduction used before the kernels (concat, multiply, tf.cast, tf.split;
 the sampled-threshold top_k, tf.gather, tensor_scatter_nd_sub, unsorted_segment_sum), "fused" is
 tensorflow_ext.horovod.compression_ops. Both run on the same variables, in interleaved rounds; each figure is the
 median step time, and ms per MB of float32 gradient. `--load N` runs N CPU-bound processes beside the measurement
 (busy loops, bounded in time, stopped by the tool) to show what a busy training machine leaves.
 
-    .venv/bin/python tools/bench_compression.py                       # quiet, then with 2 busy processes
+    .venv/bin/python tools/bench_compression.py --collectives         # quiet, then with 2 busy processes
     .venv/bin/python tools/bench_compression.py --load 0 --quick      # smoke run
 """
 
 import argparse
+import json
 import math
 import os
 import subprocess
 import sys
+import tempfile
 import time
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
@@ -147,6 +153,62 @@ def build(shapes):
     return graph, ops, mb
 
 
+COLLECTIVES = ("plain_fp32", "horovod_fp16", "fp16", "bf16", "topk1")
+
+
+def collectives_worker(args):
+    """One of 2 ranks (under horovodrun): the reduction of the model's gradients, one flat buffer, per method."""
+    import horovod.tensorflow as hvd  # pylint: disable=import-outside-toplevel
+
+    import tensorflow_ext.horovod as tfe_hvd  # pylint: disable=import-outside-toplevel
+    from tensorflow_ext.horovod import allreduce as ar  # pylint: disable=import-outside-toplevel
+    from tensorflow_ext.horovod import consistency  # pylint: disable=import-outside-toplevel
+
+    tfe_hvd.init()
+    n = sum(math.prod(s) for s in model_shapes(args.quick))
+    graph = tf.Graph()
+    with graph.as_default():
+        v = tf.compat.v1.get_variable("x", initializer=tf.random.stateless_normal([n], seed=[hvd.rank(), 1]))
+        g = consistency.gate(v.read_value())
+        ops = {
+            "plain_fp32": hvd.allreduce(g, op=hvd.Average, name="plain"),
+            "horovod_fp16": hvd.allreduce(g, op=hvd.Average, compression=hvd.Compression.fp16, name="hvd16"),
+        }
+        for m, kwargs in (("fp16", dict(compression="fp16")), ("bf16", dict(compression="bf16")),
+                          ("topk1", dict(topk_ratio=RATIO, topk_min_elements=1))):  # fmt: skip
+            reducer = ar.DenseReducer(ar.resolve_config(**kwargs), hvd.Average, 1.0, hvd.global_process_set, m)
+            ops[m] = reducer.reduce([(g, v)])[0]
+        ops = {m: ops[m].op for m in COLLECTIVES}
+    sess = bc.start_session(graph, bc.session_config(args.intra_op, args.inter_op))
+    times = {m: [] for m in COLLECTIVES}
+    for m in COLLECTIVES:
+        sess.run(ops[m])
+    # Every rank runs the same order (collectives must match): the same seed on every rank.
+    for _, m in bc.interleaved(COLLECTIVES, args.rounds, seed=7):
+        t = time.perf_counter()
+        sess.run(ops[m])
+        times[m].append(time.perf_counter() - t)
+    if hvd.rank() == 0:
+        bc.write_json(args.rank_worker, {m: bc.summary_ms(t)["median_ms"] for m, t in times.items()})
+
+
+def run_collectives(args):
+    """The collectives part on 2 local ranks; {method: median ms}."""
+    with tempfile.TemporaryDirectory() as tmp:
+        out = os.path.join(tmp, "rank0.json")
+        cmd = [os.path.join(os.path.dirname(sys.executable), "horovodrun"), "-np", "2", "--gloo", "-H", "localhost:2"]
+        cmd += [sys.executable, os.path.abspath(__file__), "--rank-worker", out, "--rounds", str(args.rounds)]
+        cmd += ["--intra_op", str(args.intra_op), "--inter_op", str(args.inter_op)] + (
+            ["--quick"] if args.quick else []
+        )
+        r = subprocess.run(cmd, capture_output=True, text=True, timeout=1800)
+        if r.returncode != 0:
+            sys.stderr.write(r.stdout[-4000:] + r.stderr[-4000:])
+            raise SystemExit("the 2-rank collectives run failed")
+        with open(out) as f:
+            return json.load(f)
+
+
 def measure(args, shapes, load):
     """Median step time per (method, impl) with `load` busy processes beside."""
     busy = []
@@ -166,6 +228,7 @@ def measure(args, shapes, load):
             sess.run(ops[key])
             times[key].append(time.perf_counter() - t)
         sess.close()
+        collectives = run_collectives(args) if args.collectives else None
         loadavg = os.getloadavg()
     finally:
         for p in busy:
@@ -187,6 +250,9 @@ def measure(args, shapes, load):
                 "loadavg_after": loadavg,
             }
         )
+    if collectives is not None:
+        for m in COLLECTIVES:
+            rows.append({"collective": m, "load_processes": load, "ms": collectives[m], "loadavg_after": loadavg})
     return rows, mb
 
 
@@ -208,8 +274,12 @@ def main():
     p.add_argument("--max_busy_s", type=int, default=900, help="upper bound on each busy process's life")
     p.add_argument("--intra_op", type=int, default=1, help="intra-op threads (1: as the ranks of bench_allreduce)")
     p.add_argument("--inter_op", type=int, default=1)
+    p.add_argument("--collectives", action="store_true", help="also the reduction on 2 local ranks (horovodrun)")
+    p.add_argument("--rank-worker", help=argparse.SUPPRESS)  # internal: one rank of --collectives, writing here
     p.add_argument("--json")
     args = p.parse_args()
+    if args.rank_worker:
+        return collectives_worker(args)
     if args.quick:
         args.rounds = min(args.rounds, 3)
     shapes = model_shapes(args.quick)
@@ -227,7 +297,7 @@ def main():
         "%-11s %5s %10s %10s %12s %12s %8s %14s"
         % ("method", "busy", "tf ms", "fused ms", "tf ms/MB", "fused ms/MB", "speedup", "saves@1Gbit ms"),
     ]
-    for r in out["results"]:
+    for r in (r for r in out["results"] if "method" in r):
         lines.append(
             "%-11s %5d %10.2f %10.2f %12.3f %12.3f %7.1fx %14.0f"
             % (
@@ -241,6 +311,13 @@ def main():
                 link_ms_saved(r["method"], mb, 1.0),
             )
         )
+    coll = [r for r in out["results"] if "collective" in r]
+    if coll:
+        lines += ["", "The whole reduction on 2 local ranks (loopback), median ms per step:"]
+        lines.append("%5s" % "busy" + "".join("%14s" % m for m in COLLECTIVES))
+        for load in args.load:
+            by = {r["collective"]: r["ms"] for r in coll if r["load_processes"] == load}
+            lines.append("%5d" % load + "".join("%14.1f" % by[m] for m in COLLECTIVES))
     bc.finish(out, "\n".join(lines), args.json)
 
 

@@ -2,8 +2,13 @@
 
 #include "tensorflow_ext/serving/kernels/live_model.h"
 
+#include <cstdlib>
+#include <cstring>
+#include <exception>
 #include <map>
+#include <new>
 #include <set>
+#include <stdexcept>
 
 #include "tensorflow/core/framework/tensor_shape.h"
 #include "tensorflow/core/framework/tensor_util.h"
@@ -106,6 +111,13 @@ bool NeedsCompaction(const LiveShard& s) {
   return pending > base / 4 || (pending > kCompactOverlayKeys && pending > base / 16);
 }
 
+void MaybeThrowForTest(const char* where) {
+  const char* what = std::getenv("TF_EXT_LIVE_MODEL_TEST_THROW");
+  if (what != nullptr && std::strcmp(what, where) == 0) {
+    throw std::runtime_error(std::string("a failure injected at '") + where + "' (TF_EXT_LIVE_MODEL_TEST_THROW)");
+  }
+}
+
 Status LiveModelResource::StartLocked(OpKernelContext* ctx, const char* dense_input) {
   if (Current() != nullptr) return OkStatus();
   auto v = std::make_shared<ModelVersion>();
@@ -114,22 +126,31 @@ Status LiveModelResource::StartLocked(OpKernelContext* ctx, const char* dense_in
   std::multiset<std::string> slot_lines;  // the slots' layout lines without names
   std::vector<RefCountPtr<FrozenTableResource>> sources;
   std::vector<std::weak_ptr<const table::FrozenTable>> source_tables;
-  for (int i = tables_start; i < tables_stop; ++i) {
-    RefCountPtr<FrozenTableResource> table;
-    TF_RETURN_IF_ERROR(GetFrozenTable(ctx, i, &table));
-    std::shared_ptr<const table::FrozenTable> rows = table->Get();
-    source_tables.push_back(rows);
-    v->tables.push_back(LiveShard::FromBase(std::move(rows)));
-    slot_lines.insert("table " + std::to_string(table->dim()));
-    sources.push_back(std::move(table));
-  }
   OpInputList dense;
   TF_RETURN_IF_ERROR(ctx->input_list(dense_input, &dense));
-  for (const Tensor& d : dense) {
-    // A copy: the input may share the buffer of a variable (a ref variable's read does) that a later assignment
-    // changes in place, and a published version never changes.
-    v->dense.push_back(tensorflow::tensor::DeepCopy(d));
-    slot_lines.insert("dense " + LayoutDTypeName(d.dtype()) + " " + LayoutShape(d.shape()));
+  // Nothing is published before the end: a failure anywhere (an allocation) leaves the model unstarted, and the
+  // next op that takes it tries again.
+  try {
+    MaybeThrowForTest("start");
+    for (int i = tables_start; i < tables_stop; ++i) {
+      RefCountPtr<FrozenTableResource> table;
+      TF_RETURN_IF_ERROR(GetFrozenTable(ctx, i, &table));
+      std::shared_ptr<const table::FrozenTable> rows = table->Get();
+      source_tables.push_back(rows);
+      v->tables.push_back(LiveShard::FromBase(std::move(rows)));
+      slot_lines.insert("table " + std::to_string(table->dim()));
+      sources.push_back(std::move(table));
+    }
+    for (const Tensor& d : dense) {
+      // A copy: the input may share the buffer of a variable (a ref variable's read does) that a later assignment
+      // changes in place, and a published version never changes.
+      v->dense.push_back(tensorflow::tensor::DeepCopy(d));
+      slot_lines.insert("dense " + LayoutDTypeName(d.dtype()) + " " + LayoutShape(d.shape()));
+    }
+  } catch (const std::bad_alloc&) {
+    return tensorflow::errors::ResourceExhausted("live model '", model_name_, "': out of memory starting it");
+  } catch (const std::exception& e) {
+    return tensorflow::errors::Internal("live model '", model_name_, "': starting it failed: ", e.what());
   }
   OpInputList step;
   TF_RETURN_IF_ERROR(ctx->input_list("global_step", &step));

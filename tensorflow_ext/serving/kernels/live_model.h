@@ -167,6 +167,11 @@ std::string LayoutDifference(const std::string& model, const std::string& update
 // Whether a shard's overlay and removed keys have grown large enough next to its base to fold them in.
 bool NeedsCompaction(const LiveShard& s);
 
+// Tests only: with the environment variable TF_EXT_LIVE_MODEL_TEST_THROW set to `where` ("start", "build" or
+// "compact"), throws a std::runtime_error there, as a failure that no check foresees would (the model must turn it
+// into an error status and publish nothing, or keep serving what it published). Read at each of those points.
+void MaybeThrowForTest(const char* where);
+
 }  // namespace live
 }  // namespace tfext
 

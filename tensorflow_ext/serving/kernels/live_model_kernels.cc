@@ -29,9 +29,11 @@
 #include <algorithm>
 #include <atomic>
 #include <cstring>
+#include <exception>
 #include <map>
 #include <memory>
 #include <mutex>
+#include <new>
 #include <set>
 #include <stdexcept>
 #include <string>
@@ -63,6 +65,7 @@ using live::GetLiveModel;
 using live::GetPin;
 using live::LiveModelResource;
 using live::LivePin;
+using live::MaybeThrowForTest;
 using live::ModelVersion;
 using live::NeedsCompaction;
 using live::UpdateMeta;
@@ -299,7 +302,21 @@ class LiveApplyOp : public OpKernel {
     bool apply = false;
     std::shared_ptr<ModelVersion> next;
     Status s = CheckUpdate(*model, current->version, u, &apply);
-    if (s.ok() && apply) s = Build(ctx, *current, u, &next);
+    if (s.ok() && apply) {
+      // Build names the slot of a failure it foresees; anything else thrown while building fails the apply too
+      // (nothing is published yet), and is never let through the kernel.
+      try {
+        s = Build(ctx, *current, u, &next);
+      } catch (const std::bad_alloc&) {
+        s = tensorflow::errors::ResourceExhausted("live model '", model->model_name(),
+                                                  "': out of memory building "
+                                                  "version ",
+                                                  u.to_step);
+      } catch (const std::exception& e) {
+        s = tensorflow::errors::Internal("live model '", model->model_name(), "': building version ", u.to_step,
+                                         " failed: ", e.what());
+      }
+    }
     if (!s.ok()) {
       model->refused.fetch_add(1);
       ctx->CtxFailure(s);
@@ -323,14 +340,18 @@ class LiveApplyOp : public OpKernel {
     // version of the same number and contents.
     for (size_t i = 0; i < next->tables.size(); ++i) {
       if (!NeedsCompaction(*next->tables[i])) continue;
-      auto compacted = std::make_shared<ModelVersion>(*next);
+      std::shared_ptr<ModelVersion> compacted;
       try {
+        MaybeThrowForTest("compact");
+        compacted = std::make_shared<ModelVersion>(*next);
         compacted->tables[i] = next->tables[i]->Compacted();
-      } catch (const std::bad_alloc&) {
-        // The update is applied; the shard keeps its overlay and a later apply tries again.
-        LOG(WARNING) << "tf_ext live model '" << model->model_name() << "': out of memory compacting table slot " << i
-                     << " (" << next->tables[i]->base_size() << " keys in its base, " << next->tables[i]->overlay_size()
-                     << " in its overlay); it stays uncompacted";
+      } catch (const std::exception& e) {
+        // Nothing of it is published. The update is applied and served (the op reports it so: failing the op now
+        // would tell the applier that the update did not apply); the shard keeps its overlay, and the next apply
+        // tries again.
+        LOG(WARNING) << "tf_ext live model '" << model->model_name() << "': compacting table slot " << i << " ("
+                     << next->tables[i]->base_size() << " keys in its base, " << next->tables[i]->overlay_size()
+                     << " in its overlay) failed, it stays uncompacted: " << e.what();
         continue;
       }
       next = std::move(compacted);
@@ -391,6 +412,7 @@ class LiveApplyOp : public OpKernel {
       const int64_t* k = keys[i].flat<int64_t>().data();
       const float* rows = values[i].flat<float>().data();
       try {
+        MaybeThrowForTest("build");
         if (u.full()) {
           next->tables[i] = LiveShard::FromRows(k, rows, n, shard.dim(), shard.storage());
         } else if (n == 0 && m == 0) {
@@ -403,10 +425,16 @@ class LiveApplyOp : public OpKernel {
       } catch (const std::bad_alloc&) {
         return tensorflow::errors::ResourceExhausted("table slot ", i, ": out of memory applying ", n, " rows and ", m,
                                                      " removed keys");
+      } catch (const std::exception& e) {
+        return tensorflow::errors::Internal("table slot ", i, ": applying ", n, " rows and ", m,
+                                            " removed keys failed: ", e.what());
       }
     }
-    // Copies, as at the start: the inputs may share a buffer that their producer (a fed array) changes later.
-    for (const Tensor& d : dense) next->dense.push_back(tensorflow::tensor::DeepCopy(d));
+    // A dense value nothing else holds (the update's restored tensor, whose only reference is this op's input, in
+    // memory the tensor owns) becomes the version's as it is: no one can change it any more. That is TF's own test
+    // for letting an op overwrite its input in place (Tensor::RefCountIsOne). Any other is copied, as at the start:
+    // it may share a buffer that its producer changes later (a variable's, or a fed array the tensor does not own).
+    for (const Tensor& d : dense) next->dense.push_back(d.RefCountIsOne() ? d : tensorflow::tensor::DeepCopy(d));
     *out = std::move(next);
     return OkStatus();
   }

@@ -22,7 +22,8 @@ What the follower does with the updates directory (a listing every `poll_secs`, 
 * A delta that starts past the served version is a gap (so is a follower whose version is older than the oldest
   delta kept): the follower applies the newest full update past its version, a full snapshot (`full-<to_step>`) or
   a full update of the chain (a resync, counted), then the chain after it; if there is none, it waits for the missing
-  updates (`stats["waiting"]` says which) and applies nothing after the gap. Snapshots are read for resyncs only. A
+  updates (`stats["waiting"]` says which) and applies nothing after the gap. Snapshots are read for resyncs only, and
+  only beside the chain's update of their step (a snapshot without it is another run's leftover). A
   full update rebuilds every table beside the served one: while it applies the model needs about twice the memory
   of its tables, as a reload of the SavedModel does; the chain's deltas never do.
 * An update that cannot be applied is refused: a manifest that is missing, not JSON, of another format or whose
@@ -260,6 +261,10 @@ class Follower(object):
         found = update_format.list_updates(self._updates_dir)
         snapshots = update_format.list_snapshots(self._updates_dir)
         present = {path for _, path in found + snapshots}
+        # A snapshot is published after the chain's update of its step, and deleted after it: one without that
+        # update is left over from another run (its chain deleted) and is never read.
+        chain_steps = {step for step, _ in found}
+        snapshots = [(step, path) for step, path in snapshots if step in chain_steps]
         for path in [p for p in self._refused if p not in present]:
             del self._refused[path]  # gone: a new directory of that name is a new update
         for path in [p for p in self._failures if p not in present]:

@@ -448,7 +448,7 @@ class ServingUpdateWriter(object):
         try:
             os.makedirs(self._dir, exist_ok=True)
             if not self._cleaned:
-                self._remove_temporaries()
+                self._clean_directory()
             os.mkdir(tmp)
             out = sess.run(
                 part.write,
@@ -531,11 +531,24 @@ class ServingUpdateWriter(object):
             error,
         )
 
-    def _remove_temporaries(self):
-        """Deletes the `.tmp-*` entries a killed writer (or deletion) left, once per writer."""
+    def _clean_directory(self):
+        """Deletes, once per writer, the `.tmp-*` entries a killed writer (or deletion) left, and the snapshots past
+        the chain's newest update: a snapshot is published after the update of its step, so those belong to another
+        run whose updates were deleted (and would take this run's snapshot names)."""
         for name in os.listdir(self._dir):
             if name.startswith(update_format.TMP_PREFIX):
                 shutil.rmtree(os.path.join(self._dir, name), ignore_errors=True)
+        updates = update_format.list_updates(self._dir)
+        newest = updates[-1][0] if updates else -1
+        for step, path in update_format.list_snapshots(self._dir):
+            if step > newest:
+                tf.compat.v1.logging.warning(
+                    "serving updates: deleting %s, a snapshot past the newest update of the chain (%s): another "
+                    "run's",
+                    path,
+                    updates[-1][1] if updates else "none",
+                )
+                self._delete(path)
         self._cleaned = True
 
     def _kind(self, path):
@@ -565,15 +578,19 @@ class ServingUpdateWriter(object):
         doomed = [path for _, path in updates[: min(len(updates) - self._keep, older)]]
         doomed += [path for step, path in snapshots if step < newest_full]
         for path in doomed:
-            # Renamed first: a reader listing the directory never sees half of a deleted update.
-            tmp = os.path.join(self._dir, update_format.TMP_PREFIX + uuid.uuid4().hex)
-            try:
-                os.rename(path, tmp)
-            except OSError as e:
-                tf.compat.v1.logging.warning("serving updates: cannot delete %s: %s", path, e)
-                continue
-            shutil.rmtree(tmp, ignore_errors=True)
-            self._kinds.pop(path, None)
+            self._delete(path)
+
+    def _delete(self, path):
+        """Deletes an update or snapshot; renamed first, so that a reader listing the directory never sees half of
+        it."""
+        tmp = os.path.join(self._dir, update_format.TMP_PREFIX + uuid.uuid4().hex)
+        try:
+            os.rename(path, tmp)
+        except OSError as e:
+            tf.compat.v1.logging.warning("serving updates: cannot delete %s: %s", path, e)
+            return
+        shutil.rmtree(tmp, ignore_errors=True)
+        self._kinds.pop(path, None)
 
     def _summaries(self, step, manifest):
         if self._summary_dir is None:

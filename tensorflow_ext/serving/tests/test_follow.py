@@ -591,3 +591,18 @@ def test_an_apply_failing_with_an_error_of_the_update_itself_is_refused_at_once(
     assert (stats["refused"], stats["retries"], stats["retrying"]) == (1, 0, None)
     assert events.kinds() == ["refused"]
     follower.close()
+
+
+def test_a_snapshot_without_the_chains_update_of_its_step_is_never_read(tmp_path):
+    # Left over from another run whose updates were deleted: it may hold any model state.
+    d = str(tmp_path / "u")
+    delta(d, 9, 12)  # a gap at 5
+    snapshot(d, 14)
+    model = FakeModel(5)
+    follower, events = _follower(model, d)
+    assert follower.poll_once() == 0
+    assert model.calls == [] and "from step 9 to 12" in follower.stats["waiting"]
+    delta(d, 12, 14)  # the chain's update of its step: the snapshot is the trainer's
+    assert follower.poll_once() == 1
+    assert model.calls == [snapshot_name(14)] and follower.stats["resyncs"] == 1
+    follower.close()

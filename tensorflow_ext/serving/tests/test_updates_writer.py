@@ -10,6 +10,7 @@ import json
 import os
 import select
 import shlex
+import shutil
 import signal
 import subprocess
 import sys
@@ -455,6 +456,36 @@ def test_a_writer_killed_mid_update_leaves_no_partial_update(tmp_path, stage):
             manifest = writer.write(sess)
     assert manifest["to_step"] == 3 and manifest["kind"] == uf.KIND_FULL
     assert not [n for n in os.listdir(udir) if n.startswith(uf.TMP_PREFIX)]
+
+
+def test_a_new_writer_deletes_snapshots_past_the_chain_and_temporaries(tmp_path):
+    # An earlier run wrote update-1 to update-4, with snapshots beside update-2 and update-4; update-3 and update-4
+    # were deleted (the job restarts from step 2): the snapshot at 4 is another run's state, under a name this run
+    # would write.
+    udir = tmp_path / "updates"
+    with tf.Graph().as_default():
+        _, _, ids, train, *_ = worker.build()
+        writer = updates.ServingUpdateWriter(str(udir), full_every=2, keep=None)
+        with _session() as sess:
+            sess.run(tf.compat.v1.global_variables_initializer())
+            writer.start(sess)
+            for i in range(4):
+                sess.run(train, {ids: worker.batch(i, 8)})
+                writer.write(sess)
+    assert [s for s, _ in uf.list_snapshots(str(udir))] == [2, 4]
+    for step in (3, 4):
+        shutil.rmtree(udir / uf.update_dir_name(step))
+    (udir / (uf.TMP_PREFIX + "left")).mkdir()
+    with tf.Graph().as_default():
+        _, _, ids, train, *_ = worker.build()
+        writer = updates.ServingUpdateWriter(str(udir), full_every=2, keep=None)
+        with _session() as sess:
+            sess.run(tf.compat.v1.global_variables_initializer())
+            for i in range(3):
+                sess.run(train, {ids: worker.batch(i, 8)})
+            manifest = writer.write(sess)
+    assert manifest["to_step"] == 3 and manifest["kind"] == uf.KIND_FULL
+    assert sorted(os.listdir(udir)) == [uf.snapshot_dir_name(2)] + [uf.update_dir_name(s) for s in (1, 2, 3)]
 
 
 def test_keep_never_deletes_what_a_follower_needs(tmp_path):

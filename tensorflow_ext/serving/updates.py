@@ -47,7 +47,10 @@ Atomicity: one `session.run` exports the rows and writes the tensor bundle into 
 MANIFEST.json; every file and the directory are fsynced; the directory is renamed to `update-<to_step:012d>`, and
 only then is the channel committed. A writer killed at any point leaves no partial `update-*` directory (a `.tmp-*`
 one, deleted by the next writer). An error while writing (a full disk, a permission) is logged and counted
-(`stats["failed"]`); training goes on, nothing is committed, and the next update covers the same range.
+(`stats["failed"]`); training goes on, nothing is committed, and the next update covers the same range. A snapshot
+is written the same way once its update is published and the channel committed (it reads every row, none of the
+log), so it is never published without that update; the next writer deletes a snapshot past the chain's newest
+update (its update was deleted: another run's).
 
 `keep` bounds the directory: updates of the chain older than the newest `keep` ones are deleted (renamed to a
 `.tmp-*` name first, so a reader never sees half of one), but only those older than the newest full one, a snapshot
@@ -57,9 +60,9 @@ is deleted while no full one exists.
 
 Horovod: in a data-parallel job only rank 0 writes (the others hold the same rows); model-parallel embeddings (each
 rank holds part of the keys) are refused. Parameter-server training: every worker sees the same tables, so give the
-hook (or listener) to the chief only (`hooks=[hook] if run_config.is_chief else []`); one writer per directory. The writer is meant for a trainer whose steps do not run while it writes
-(hooks and listeners run between steps): rows trained concurrently could carry versions past to_step (harmless:
-newer rows, rewritten by the next update).
+hook (or listener) to the chief only (`hooks=[hook] if run_config.is_chief else []`); one writer per directory.
+The writer is meant for a trainer whose steps do not run while it writes (hooks and listeners run between steps):
+rows trained concurrently could carry versions past to_step (harmless: newer rows, rewritten by the next update).
 """
 
 import os

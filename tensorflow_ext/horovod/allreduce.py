@@ -5,10 +5,9 @@ Everything here is built from Horovod's collectives (allreduce, reducescatter, a
 sets, so it runs on Horovod's Gloo backend (CPU) as well as on MPI.
 
 * **Compression** (`Compression.fp16`, `Compression.bf16`): the buffer is cast to 16 bits before it is sent and
-  back after. A 16-bit buffer is reduced as bytes (one alltoall, the sum in float32 on the receiving rank rounded
-  once to 16 bits, one allgather: the same bytes as a ring allreduce): Horovod has no bf16 reduction, and its fp16
-  one converts every partial sum in software. fp16 overflows above 65504 (such a sum becomes inf); bf16 keeps
-  float32's range. Infinities and NaNs stay
+  back after. fp16 is summed by Horovod's allreduce in fp16 (a sum above 65504 becomes inf); bf16 keeps float32's
+  range: Horovod has no bf16 reduction, so a bf16 buffer is reduced as its 16-bit patterns (one alltoall, the sum
+  in float32 on the receiving rank, one allgather: the same bytes as a ring allreduce). Infinities and NaNs stay
   non-finite, so a mixed-precision "skip the step when a gradient is not finite" still sees them. Compress
   gradients after loss scaling has been undone (wrap the loss-scaling optimizer in `DistributedOptimizer`, which
   is what happens when `DistributedOptimizer(mp_optimizer)` is built).
@@ -521,11 +520,13 @@ def _pad_to(w, multiple):
 class _Reducer(object):
     """Sum-reduces flat wire buffers over a process set.
 
-    A 16-bit buffer (`sixteen=True`: float16, or bfloat16 as uint16 bit patterns) is reduced as bytes: one alltoall,
-    the sum in float32 on the receiving rank (`compression_ops.sum_parts`, rounded once per stage), one allgather:
-    the bytes of a ring allreduce. Horovod has no bf16 reduction, and its fp16 one converts every partial sum in
-    software (several times the time of the float32 allreduce on a CPU). Other buffers go through Horovod's own
-    reductions in their dtype.
+    Horovod has no bf16 reduction, so a bf16 buffer (`as_bytes=True`: uint16 bit patterns) is reduced as bytes:
+    one alltoall, the sum in float32 on the receiving rank (`compression_ops.sum_parts`, rounded once per stage),
+    one allgather: the bytes of a ring allreduce. Other buffers, fp16 included, go through Horovod's own reductions
+    in their dtype: on Gloo its ring allreduce sends in both directions of a link at once, which its alltoall and
+    allgather do not (measured on a shaped 100 Mbit/s link: an fp16 buffer reduced as bytes took as long as the
+    float32 allreduce, Horovod's fp16 allreduce half of it), although Gloo sums fp16 with a slow scalar
+    conversion.
     """
 
     def __init__(self, name, wire16):
@@ -533,10 +534,10 @@ class _Reducer(object):
         self._name = name
         self._wire16 = wire16
 
-    def reduce_scatter(self, w, ps, name, sixteen):
+    def reduce_scatter(self, w, ps, name, as_bytes):
         """w: flat, length a multiple of ps.size(); returns this rank's summed slice."""
         hvd = self._hvd
-        if sixteen:
+        if as_bytes:
             got = hvd.alltoall(w, process_set=ps, name=name + "_a2a")
             if isinstance(got, (tuple, list)):
                 got = got[0]
@@ -547,20 +548,20 @@ class _Reducer(object):
         """Concatenation of every rank's slice, in rank order."""
         return self._hvd.allgather(w, process_set=ps, name=name + "_ag")
 
-    def allreduce(self, w, ps, name, sixteen):
+    def allreduce(self, w, ps, name, as_bytes):
         """Sum over the process set (flat w, any length; the result has w's length)."""
         hvd = self._hvd
-        if sixteen:
+        if as_bytes:
             padded = _pad_to(w, ps.size())
             out = self.allgather(self.reduce_scatter(padded, ps, name, True), ps, name)
             return out if padded is w else out[: tf.size(w)]
         return hvd.allreduce(w, op=hvd.Sum, process_set=ps, name=name + "_ar")
 
-    def hierarchical(self, w, node_ps, cross_ps, name, sixteen):
+    def hierarchical(self, w, node_ps, cross_ps, name, as_bytes):
         """Sum over all ranks: reduce-scatter in the node, allreduce of the slice across nodes, allgather. The
         result may be longer than w (zero padding to a multiple of the node's size)."""
-        part = self.reduce_scatter(_pad_to(w, node_ps.size()), node_ps, name + "_node", sixteen)
-        part = self.allreduce(part, cross_ps, name + "_cross", sixteen)
+        part = self.reduce_scatter(_pad_to(w, node_ps.size()), node_ps, name + "_node", as_bytes)
+        part = self.allreduce(part, cross_ps, name + "_cross", as_bytes)
         return self.allgather(part, node_ps, name + "_node")
 
 
@@ -637,18 +638,18 @@ class DenseReducer(object):
         order = list(range(len(grads)))
         for b, group in enumerate(_buckets(order, self._config.fusion_bytes, lambda i: _item_bytes(grads[i]))):
             like = [grads[i] for i in group]
-            sixteen = self._wire16 is not None and like[0].dtype.is_floating
+            as_bytes = self._wire16 == tf.bfloat16 and like[0].dtype.is_floating
             # Padded where the first collective splits the buffer among ranks.
             if self._node_ps is not None:
                 multiple = self._node_ps.size()
             else:
-                multiple = self._ps.size() if sixteen else 1
+                multiple = self._ps.size() if as_bytes else 1
             packed = consistency.gate(compression_ops.pack(like, self._wire16, self._pre, multiple))
             name = "%s_%s%d" % (self._name, tag, b)
             if self._node_ps is not None:
-                summed = self._reducer.hierarchical(packed, self._node_ps, self._cross_ps, name, sixteen)
+                summed = self._reducer.hierarchical(packed, self._node_ps, self._cross_ps, name, as_bytes)
             else:
-                summed = self._reducer.allreduce(packed, self._ps, name, sixteen)
+                summed = self._reducer.allreduce(packed, self._ps, name, as_bytes)
             for i, part in zip(group, compression_ops.unpack(summed, self._wire16, like, self._post)):
                 out[i] = part
         return out

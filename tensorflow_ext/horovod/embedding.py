@@ -8,6 +8,8 @@
   ``owner(key) = HashKey(key ^ OWNER_SALT) % num_ranks``. A lookup deduplicates its ids, sends each to its owner with
   one Horovod alltoall, the owner reads (and in training inserts) the rows, and a second alltoall brings them back.
   The gradient travels back to the owners the same way (alltoall's gradient), so each rank updates only its keys.
+  `DistributedOptimizer` fuses the exchanges of all model-parallel lookups of a step into one alltoall of keys, one
+  of rows and one of gradients (`tensorflow_ext.horovod.exchange`), with the same results bit for bit.
   Memory per rank is about 1/N of the table. The rows of an embedding stored in half precision (`value_dtype`
   tf.bfloat16 or tf.float16) travel in it: 2 bytes per value instead of 4, and lossless for stored rows, which
   hold exactly such values. Their gradients travel in float32 (the optimizer's math is float32).
@@ -25,6 +27,7 @@ from tensorflow_ext.embedding.keys import HashPartition
 from tensorflow_ext.horovod import _hvd
 from tensorflow_ext.horovod import checkpoint as ckpt_lib
 from tensorflow_ext.horovod import consistency
+from tensorflow_ext.horovod import exchange as exchange_lib
 from tensorflow_ext.table import refs
 
 __all__ = [
@@ -162,26 +165,43 @@ class ModelParallel(object):
             return lookup_local(emb, unique_keys)
         with tf.name_scope("model_parallel_lookup"):
             owner = self.owner(unique_keys)
-            order = tf.argsort(owner, stable=True)
+            # The keys' positions grouped by owner rank, in rank order, each group in the keys' order (a stable sort
+            # by owner in one pass: dynamic_partition keeps the order within each part).
+            parts = tf.dynamic_partition(tf.range(tf.size(unique_keys)), owner, n)
+            order = tf.concat(parts, 0)
             # Every rank checks that all ranks built the same model before the first collective of a step.
             send = consistency.gate(tf.gather(unique_keys, order))
-            splits = tf.math.bincount(owner, minlength=n, maxlength=n, dtype=tf.int32)
-            recv, recv_splits = hvd.alltoall(
-                send, splits=splits, process_set=self._process_set, name=emb.name.replace("/", "_") + "_keys"
+            splits = tf.stack([tf.size(p) for p in parts])
+            name = emb.name.replace("/", "_")
+            received, recv_splits = hvd.alltoall(
+                send, splits=splits, process_set=self._process_set, name=name + "_keys"
             )
+            # What this lookup receives passes through Identity ops that `exchange.fuse` may feed from the exchange of
+            # all model-parallel lookups of the step instead.
+            keys_received = tf.identity(received, name="keys_received")
             # Several ranks may ask for one key: read each once (its gradient is the sum of theirs).
-            recv_unique, recv_idx = tf.unique(recv, out_idx=tf.int32)
+            recv_unique, recv_idx = tf.unique(keys_received, out_idx=tf.int32)
             rows = tf.gather(lookup_local(emb, recv_unique), recv_idx)
             # The local table's storage, not the embedding's value_dtype: an export's table may store other rows.
             storage = emb.shards[0].storage
-            back = _send_rows_back(
-                rows,
-                recv_splits,
-                refs.storage_dtype(storage) if storage in refs.HALF_STORAGES else None,
-                self._process_set,
-                emb.name.replace("/", "_") + "_rows",
+            wire_dtype = refs.storage_dtype(storage) if storage in refs.HALF_STORAGES else None
+            back = _send_rows_back(rows, recv_splits, wire_dtype, self._process_set, name + "_rows")
+            rows_received = tf.identity(back, name="rows_received")
+            exchange_lib.record(
+                exchange_lib.Exchange(
+                    name=name,
+                    process_set=self._process_set,
+                    num_ranks=n,
+                    send=send,
+                    splits=splits,
+                    keys_received=keys_received.op,
+                    rows=rows,
+                    width=width or emb.dim,
+                    wire_dtype=wire_dtype,
+                    rows_received=rows_received.op,
+                )
             )
-            back = tf.reshape(back, [-1, width or emb.dim])
+            back = tf.reshape(rows_received, [-1, width or emb.dim])
             return tf.gather(back, tf.math.invert_permutation(order))
 
 

@@ -10,7 +10,8 @@ Horovod's own `_DistributedOptimizer` does) and combines the gradients across ra
   (`hvd.allgather`), summed per key when applied, and scaled like the dense ones (Average divides by the number
   of ranks), so every replica applies the same update;
 * model-parallel dynamic embeddings: the gradient already reached each key's owner through the lookup's
-  alltoall; it is only scaled (Average divides by the number of ranks).
+  alltoall; it is only scaled (Average divides by the number of ranks). `compute_gradients` first fuses the
+  exchanges of the loss's model-parallel lookups (`tensorflow_ext.horovod.exchange`).
 
 The result equals one process training on the concatenation of the ranks' batches (the golden tests check this).
 
@@ -25,6 +26,7 @@ from tensorflow_ext.horovod import _hvd
 from tensorflow_ext.horovod import allreduce as allreduce_lib
 from tensorflow_ext.horovod import consistency
 from tensorflow_ext.horovod import embedding as hvd_embedding
+from tensorflow_ext.horovod import exchange as exchange_lib
 
 __all__ = ["DistributedOptimizer"]
 
@@ -134,6 +136,8 @@ class _DistributedOptimizer(tf.compat.v1.train.Optimizer):
         Returns:
           list of (gradient, variable) pairs.
         """
+        # Before the gradients exist: the model-parallel lookups of the loss share one exchange per stage.
+        exchange_lib.fuse(args[0] if args else kwargs.get("loss"))
         grads_and_vars = self._optimizer.compute_gradients(*args, **kwargs)
         if self._process_set.size() == 1 or hvd_embedding.in_single_process():
             return grads_and_vars

@@ -58,7 +58,7 @@ def reference_dense(grads, comp, pre, post, name):
     flat = tf.concat([tf.reshape(g, [-1]) for g in grads], 0)
     if pre != 1.0:
         flat = flat * tf.cast(pre, tf.float32)
-    if comp in ("fp16", "bf16"):  # reduced as bytes: alltoall, the float32 sum, allgather
+    if comp == "bf16":  # reduced as bytes: alltoall, the float32 sum, allgather
         n = tf.size(flat)
         padded = tf.pad(flat, [[0, tf.math.floormod(-n, size)]])
         got = hvd.alltoall(_wire(padded, comp), name=name + "_a2a")

@@ -4,7 +4,8 @@ Fresh processes on loopback ports, each with its own TF_CONFIG (the queue's devi
 it): a ps task (which also fills the queue, as the chief's init op would) and workers that read the queue through
 `WorkQueue.dataset()` in a MonitoredTrainingSession and log every record they read. Slice "sNN" holds the records
 "sNN/0" .. "sNN/3". A worker told to hold its k-th slice stops after that slice's first record until the test lets
-it go (or kills it): the slow worker, or the worker that dies holding a slice.
+it go (or kills it): the slow worker, or the worker that dies holding a slice. Last, the user's path: an Estimator's
+chief and worker (train_and_evaluate) read one epoch through the queue, whose progress the checkpoint keeps.
 """
 
 import json
@@ -15,6 +16,7 @@ import sys
 import textwrap
 import time
 
+import tensorflow as tf
 from loopback import free_ports
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
@@ -198,3 +200,97 @@ def test_a_restarted_worker_resumes_with_the_slice_it_held_and_skips_the_finishe
         assert "worker 'worker:0' started again" in (tmp_path / "ps0.1.log").read_text()
     finally:
         c.close()
+
+
+_ESTIMATOR_SCRIPT = textwrap.dedent(
+    r"""
+    import json, os, sys
+    import tensorflow as tf
+    import tensorflow_ext as tf_ext
+
+    tf.compat.v1.disable_v2_behavior()
+    tf.compat.v1.logging.set_verbosity(tf.compat.v1.logging.WARN)
+    task = json.loads(os.environ["TF_CONFIG"])["task"]
+
+
+    def input_fn():
+      # 20 slices of 50 ids: 100 batches of 10 in the epoch, shared by the chief and the worker.
+      queue = tf_ext.distribute.WorkQueue(["%d" % i for i in range(20)], lease_secs=60)
+      def read(s):
+        start = tf.strings.to_number(s, tf.int64) * 50
+        return tf.data.Dataset.range(start, start + 50)
+      return queue.dataset().flat_map(read).map(lambda i: ({"id": i}, tf.cast(i % 2, tf.float32))).batch(10)
+
+
+    def model_fn(features, labels, mode):
+      emb = tf_ext.get_dynamic_embedding("emb", 4, initializer=tf.compat.v1.zeros_initializer())
+      logits = tf.reduce_sum(tf_ext.embedding_lookup(emb, features["id"]), 1)
+      loss = tf.compat.v1.losses.sigmoid_cross_entropy(labels, logits)
+      step = tf.compat.v1.train.get_global_step()
+      train = tf.compat.v1.train.AdagradOptimizer(0.1).minimize(loss, global_step=step)
+      return tf.estimator.EstimatorSpec(mode, loss=loss, train_op=train)
+
+
+    class Count(tf.compat.v1.train.SessionRunHook):
+      steps = 0
+      def after_run(self, run_context, run_values):
+        Count.steps += 1
+
+
+    config = tf.compat.v1.ConfigProto()
+    if task["type"] != "ps":
+      config.device_filters.extend(["/job:ps", "/job:%s/task:%d" % (task["type"], task["index"])])
+    est = tf.estimator.Estimator(
+        model_fn, config=tf.estimator.RunConfig(model_dir=sys.argv[1], session_config=config, save_checkpoints_steps=30))
+    tf.estimator.train_and_evaluate(est, tf.estimator.TrainSpec(input_fn, hooks=[Count()]), tf.estimator.EvalSpec(input_fn))
+    print("RESULT " + json.dumps({"steps": Count.steps, "global_step": int(est.get_variable_value("global_step"))}))
+    """
+)
+
+
+def test_estimator_chief_and_worker_train_one_epoch_and_a_restarted_chief_finds_it_done(tmp_path):
+    script = tmp_path / "estimator.py"
+    script.write_text(_ESTIMATOR_SCRIPT)
+    model_dir = str(tmp_path / "model")
+    ps, chief, worker = ["127.0.0.1:%d" % p for p in free_ports(3)]
+    cluster = {"ps": [ps], "chief": [chief], "worker": [worker]}
+    procs = {}
+
+    def start(task_type, run=1):
+        env = dict(os.environ, TF_CPP_MIN_LOG_LEVEL="2", CUDA_VISIBLE_DEVICES="")
+        env["PYTHONPATH"] = os.pathsep.join([ROOT] + [p for p in env.get("PYTHONPATH", "").split(os.pathsep) if p])
+        env["TF_CONFIG"] = json.dumps({"cluster": cluster, "task": {"type": task_type, "index": 0}})
+        log = tmp_path / ("%s.%d.log" % (task_type, run))
+        with open(log, "w") as f:
+            procs[task_type] = subprocess.Popen(
+                [sys.executable, str(script), model_dir], env=env, stdout=f, stderr=subprocess.STDOUT
+            )
+        return log
+
+    def result(task_type, log):
+        try:
+            rc = procs[task_type].wait(HANG_S)
+        except subprocess.TimeoutExpired:
+            rc = "timeout"
+        assert rc == 0, "%s: %s\n%s" % (task_type, rc, log.read_text()[-4000:])
+        lines = [line for line in log.read_text().splitlines() if line.startswith("RESULT ")]
+        return json.loads(lines[-1][len("RESULT ") :])
+
+    try:
+        start("ps")
+        chief_log, worker_log = start("chief"), start("worker")
+        first, other = result("chief", chief_log), result("worker", worker_log)
+        # 100 batches in the epoch, each trained once by one of them (the Estimator's worker starts late: it may
+        # get few of them), and the checkpoint at the end holds the epoch as done.
+        assert first["steps"] + other["steps"] == 100 == first["global_step"], (first, other)
+        reader = tf.compat.v1.train.NewCheckpointReader(tf.train.latest_checkpoint(model_dir))
+        assert reader.get_tensor("global_step") == 100
+        assert reader.get_tensor("work_queue-done").tolist() == [1] * 20
+        # The chief again (the ps task still up): it restores the queue with its epoch done and trains nothing.
+        again = result("chief", start("chief", run=2))
+        assert again == {"steps": 0, "global_step": 100}, again
+    finally:
+        for p in procs.values():
+            if p.poll() is None:
+                p.kill()
+            p.wait()

@@ -55,7 +55,7 @@ _SCRIPT = textwrap.dedent(
     if task["type"] == "ps":
       # (Device filters: the session needs this task only, not the workers, which are not up yet.)
       with tf.compat.v1.Session(server.target, config=tf.compat.v1.ConfigProto(device_filters=["/job:ps"])) as sess:
-        sess.run(queue._create)  # what the chief's init op runs
+        sess.run(queue.initializer)  # what the chief's init op runs
       open(path("queue_ready"), "w").close()
       server.join()
 

@@ -161,6 +161,12 @@ class WorkQueue:
         return self._handle.device
 
     @property
+    def initializer(self):
+        """The op that fills the queue afresh (every slice pending). The chief's init op runs it (the queue is a
+        shared resource: the Scaffold's default init op initializes those); a plain Session runs it itself."""
+        return self._create
+
+    @property
     def slices(self):
         return list(self._slices)
 

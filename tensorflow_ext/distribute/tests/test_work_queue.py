@@ -67,7 +67,7 @@ class _Ops:
 def _session(queue):
     sess = tf.compat.v1.Session()
     sess.run(tf.compat.v1.global_variables_initializer())
-    sess.run(queue._create)
+    sess.run(queue.initializer)
     return sess
 
 
@@ -241,7 +241,7 @@ def test_a_slow_reader_holds_one_slice_while_a_fast_one_reads_the_rest():
             nxt, progress = it.get_next(), queue.progress()
             sess = tf.compat.v1.Session(server.target)
             if worker == "slow":
-                sess.run(queue._create)
+                sess.run(queue.initializer)
             sess.run(it.initializer)
             coord = tf.compat.v1.train.Coordinator()
             threads = tf.compat.v1.train.start_queue_runners(sess, coord)
@@ -360,7 +360,7 @@ def test_queue_ops_name_the_problem():
         with pytest.raises(tf.errors.FailedPreconditionError, match="work queue 'work_queue' is not initialized"):
             ops.take("w")
         with pytest.raises(tf.errors.InvalidArgumentError, match="worker must name"):
-            ops._sess.run(queue._create)
+            ops._sess.run(queue.initializer)
             ops.take("")
     for kwargs, error, message in (
         ({"slices": []}, ValueError, "slices must not be empty"),

@@ -4,14 +4,22 @@ Each configuration runs in fresh processes under `horovodrun --gloo` on this mac
 (strong scaling): rank r trains rows [r*B/N, (r+1)*B/N) of the same global batch stream, so every rank count sees
 the same keys and the tables can be compared.
 
-Model: F categorical fields (Zipf(1.1) ids over 2^22 per field, hashed with the field), dim-16 embeddings,
-concatenated into an MLP 128-64-1, logistic loss, Adagrad 0.05 everywhere.
+Model: F categorical fields (Zipf(1.1) ids over 2^22 per field, hashed with the field), split over E embedding
+tables (`--embeddings`, default 1; `--dims` gives their dims in turn, default 16), concatenated into an MLP
+128-64-1, logistic loss, Adagrad 0.05 everywhere.
 
 Variants:
-  tfext_model  one tf_ext dynamic embedding, model-parallel (each rank owns 1/N of the keys; alltoall lookups)
-  tfext_data   one tf_ext dynamic embedding replicated on every rank (sparse gradients allgathered)
-  hvd_static   plain Horovod: hvd.DistributedOptimizer, a static [2^20, dim] variable (ids mod 2^20, collisions),
-               tf.nn.embedding_lookup (its IndexedSlices gradients allgathered by Horovod)
+  tfext_model          tf_ext dynamic embeddings, model-parallel (each rank owns 1/N of the keys; alltoall lookups,
+                       the exchanges of all tables fused: one alltoall of keys, one of rows, one of gradients)
+  tfext_model_unfused  the same with each table's own exchanges (TF_EXT_HVD_FUSED_EXCHANGES=0): 3 alltoalls per
+                       table per step
+  tfext_data           tf_ext dynamic embeddings replicated on every rank (sparse gradients allgathered)
+  hvd_static           plain Horovod: hvd.DistributedOptimizer, static [2^20 / E, dim] variables (ids mod the size,
+                       collisions), tf.nn.embedding_lookup (their IndexedSlices gradients allgathered by Horovod)
+
+`--repeats R` runs the variants R times in turn (A B A B ..., each in fresh processes) and reports, per variant,
+the median over the repeats and each variant's step time over hvd_static's (the median of the per-repeat ratios).
+The load average is recorded before each run. `--cycle_time MS` sets HOROVOD_CYCLE_TIME for every run.
 
 Reported per configuration: median step time (ms), examples/s total and per rank, payload bytes each rank hands to
 collectives per step (what the graph passes to allreduce/allgather/alltoall; the wire traffic of a ring allreduce is
@@ -25,6 +33,9 @@ half-precision model-parallel embedding sends its rows as 2-byte values.
     .venv/bin/python tools/bench_horovod.py --json docs/bench_horovod.json          # ~5 min on 2 cores
     .venv/bin/python tools/bench_horovod.py --ranks 1 2 --steps 10 --quick           # smoke run
     .venv/bin/python tools/bench_horovod.py --ranks 2 --variants tfext_model --value_dtypes float32 bfloat16
+    .venv/bin/python tools/bench_horovod.py --ranks 2 --variants tfext_model hvd_static --repeats 5    # A B A B
+    .venv/bin/python tools/bench_horovod.py --ranks 2 --embeddings 8 --dims 16 8 32 16 --repeats 5 \
+        --variants tfext_model tfext_model_unfused hvd_static
 """
 
 import argparse
@@ -37,10 +48,11 @@ import time
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 ROOT = os.path.dirname(HERE)
-VARIANTS = ("tfext_model", "tfext_data", "hvd_static")
+VARIANTS = ("tfext_model", "tfext_model_unfused", "tfext_data", "hvd_static")
+DEFAULT_VARIANTS = ("tfext_model", "tfext_data", "hvd_static")
 VALUE_DTYPES = ("float32", "bfloat16", "float16")
 COLLECTIVES = ("HorovodAllreduce", "HorovodAllgather", "HorovodAlltoall", "HorovodGroupedAllreduce")
-DIM, VOCAB_BITS, STATIC_BUCKETS = 16, 22, 1 << 20
+VOCAB_BITS, STATIC_BUCKETS = 22, 1 << 20
 
 
 def _zipf_ids(rng, n, fields):
@@ -48,6 +60,18 @@ def _zipf_ids(rng, n, fields):
 
     ids = np.minimum(rng.zipf(1.1, size=[n, fields]), 1 << VOCAB_BITS).astype(np.int64)
     return ids + (np.arange(fields, dtype=np.int64) << 40)  # one key space per field
+
+
+def _ops_run_by(op):
+    """The ops that running `op` runs (its data and control inputs, transitively), in graph order."""
+    seen, todo = set(), [op]
+    while todo:
+        o = todo.pop()
+        if o not in seen:
+            seen.add(o)
+            todo.extend(t.op for t in o.inputs)
+            todo.extend(o.control_inputs)
+    return [o for o in op.graph.get_operations() if o in seen]
 
 
 def worker(args):
@@ -73,22 +97,31 @@ def worker(args):
         ids = tf.compat.v1.placeholder(tf.int64, [per_rank, fields])
         labels = tf.compat.v1.placeholder(tf.float32, [per_rank, 1])
         init = tf.compat.v1.truncated_normal_initializer(0.0, 0.05, seed=1)
-        if args.variant == "hvd_static":
-            table = tf.compat.v1.get_variable("static_emb", [STATIC_BUCKETS, DIM], initializer=init)
-            x = tf.nn.embedding_lookup(table, tf.math.floormod(ids, STATIC_BUCKETS))
-            table_bytes = lambda sess: 2 * STATIC_BUCKETS * DIM * 4  # noqa: E731  (variable + Adagrad slot)
-        else:
-            emb = tfe_hvd.get_dynamic_embedding(
-                "emb",
-                DIM,
-                parallelism="model" if args.variant == "tfext_model" else "data",
-                initializer=init,
-                value_dtype=args.value_dtype,
-            )
-            x = tf_ext.embedding_lookup(emb, ids)
-            mem = emb.memory_bytes()
-            table_bytes = lambda sess: int(sess.run(mem))  # noqa: E731
-        x = tf.reshape(x, [per_rank, fields * DIM])
+        groups = np.array_split(np.arange(fields), args.embeddings)
+        xs, table_sizes = [], []
+        for k, cols in enumerate(groups):
+            dim = args.dims[k % len(args.dims)]
+            name = "emb" if args.embeddings == 1 else "emb%d" % k
+            ids_k = ids if args.embeddings == 1 else tf.gather(ids, cols, axis=1)
+            if args.variant == "hvd_static":
+                buckets = STATIC_BUCKETS // args.embeddings
+                table = tf.compat.v1.get_variable("static_" + name, [buckets, dim], initializer=init)
+                xs.append(tf.nn.embedding_lookup(table, tf.math.floormod(ids_k, buckets)))
+                table_sizes.append(tf.constant(2 * buckets * dim * 4, tf.int64))  # variable + Adagrad slot
+            else:
+                emb = tfe_hvd.get_dynamic_embedding(
+                    name,
+                    dim,
+                    parallelism="data" if args.variant == "tfext_data" else "model",
+                    initializer=init,
+                    value_dtype=args.value_dtype,
+                )
+                xs.append(tf_ext.embedding_lookup(emb, ids_k))
+                table_sizes.append(emb.memory_bytes())
+            xs[-1] = tf.reshape(xs[-1], [per_rank, len(cols) * dim])
+        x = tf.concat(xs, 1)
+        mem = tf.add_n([tf.cast(t, tf.int64) for t in table_sizes])
+        table_bytes = lambda sess: int(sess.run(mem))  # noqa: E731
         for width in (128, 64):
             x = tf.compat.v1.layers.dense(x, width, activation=tf.nn.relu)
         logits = tf.compat.v1.layers.dense(x, 1)
@@ -100,8 +133,9 @@ def worker(args):
             opt = tfe_hvd.DistributedOptimizer(opt)
         grads_and_vars = opt.compute_gradients(loss)
         train = opt.apply_gradients(grads_and_vars, global_step=gs)
-        # Payload per step: look at what the graph hands to Horovod's collectives (inputs of Horovod ops).
-        for op in g.get_operations():
+        # Payload per step: look at what the graph hands to Horovod's collectives (inputs of Horovod ops) that a
+        # step runs (the lookups' own exchanges stay in the graph unused once fused).
+        for op in _ops_run_by(train):
             if op.type in COLLECTIVES:
                 for t in op.inputs:
                     # (uint16: half rows on the wire; the model check's one-time collectives send other dtypes.)
@@ -177,10 +211,18 @@ def run_config(variant, ranks, value_dtype, args):
             str(args.warmup),
             "--intra_op",
             str(args.intra_op),
-        ]
+            "--embeddings",
+            str(args.embeddings),
+            "--dims",
+        ] + [str(d) for d in args.dims]
         env = dict(
             os.environ, PYTHONPATH=os.pathsep.join([ROOT, os.environ.get("PYTHONPATH", "")]), TF_CPP_MIN_LOG_LEVEL="2"
         )
+        # The unfused variant: each table's own exchanges (the same model and results, 3 alltoalls per table).
+        env["TF_EXT_HVD_FUSED_EXCHANGES"] = "0" if variant == "tfext_model_unfused" else "1"
+        if args.cycle_time is not None:
+            env["HOROVOD_CYCLE_TIME"] = str(args.cycle_time)
+        load_avg = os.getloadavg()
         r = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=args.timeout)
         if r.returncode != 0:
             raise RuntimeError("%s at %d ranks failed:\n%s" % (variant, ranks, (r.stdout + r.stderr)[-4000:]))
@@ -199,7 +241,42 @@ def run_config(variant, ranks, value_dtype, args):
         },
         "table_bytes_per_rank": max(p["table_bytes"] for p in per_rank),
         "table_bytes_all_ranks": sum(p["table_bytes"] for p in per_rank),
+        "load_avg_before": load_avg,
     }
+
+
+def _summary(results):
+    """Per rank count and variant: the median step over the repeats, and the median over the repeats of its step
+    over hvd_static's step in the same repeat."""
+    import numpy as np  # pylint: disable=import-outside-toplevel
+
+    lines = []
+    for ranks in sorted({r["ranks"] for r in results}):
+        runs = [r for r in results if r["ranks"] == ranks]
+        static = {r["repeat"]: r["step_ms"] for r in runs if r["variant"] == "hvd_static"}
+        loads = [r["load_avg_before"][0] for r in runs]
+        for variant, value_dtype in sorted({(r["variant"], r["value_dtype"]) for r in runs}):
+            mine = [r for r in runs if (r["variant"], r["value_dtype"]) == (variant, value_dtype)]
+            ratios = [r["step_ms"] / static[r["repeat"]] for r in mine if r["repeat"] in static]
+            lines.append(
+                "summary ranks=%d %-19s %-8s median step %7.1f ms over %d runs%s  (load %.1f-%.1f)"
+                % (
+                    ranks,
+                    variant,
+                    value_dtype,
+                    np.median([r["step_ms"] for r in mine]),
+                    len(mine),
+                    (
+                        ", vs hvd_static %.2fx (per-run ratios %s)"
+                        % (np.median(ratios), " ".join("%.2f" % x for x in ratios))
+                        if ratios
+                        else ""
+                    ),
+                    min(loads),
+                    max(loads),
+                )
+            )
+    return lines
 
 
 def main():
@@ -208,7 +285,7 @@ def main():
     parser.add_argument("--variant", choices=VARIANTS)
     parser.add_argument("--value_dtype", choices=VALUE_DTYPES, default="float32", help=argparse.SUPPRESS)
     parser.add_argument("--out", help=argparse.SUPPRESS)
-    parser.add_argument("--variants", nargs="+", choices=VARIANTS, default=list(VARIANTS))
+    parser.add_argument("--variants", nargs="+", choices=VARIANTS, default=list(DEFAULT_VARIANTS))
     parser.add_argument("--ranks", nargs="+", type=int, default=[1, 2, 4])
     parser.add_argument(
         "--value_dtypes",
@@ -222,6 +299,10 @@ def main():
     parser.add_argument("--steps", type=int, default=30)
     parser.add_argument("--warmup", type=int, default=5)
     parser.add_argument("--intra_op", type=int, default=1, help="intra-op threads per rank")
+    parser.add_argument("--embeddings", type=int, default=1, help="embedding tables the fields are split over")
+    parser.add_argument("--dims", nargs="+", type=int, default=[16], help="the tables' dims, in turn")
+    parser.add_argument("--repeats", type=int, default=1, help="run the variants this many times in turn")
+    parser.add_argument("--cycle_time", type=float, help="HOROVOD_CYCLE_TIME (ms) of every run (default: Horovod's)")
     parser.add_argument("--timeout", type=int, default=900)
     parser.add_argument("--quick", action="store_true", help="small batch, few steps (smoke run)")
     parser.add_argument("--json", help="write the results here")
@@ -230,31 +311,39 @@ def main():
         return worker(args)
     if args.quick:
         args.global_batch, args.steps, args.warmup = 512, 5, 2
+    if not 1 <= args.embeddings <= args.fields:
+        parser.error("--embeddings must be in [1, --fields], got %d" % args.embeddings)
     results = []
     for ranks in args.ranks:
-        for variant in args.variants:
-            for value_dtype in args.value_dtypes if variant != "hvd_static" else ["float32"]:
-                res = run_config(variant, ranks, value_dtype, args)
-                results.append(res)
-                a2a = res["alltoall_bytes_per_rank"]
-                print(
-                    "%-12s %-8s ranks=%d  step %7.1f ms  %8.0f ex/s (%7.0f per rank)  payload %6.2f MB/rank/step "
-                    "(alltoall keys %.3f, rows %.3f, row gradients %.3f)  table %7.1f MB/rank"
-                    % (
-                        variant,
-                        value_dtype,
-                        ranks,
-                        res["step_ms"],
-                        res["examples_per_s"],
-                        res["examples_per_s_per_rank"],
-                        res["payload_bytes_per_rank"] / 1e6,
-                        a2a["keys"] / 1e6,
-                        a2a["rows"] / 1e6,
-                        a2a["row_gradients"] / 1e6,
-                        res["table_bytes_per_rank"] / 1e6,
-                    ),
-                    flush=True,
-                )
+        for repeat in range(args.repeats):
+            for variant in args.variants:
+                for value_dtype in args.value_dtypes if variant != "hvd_static" else ["float32"]:
+                    res = run_config(variant, ranks, value_dtype, args)
+                    res["repeat"] = repeat
+                    results.append(res)
+                    a2a = res["alltoall_bytes_per_rank"]
+                    print(
+                        "%-19s %-8s ranks=%d  step %7.1f ms  %8.0f ex/s (%7.0f per rank)  payload %6.2f MB/rank/step "
+                        "(alltoall keys %.3f, rows %.3f, row gradients %.3f)  table %7.1f MB/rank  load %.1f"
+                        % (
+                            variant,
+                            value_dtype,
+                            ranks,
+                            res["step_ms"],
+                            res["examples_per_s"],
+                            res["examples_per_s_per_rank"],
+                            res["payload_bytes_per_rank"] / 1e6,
+                            a2a["keys"] / 1e6,
+                            a2a["rows"] / 1e6,
+                            a2a["row_gradients"] / 1e6,
+                            res["table_bytes_per_rank"] / 1e6,
+                            res["load_avg_before"][0],
+                        ),
+                        flush=True,
+                    )
+    summary = _summary(results) if args.repeats > 1 else []
+    for line in summary:
+        print(line, flush=True)
     if args.json:
         with open(args.json, "w") as f:
             json.dump(
@@ -264,6 +353,7 @@ def main():
                     },
                     "load_avg": os.getloadavg(),
                     "results": results,
+                    "summary": summary,
                 },
                 f,
                 indent=1,

@@ -23,7 +23,15 @@ from tensorflow.python.util import deprecation as _deprecation
 
 from tensorflow_ext import tf_compat
 
-__all__ = ["GraphEdit", "add_control_input", "deprecation_warnings_silenced", "edits", "set_attr", "set_create_slots"]
+__all__ = [
+    "GraphEdit",
+    "add_control_input",
+    "deprecation_warnings_silenced",
+    "edits",
+    "set_attr",
+    "set_create_slots",
+    "update_input",
+]
 
 
 class GraphEdit(object):
@@ -125,6 +133,22 @@ def set_attr(op, name, attr_value):
 def add_control_input(op, dependency):
     """Makes `op` run after the op `dependency`."""
     op._add_control_input(dependency)  # pylint: disable=protected-access
+
+
+@_register(
+    "op_input",
+    "tensorflow.python.framework.ops",
+    "Operation._update_input",
+    why="Feeds an input of an op already in its graph from another tensor. Each model-parallel lookup builds its "
+    "own alltoall exchange when it is called; when DistributedOptimizer later sees the loss, it builds one fused "
+    "exchange for all of the step's lookups and feeds each lookup's Identity ops (keys and rows received) from it, "
+    "before the gradients are built. The lookups' results are already used by the model; TensorFlow has no public "
+    "API to change an op's input after it is built.",
+    test="tensorflow_ext/horovod/tests/test_model_parallel_fusion.py::test_fused_exchange_equals_per_embedding",
+)
+def update_input(op, index, tensor):
+    """Makes input `index` of `op` the tensor `tensor` (same dtype)."""
+    op._update_input(index, tensor)  # pylint: disable=protected-access
 
 
 @_register(

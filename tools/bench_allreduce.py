@@ -11,7 +11,7 @@ HOROVOD_GLOO_IFACE, HOROVOD_CONTROLLER=gloo, HOROVOD_CPU_OPERATIONS=gloo), start
 Per link rate, in one job, every method on the same tensors / the same data:
   * allreduce of one float32 tensor of 1 KiB .. 64 MiB: median time and bus bandwidth (2(N-1)/N * bytes / time,
     the convention of nccl-tests) for plain Horovod (hvd.allreduce), 2D (node_size=2), Top-K 1% (every size),
-    FP16;
+    FP16, BF16;
   * training: an MLP 1024-2048-2048-1 (6.3 M float32 parameters, 25 MB of dense gradients per step), batch 16 per
     rank, SGD; steps/s, and the loss on a fixed evaluation set after the run for each method.
 
@@ -39,6 +39,7 @@ METHODS = {
     "2d": dict(node_size=PER_NODE),
     "topk1": dict(topk_ratio=0.01, topk_min_elements=1),
     "fp16": dict(compression="fp16"),
+    "bf16": dict(compression="bf16"),
 }
 TRAIN_METHODS = {
     "plain": dict(),

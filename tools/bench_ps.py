@@ -148,6 +148,14 @@ def run_job(mode, num_workers, args, extra=None):
             with open(os.path.join(out, "go.tmp"), "w") as f:
                 json.dump({"t0": t0, "t1": t0 + args.seconds}, f)
             os.rename(os.path.join(out, "go.tmp"), os.path.join(out, "go"))
+            link = None
+            if mode == "throughput":
+                # The bytes the workers' end of the link sent and received in the window.
+                time.sleep(max(0.0, t0 - time.time()))
+                before = _link_bytes()
+                time.sleep(max(0.0, t0 + args.seconds - time.time()))
+                after = _link_bytes()
+                link = {k: (after[k] - before[k]) / args.seconds / 1e6 for k in after}
             _wait(out, [w + ".json" for w in workers], time.time() + RUN_S, procs)
             results = []
             for w in workers:
@@ -161,7 +169,13 @@ def run_job(mode, num_workers, args, extra=None):
                 if p.poll() is None:
                     p.kill()
                 p.wait()
-        return results, {"t0": t0, "load_start": load_start, "load_end": os.getloadavg()}
+        return results, {"t0": t0, "link_MBps": link, "load_start": load_start, "load_end": os.getloadavg()}
+
+
+def _link_bytes():
+    """{"to_ps": bytes, "from_ps": bytes} the workers' namespace's end of the link has sent and received."""
+    stats = json.loads(sh("ip", "-n", NS[1], "-s", "-j", "link", "show", "dev", DEV[1]).stdout)[0]["stats64"]
+    return {"to_ps": stats["tx"]["bytes"], "from_ps": stats["rx"]["bytes"]}
 
 
 # ---------------------------------------------------------------------------------------------------------------
@@ -329,13 +343,16 @@ def netsim(args):
                 row.update(per_worker_steps=[w["steps"] for w in workers], seconds=args.seconds, **job)
                 results["throughput"].append(row)
                 print(
-                    "%-8s %d worker(s): %7.0f examples/s  (steps per worker %s in %g s; load %.1f -> %.1f)"
+                    "%-8s %d worker(s): %7.0f examples/s  (steps per worker %s in %g s; link MB/s to ps %.1f, "
+                    "from ps %.1f; load %.1f -> %.1f)"
                     % (
                         rate,
                         n,
                         row["examples_per_s"],
                         row["per_worker_steps"],
                         args.seconds,
+                        job["link_MBps"]["to_ps"],
+                        job["link_MBps"]["from_ps"],
                         job["load_start"][0],
                         job["load_end"][0],
                     ),  # fmt: skip

@@ -24,19 +24,22 @@ Contract
     slice that was done.
   * The queue's progress is in the checkpoint (`<name>-digest`, `<name>-done`): a restore marks done what was done
     when it was saved (slices held then are handed out again); a checkpoint written before the graph had the queue,
-    or by a queue of other slices, passes or seed, restores it afresh. The chief fills the queue (its init op, or
-    the restore): workers wait for it as for the variables (the queue is a shared resource, checked by the
-    Scaffold's ready op).
+    or by a queue of other slices, passes or seed, restores it afresh. The chief fills the queue (its init op runs
+    `initializer`, or the restore): workers wait for it as for the variables (the queue is a shared resource,
+    checked by the Scaffold's ready op).
   * Delivery is at least once: a slice read by a worker that then stops before asking for the next one is read
-    again in full by another, and the batches a reader has read ahead (prefetch) when its worker stops are lost
-    with it.
+    again in full by another, and the batches a reader has read ahead (an explicit prefetch) when its worker stops
+    are lost with it. The reader turns off tf.data's injected prefetch for its pipeline, whose autotuned buffer
+    could read whole slices ahead.
 
 Reading: read each slice with `flat_map` (or any transformation that finishes one slice before it asks for the
 next); `interleave` over slices would ask for several slices at once, and a worker holds one. Parallel reads within
 a slice (e.g. `TFRecordDataset(..., num_parallel_reads=)`) are fine.
 
 Running: the reader's thread is a `tf.compat.v1.train.QueueRunner` in the graph's QUEUE_RUNNERS collection, started
-by MonitoredSession, MonitoredTrainingSession and Estimator (a plain Session: `tf.compat.v1.train.start_queue_runners`).
+by MonitoredSession, MonitoredTrainingSession and Estimator. A plain Session runs `initializer`,
+`tf.compat.v1.train.start_queue_runners` and an initializable iterator's initializer (the dataset holds stateful
+queues: a one-shot iterator cannot capture them).
 
 Limitations: one reader per queue in a graph (one worker, one slice at a time); a graph imported from a MetaGraph
 cannot run the reader (its thread is Python: build the input pipeline in Python).
@@ -180,7 +183,7 @@ class WorkQueue:
         return {k: self._counts[i] for i, k in enumerate(("items", "done", "held", "pending"))}
 
     def dataset(self):
-        """This worker's slices: a `tf.compat.v1.data.Dataset` of scalar strings, one slice at a time.
+        """This worker's slices: a `tf.data.Dataset` of scalar strings, one slice at a time.
 
         The dataset asks the queue for a slice when it needs one and ends once every slice of every pass is done.
         Read each slice with `flat_map` (the module docstring says why). Its thread (a QueueRunner in the graph)

@@ -114,15 +114,24 @@ class BF16Compressor(_CastCompressor):
     wire_dtype = tf.bfloat16
 
 
+class AutoCompressor(object):
+    """Chosen per fused buffer by measuring the link and the compression cost before the first step: plain, fp16,
+    bf16, or Top-K when `topk_ratio` is given (`tensorflow_ext.horovod.auto_compression`)."""
+
+    name = "auto"
+    wire_dtype = None
+
+
 class Compression(object):
-    """Compression of dense gradients in `DistributedOptimizer` (like Horovod's `Compression`, plus bf16)."""
+    """Compression of dense gradients in `DistributedOptimizer` (like Horovod's `Compression`, plus bf16 and auto)."""
 
     none = NoneCompressor
     fp16 = FP16Compressor
     bf16 = BF16Compressor
+    auto = AutoCompressor
 
 
-_BY_NAME = {"none": NoneCompressor, "fp16": FP16Compressor, "bf16": BF16Compressor}
+_BY_NAME = {"none": NoneCompressor, "fp16": FP16Compressor, "bf16": BF16Compressor, "auto": AutoCompressor}
 
 
 def _compressor(value):
@@ -132,7 +141,7 @@ def _compressor(value):
         return NoneCompressor
     if isinstance(value, str):
         return _BY_NAME.get(value.strip().lower())
-    if value in (NoneCompressor, FP16Compressor, BF16Compressor):
+    if value in (NoneCompressor, FP16Compressor, BF16Compressor, AutoCompressor):
         return value
     if value is hvd.Compression.none:
         return NoneCompressor
@@ -268,7 +277,7 @@ def resolve_config(
     if env is not None:
         comp = _compressor(env)
         if comp is None:
-            raise ValueError("%sCOMPRESSION must be one of none, fp16, bf16, got %r" % (ENV_PREFIX, env))
+            raise ValueError("%sCOMPRESSION must be one of none, fp16, bf16, auto, got %r" % (ENV_PREFIX, env))
         c.compression, c.explicit_compression = comp, comp is not NoneCompressor
     else:
         comp = _compressor(compression)
@@ -278,8 +287,8 @@ def resolve_config(
             c.horovod_compression = compression
         elif comp is None:
             raise ValueError(
-                "compression must be tensorflow_ext.horovod.Compression.none, .fp16 or .bf16 (or a Horovod "
-                "compressor), got %r" % (compression,)
+                "compression must be tensorflow_ext.horovod.Compression.none, .fp16, .bf16 or .auto (or a "
+                "Horovod compressor), got %r" % (compression,)
             )
         elif compression in (hvd.Compression.none, hvd.Compression.fp16):
             c.compression = comp
@@ -328,6 +337,11 @@ def resolve_config(
                 "apply; use tensorflow_ext.horovod.Compression.none, .fp16 or .bf16" % (c.horovod_compression,)
             )
         c.horovod_compression = None
+    if c.compression is AutoCompressor and c.hierarchical:
+        raise ValueError(
+            "compression='auto' chooses among the flat reductions; it cannot be combined with the 2D allreduce "
+            "(hierarchical=True or node_size=%s): choose the compression explicitly with hierarchical" % c.node_size
+        )
     return c
 
 
@@ -632,27 +646,55 @@ class DenseReducer(object):
                 raise ValueError("the 2D allreduce works on all ranks; it cannot be combined with a process_set")
             self._node_ps, self._cross_ps = hierarchical_process_sets(config.node_size)
 
+    @property
+    def config(self):
+        """The `Config`."""
+        return self._config
+
+    @property
+    def process_set(self):
+        """The process set the gradients are reduced over."""
+        return self._ps
+
+    @property
+    def name(self):
+        """The name prefix of the collectives."""
+        return self._name
+
+    def dense_buckets(self, grads, tag):
+        """The fused plain (or configured 16-bit) sum of `grads`, buffers named after `tag`."""
+        return self._dense_buckets(grads, tag)
+
+    def residual(self, var, grad):
+        """The Top-K residual variable of `var` (created on first use, in TOPK_RESIDUALS)."""
+        return self._residual(var, grad)
+
     def _dense_buckets(self, grads, tag):
         """Fused sum of grads (list of tensors); returns the reduced list."""
         out = [None] * len(grads)
         order = list(range(len(grads)))
         for b, group in enumerate(_buckets(order, self._config.fusion_bytes, lambda i: _item_bytes(grads[i]))):
-            like = [grads[i] for i in group]
-            as_bytes = self._wire16 == tf.bfloat16 and like[0].dtype.is_floating
-            # Padded where the first collective splits the buffer among ranks.
-            if self._node_ps is not None:
-                multiple = self._node_ps.size()
-            else:
-                multiple = self._ps.size() if as_bytes else 1
-            packed = consistency.gate(compression_ops.pack(like, self._wire16, self._pre, multiple))
-            name = "%s_%s%d" % (self._name, tag, b)
-            if self._node_ps is not None:
-                summed = self._reducer.hierarchical(packed, self._node_ps, self._cross_ps, name, as_bytes)
-            else:
-                summed = self._reducer.allreduce(packed, self._ps, name, as_bytes)
-            for i, part in zip(group, compression_ops.unpack(summed, self._wire16, like, self._post)):
+            parts = self.reduce_bucket([grads[i] for i in group], "%s_%s%d" % (self._name, tag, b), self._wire16)
+            for i, part in zip(group, parts):
                 out[i] = part
         return out
+
+    def reduce_bucket(self, like, name, wire16):
+        """The sum of one fused buffer of gradients `like` (one dtype) with 16-bit wire `wire16` (None: the
+        gradients' dtype); collectives named after `name`. Returns the reduced list."""
+        as_bytes = wire16 == tf.bfloat16 and like[0].dtype.is_floating
+        # Padded where the first collective splits the buffer among ranks.
+        if self._node_ps is not None:
+            multiple = self._node_ps.size()
+        else:
+            multiple = self._ps.size() if as_bytes else 1
+        reducer = self._reducer if wire16 == self._wire16 else _Reducer(self._name, wire16)
+        packed = consistency.gate(compression_ops.pack(like, wire16, self._pre, multiple))
+        if self._node_ps is not None:
+            summed = reducer.hierarchical(packed, self._node_ps, self._cross_ps, name, as_bytes)
+        else:
+            summed = reducer.allreduce(packed, self._ps, name, as_bytes)
+        return compression_ops.unpack(summed, wire16, like, self._post)
 
     def reduce(self, grads_and_vars, global_step=None):
         """The reduced gradients of `grads_and_vars` (dense tensors), in order.
@@ -665,9 +707,12 @@ class DenseReducer(object):
           list of reduced gradients.
 
         Raises:
-          ValueError: Top-K warm-up without a global step.
+          ValueError: Top-K warm-up without a global step, or compression="auto" (auto_compression.reduce
+            measures and calls this reducer's buckets).
         """
         cfg = self._config
+        if cfg.compression is AutoCompressor:
+            raise ValueError("compression='auto' is reduced by tensorflow_ext.horovod.auto_compression.reduce")
         grads = [tf.convert_to_tensor(g) for g, _ in grads_and_vars]
         topk = []
         if cfg.topk_ratio is not None:
@@ -730,22 +775,24 @@ class DenseReducer(object):
         scatter-adds them all. The residual keeps what was not sent, including the rounding of a 16-bit wire, so
         sent + residual == grad + old residual."""
         cfg = self._config
-        hvd = self._hvd
         out = [None] * len(grads)
         order = list(range(len(grads)))
         for b, group in enumerate(_buckets(order, cfg.fusion_bytes, lambda i: _item_bytes(grads[i]))):
-            like = [grads[i] for i in group]
-            ks = [max(1, int(math.ceil(cfg.topk_ratio * _static_size(g)))) for g in like]
-            idx, vals, new_residuals = compression_ops.top_k_select(
-                like, [residuals[i].read_value() for i in group], ks, self._wire16
+            parts = self.topk_bucket(
+                [grads[i] for i in group], [residuals[i] for i in group], "%s_topk%d" % (self._name, b), self._wire16
             )
-            assigns = [residuals[i].assign(r) for i, r in zip(group, new_residuals)]
-            name = "%s_topk%d" % (self._name, b)
-            all_idx = hvd.allgather(consistency.gate(idx), process_set=self._ps, name=name + "_idx")
-            all_vals = hvd.allgather(consistency.gate(vals), process_set=self._ps, name=name + "_val")
-            parts = compression_ops.scatter_add(all_idx, all_vals, self._wire16, like, self._topk_factor)
-            with tf.control_dependencies(assigns):
-                parts = [tf.identity(p) for p in parts]
             for i, part in zip(group, parts):
                 out[i] = part
         return out
+
+    def topk_bucket(self, like, residuals, name, wire16):
+        """Top-K of one fused buffer: `like` (static shapes) plus their residual variables; collectives named after
+        `name`. Returns the reduced list (after the residuals were updated)."""
+        ks = [max(1, int(math.ceil(self._config.topk_ratio * _static_size(g)))) for g in like]
+        idx, vals, new_residuals = compression_ops.top_k_select(like, [r.read_value() for r in residuals], ks, wire16)
+        assigns = [r.assign(n) for r, n in zip(residuals, new_residuals)]
+        all_idx = self._hvd.allgather(consistency.gate(idx), process_set=self._ps, name=name + "_idx")
+        all_vals = self._hvd.allgather(consistency.gate(vals), process_set=self._ps, name=name + "_val")
+        parts = compression_ops.scatter_add(all_idx, all_vals, wire16, like, self._topk_factor)
+        with tf.control_dependencies(assigns):
+            return [tf.identity(p) for p in parts]

@@ -24,6 +24,7 @@ import tensorflow as tf
 from tensorflow_ext.embedding import shard as shard_lib
 from tensorflow_ext.horovod import _hvd
 from tensorflow_ext.horovod import allreduce as allreduce_lib
+from tensorflow_ext.horovod import auto_compression
 from tensorflow_ext.horovod import consistency
 from tensorflow_ext.horovod import embedding as hvd_embedding
 from tensorflow_ext.horovod import exchange as exchange_lib
@@ -61,6 +62,7 @@ class _DistributedOptimizer(tf.compat.v1.train.Optimizer):
         self._predivide = gradient_predivide_factor
         self._process_set = process_set
         self._config = config
+        self._auto_choices = None
         if config.accelerated:
             # Checked now, not at the first step: a missing process set or a bad node size fails at build time.
             allreduce_lib.DenseReducer(config, op, gradient_predivide_factor, process_set, name)
@@ -69,6 +71,12 @@ class _DistributedOptimizer(tf.compat.v1.train.Optimizer):
     def allreduce_config(self):
         """The resolved `tensorflow_ext.horovod.allreduce.Config` of the dense gradients."""
         return self._config
+
+    @property
+    def compression_choices(self):
+        """With compression="auto": {fused buffer name: "none", "fp16", "bf16" or "topk"} as chosen (the same on
+        every rank) by the last compute_gradients; None otherwise (`tensorflow_ext.horovod.auto_compression`)."""
+        return None if self._auto_choices is None else self._auto_choices.methods()
 
     @property
     def optimizer(self):
@@ -161,9 +169,13 @@ class _DistributedOptimizer(tf.compat.v1.train.Optimizer):
                 reducer = allreduce_lib.DenseReducer(
                     self._config, self._op, self._predivide, self._process_set, self._name.replace("/", "_")
                 )
-                reduced = reducer.reduce(
-                    [out[i] for i in fast], global_step=tf.compat.v1.train.get_global_step(out[fast[0]][1].graph)
-                )
+                if self._config.compression is allreduce_lib.AutoCompressor:
+                    self._auto_choices = auto_compression.reduce(reducer, [out[i] for i in fast])
+                    reduced = self._auto_choices.reduced
+                else:
+                    reduced = reducer.reduce(
+                        [out[i] for i in fast], global_step=tf.compat.v1.train.get_global_step(out[fast[0]][1].graph)
+                    )
                 for i, grad in zip(fast, reduced):
                     out[i] = (grad, out[i][1])
         return out
@@ -255,7 +267,8 @@ def DistributedOptimizer(
       name, use_locking, device_dense, device_sparse: as in Horovod.
       compression: for dense gradients: Horovod's `hvd.Compression.none` (default) or `.fp16` (Horovod's
         per-tensor path), or `tensorflow_ext.horovod.Compression.fp16` / `.bf16` (fused buffers, 16 bits on the
-        wire; bf16 keeps float32's range).
+        wire; bf16 keeps float32's range), or `.auto` / "auto" (per fused buffer the fastest of plain, fp16,
+        bf16 and, when topk_ratio is given, Top-K, measured before the first step; `compression_choices`).
       sparse_as_dense: densify the IndexedSlices gradients of dense variables (as in Horovod). Dynamic embedding
         gradients always stay sparse: their "dense" form would be the whole key space.
       backward_passes_per_step: must be 1 here (gradient accumulation over several passes is not implemented for

@@ -79,7 +79,7 @@ def test_bad_settings_are_named():
     assert out[2] == "ValueError topk_ratio must be a number in (0, 1] or 'none', got 'x'", out[2]
     assert out[3].startswith("ValueError TF_EXT_HVD_TOPK_RATIO must be in (0, 1]"), out[3]
     assert out[4].startswith("ValueError compression must be tensorflow_ext.horovod.Compression.none"), out[4]
-    assert out[5] == "ValueError TF_EXT_HVD_COMPRESSION must be one of none, fp16, bf16, got 'int8'", out[5]
+    assert out[5] == "ValueError TF_EXT_HVD_COMPRESSION must be one of none, fp16, bf16, auto, got 'int8'", out[5]
     assert out[6] == "ValueError fusion_bytes must be an integer >= 0, got -1", out[6]
     assert out[7] == "ValueError TF_EXT_HVD_NODE_SIZE must be an integer >= 1, got 'two'", out[7]
     assert out[8] == "ValueError topk_min_elements must be an integer >= 1, got 0", out[8]

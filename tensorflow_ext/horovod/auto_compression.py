@@ -36,6 +36,7 @@ import tensorflow as tf
 from tensorflow_ext.horovod import _hvd
 from tensorflow_ext.horovod import allreduce
 from tensorflow_ext.horovod import compression_ops
+from tensorflow_ext.horovod import consistency
 
 __all__ = ["Choices", "METHODS", "MEASURED_RUNS", "MIN_GAIN", "TOPK_MIN_GAIN", "decide", "reduce"]
 
@@ -140,7 +141,13 @@ def _build_probe(reducer, buffer, index):
     size = reducer.process_set.size()
     rng = np.random.RandomState(1234 + _hvd.require_horovod().rank())
     like = [
-        tf.compat.v1.Variable(rng.normal(size=s).astype(np.float32), trainable=False, name="probe%d_%d" % (index, i))
+        # Local: not part of the model the configuration check compares.
+        tf.compat.v1.Variable(
+            rng.normal(size=s).astype(np.float32),
+            trainable=False,
+            collections=[tf.compat.v1.GraphKeys.LOCAL_VARIABLES],
+            name="probe%d_%d" % (index, i),
+        )
         for i, s in enumerate(buffer.shapes)
     ]
     values = [v.read_value() for v in like]
@@ -193,13 +200,18 @@ def _median_seconds(session, ops):
     return [float(np.median(t)) for t in times]
 
 
-def _measure(reducer, buffers):
+def _measure(reducer, buffers, declared):
     """Per buffer and candidate (seconds, compression-only seconds), averaged over the process set's ranks."""
     hvd = _hvd.require_horovod()
     with tf.Graph().as_default():
+        if declared is not None:
+            # The probe's first collective is the configuration check (its collectives are gated): a rank whose
+            # optimizer does not measure (another compression) joins it from its first training step, and both
+            # fail naming the difference instead of waiting for each other's collectives.
+            consistency.declare(*declared)
         probes = [_build_probe(reducer, b, j) for j, b in enumerate(buffers)]
         with tf.compat.v1.Session() as session:
-            session.run(tf.compat.v1.global_variables_initializer())
+            session.run(tf.compat.v1.local_variables_initializer())
             rows = []
             for b, probe in zip(buffers, probes):
                 ops = [op for m in METHODS if m in probe for op in probe[m]]
@@ -243,8 +255,18 @@ def _choose(buffer):
     return min(allowed, key=lambda m: (buffer.predicted[m], METHODS.index(m)))
 
 
-def decide(reducer, buffers):
-    """Sets each buffer's method (the same on every rank): measured, or this process's earlier choice."""
+def decide(reducer, buffers, declared=None):
+    """Sets each buffer's method (the same on every rank): measured, or this process's earlier choice.
+
+    Args:
+      reducer: the `allreduce.DenseReducer`.
+      buffers: list of `Buffer`.
+      declared: None or (what, fields): the optimizer's settings that the ranks must share
+        (`consistency.declare`), compared before the first measurement.
+
+    Returns:
+      list of `Buffer` with their methods set (this process's earlier ones where it measured them already).
+    """
     hvd = _hvd.require_horovod()
     ps = reducer.process_set
     ranks = tuple(getattr(ps, "ranks", None) or range(hvd.size()))
@@ -255,7 +277,7 @@ def decide(reducer, buffers):
     todo = [b for b in buffers if key(b) not in _cache]
     if todo:
         size, ratio, scale = ps.size(), reducer.config.topk_ratio, _link_scale()
-        for b, measured in zip(todo, _measure(reducer, todo)):
+        for b, measured in zip(todo, _measure(reducer, todo, declared)):
             b.measured = measured
             b.predicted, b.bus_bandwidth = _predict(b, measured, size, ratio, scale)
             b.method = _choose(b)
@@ -272,7 +294,7 @@ def decide(reducer, buffers):
     return [_cache[key(b)] for b in buffers]
 
 
-def reduce(reducer, grads_and_vars):
+def reduce(reducer, grads_and_vars, declared=None):
     """The reduced gradients of `grads_and_vars` with each fused buffer's chosen method.
 
     Float32 gradients of static shapes are fused into buffers (those Top-K may take, >= topk_min_elements when
@@ -281,9 +303,13 @@ def reduce(reducer, grads_and_vars):
     Args:
       reducer: the `allreduce.DenseReducer` (its config's compression is auto).
       grads_and_vars: list of (dense gradient, variable).
+      declared: None or the optimizer's (what, fields) declared to the configuration check (see `decide`).
 
     Returns:
       A `Choices`.
+
+    Raises:
+      InvalidArgumentError: the ranks' declared settings differ (e.g. one rank without compression="auto").
     """
     cfg = reducer.config
     grads = [tf.convert_to_tensor(g) for g, _ in grads_and_vars]
@@ -303,7 +329,7 @@ def reduce(reducer, grads_and_vars):
         for b, group in enumerate(buckets):
             name = "%s_%s%d" % (reducer.name, tag, b)
             groups.append((group, Buffer(name, [grads[i].shape.as_list() for i in group], tag == "autok")))
-    buffers = decide(reducer, [b for _, b in groups])
+    buffers = decide(reducer, [b for _, b in groups], declared)
     for (group, _), buf in zip(groups, buffers):
         like = [grads[i] for i in group]
         if buf.topk_allowed:

@@ -170,7 +170,8 @@ class _DistributedOptimizer(tf.compat.v1.train.Optimizer):
                     self._config, self._op, self._predivide, self._process_set, self._name.replace("/", "_")
                 )
                 if self._config.compression is allreduce_lib.AutoCompressor:
-                    self._auto_choices = auto_compression.reduce(reducer, [out[i] for i in fast])
+                    declared = ("DistributedOptimizer '%s'" % self._name, self._reduction_settings())
+                    self._auto_choices = auto_compression.reduce(reducer, [out[i] for i in fast], declared)
                     reduced = self._auto_choices.reduced
                 else:
                     reduced = reducer.reduce(

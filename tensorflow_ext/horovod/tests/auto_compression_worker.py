@@ -10,6 +10,7 @@ Usage:
                                            explicit Top-K's for 3 steps; a per-rank checkpoint with the residuals
   auto_compression_worker.py fast DIR      plain is chosen everywhere (Top-K allowed); the checkpoint of `slow` is
                                            restored: the residual it left is added into the dense step
+  auto_compression_worker.py mismatch DIR  rank 1 overrides the compression to none: both ranks fail naming it
 Each rank prints "RANK r CHOICE <case> <buffer>=<method>" for the test to compare across ranks.
 """
 
@@ -134,13 +135,31 @@ def fast(rank, size, out_dir):
     print("RANK %d RESTORE OK" % rank, flush=True)
 
 
+def mismatch(rank, size, out_dir):
+    """Rank 1 alone overrides the compression: rank 0 fails while measuring, rank 1 at its first step."""
+    if rank == 1:
+        os.environ["TF_EXT_HVD_COMPRESSION"] = "none"
+    try:
+        with tf.Graph().as_default():
+            _, phs, grads, train = build(compression="auto")
+            with tf.compat.v1.Session() as s:
+                s.run(tf.compat.v1.global_variables_initializer())
+                s.run(train, dict(zip(phs, data(rank, 0))))
+    except (tf.errors.InvalidArgumentError, ValueError) as e:
+        want = "compression differs across ranks: rank 0: auto, rank 1: none"
+        assert want in str(e), str(e)[-3000:]
+        print("RANK %d REFUSED %s" % (rank, want), flush=True)
+    else:
+        raise AssertionError("ranks with different compressions trained a step")
+
+
 def main():
     mode, out_dir = sys.argv[1], sys.argv[2]
     tf.compat.v1.logging.set_verbosity(tf.compat.v1.logging.INFO)  # the choice is logged at INFO
     tfe_hvd.init()
     rank, size = tfe_hvd.rank(), tfe_hvd.size()
     assert size == 2, size
-    {"slow": slow, "fast": fast}[mode](rank, size, out_dir)
+    {"slow": slow, "fast": fast, "mismatch": mismatch}[mode](rank, size, out_dir)
     print("RANK %d DONE" % rank, flush=True)
 
 

@@ -49,6 +49,15 @@ def test_auto_picks_by_the_link_and_ranks_agree(tmp_path, monkeypatch):
     assert len(choices["fast"]) == 2 and choices["fast"][0] == choices["fast"][1], choices
 
 
+def test_ranks_with_and_without_auto_are_refused_naming_it(tmp_path):
+    """Rank 1 alone overrides compression to none: rank 0 (measuring) and rank 1 (at its first step) both fail
+    naming the difference instead of waiting for each other's collectives."""
+    code, out = horovodrun(2, WORKER, "mismatch", str(tmp_path))
+    assert code == 0, out[-8000:]
+    for r in range(2):
+        assert "RANK %d REFUSED compression differs across ranks: rank 0: auto, rank 1: none" % r in out, out[-8000:]
+
+
 def test_auto_settings_are_checked():
     """auto with the 2D allreduce and a bad link scale are refused, naming the setting."""
     code = textwrap.dedent(

@@ -30,7 +30,7 @@ selection (residual add, sampled threshold, exactly k entries: equal magnitudes 
 NaN is always sent) and the scatter-add of all ranks' entries. They give the bits of the TensorFlow ops they replace;
 a residual entry whose sent value was not finite becomes 0.
 
-The environment overrides the arguments: `TF_EXT_HVD_COMPRESSION` (none, fp16, bf16), `TF_EXT_HVD_HIERARCHICAL`
+The environment overrides the arguments: `TF_EXT_HVD_COMPRESSION` (none, fp16, bf16, auto: see `auto_compression`), `TF_EXT_HVD_HIERARCHICAL`
 (0/1), `TF_EXT_HVD_NODE_SIZE`, `TF_EXT_HVD_TOPK_RATIO` (a number in (0, 1], or "none"),
 `TF_EXT_HVD_TOPK_MIN_ELEMENTS`, `TF_EXT_HVD_TOPK_WARMUP_STEPS`, `TF_EXT_HVD_FUSION_BYTES`.
 """

@@ -503,6 +503,8 @@ def _serve_figures(args, variant, r, publish, published, load_start):
     rss = [(t, b) for t, b in r["rss"]]
     steady = [b for t, b in rss if r["t_ready"] <= t < window[0]]
     during = [b for t, b in rss if t >= window[0]]
+    # The last second of the window (the last update applied seconds before): what the updates left resident.
+    after = [b for t, b in rss if window[1] - 1.0 <= t < window[1]]
     fresh = []
     for u in publish:
         v = str(u["to_step"])
@@ -522,6 +524,7 @@ def _serve_figures(args, variant, r, publish, published, load_start):
         rss_start=r["rss_start"],  # before the model was loaded: the process's own (TensorFlow's) memory
         rss_steady=float(np.median(steady)) if steady else None,
         rss_max=float(max(during)) if during else None,
+        rss_end=float(np.median(after)) if after else None,
         freshness=fresh,
         served_version=r["version"],
         follower_stats=r["stats"],
@@ -575,11 +578,11 @@ def _report(result):
             f["freshness_s"], f["write_s"], f["publish_to_visible_s"]) for f in run["freshness"])  # fmt: skip
         lines.append(
             "serve %-7s %7.0f req/s p50 %6.2f ms p99 %6.2f ms  RSS steady %6.1f MiB max %6.1f MiB (%s; the model's "
-            "part %s)  freshness %s  load %s..%s" % (run["variant"], run["qps"], run["p50_ms"] or 0, run["p99_ms"] or 0,
-                             (run["rss_steady"] or 0) / 2**20, (run["rss_max"] or 0) / 2**20,
-                             _ratio(run["rss_max"], run["rss_steady"]),
-                             _ratio(run["rss_max"], run["rss_steady"], run["rss_start"]), fresh or "-",
-                             run["load_start"][0], run["load_end"][0])  # fmt: skip
+            "part %s) end %6.1f MiB  freshness %s  load %s..%s" % (
+                run["variant"], run["qps"], run["p50_ms"] or 0, run["p99_ms"] or 0, (run["rss_steady"] or 0) / 2**20,
+                (run["rss_max"] or 0) / 2**20, _ratio(run["rss_max"], run["rss_steady"]),
+                _ratio(run["rss_max"], run["rss_steady"], run["rss_start"]), (run["rss_end"] or 0) / 2**20,
+                fresh or "-", run["load_start"][0], run["load_end"][0])  # fmt: skip
         )
     for run in result["reload"]:
         lines.append(
@@ -629,6 +632,11 @@ def main():
     p.add_argument("--update_every", type=float, default=5.0)
     p.add_argument("--poll_secs", type=float, default=1.0, help="the follower's listing period")
     p.add_argument("--rounds", type=int, default=None, help="interleaved rounds of every variant (default 2)")
+    p.add_argument(
+        "--only",
+        default="idle,steady,updates,reload,apply",
+        help="the measurements to run, comma-separated (default all: idle,steady,updates,reload,apply)",
+    )
     for hidden in ("--child", "--work", "--staging", "--export", "--updates", "--out", "--versions", "--form",
                    "--update", "--base_version"):  # fmt: skip
         p.add_argument(hidden, default=None, help=argparse.SUPPRESS)
@@ -656,11 +664,16 @@ def main():
         print("prepared: %s" % json.dumps(prepared), flush=True)
         deltas = [u for u in updates if u["kind"] == "delta"]
         result["serve"], result["reload"], result["apply"] = [], [], []
+        only = set(args.only.split(","))
         for r in range(args.rounds):
             for variant in ("idle", "steady", "updates") if r % 2 == 0 else ("updates", "steady", "idle"):
-                result["serve"].append(_run_serve(args, variant, work, updates))
-                print(json.dumps(result["serve"][-1]), flush=True)
-            result["reload"].append(_run_reload(args, work))
+                if variant in only:
+                    result["serve"].append(_run_serve(args, variant, work, updates))
+                    print(json.dumps(result["serve"][-1]), flush=True)
+            if "reload" in only:
+                result["reload"].append(_run_reload(args, work))
+            if "apply" not in only:
+                continue
             for form in ("live", "plain") if r % 2 == 0 else ("plain", "live"):
                 chain = updates[: updates.index(deltas[1]) + 1]
                 result["apply"].append(_run_apply(args, work, form, chain))

@@ -27,6 +27,9 @@
 // shapes, in any order), and every one of them must be in an update's layout for the update to apply.
 
 #include <algorithm>
+#if defined(__GLIBC__)
+#include <malloc.h>
+#endif
 #include <atomic>
 #include <cstring>
 #include <exception>
@@ -288,6 +291,16 @@ class LiveCheckUpdateOp : public OpKernel {
 // TfExtLiveApply: model, tables, dense_in, global_step, update metadata, keys, values, removed, dense ->
 // version, applied
 
+// Hands the heap's free pages back to the system. An apply frees an update's tensors, the overlays it replaced and
+// each compacted slot's old base; glibc keeps such blocks in its arenas once its mmap threshold has grown past them
+// (it grows to the size of a freed mapping), so without this a serving process's memory would ratchet up by about
+// an update's size at every apply instead of returning to its steady state.
+void ReturnFreedMemory() {
+#if defined(__GLIBC__)
+  malloc_trim(0);
+#endif
+}
+
 class LiveApplyOp : public OpKernel {
  public:
   using OpKernel::OpKernel;
@@ -358,7 +371,9 @@ class LiveApplyOp : public OpKernel {
       model->Publish(next);
       model->ReleaseReplacedSources(*next);
       model->compactions.fetch_add(1);
+      ReturnFreedMemory();
     }
+    ReturnFreedMemory();
   }
 
  private:

@@ -20,6 +20,8 @@ Variants:
 `--repeats R` runs the variants R times in turn (A B A B ..., each in fresh processes) and reports, per variant,
 the median over the repeats and each variant's step time over hvd_static's (the median of the per-repeat ratios).
 The load average is recorded before each run. `--cycle_time MS` sets HOROVOD_CYCLE_TIME for every run.
+`--netsim RATE` (root) runs each job on two simulated nodes (network namespaces joined by a veth pair shaped with
+`tc ... tbf rate RATE` on both ends, as tools/bench_allreduce.py does), one rank on each, and removes them at the end.
 
 Reported per configuration: median step time (ms), examples/s total and per rank, payload bytes each rank hands to
 collectives per step (what the graph passes to allreduce/allgather/alltoall; the wire traffic of a ring allreduce is
@@ -36,11 +38,14 @@ half-precision model-parallel embedding sends its rows as 2-byte values.
     .venv/bin/python tools/bench_horovod.py --ranks 2 --variants tfext_model hvd_static --repeats 5    # A B A B
     .venv/bin/python tools/bench_horovod.py --ranks 2 --embeddings 8 --dims 16 8 32 16 --repeats 5 \
         --variants tfext_model tfext_model_unfused hvd_static
+    sudo .venv/bin/python tools/bench_horovod.py --ranks 2 --netsim 1gbit --variants tfext_model hvd_static \
+        --repeats 3
 """
 
 import argparse
 import json
 import os
+import signal
 import subprocess
 import sys
 import tempfile
@@ -158,17 +163,18 @@ def worker(args):
         with tf.compat.v1.Session(graph=g, config=config) as sess:
             sess.run(tf.compat.v1.global_variables_initializer())
             sess.run(bcast)
-            times, sent = [], {name: [] for name in payload_bytes}
+            times, cpu, sent = [], [], {name: [] for name in payload_bytes}
             for step in range(args.warmup + args.steps):
                 rng = np.random.RandomState(1000 + step)  # the same global batch on every rank count
                 gids = _zipf_ids(rng, args.global_batch, fields)
                 glabels = (rng.uniform(size=[args.global_batch, 1]) < 0.25).astype(np.float32)
                 sl = slice(rank * per_rank, (rank + 1) * per_rank)
-                t0 = time.perf_counter()
+                t0, c0 = time.perf_counter(), time.process_time()
                 _, b = sess.run([train, payload_bytes], {ids: gids[sl], labels: glabels[sl]})
-                dt = time.perf_counter() - t0
+                dt, dc = time.perf_counter() - t0, time.process_time() - c0
                 if step >= args.warmup:
                     times.append(dt)
+                    cpu.append(dc)
                     for name, value in b.items():
                         sent[name].append(int(value))
             out = {
@@ -176,6 +182,9 @@ def worker(args):
                 "size": size,
                 "variant": args.variant,
                 "step_ms": float(np.median(times) * 1e3),
+                # CPU time of the whole process (TF, Horovod's and Gloo's threads) per step: the work a step costs
+                # this rank, which the machine's load does not change much.
+                "cpu_ms": float(np.median(cpu) * 1e3),
                 "table_bytes": table_bytes(sess),
             }
             out.update({name: float(np.median(values)) for name, values in sent.items()})
@@ -185,16 +194,7 @@ def worker(args):
 
 def run_config(variant, ranks, value_dtype, args):
     with tempfile.TemporaryDirectory() as out:
-        cmd = [
-            os.path.join(os.path.dirname(sys.executable), "horovodrun"),
-            "-np",
-            str(ranks),
-            "--gloo",
-            "-H",
-            "localhost:%d" % ranks,
-            sys.executable,
-            os.path.abspath(__file__),
-            "--worker",
+        worker_args = [
             "--variant",
             variant,
             "--value_dtype",
@@ -215,6 +215,13 @@ def run_config(variant, ranks, value_dtype, args):
             str(args.embeddings),
             "--dims",
         ] + [str(d) for d in args.dims]
+        if args.netsim:
+            # One rank per simulated node; the job runs from the first node (the rendezvous is there).
+            cmd = ["ip", "netns", "exec", NETSIM_NS[0], sys.executable, os.path.abspath(__file__), "--netsim_driver"]
+        else:
+            cmd = [os.path.join(os.path.dirname(sys.executable), "horovodrun"), "-np", str(ranks), "--gloo"]
+            cmd += ["-H", "localhost:%d" % ranks, sys.executable, os.path.abspath(__file__), "--worker"]
+        cmd += worker_args
         env = dict(
             os.environ, PYTHONPATH=os.pathsep.join([ROOT, os.environ.get("PYTHONPATH", "")]), TF_CPP_MIN_LOG_LEVEL="2"
         )
@@ -233,6 +240,7 @@ def run_config(variant, ranks, value_dtype, args):
         "value_dtype": value_dtype,
         "ranks": ranks,
         "step_ms": step_ms,
+        "cpu_ms_per_rank": max(p["cpu_ms"] for p in per_rank),
         "examples_per_s": args.global_batch / (step_ms / 1e3),
         "examples_per_s_per_rank": args.global_batch / ranks / (step_ms / 1e3),
         "payload_bytes_per_rank": max(p["payload_bytes"] for p in per_rank),
@@ -243,6 +251,101 @@ def run_config(variant, ranks, value_dtype, args):
         "table_bytes_all_ranks": sum(p["table_bytes"] for p in per_rank),
         "load_avg_before": load_avg,
     }
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# --netsim: two network namespaces ("nodes") joined by a veth pair shaped with tbf on both ends, one rank in each.
+# Names of its own (other tools' namespaces may exist at the same time).
+
+NETSIM_NS = ("tfe_mp_n0", "tfe_mp_n1")
+NETSIM_DEV = ("tfe_mp_v0", "tfe_mp_v1")
+NETSIM_IPS = ("10.235.0.1", "10.235.0.2")
+NETSIM_HOSTS = ("tfe-mp-node0", "tfe-mp-node1")
+
+
+def _sh(*cmd, check=True):
+    return subprocess.run(list(cmd), check=check, capture_output=True, text=True)
+
+
+def netsim_teardown():
+    for ns in NETSIM_NS:
+        _sh("ip", "netns", "del", ns, check=False)
+        _sh("rm", "-rf", "/etc/netns/" + ns, check=False)
+    try:
+        os.rmdir("/etc/netns")  # only when empty (nothing else uses it)
+    except OSError:
+        pass
+
+
+def netsim_setup(rate):
+    """The two nodes and the shaped link (see tools/bench_allreduce.py for the recipe's reasons)."""
+    netsim_teardown()
+    for i, ns in enumerate(NETSIM_NS):
+        _sh("ip", "netns", "add", ns)
+        # Horovod 0.28.1 builds process sets' Gloo communicators on the host name's address: each rank gets its
+        # node's host name (a UTS namespace), resolved to the node's address (`ip netns exec` shows this hosts file).
+        os.makedirs("/etc/netns/" + ns, exist_ok=True)
+        with open("/etc/netns/%s/hosts" % ns, "w") as f:
+            f.write("127.0.0.1 localhost\n" + "".join("%s %s\n" % pair for pair in zip(NETSIM_IPS, NETSIM_HOSTS)))
+    _sh("ip", "link", "add", NETSIM_DEV[0], "type", "veth", "peer", "name", NETSIM_DEV[1])
+    for ns, dev, ip in zip(NETSIM_NS, NETSIM_DEV, NETSIM_IPS):
+        _sh("ip", "link", "set", dev, "netns", ns)
+        _sh("ip", "-n", ns, "addr", "add", ip + "/24", "dev", dev)
+        _sh("ip", "-n", ns, "link", "set", dev, "up")
+        _sh("ip", "-n", ns, "link", "set", "lo", "up")
+        _sh("ip", "netns", "exec", ns, "tc", "qdisc", "add", "dev", dev, "root", "tbf", "rate", rate,
+            "burst", "1mb" if rate.startswith("10g") else "256kb", "latency", "20ms")  # fmt: skip
+
+
+def netsim_driver(worker_argv, out):
+    """Inside the first node: Horovod's Gloo rendezvous server and one rank per node (what horovodrun would do)."""
+    from horovod.runner.common.util.hosts import get_host_assignments  # pylint: disable=import-outside-toplevel
+    from horovod.runner.common.util.hosts import parse_hosts  # pylint: disable=import-outside-toplevel
+    from horovod.runner.http.http_server import RendezvousServer  # pylint: disable=import-outside-toplevel
+
+    plan = get_host_assignments(parse_hosts(",".join("%s:1" % ip for ip in NETSIM_IPS)), len(NETSIM_IPS))
+    server = RendezvousServer()
+    port = server.start()
+    server.init(plan)
+    procs = []
+    try:
+        for slot in plan:
+            node = NETSIM_IPS.index(slot.hostname)
+            env = dict(
+                os.environ,
+                PYTHONPATH=os.pathsep.join([ROOT, os.environ.get("PYTHONPATH", "")]),
+                TF_CPP_MIN_LOG_LEVEL="2",
+                HOROVOD_HOSTNAME=slot.hostname,
+                HOROVOD_RANK=str(slot.rank),
+                HOROVOD_SIZE=str(slot.size),
+                HOROVOD_LOCAL_RANK=str(slot.local_rank),
+                HOROVOD_LOCAL_SIZE=str(slot.local_size),
+                HOROVOD_CROSS_RANK=str(slot.cross_rank),
+                HOROVOD_CROSS_SIZE=str(slot.cross_size),
+                HOROVOD_GLOO_RENDEZVOUS_ADDR=NETSIM_IPS[0],
+                HOROVOD_GLOO_RENDEZVOUS_PORT=str(port),
+                HOROVOD_GLOO_IFACE=NETSIM_DEV[node],
+                HOROVOD_CONTROLLER="gloo",
+                HOROVOD_CPU_OPERATIONS="gloo",
+            )
+            cmd = ["ip", "netns", "exec", NETSIM_NS[node], "unshare", "--uts", "sh", "-c", 'hostname "$0" && exec "$@"']
+            cmd += [NETSIM_HOSTS[node], sys.executable, os.path.abspath(__file__), "--worker"] + worker_argv
+            log = open(os.path.join(out, "rank%d.log" % slot.rank), "w")
+            procs.append((subprocess.Popen(cmd, env=env, stdout=log, stderr=subprocess.STDOUT), log))
+        codes = [p.wait() for p, _ in procs]
+    finally:
+        for p, log in procs:
+            if p.poll() is None:
+                p.kill()
+                p.wait()
+            log.close()
+        server.stop()
+    if any(codes):
+        for r in range(len(procs)):
+            with open(os.path.join(out, "rank%d.log" % r)) as f:
+                sys.stderr.write("--- rank %d\n%s" % (r, f.read()[-4000:]))
+        sys.exit("ranks exited with %s" % codes)
+    return 0
 
 
 def _summary(results):
@@ -259,12 +362,13 @@ def _summary(results):
             mine = [r for r in runs if (r["variant"], r["value_dtype"]) == (variant, value_dtype)]
             ratios = [r["step_ms"] / static[r["repeat"]] for r in mine if r["repeat"] in static]
             lines.append(
-                "summary ranks=%d %-19s %-8s median step %7.1f ms over %d runs%s  (load %.1f-%.1f)"
+                "summary ranks=%d %-19s %-8s median step %7.1f ms (cpu %.1f ms/rank) over %d runs%s  (load %.1f-%.1f)"
                 % (
                     ranks,
                     variant,
                     value_dtype,
                     np.median([r["step_ms"] for r in mine]),
+                    np.median([r["cpu_ms_per_rank"] for r in mine]),
                     len(mine),
                     (
                         ", vs hvd_static %.2fx (per-run ratios %s)"
@@ -277,6 +381,41 @@ def _summary(results):
                 )
             )
     return lines
+
+
+def _run_all(args):
+    """Every configuration, the variants in turn within each repeat; prints a line per run."""
+    results = []
+    for ranks in args.ranks:
+        for repeat in range(args.repeats):
+            for variant in args.variants:
+                for value_dtype in args.value_dtypes if variant != "hvd_static" else ["float32"]:
+                    res = run_config(variant, ranks, value_dtype, args)
+                    res["repeat"] = repeat
+                    results.append(res)
+                    a2a = res["alltoall_bytes_per_rank"]
+                    print(
+                        "%-19s %-8s ranks=%d  step %7.1f ms  %8.0f ex/s (%7.0f per rank)  payload %6.2f MB/rank/step "
+                        "(alltoall keys %.3f, rows %.3f, row gradients %.3f)  table %7.1f MB/rank  cpu %.1f ms/rank  "
+                        "load %.1f"
+                        % (
+                            variant,
+                            value_dtype,
+                            ranks,
+                            res["step_ms"],
+                            res["examples_per_s"],
+                            res["examples_per_s_per_rank"],
+                            res["payload_bytes_per_rank"] / 1e6,
+                            a2a["keys"] / 1e6,
+                            a2a["rows"] / 1e6,
+                            a2a["row_gradients"] / 1e6,
+                            res["table_bytes_per_rank"] / 1e6,
+                            res["cpu_ms_per_rank"],
+                            res["load_avg_before"][0],
+                        ),
+                        flush=True,
+                    )
+    return results
 
 
 def main():
@@ -303,44 +442,39 @@ def main():
     parser.add_argument("--dims", nargs="+", type=int, default=[16], help="the tables' dims, in turn")
     parser.add_argument("--repeats", type=int, default=1, help="run the variants this many times in turn")
     parser.add_argument("--cycle_time", type=float, help="HOROVOD_CYCLE_TIME (ms) of every run (default: Horovod's)")
+    parser.add_argument(
+        "--netsim",
+        metavar="RATE",
+        help="(root) run each job on two simulated nodes, one rank each, joined by a link of RATE (tc rate, e.g. "
+        "1gbit); --ranks must be 2",
+    )
+    parser.add_argument("--netsim_driver", action="store_true", help=argparse.SUPPRESS)
     parser.add_argument("--timeout", type=int, default=900)
     parser.add_argument("--quick", action="store_true", help="small batch, few steps (smoke run)")
     parser.add_argument("--json", help="write the results here")
     args = parser.parse_args()
     if args.worker:
         return worker(args)
+    if args.netsim_driver:
+        argv = sys.argv[1:]
+        argv.remove("--netsim_driver")
+        return netsim_driver(argv, args.out)
     if args.quick:
         args.global_batch, args.steps, args.warmup = 512, 5, 2
     if not 1 <= args.embeddings <= args.fields:
         parser.error("--embeddings must be in [1, --fields], got %d" % args.embeddings)
-    results = []
-    for ranks in args.ranks:
-        for repeat in range(args.repeats):
-            for variant in args.variants:
-                for value_dtype in args.value_dtypes if variant != "hvd_static" else ["float32"]:
-                    res = run_config(variant, ranks, value_dtype, args)
-                    res["repeat"] = repeat
-                    results.append(res)
-                    a2a = res["alltoall_bytes_per_rank"]
-                    print(
-                        "%-19s %-8s ranks=%d  step %7.1f ms  %8.0f ex/s (%7.0f per rank)  payload %6.2f MB/rank/step "
-                        "(alltoall keys %.3f, rows %.3f, row gradients %.3f)  table %7.1f MB/rank  load %.1f"
-                        % (
-                            variant,
-                            value_dtype,
-                            ranks,
-                            res["step_ms"],
-                            res["examples_per_s"],
-                            res["examples_per_s_per_rank"],
-                            res["payload_bytes_per_rank"] / 1e6,
-                            a2a["keys"] / 1e6,
-                            a2a["rows"] / 1e6,
-                            a2a["row_gradients"] / 1e6,
-                            res["table_bytes_per_rank"] / 1e6,
-                            res["load_avg_before"][0],
-                        ),
-                        flush=True,
-                    )
+    if args.netsim:
+        if args.ranks != [2]:
+            parser.error("--netsim runs one rank on each of 2 nodes: use --ranks 2, got %s" % args.ranks)
+        if os.geteuid() != 0:
+            sys.exit("--netsim needs root (network namespaces and tc)")
+        signal.signal(signal.SIGTERM, lambda signum, frame: (netsim_teardown(), sys.exit(128 + signum)))
+        netsim_setup(args.netsim)
+    try:
+        results = _run_all(args)
+    finally:
+        if args.netsim:
+            netsim_teardown()
     summary = _summary(results) if args.repeats > 1 else []
     for line in summary:
         print(line, flush=True)

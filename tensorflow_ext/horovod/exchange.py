@@ -165,7 +165,7 @@ def fuse(loss):
         return 0
     needed = _ancestors([t.op for t in losses])
     candidates = [ex for ex in pending if ex.rows_received in needed and _fusable(ex)]
-    if len(candidates) < 2:
+    if not candidates:
         return 0
     # Waves: a lookup whose keys or owner-side rows depend on what another lookup received must be fused after it
     # (in one group, its keys would wait for rows that wait for its keys).
@@ -193,8 +193,6 @@ def fuse(loss):
     built = 0
     for key in sorted(groups, key=lambda k: (k[0], min(candidates.index(ex) for ex in groups[k]))):
         group = groups[key]
-        if len(group) < 2:
-            continue
         with graph.as_default(), tf.control_dependencies(None), tf.name_scope("tf_ext_fused_lookups_%d" % state.groups):
             _build(group, "tf_ext_fused_lookups_%d" % state.groups)
         state.groups += 1
@@ -207,7 +205,7 @@ def fuse(loss):
 # ----------------------------------------------------------------------------------------------------- buffers
 
 
-def _pack(parts, counts, units_per_item):
+def _pack(parts, counts, units_per_item, num_ranks):
     """One buffer of E per-embedding buffers, regrouped per destination rank.
 
     Args:
@@ -215,36 +213,36 @@ def _pack(parts, counts, units_per_item):
         item `units_per_item[e]` elements.
       counts: int32 [N, E]: items of embedding e for rank i.
       units_per_item: E python ints.
+      num_ranks: N.
 
     Returns:
       (buffer, splits): buffer 1-D: for rank 0 embedding 0's items, embedding 1's, ..., then for rank 1, ...;
       splits: int32 [N], the elements for each rank.
     """
+    n = num_ranks
     lengths = tf.cast(counts, tf.int64) * tf.constant(units_per_item, tf.int64)  # [N, E]
-    sizes = tf.stack([tf.size(p, out_type=tf.int64) for p in parts])
-    starts = tf.cumsum(sizes, exclusive=True) + tf.cumsum(lengths, axis=0, exclusive=True)  # [N, E]
-    flat_starts = tf.reshape(starts, [-1])
-    positions = tf.ragged.range(flat_starts, flat_starts + tf.reshape(lengths, [-1])).flat_values
-    return tf.gather(tf.concat(parts, 0), positions), tf.cast(tf.reduce_sum(lengths, 1), tf.int32)
+    # Block copies (split, then one concat in the new order) rather than a gather through an index per element.
+    pieces = [tf.split(p, lengths[:, j], num=n) for j, p in enumerate(parts)]
+    buffer = tf.concat([pieces[j][i] for i in range(n) for j in range(len(parts))], 0)
+    return buffer, tf.cast(tf.reduce_sum(lengths, 1), tf.int32)
 
 
-def _unpack(buffer, counts, units_per_item):
+def _unpack(buffer, counts, units_per_item, num_ranks):
     """The per-embedding buffers of a received buffer that `_pack` built on each rank.
 
     Args:
       buffer: 1-D: from rank 0 embedding 0's items, embedding 1's, ..., then from rank 1, ...
       counts: int32 or int64 [N, E]: items of embedding e from rank i.
       units_per_item: E python ints.
+      num_ranks: N.
 
     Returns:
       E 1-D tensors: embedding e's items from rank 0, then from rank 1, ...
     """
+    n, e = num_ranks, len(units_per_item)
     lengths = tf.cast(counts, tf.int64) * tf.constant(units_per_item, tf.int64)  # [N, E]
-    from_rank = tf.cumsum(tf.reduce_sum(lengths, 1), exclusive=True)  # [N]
-    starts = tf.transpose(tf.expand_dims(from_rank, 1) + tf.cumsum(lengths, axis=1, exclusive=True))  # [E, N]
-    flat_starts = tf.reshape(starts, [-1])
-    positions = tf.ragged.range(flat_starts, flat_starts + tf.reshape(tf.transpose(lengths), [-1])).flat_values
-    return tf.split(tf.gather(buffer, positions), tf.reduce_sum(lengths, 0), num=len(units_per_item))
+    pieces = tf.split(buffer, tf.reshape(lengths, [-1]), num=n * e)
+    return [tf.concat(pieces[j::e], 0) for j in range(e)]
 
 
 def _as_units(rows, wire_dtype, unit):
@@ -281,14 +279,14 @@ def _build(group, name):
     counts = tf.stack([ex.splits for ex in group], axis=1)  # [N, E]: keys of embedding e for rank i
     header = tf.reshape(tf.cast(counts, tf.int64), [-1])  # rank i's header at [i*E, (i+1)*E)
     with_header = tf.concat([tf.fill([n, 1], e), counts], 1)
-    send, send_splits = _pack([header] + [ex.send for ex in group], with_header, [1] * (e + 1))
+    send, send_splits = _pack([header] + [ex.send for ex in group], with_header, [1] * (e + 1), n)
     received, received_splits = hvd.alltoall(
         consistency.gate(send), splits=send_splits, process_set=process_set, name=name + "_keys"
     )
     from_rank = tf.cumsum(tf.cast(received_splits, tf.int64), exclusive=True)
     headers = tf.gather(received, tf.expand_dims(from_rank, 1) + tf.range(e, dtype=tf.int64))  # [N, E]
     received_counts = tf.cast(headers, tf.int32)  # keys of embedding e from rank i
-    keys = _unpack(received, tf.concat([tf.fill([n, 1], e), received_counts], 1), [1] * (e + 1))[1:]
+    keys = _unpack(received, tf.concat([tf.fill([n, 1], e), received_counts], 1), [1] * (e + 1), n)[1:]
     for ex, k in zip(group, keys):
         graph_edits.update_input(ex.keys_received, 0, k)
     # Rows back, and their gradients to the owners.
@@ -308,30 +306,78 @@ def _exchange_rows(group, counts, received_counts, process_set, name):
       received_counts: int32 [N, E]: keys this rank received from rank i for embedding e (the rows it sends to i).
     """
     hvd = _hvd.require_horovod()
+    n = group[0].num_ranks
     unit = tf.float32 if all(ex.wire_dtype is None for ex in group) else tf.uint16
     units = [_units_per_row(ex, unit) for ex in group]
     widths = [ex.width for ex in group]
 
     @tf.custom_gradient
     def exchange(*rows):
-        send, splits = _pack([_as_units(r, ex.wire_dtype, unit) for r, ex in zip(rows, group)], received_counts, units)
+        send, splits = _pack(
+            [_as_units(r, ex.wire_dtype, unit) for r, ex in zip(rows, group)], received_counts, units, n
+        )
         received, _ = hvd.alltoall(send, splits=splits, process_set=process_set, name=name + "_rows")
-        parts = _unpack(received, counts, units)
+        parts = _unpack(received, counts, units, n)
         out = [_from_units(p, ex.width, ex.wire_dtype, unit) for p, ex in zip(parts, group)]
 
         def grad(*upstream):
             # The gradient of each received row goes back to the rank that sent it, float32 whatever the rows'
             # wire dtype (the owner's update gets the gradients the ranks computed, unrounded).
-            flat = [
-                tf.reshape(tf.convert_to_tensor(g) if g is not None else tf.zeros_like(o), [-1])
-                for g, o in zip(upstream, out)
-            ]
-            send_grad, grad_splits = _pack(flat, counts, widths)
+            upstream = [tf.convert_to_tensor(g) if g is not None else tf.zeros_like(o) for g, o in zip(upstream, out)]
+            _bypass_gradient_gates(upstream)
+            flat = [tf.reshape(g, [-1]) for g in upstream]
+            send_grad, grad_splits = _pack(flat, counts, widths, n)
             received_grad, _ = hvd.alltoall(
                 send_grad, splits=grad_splits, process_set=process_set, name=name + "_row_gradients"
             )
-            return [tf.reshape(p, [-1, w]) for p, w in zip(_unpack(received_grad, received_counts, widths), widths)]
+            return [tf.reshape(p, [-1, w]) for p, w in zip(_unpack(received_grad, received_counts, widths, n), widths)]
 
         return out, grad
 
     return exchange(*[ex.rows for ex in group])
+
+
+def _is_gradient_gate(op, scope):
+    """Whether `op` is one of the Identity ops with which tf.gradients (gate_gradients=GATE_OP, the optimizers'
+    default) makes the gradients of an op's inputs wait for all of them: <scope>/.../tuple/control_dependency[_k],
+    behind the NoOp .../tuple/group_deps."""
+    if op.type != "Identity" or not op.name.startswith(scope + "/"):
+        return False
+    parent, _, last = op.name.rpartition("/")
+    if not (parent.endswith("/tuple") and (last == "control_dependency" or last.startswith("control_dependency_"))):
+        return False
+    return [c.name for c in op.control_inputs] == [parent + "/group_deps"]
+
+
+def _bypass_gradient_gates(tensors):
+    """Lets the gradients of the embeddings' rows, `tensors`, be computed without waiting for the gradients that
+    GATE_OP groups with the ones on their way.
+
+    With gate_gradients=GATE_OP (the default of `Optimizer.compute_gradients`), tf.gradients passes the gradients of
+    each op's inputs through `tuple`: each waits until all of them are computed. The gradient of a dense layer's
+    input thus waits for the gradient of its weights, and the rows' gradient exchange, at the end of the backward
+    pass, for the weight gradients of every layer above the embeddings. Here each op on the way to `tensors` that
+    reads such a gated gradient reads it ungated instead (a graph edit of its input); the values are the same. The
+    gate's other readers keep it: a weight's gradient is still used (reduced, applied) only after the input's
+    gradient was computed, which is what GATE_OP guards (an update in place must not change what another gradient
+    of the same op reads).
+    """
+    ops = [t.op for t in tensors]
+    # tf.gradients' name scope ("gradients", "gradients_1", ..., maybe inside the caller's): only its gates.
+    parts = tf.compat.v1.get_default_graph().get_name_scope().split("/")
+    ends = [i for i, p in enumerate(parts) if p == "gradients" or p.startswith("gradients_")]
+    if not ends:
+        return
+    scope = "/".join(parts[: ends[0] + 1])
+    seen = set()
+    while ops:
+        op = ops.pop()
+        if op in seen or not op.name.startswith(scope + "/"):
+            continue
+        seen.add(op)
+        for index, tensor in enumerate(list(op.inputs)):
+            source = tensor.op
+            if _is_gradient_gate(source, scope):
+                graph_edits.update_input(op, index, source.inputs[0])
+                source = source.inputs[0].op
+            ops.append(source)

@@ -24,6 +24,8 @@ tf.compat.v1.disable_v2_behavior()
 
 import tensorflow_ext as tf_ext  # noqa: E402  pylint: disable=wrong-import-position
 import tensorflow_ext.horovod as tfe_hvd  # noqa: E402  pylint: disable=wrong-import-position
+from tensorflow_ext.horovod import consistency  # noqa: E402  pylint: disable=wrong-import-position
+from tensorflow_ext.horovod import exchange  # noqa: E402  pylint: disable=wrong-import-position
 from tensorflow_ext.horovod.embedding import owner_of_numpy  # noqa: E402  pylint: disable=wrong-import-position
 from tensorflow_ext.horovod.tests.golden_worker import (
     assert_rows_close,
@@ -97,9 +99,9 @@ def build(distributed):
     return embs, ph, loss, eval_rows, w
 
 
-def live_alltoalls(train_op):
-    """The Horovod alltoalls a run of `train_op` executes (the ops it depends on), by name."""
-    seen, todo = set(), [train_op]
+def ancestors(op):
+    """`op` and the ops it depends on (data and control inputs, transitively)."""
+    seen, todo = set(), [op]
     while todo:
         op = todo.pop()
         if op in seen:
@@ -107,7 +109,43 @@ def live_alltoalls(train_op):
         seen.add(op)
         todo.extend(t.op for t in op.inputs)
         todo.extend(op.control_inputs)
-    return sorted(op.name for op in seen if op.type == "HorovodAlltoall")
+    return seen
+
+
+def live_alltoalls(train_op):
+    """The Horovod alltoalls a run of `train_op` executes (the ops it depends on), by name."""
+    return sorted(op.name for op in ancestors(train_op) if op.type == "HorovodAlltoall")
+
+
+def check_dependencies(grads_and_vars, w):
+    """The fused exchanges wait only for what they need: the rows' exchange for no dense layer, the gradients'
+    exchange for no dense variable's gradient and no other collective (so it starts as soon as the embeddings'
+    gradients exist, beside the dense gradients' allreduce)."""
+    graph = w.graph
+    fused = {
+        stage: [op for op in graph.get_operations() if op.name.endswith("tf_ext_fused_lookups_0_" + stage)]
+        for stage in ("rows", "row_gradients")
+    }
+    assert all(len(ops) == 1 for ops in fused.values()), fused
+    before_rows = ancestors(fused["rows"][0])
+    assert not [op.name for op in before_rows if op.type == "MatMul" or op.name.startswith("gradients")]
+    # The raw gradient of the dense weights: the op in front of its allreduce, past the model check's pass-through.
+    reduced = [g for g, v in grads_and_vars if v is w][0]
+    allreduce = [op for op in ancestors(reduced.op) if op.type == "HorovodAllreduce"]
+    assert len(allreduce) == 1, allreduce
+    raw = allreduce[0].inputs[0].op
+    while raw.type in ("Identity", "Print"):
+        raw = raw.inputs[0].op
+    assert raw.type == "MatMul", raw
+    before_gradients = ancestors(fused["row_gradients"][0])
+    assert raw not in before_gradients, raw.name
+    # (The model check's allgathers run before the first collective of the first step only.)
+    others = [
+        op.name
+        for op in before_gradients
+        if op.type in ("HorovodAllreduce", "HorovodAllgather") and not op.name.startswith(consistency.CHECK_NAME)
+    ]
+    assert not others, others
 
 
 def train(distributed, batches, rank, num_ranks):
@@ -117,8 +155,12 @@ def train(distributed, batches, rank, num_ranks):
         opt = tf.compat.v1.train.AdamOptimizer(0.05, beta1=0.8, beta2=0.95, epsilon=1e-6)
         if distributed:
             opt = tfe_hvd.DistributedOptimizer(opt)
-        train_op = opt.minimize(loss, global_step=gs)
+        grads_and_vars = opt.compute_gradients(loss)
+        train_op = opt.apply_gradients(grads_and_vars, global_step=gs)
         alltoalls = live_alltoalls(train_op)
+        if distributed and exchange.fused_enabled():
+            check_dependencies(grads_and_vars, w)
+            print("RANK %d DEPENDENCIES OK" % rank, flush=True)
         exports = {n: e.export(with_slots=True) for n, e in embs.items()}
         out = {"losses": []}
         with tf.compat.v1.Session() as sess:

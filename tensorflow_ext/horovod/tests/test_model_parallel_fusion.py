@@ -37,9 +37,12 @@ def test_fused_exchange_equals_per_embedding(tmp_path, monkeypatch):
     depend on another lookup's rows): fused, a training step runs 6 alltoalls (keys, rows, gradients for the first
     three, then for the two that wait on them) instead of 15, and every rank ends with the same rows, slots, dense
     weights, losses and eval rows, bit for bit, as with each lookup's own exchange; both match one process trained
-    on the global batch."""
+    on the global batch. The fused exchanges wait only for what they need (see fusion_worker.check_dependencies)."""
     fused, fused_alltoalls, log = _run(tmp_path, monkeypatch, "fused", True, "1")
-    assert "RANK 0 MATCHES ONE PROCESS" in log and "RANK 1 MATCHES ONE PROCESS" in log, log[-6000:]
+    for rank in range(2):
+        assert "RANK %d MATCHES ONE PROCESS" % rank in log, log[-6000:]
+        # The rows' exchange waits for no dense layer, the gradients' for no dense gradient or other collective.
+        assert "RANK %d DEPENDENCIES OK" % rank in log, log[-6000:]
     own, own_alltoalls, _ = _run(tmp_path, monkeypatch, "own", False)
     for rank in range(2):
         names = fused_alltoalls[rank]
@@ -115,14 +118,14 @@ def test_packed_rows_arrive_as_each_embeddings_own_alltoall_delivers_them():
         upr = [w * (2 if unit == tf.uint16 and d is None else 1) for w, d in zip(widths, wires)]
         with tf.Graph().as_default(), tf.compat.v1.Session() as sess:
             packed = [
-                exchange._pack([exchange._as_units(tf.constant(r), d, unit) for r, d in zip(rs, wires)], c, upr)
+                exchange._pack([exchange._as_units(tf.constant(r), d, unit) for r, d in zip(rs, wires)], c, upr, n)
                 for rs, c in zip(rows, counts)
             ]
             sent = sess.run(packed)
             received = _simulated_alltoall([b for b, _ in sent], [s for _, s in sent])
             for dst in range(n):
                 from_counts = np.stack([counts[src][dst] for src in range(n)])  # [N, E]
-                parts = exchange._unpack(tf.constant(received[dst]), tf.constant(from_counts), upr)
+                parts = exchange._unpack(tf.constant(received[dst]), tf.constant(from_counts), upr, n)
                 got = sess.run([exchange._from_units(p, w, d, unit) for p, w, d in zip(parts, widths, wires)])
                 for e in range(len(widths)):
                     want = np.concatenate(

@@ -142,8 +142,9 @@ def add_control_input(op, dependency):
     why="Feeds an input of an op already in its graph from another tensor. Each model-parallel lookup builds its "
     "own alltoall exchange when it is called; when DistributedOptimizer later sees the loss, it builds one fused "
     "exchange for all of the step's lookups and feeds each lookup's Identity ops (keys and rows received) from it, "
-    "before the gradients are built. The lookups' results are already used by the model; TensorFlow has no public "
-    "API to change an op's input after it is built.",
+    "before the gradients are built; the exchange's gradient then reads, on its way, the gradients that GATE_OP's "
+    "tuple gates (it need not wait for the dense weight gradients). The lookups' results are already used by the "
+    "model; TensorFlow has no public API to change an op's input after it is built.",
     test="tensorflow_ext/horovod/tests/test_model_parallel_fusion.py::test_fused_exchange_equals_per_embedding",
 )
 def update_input(op, index, tensor):

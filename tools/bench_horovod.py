@@ -164,13 +164,18 @@ def worker(args):
             sess.run(tf.compat.v1.global_variables_initializer())
             sess.run(bcast)
             times, cpu, sent = [], [], {name: [] for name in payload_bytes}
+            # The batches are drawn before the steps: drawing them between steps (Zipf sampling, several ms) would
+            # compete for the cores with the other ranks' steps.
+            batches = []
+            sl = slice(rank * per_rank, (rank + 1) * per_rank)
             for step in range(args.warmup + args.steps):
                 rng = np.random.RandomState(1000 + step)  # the same global batch on every rank count
                 gids = _zipf_ids(rng, args.global_batch, fields)
                 glabels = (rng.uniform(size=[args.global_batch, 1]) < 0.25).astype(np.float32)
-                sl = slice(rank * per_rank, (rank + 1) * per_rank)
+                batches.append((gids[sl], glabels[sl]))
+            for step, (batch_ids, batch_labels) in enumerate(batches):
                 t0, c0 = time.perf_counter(), time.process_time()
-                _, b = sess.run([train, payload_bytes], {ids: gids[sl], labels: glabels[sl]})
+                _, b = sess.run([train, payload_bytes], {ids: batch_ids, labels: batch_labels})
                 dt, dc = time.perf_counter() - t0, time.process_time() - c0
                 if step >= args.warmup:
                     times.append(dt)

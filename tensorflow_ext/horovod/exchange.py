@@ -25,10 +25,14 @@ exchanges. How: each lookup builds its own exchange and passes what it receives 
 keys, the rows); `fuse` builds the fused exchange from the same inputs and feeds those Identity ops from it
 (a graph edit of their input). The per-embedding collectives stay in the graph, unused: a step does not run them.
 
+The gradients' exchange starts as soon as the embeddings' gradients exist: on its way it reads the gradients that
+GATE_OP (the optimizers' default gate_gradients) would hold back until the dense layers' weight gradients are
+computed (see `_bypass_gradient_gates`).
+
 Not fused (their own exchange stays): a lookup the loss does not depend on (an eval tower in the training graph),
-one inside a tf.cond or while loop, one whose graph an open Session already holds, and lookups of other process
-sets than each other. A lookup whose keys or owner-side rows depend on another lookup's results (ids read from an
-embedding) is fused in a later group than that lookup. Setting TF_EXT_HVD_FUSED_EXCHANGES=0 keeps every lookup's
+one inside a tf.cond or while loop, one whose graph an open Session already holds; lookups of different process
+sets are fused separately. A lookup whose keys or owner-side rows depend on another lookup's results (ids read from
+an embedding) is fused in a later group than that lookup. Setting TF_EXT_HVD_FUSED_EXCHANGES=0 keeps every lookup's
 own exchange; the ranks must agree (the model check compares it).
 """
 

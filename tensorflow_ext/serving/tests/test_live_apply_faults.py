@@ -125,7 +125,7 @@ def _dense_export(work, n):
             step = tf.compat.v1.train.get_or_create_global_step()
             w = tf.compat.v1.get_variable("w", [n], initializer=tf.compat.v1.zeros_initializer())
             x = tf.compat.v1.placeholder(tf.int64, [None], name="x")
-            outputs = {"picked": tf.gather(w, x), "version": tf_ext.serving.served_version()}
+            outputs = {"picked": tf.gather(tf.identity(w), x), "version": tf_ext.serving.served_version()}
             sess.run(tf.compat.v1.global_variables_initializer())
             sess.run(step.assign(1))
             builder = tf.compat.v1.saved_model.Builder(export_dir)

@@ -44,6 +44,17 @@ import tensorflow as tf
 from tensorflow_ext.horovod import _hvd
 from tensorflow_ext.horovod import compression_ops
 from tensorflow_ext.horovod import consistency
+from tensorflow_ext.horovod.config import DEFAULT_FUSION_BYTES  # noqa: F401 (re-exported)
+from tensorflow_ext.horovod.config import DEFAULT_TOPK_MIN_ELEMENTS  # noqa: F401 (re-exported)
+from tensorflow_ext.horovod.config import ENV_PREFIX
+from tensorflow_ext.horovod.config import TOPK_RESIDUALS
+from tensorflow_ext.horovod.config import AutoCompressor
+from tensorflow_ext.horovod.config import Compression  # noqa: F401 (re-exported)
+from tensorflow_ext.horovod.config import Config  # noqa: F401 (re-exported)
+from tensorflow_ext.horovod.config import env_value
+from tensorflow_ext.horovod.config import parse_bool
+from tensorflow_ext.horovod.config import parse_int
+from tensorflow_ext.horovod.config import resolve_config  # noqa: F401 (re-exported)
 from tensorflow_ext.tf_compat import internals
 
 __all__ = [
@@ -56,294 +67,6 @@ __all__ = [
     "init",
     "resolve_config",
 ]
-
-DEFAULT_FUSION_BYTES = 64 << 20
-DEFAULT_TOPK_MIN_ELEMENTS = 1024
-
-# Graph collection of the Top-K residual variables (per-rank state: saved and restored, never broadcast).
-TOPK_RESIDUALS = "tf_ext_topk_residuals"
-
-ENV_PREFIX = "TF_EXT_HVD_"
-
-
-class NoneCompressor(object):
-    """No compression (the default)."""
-
-    name = "none"
-    wire_dtype = None
-
-    @staticmethod
-    def compress(tensor):
-        """Returns (tensor, None)."""
-        return tensor, None
-
-    @staticmethod
-    def decompress(tensor, ctx):
-        """Returns tensor."""
-        del ctx
-        return tensor
-
-
-class _CastCompressor(object):
-    wire_dtype = None
-
-    @classmethod
-    def compress(cls, tensor):
-        """Casts a floating tensor to the 16-bit type; returns (compressed, original dtype)."""
-        if tensor.dtype.is_floating and tensor.dtype != cls.wire_dtype:
-            return tf.cast(tensor, cls.wire_dtype), tensor.dtype
-        return tensor, tensor.dtype
-
-    @staticmethod
-    def decompress(tensor, ctx):
-        """Casts back to the dtype the tensor had before `compress`."""
-        return tf.cast(tensor, ctx) if tensor.dtype != ctx else tensor
-
-
-class FP16Compressor(_CastCompressor):
-    """IEEE half precision on the wire: 10-bit mantissa, largest finite value 65504 (larger sums become inf)."""
-
-    name = "fp16"
-    wire_dtype = tf.float16
-
-
-class BF16Compressor(_CastCompressor):
-    """bfloat16 on the wire: float32's range, 7-bit mantissa (summed in float32 on the receiving rank)."""
-
-    name = "bf16"
-    wire_dtype = tf.bfloat16
-
-
-class AutoCompressor(object):
-    """Chosen per fused buffer by measuring the link and the compression cost before the first step: plain, fp16,
-    bf16, or Top-K when `topk_ratio` is given (`tensorflow_ext.horovod.auto_compression`)."""
-
-    name = "auto"
-    wire_dtype = None
-
-
-class Compression(object):
-    """Compression of dense gradients in `DistributedOptimizer` (like Horovod's `Compression`, plus bf16 and auto)."""
-
-    none = NoneCompressor
-    fp16 = FP16Compressor
-    bf16 = BF16Compressor
-    auto = AutoCompressor
-
-
-_BY_NAME = {"none": NoneCompressor, "fp16": FP16Compressor, "bf16": BF16Compressor, "auto": AutoCompressor}
-
-
-def _compressor(value):
-    """Our compressor for `value`: one of ours, Horovod's none/fp16, or a name; None for anything else."""
-    hvd = _hvd.require_horovod()
-    if value is None:
-        return NoneCompressor
-    if isinstance(value, str):
-        return _BY_NAME.get(value.strip().lower())
-    if value in (NoneCompressor, FP16Compressor, BF16Compressor, AutoCompressor):
-        return value
-    if value is hvd.Compression.none:
-        return NoneCompressor
-    if value is hvd.Compression.fp16:
-        return FP16Compressor
-    return None
-
-
-class Config(object):
-    """The resolved settings of the dense allreduce (arguments, then the environment's overrides).
-
-    Attributes:
-      compression: NoneCompressor, FP16Compressor or BF16Compressor.
-      horovod_compression: the `compression` argument as given when it is a Horovod compressor (the per-tensor
-        Horovod path passes it on unchanged), else None.
-      hierarchical: bool.
-      node_size: int or None (None: Horovod's local_size).
-      topk_ratio: float in (0, 1] or None.
-      topk_min_elements: int.
-      topk_warmup_steps: int.
-      fusion_bytes: int.
-      explicit_compression: True when our compression was asked for (argument of ours, or the environment).
-    """
-
-    def __init__(self):
-        self.compression = NoneCompressor
-        self.horovod_compression = None
-        self.hierarchical = False
-        self.node_size = None
-        self.topk_ratio = None
-        self.topk_min_elements = DEFAULT_TOPK_MIN_ELEMENTS
-        self.topk_warmup_steps = 0
-        self.fusion_bytes = DEFAULT_FUSION_BYTES
-        self.explicit_compression = False
-
-    @property
-    def accelerated(self):
-        """True when gradients go through this module (else Horovod's per-tensor allreduce, as before)."""
-        return self.explicit_compression or self.hierarchical or self.topk_ratio is not None
-
-    def __repr__(self):
-        return (
-            "Config(compression=%s, hierarchical=%s, node_size=%s, topk_ratio=%s, topk_min_elements=%d, "
-            "topk_warmup_steps=%d, fusion_bytes=%d)"
-            % (
-                self.compression.name,
-                self.hierarchical,
-                self.node_size,
-                self.topk_ratio,
-                self.topk_min_elements,
-                self.topk_warmup_steps,
-                self.fusion_bytes,
-            )
-        )
-
-
-def _env(name):
-    value = os.environ.get(ENV_PREFIX + name)
-    return None if value is None or value.strip() == "" else value.strip()
-
-
-def _parse_bool(name, value):
-    if isinstance(value, bool):
-        return value
-    text = str(value).strip().lower()
-    if text in ("1", "true", "yes", "on"):
-        return True
-    if text in ("0", "false", "no", "off"):
-        return False
-    raise ValueError("%s must be a boolean (0/1, true/false), got %r" % (name, value))
-
-
-def _parse_int(name, value, minimum):
-    try:
-        out = int(str(value).strip()) if not isinstance(value, int) or isinstance(value, bool) else value
-    except ValueError:
-        raise ValueError("%s must be an integer >= %d, got %r" % (name, minimum, value)) from None
-    if isinstance(value, bool) or out < minimum:
-        raise ValueError("%s must be an integer >= %d, got %r" % (name, minimum, value))
-    return out
-
-
-def _parse_ratio(name, value):
-    if value is None:
-        return None
-    if isinstance(value, str):
-        if value.strip().lower() in ("none", "off"):
-            return None
-        try:
-            value = float(value)
-        except ValueError:
-            raise ValueError("%s must be a number in (0, 1] or 'none', got %r" % (name, value)) from None
-    if isinstance(value, bool) or not isinstance(value, (int, float, np.floating, np.integer)):
-        raise ValueError("%s must be a number in (0, 1] or None, got %r" % (name, value))
-    value = float(value)
-    if not (0.0 < value <= 1.0):
-        raise ValueError(
-            "%s must be in (0, 1] (the fraction of each gradient's entries that every rank sends), got %r"
-            % (name, value)
-        )
-    return value
-
-
-def resolve_config(
-    compression=None,
-    hierarchical=False,
-    node_size=None,
-    topk_ratio=None,
-    topk_min_elements=DEFAULT_TOPK_MIN_ELEMENTS,
-    topk_warmup_steps=0,
-    fusion_bytes=DEFAULT_FUSION_BYTES,
-):
-    """The settings from `DistributedOptimizer`'s arguments, each overridden by its `TF_EXT_HVD_*` variable.
-
-    Args:
-      compression: `Compression.none/fp16/bf16`, Horovod's `Compression.none/fp16`, a name, or None.
-      hierarchical: bool: 2D allreduce.
-      node_size: ranks per node for the 2D allreduce (None: Horovod's local_size). Giving it turns the 2D
-        allreduce on.
-      topk_ratio: None (off) or the fraction in (0, 1] of each large gradient's entries sent per step.
-      topk_min_elements: gradients with fewer entries are reduced densely.
-      topk_warmup_steps: dense steps before Top-K starts (needs the global step).
-      fusion_bytes: the largest fused buffer in bytes (0: one buffer per gradient).
-
-    Returns:
-      A `Config`.
-
-    Raises:
-      ValueError: a setting out of range or an unknown compression, naming the argument or variable.
-    """
-    c = Config()
-    env = _env("COMPRESSION")
-    if env is not None:
-        comp = _compressor(env)
-        if comp is None:
-            raise ValueError("%sCOMPRESSION must be one of none, fp16, bf16, auto, got %r" % (ENV_PREFIX, env))
-        c.compression, c.explicit_compression = comp, comp is not NoneCompressor
-    else:
-        comp = _compressor(compression)
-        hvd = _hvd.require_horovod()
-        if comp is None and not isinstance(compression, str) and hasattr(compression, "compress"):
-            # Another Horovod compressor: Horovod's per-tensor allreduce applies it, as in Horovod.
-            c.horovod_compression = compression
-        elif comp is None:
-            raise ValueError(
-                "compression must be tensorflow_ext.horovod.Compression.none, .fp16, .bf16 or .auto (or a "
-                "Horovod compressor), got %r" % (compression,)
-            )
-        elif compression in (hvd.Compression.none, hvd.Compression.fp16):
-            c.compression = comp
-            c.horovod_compression = compression
-        else:
-            c.compression = comp
-            c.explicit_compression = comp is not NoneCompressor
-    c.hierarchical = _parse_bool("hierarchical", hierarchical)
-    if node_size is not None:
-        c.node_size = _parse_int("node_size", node_size, 1)
-        c.hierarchical = True
-    env = _env("HIERARCHICAL")
-    if env is not None:
-        c.hierarchical = _parse_bool(ENV_PREFIX + "HIERARCHICAL", env)
-    env = _env("NODE_SIZE")
-    if env is not None:
-        c.node_size = _parse_int(ENV_PREFIX + "NODE_SIZE", env, 1)
-        if _env("HIERARCHICAL") is None:
-            c.hierarchical = True
-    env = _env("TOPK_RATIO")
-    c.topk_ratio = (
-        _parse_ratio(ENV_PREFIX + "TOPK_RATIO", env) if env is not None else _parse_ratio("topk_ratio", topk_ratio)
-    )
-    env = _env("TOPK_MIN_ELEMENTS")
-    c.topk_min_elements = _parse_int(
-        ENV_PREFIX + "TOPK_MIN_ELEMENTS" if env is not None else "topk_min_elements",
-        env if env is not None else topk_min_elements,
-        1,
-    )
-    env = _env("TOPK_WARMUP_STEPS")
-    c.topk_warmup_steps = _parse_int(
-        ENV_PREFIX + "TOPK_WARMUP_STEPS" if env is not None else "topk_warmup_steps",
-        env if env is not None else topk_warmup_steps,
-        0,
-    )
-    env = _env("FUSION_BYTES")
-    c.fusion_bytes = _parse_int(
-        ENV_PREFIX + "FUSION_BYTES" if env is not None else "fusion_bytes",
-        env if env is not None else fusion_bytes,
-        0,
-    )
-    if c.explicit_compression or c.hierarchical or c.topk_ratio is not None:
-        if c.horovod_compression is not None and _compressor(c.horovod_compression) is None:
-            raise ValueError(
-                "compression=%r is a Horovod compressor that the fused paths (hierarchical, topk_ratio) cannot "
-                "apply; use tensorflow_ext.horovod.Compression.none, .fp16 or .bf16" % (c.horovod_compression,)
-            )
-        c.horovod_compression = None
-    if c.compression is AutoCompressor and c.hierarchical:
-        raise ValueError(
-            "compression='auto' chooses among the flat reductions; it cannot be combined with the 2D allreduce "
-            "(hierarchical=True or node_size=%s): choose the compression explicitly with hierarchical" % c.node_size
-        )
-    return c
-
 
 # ---------------------------------------------------------------------------------------------------------------
 # Process sets of the 2D allreduce.
@@ -426,12 +149,12 @@ def init(node_size=None, **kwargs):
     """
     hvd = _hvd.require_horovod()
     _check_launch_env()
-    env = _env("NODE_SIZE")
+    env = env_value("NODE_SIZE")
     if env is not None:
-        node_size = _parse_int(ENV_PREFIX + "NODE_SIZE", env, 1)
+        node_size = parse_int(ENV_PREFIX + "NODE_SIZE", env, 1)
     elif node_size is not None:
-        node_size = _parse_int("node_size", node_size, 1)
-    elif _env("HIERARCHICAL") is not None and _parse_bool(ENV_PREFIX + "HIERARCHICAL", _env("HIERARCHICAL")):
+        node_size = parse_int("node_size", node_size, 1)
+    elif env_value("HIERARCHICAL") is not None and parse_bool(ENV_PREFIX + "HIERARCHICAL", env_value("HIERARCHICAL")):
         node_size = _env_int("HOROVOD_LOCAL_SIZE")
         if node_size is None:
             raise ValueError(

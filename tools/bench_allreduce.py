@@ -28,11 +28,8 @@ import sys
 import tempfile
 import time
 
-HERE = os.path.dirname(os.path.abspath(__file__))
-ROOT = os.path.dirname(HERE)
-NS = ("tfe_bench_n0", "tfe_bench_n1")
-DEV = ("tfe_bench_v0", "tfe_bench_v1")
-IPS = ("10.233.0.1", "10.233.0.2")
+import netsim as netsim_lib  # tools/netsim.py: the namespaces, the link, the ranks
+
 PER_NODE = 2
 METHODS = {
     "plain": None,  # Horovod's own hvd.allreduce, one tensor
@@ -50,66 +47,22 @@ TRAIN_METHODS = {
 }
 
 
-def sh(*cmd, check=True):
-    return subprocess.run(list(cmd), check=check, capture_output=True, text=True)
-
-
-# ---------------------------------------------------------------------------------------------------------------
-# The network.
-
-
-HOSTNAMES = ("tfe-bench-node0", "tfe-bench-node1")
-
-
-def teardown():
-    for ns in NS:
-        sh("ip", "netns", "del", ns, check=False)
-        sh("rm", "-rf", "/etc/netns/" + ns, check=False)
-    try:
-        os.rmdir("/etc/netns")  # only when empty (nothing else uses it)
-    except OSError:
-        pass
-
-
-def setup(rate):
-    teardown()
-    for ns, ip, host in zip(NS, IPS, HOSTNAMES):
-        sh("ip", "netns", "add", ns)
-        # `ip netns exec` shows /etc/netns/<ns>/hosts as /etc/hosts. Horovod 0.28.1 builds the Gloo communicators of
-        # process sets on the address of the host name (it ignores HOROVOD_GLOO_IFACE there), so each rank gets the
-        # node's host name (a UTS namespace) and the name resolves to the node's address.
-        os.makedirs("/etc/netns/" + ns, exist_ok=True)
-        with open("/etc/netns/%s/hosts" % ns, "w") as f:
-            f.write(
-                "127.0.0.1 localhost\n%s %s\n%s %s\n" % (ip, host, IPS[1 - NS.index(ns)], HOSTNAMES[1 - NS.index(ns)])
-            )
-    sh("ip", "link", "add", DEV[0], "type", "veth", "peer", "name", DEV[1])
-    for ns, dev, ip in zip(NS, DEV, IPS):
-        sh("ip", "link", "set", dev, "netns", ns)
-        sh("ip", "-n", ns, "addr", "add", ip + "/24", "dev", dev)
-        sh("ip", "-n", ns, "link", "set", dev, "up")
-        sh("ip", "-n", ns, "link", "set", "lo", "up")
-        # Token bucket on each end's egress: the link's rate in both directions. Burst >= rate/HZ, latency bounds
-        # the queue.
-        sh("ip", "netns", "exec", ns, "tc", "qdisc", "add", "dev", dev, "root", "tbf", "rate", rate,
-           "burst", "1mb" if rate.startswith("10g") else "256kb", "latency", "20ms")  # fmt: skip
-
-
 def netsim(args):
     if os.geteuid() != 0:
         sys.exit("netsim needs root (network namespaces and tc)")
     results = {"machine": _machine(), "runs": []}
 
     def on_signal(signum, frame):
-        teardown()
+        netsim_lib.teardown()
         sys.exit(128 + signum)
 
     signal.signal(signal.SIGTERM, on_signal)
     try:
         for rate in args.rates:
-            setup(rate)
+            netsim_lib.setup(rate)
             with tempfile.TemporaryDirectory() as out:
-                cmd = ["ip", "netns", "exec", NS[0], sys.executable, os.path.abspath(__file__), "driver", "--out", out]
+                cmd = ["ip", "netns", "exec", netsim_lib.NS[0], sys.executable, os.path.abspath(__file__)]
+                cmd += ["driver", "--out", out]
                 cmd += ["--quick"] if args.quick else []
                 t0 = time.time()
                 r = subprocess.run(cmd, text=True, capture_output=True, timeout=1800)
@@ -122,7 +75,7 @@ def netsim(args):
                 results["runs"].append(run)
                 _print(run)
     finally:
-        teardown()
+        netsim_lib.teardown()
     results["load_end"] = os.getloadavg()
     if args.json:
         with open(args.json, "w") as f:
@@ -149,54 +102,12 @@ def _print(run):
 
 
 def driver(args):
-    from horovod.runner.common.util.hosts import get_host_assignments  # pylint: disable=import-outside-toplevel
-    from horovod.runner.common.util.hosts import parse_hosts  # pylint: disable=import-outside-toplevel
-    from horovod.runner.http.http_server import RendezvousServer  # pylint: disable=import-outside-toplevel
-
-    hosts = parse_hosts(",".join("%s:%d" % (ip, PER_NODE) for ip in IPS))
-    plan = get_host_assignments(hosts, PER_NODE * len(IPS))
-    server = RendezvousServer()
-    port = server.start()
-    server.init(plan)
-    procs = []
-    try:
-        for slot in plan:
-            node = IPS.index(slot.hostname)
-            env = dict(
-                os.environ,
-                PYTHONPATH=ROOT,
-                PYTHONUNBUFFERED="1",
-                TF_CPP_MIN_LOG_LEVEL="2",
-                HOROVOD_HOSTNAME=slot.hostname,
-                HOROVOD_RANK=str(slot.rank),
-                HOROVOD_SIZE=str(slot.size),
-                HOROVOD_LOCAL_RANK=str(slot.local_rank),
-                HOROVOD_LOCAL_SIZE=str(slot.local_size),
-                HOROVOD_CROSS_RANK=str(slot.cross_rank),
-                HOROVOD_CROSS_SIZE=str(slot.cross_size),
-                HOROVOD_GLOO_RENDEZVOUS_ADDR=IPS[0],
-                HOROVOD_GLOO_RENDEZVOUS_PORT=str(port),
-                HOROVOD_GLOO_IFACE=DEV[node],
-                HOROVOD_CONTROLLER="gloo",
-                HOROVOD_CPU_OPERATIONS="gloo",
-            )
-            cmd = ["ip", "netns", "exec", NS[node], "unshare", "--uts", "sh", "-c", 'hostname "$0" && exec "$@"']
-            cmd += [HOSTNAMES[node], sys.executable, os.path.abspath(__file__), "worker"]
-            cmd += ["--out", args.out] + (["--quick"] if args.quick else [])
-            log = open(os.path.join(args.out, "rank%d.log" % slot.rank), "w")
-            procs.append((subprocess.Popen(cmd, env=env, stdout=log, stderr=subprocess.STDOUT), log))
-        codes = [p.wait() for p, _ in procs]
-    finally:
-        for p, log in procs:
-            if p.poll() is None:
-                p.kill()
-                p.wait()
-            log.close()
-        server.stop()
+    argv = [sys.executable, os.path.abspath(__file__), "worker", "--out", args.out] + (
+        ["--quick"] if args.quick else []
+    )
+    codes = netsim_lib.run_ranks(PER_NODE, argv, args.out)
     if any(codes):
-        for r in range(len(procs)):
-            with open(os.path.join(args.out, "rank%d.log" % r)) as f:
-                sys.stderr.write("--- rank %d\n%s" % (r, f.read()[-4000:]))
+        sys.stderr.write(netsim_lib.rank_logs(args.out, len(codes)))
         sys.exit("ranks exited with %s" % codes)
 
 

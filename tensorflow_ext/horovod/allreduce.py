@@ -35,7 +35,6 @@ The environment overrides the arguments: `TF_EXT_HVD_COMPRESSION` (none, fp16, b
 `TF_EXT_HVD_TOPK_MIN_ELEMENTS`, `TF_EXT_HVD_TOPK_WARMUP_STEPS`, `TF_EXT_HVD_FUSION_BYTES`.
 """
 
-import math
 import os
 
 import numpy as np
@@ -44,10 +43,11 @@ import tensorflow as tf
 from tensorflow_ext.horovod import _hvd
 from tensorflow_ext.horovod import compression_ops
 from tensorflow_ext.horovod import consistency
+from tensorflow_ext.horovod import topk as topk_lib
 from tensorflow_ext.horovod.config import DEFAULT_FUSION_BYTES  # noqa: F401 (re-exported)
 from tensorflow_ext.horovod.config import DEFAULT_TOPK_MIN_ELEMENTS  # noqa: F401 (re-exported)
 from tensorflow_ext.horovod.config import ENV_PREFIX
-from tensorflow_ext.horovod.config import TOPK_RESIDUALS
+from tensorflow_ext.horovod.config import TOPK_RESIDUALS  # noqa: F401 (re-exported)
 from tensorflow_ext.horovod.config import AutoCompressor
 from tensorflow_ext.horovod.config import Compression  # noqa: F401 (re-exported)
 from tensorflow_ext.horovod.config import Config  # noqa: F401 (re-exported)
@@ -55,7 +55,6 @@ from tensorflow_ext.horovod.config import env_value
 from tensorflow_ext.horovod.config import parse_bool
 from tensorflow_ext.horovod.config import parse_int
 from tensorflow_ext.horovod.config import resolve_config  # noqa: F401 (re-exported)
-from tensorflow_ext.tf_compat import internals
 
 __all__ = [
     "Compression",
@@ -384,6 +383,21 @@ class DenseReducer(object):
         """The name prefix of the collectives."""
         return self._name
 
+    @property
+    def hvd(self):
+        """The horovod.tensorflow module."""
+        return self._hvd
+
+    @property
+    def wire16(self):
+        """The configured 16-bit wire dtype (None: the gradients' own)."""
+        return self._wire16
+
+    @property
+    def topk_factor(self):
+        """What Top-K multiplies the sum of all ranks' sent entries by (1/size for Average)."""
+        return self._topk_factor
+
     def dense_buckets(self, grads, tag):
         """The fused plain (or configured 16-bit) sum of `grads`, buffers named after `tag`."""
         return self._dense_buckets(grads, tag)
@@ -456,66 +470,15 @@ class DenseReducer(object):
                 out[i] = r
         return out
 
-    # -- Top-K -----------------------------------------------------------------------------------------------
+    # -- Top-K (tensorflow_ext.horovod.topk) ---------------------------------------------------------------------
 
     def _residual(self, var, grad):
-        residual = internals.slot_creator.create_zeros_slot(var, self._name + "_topk_residual", dtype=grad.dtype)
-        if residual not in tf.compat.v1.get_collection(TOPK_RESIDUALS):
-            tf.compat.v1.add_to_collection(TOPK_RESIDUALS, residual)
-        return residual
+        return topk_lib.residual(self, var, grad)
 
     def _topk(self, grads, vars_, global_step):
-        cfg = self._config
-        residuals = [self._residual(v, g) for g, v in zip(grads, vars_)]
-        if cfg.topk_warmup_steps > 0:
-            if global_step is None:
-                raise ValueError(
-                    "topk_warmup_steps=%d needs a global step: create it before minimize() "
-                    "(tf.compat.v1.train.get_or_create_global_step()) or set topk_warmup_steps=0"
-                    % cfg.topk_warmup_steps
-                )
-            warm = tf.less(global_step, tf.cast(cfg.topk_warmup_steps, global_step.dtype))
-            outs = tf.cond(
-                warm,
-                lambda: self._topk_dense(grads, residuals),
-                lambda: self._topk_sparse(grads, residuals),
-                name="topk_warmup",
-            )
-            return list(outs)
-        return self._topk_sparse(grads, residuals)
-
-    def _topk_dense(self, grads, residuals):
-        accs = [g + r.read_value() for g, r in zip(grads, residuals)]
-        reduced = self._dense_buckets(accs, "warm")
-        with tf.control_dependencies(reduced):
-            clears = [r.assign(tf.zeros_like(r)) for r in residuals]
-        with tf.control_dependencies(clears):
-            return [tf.identity(t) for t in reduced]
-
-    def _topk_sparse(self, grads, residuals):
-        """Each bucket: per gradient the top ceil(ratio*n) of |grad + residual| (one pass, compression_ops); one
-        allgather of the positions (in the bucket's flat buffer) and one of the wire values; every rank
-        scatter-adds them all. The residual keeps what was not sent, including the rounding of a 16-bit wire, so
-        sent + residual == grad + old residual."""
-        cfg = self._config
-        out = [None] * len(grads)
-        order = list(range(len(grads)))
-        for b, group in enumerate(_buckets(order, cfg.fusion_bytes, lambda i: _item_bytes(grads[i]))):
-            parts = self.topk_bucket(
-                [grads[i] for i in group], [residuals[i] for i in group], "%s_topk%d" % (self._name, b), self._wire16
-            )
-            for i, part in zip(group, parts):
-                out[i] = part
-        return out
+        return topk_lib.reduce(self, grads, vars_, global_step)
 
     def topk_bucket(self, like, residuals, name, wire16):
         """Top-K of one fused buffer: `like` (static shapes) plus their residual variables; collectives named after
         `name`. Returns the reduced list (after the residuals were updated)."""
-        ks = [max(1, int(math.ceil(self._config.topk_ratio * _static_size(g)))) for g in like]
-        idx, vals, new_residuals = compression_ops.top_k_select(like, [r.read_value() for r in residuals], ks, wire16)
-        assigns = [r.assign(n) for r, n in zip(residuals, new_residuals)]
-        all_idx = self._hvd.allgather(consistency.gate(idx), process_set=self._ps, name=name + "_idx")
-        all_vals = self._hvd.allgather(consistency.gate(vals), process_set=self._ps, name=name + "_val")
-        parts = compression_ops.scatter_add(all_idx, all_vals, wire16, like, self._topk_factor)
-        with tf.control_dependencies(assigns):
-            return [tf.identity(p) for p in parts]
+        return topk_lib.bucket(self, like, residuals, name, wire16)

@@ -433,12 +433,14 @@ class DenseReducer(object):
             summed = reducer.allreduce(packed, self._ps, name, as_bytes)
         return compression_ops.unpack(summed, wire16, like, self._post)
 
-    def reduce(self, grads_and_vars, global_step=None):
+    def reduce(self, grads_and_vars, global_step=None, also_finite=()):
         """The reduced gradients of `grads_and_vars` (dense tensors), in order.
 
         Args:
           grads_and_vars: list of (dense gradient, variable).
           global_step: the global step tensor (needed for Top-K warm-up).
+          also_finite: tensors that must be finite, with the reduced gradients, for Top-K's state to be updated
+            (a mixed-precision optimizer skips the step otherwise: `topk`).
 
         Returns:
           list of reduced gradients.
@@ -465,7 +467,8 @@ class DenseReducer(object):
                 out[i] = r
         if topk:
             vars_ = [grads_and_vars[i][1] for i in topk]
-            reduced = self._topk([grads[i] for i in topk], vars_, global_step)
+            others = [out[i] for i in dense] + list(also_finite)
+            reduced = topk_lib.reduce(self, [grads[i] for i in topk], vars_, global_step, others)
             for i, r in zip(topk, reduced):
                 out[i] = r
         return out
@@ -474,9 +477,6 @@ class DenseReducer(object):
 
     def _residual(self, var, grad):
         return topk_lib.residual(self, var, grad)
-
-    def _topk(self, grads, vars_, global_step):
-        return topk_lib.reduce(self, grads, vars_, global_step)
 
     def topk_bucket(self, like, residuals, name, wire16):
         """Top-K of one fused buffer: `like` (static shapes) plus their residual variables; collectives named after

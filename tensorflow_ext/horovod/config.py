@@ -3,7 +3,9 @@ variable) and the compressors they name. `allreduce` reduces by them; nothing he
 
 The environment overrides the arguments: `TF_EXT_HVD_COMPRESSION` (none, fp16, bf16, auto), `TF_EXT_HVD_HIERARCHICAL`
 (0/1), `TF_EXT_HVD_NODE_SIZE`, `TF_EXT_HVD_TOPK_RATIO` (a number in (0, 1], or "none"),
-`TF_EXT_HVD_TOPK_MIN_ELEMENTS`, `TF_EXT_HVD_TOPK_WARMUP_STEPS`, `TF_EXT_HVD_FUSION_BYTES`.
+`TF_EXT_HVD_TOPK_MIN_ELEMENTS`, `TF_EXT_HVD_TOPK_WARMUP_STEPS`, `TF_EXT_HVD_TOPK_MOMENTUM`,
+`TF_EXT_HVD_TOPK_CLIP_NORM`, `TF_EXT_HVD_TOPK_RATIO_WARMUP_STEPS`, `TF_EXT_HVD_TOPK_FLUSH_STEPS`,
+`TF_EXT_HVD_FUSION_BYTES`.
 """
 
 import os
@@ -135,6 +137,10 @@ class Config(object):
       topk_ratio: float in (0, 1] or None.
       topk_min_elements: int.
       topk_warmup_steps: int.
+      topk_momentum: float in [0, 1): Top-K's momentum correction (0: off).
+      topk_clip_norm: float > 0 or None: Top-K's local gradient clipping (global norm, divided by sqrt(ranks)).
+      topk_ratio_warmup_steps: int: steps over which Top-K's ratio falls from 25% to topk_ratio (0: off).
+      topk_flush_steps: int: every this many steps Top-K is dense and clears the residuals (0: never).
       fusion_bytes: int.
       explicit_compression: True when our compression was asked for (argument of ours, or the environment).
     """
@@ -147,6 +153,10 @@ class Config(object):
         self.topk_ratio = None
         self.topk_min_elements = DEFAULT_TOPK_MIN_ELEMENTS
         self.topk_warmup_steps = 0
+        self.topk_momentum = 0.0
+        self.topk_clip_norm = None
+        self.topk_ratio_warmup_steps = 0
+        self.topk_flush_steps = 0
         self.fusion_bytes = DEFAULT_FUSION_BYTES
         self.explicit_compression = False
 
@@ -197,6 +207,39 @@ def parse_int(name, value, minimum):
     return out
 
 
+def _parse_float(name, value, low, high, what):
+    """A float in [low, high) (high None: no bound), or None for None / "none" / "off" where None is allowed."""
+    text = str(value).strip().lower() if isinstance(value, str) else None
+    if text in ("none", "off"):
+        value = None
+    if value is None:
+        return None
+    try:
+        out = float(value) if not isinstance(value, bool) else float("nan")
+    except (TypeError, ValueError):
+        out = float("nan")
+    if not (out >= low and (high is None or out < high)):
+        raise ValueError("%s must be %s, got %r" % (name, what, value))
+    return out
+
+
+def _topk_settings(c, momentum, clip_norm, ratio_warmup_steps, flush_steps):
+    """Top-K's Deep Gradient Compression settings (`topk`) into Config `c`, each overridden by its variable."""
+    env = env_value("TOPK_MOMENTUM")
+    name = ENV_PREFIX + "TOPK_MOMENTUM" if env is not None else "topk_momentum"
+    value = _parse_float(name, env if env is not None else momentum, 0.0, 1.0, "a number in [0, 1)")
+    c.topk_momentum = 0.0 if value is None else value
+    env = env_value("TOPK_CLIP_NORM")
+    name = ENV_PREFIX + "TOPK_CLIP_NORM" if env is not None else "topk_clip_norm"
+    c.topk_clip_norm = _parse_float(name, env if env is not None else clip_norm, 0.0, None, "a number > 0 or None")
+    if c.topk_clip_norm == 0.0:
+        raise ValueError("%s must be a number > 0 or None, got %r" % (name, env if env is not None else clip_norm))
+    for attr, arg in (("ratio_warmup_steps", ratio_warmup_steps), ("flush_steps", flush_steps)):
+        env = env_value("TOPK_" + attr.upper())
+        name = ENV_PREFIX + "TOPK_" + attr.upper() if env is not None else "topk_" + attr
+        setattr(c, "topk_" + attr, parse_int(name, env if env is not None else arg, 0))
+
+
 def parse_ratio(name, value):
     if value is None:
         return None
@@ -226,6 +269,10 @@ def resolve_config(
     topk_min_elements=DEFAULT_TOPK_MIN_ELEMENTS,
     topk_warmup_steps=0,
     fusion_bytes=DEFAULT_FUSION_BYTES,
+    topk_momentum=0.0,
+    topk_clip_norm=None,
+    topk_ratio_warmup_steps=0,
+    topk_flush_steps=0,
 ):
     """The settings from `DistributedOptimizer`'s arguments, each overridden by its `TF_EXT_HVD_*` variable.
 
@@ -238,6 +285,8 @@ def resolve_config(
       topk_min_elements: gradients with fewer entries are reduced densely.
       topk_warmup_steps: dense steps before Top-K starts (needs the global step).
       fusion_bytes: the largest fused buffer in bytes (0: one buffer per gradient).
+      topk_momentum, topk_clip_norm, topk_ratio_warmup_steps, topk_flush_steps: Top-K's momentum correction,
+        local gradient clipping, ratio warm-up and dense flushes (`tensorflow_ext.horovod.topk`); off by default.
 
     Returns:
       A `Config`.
@@ -297,6 +346,7 @@ def resolve_config(
         env if env is not None else topk_warmup_steps,
         0,
     )
+    _topk_settings(c, topk_momentum, topk_clip_norm, topk_ratio_warmup_steps, topk_flush_steps)
     env = env_value("FUSION_BYTES")
     c.fusion_bytes = parse_int(
         ENV_PREFIX + "FUSION_BYTES" if env is not None else "fusion_bytes",

@@ -174,8 +174,14 @@ class _DistributedOptimizer(tf.compat.v1.train.Optimizer):
                     self._auto_choices = auto_compression.reduce(reducer, [out[i] for i in fast], declared)
                     reduced = self._auto_choices.reduced
                 else:
+                    # Top-K keeps its state on a step that a mixed-precision optimizer skips (any gradient or the
+                    # loss not finite).
+                    others = [g for i, (g, _) in enumerate(out) if g is not None and i not in set(fast)]
+                    loss = args[0] if args else kwargs.get("loss")
                     reduced = reducer.reduce(
-                        [out[i] for i in fast], global_step=tf.compat.v1.train.get_global_step(out[fast[0]][1].graph)
+                        [out[i] for i in fast],
+                        global_step=tf.compat.v1.train.get_global_step(out[fast[0]][1].graph),
+                        also_finite=others + ([loss] if isinstance(loss, tf.Tensor) else []),
                     )
                 for i, grad in zip(fast, reduced):
                     out[i] = (grad, out[i][1])
@@ -216,6 +222,10 @@ class _DistributedOptimizer(tf.compat.v1.train.Optimizer):
                 "topk_ratio",
                 "topk_min_elements",
                 "topk_warmup_steps",
+                "topk_momentum",
+                "topk_clip_norm",
+                "topk_ratio_warmup_steps",
+                "topk_flush_steps",
                 "fusion_bytes",
             )
         ]
@@ -254,6 +264,10 @@ def DistributedOptimizer(
     topk_min_elements=allreduce_lib.DEFAULT_TOPK_MIN_ELEMENTS,
     topk_warmup_steps=0,
     fusion_bytes=allreduce_lib.DEFAULT_FUSION_BYTES,
+    topk_momentum=0.0,
+    topk_clip_norm=None,
+    topk_ratio_warmup_steps=0,
+    topk_flush_steps=0,
 ):
     """Horovod's `DistributedOptimizer` (same signature) for models with dynamic embeddings, plus faster dense
     allreduce methods (`tensorflow_ext.horovod.allreduce`; docs/distributed.md, "Faster allreduce").
@@ -288,6 +302,14 @@ def DistributedOptimizer(
       topk_min_elements: gradients with fewer entries are reduced densely (default 1024).
       topk_warmup_steps: dense steps before Top-K starts (needs the global step).
       fusion_bytes: largest fused buffer of the accelerated paths, in bytes (default 64 MiB; 0: no fusion).
+      topk_momentum: Top-K's momentum correction factor in [0, 1) (default 0: off); the wrapped optimizer must
+        then be plain SGD (`tensorflow_ext.horovod.topk`). `TF_EXT_HVD_TOPK_MOMENTUM`.
+      topk_clip_norm: Top-K's local gradient clipping: each rank clips its Top-K gradients to the global norm
+        topk_clip_norm / sqrt(ranks) (default None: off). `TF_EXT_HVD_TOPK_CLIP_NORM`.
+      topk_ratio_warmup_steps: after the dense warm-up, Top-K's ratio falls from 25% to topk_ratio over this many
+        steps (default 0: off). `TF_EXT_HVD_TOPK_RATIO_WARMUP_STEPS`.
+      topk_flush_steps: every this many steps Top-K sends every rank's whole residual densely (default 0: never).
+        `TF_EXT_HVD_TOPK_FLUSH_STEPS`.
 
     Returns:
       An optimizer.
@@ -323,6 +345,10 @@ def DistributedOptimizer(
         topk_min_elements=topk_min_elements,
         topk_warmup_steps=topk_warmup_steps,
         fusion_bytes=fusion_bytes,
+        topk_momentum=topk_momentum,
+        topk_clip_norm=topk_clip_norm,
+        topk_ratio_warmup_steps=topk_ratio_warmup_steps,
+        topk_flush_steps=topk_flush_steps,
     )
     return _DistributedOptimizer(
         optimizer,

@@ -62,6 +62,12 @@ SERVE_DTYPES = VALUE_DTYPES + ("int8",)
 # The flags of live serving (--serve_live): given without it, they are refused.
 _LIVE_FLAGS = ("update_secs", "live_eval_secs", "live_eval_batches", "updates_dir", "poll_secs")
 
+# --compression: DistributedOptimizer's names (tensorflow_ext.horovod.Compression).
+COMPRESSIONS = ("none", "fp16", "bf16", "auto")
+
+# How --distributed reduces the dense gradients: given without it, they are refused.
+_ALLREDUCE_FLAGS = ("compression", "topk_ratio", "node_size")
+
 # Flags that count things: each must be >= 1 when given.
 _POSITIVE_FLAGS = (
     "batch_size",
@@ -77,6 +83,8 @@ _POSITIVE_FLAGS = (
     "evict_every",
     "static_buckets",
     "live_eval_batches",
+    "node_size",
+    "untimed_steps",
 )
 
 
@@ -321,12 +329,46 @@ def _add_run_flags(p):
         help="train under horovodrun: model_parallel (each rank holds 1/N of every table's keys) or data_parallel "
         "(each rank holds full replicas). --batch_size is per rank.",
     )
+    _add_allreduce_flags(p)
+    p.add_argument(
+        "--untimed_steps",
+        type=int,
+        default=1,
+        help="the first N training steps are left out of steps/s and examples/s (graph warm-up; under "
+        "--distributed also the first collectives and compression='auto''s measurement). Default 1.",
+    )
     p.add_argument(
         "--export_dir",
         default=None,
         help="where the serving SavedModel goes (default: <model_dir>/export; a timestamped directory inside).",
     )
     p.add_argument("--no_export", action="store_true", help="skip the SavedModel export.")
+
+
+def _add_allreduce_flags(p):
+    """How --distributed reduces the dense gradients (tensorflow_ext.horovod.DistributedOptimizer's arguments)."""
+    p.add_argument(
+        "--compression",
+        choices=COMPRESSIONS,
+        default=None,
+        help="with --distributed: the dense gradients' wire format: none (float32), fp16, bf16, or auto (per fused "
+        "buffer the fastest of these, and of Top-K with --topk_ratio, measured before the first step). Default: "
+        "the library's (none, or TF_EXT_HVD_COMPRESSION).",
+    )
+    p.add_argument(
+        "--topk_ratio",
+        type=float,
+        default=None,
+        help="with --distributed: Top-K: each rank sends this fraction (0 < r <= 1) of each dense gradient's "
+        "largest entries and keeps the rest as a residual for the next steps. Default: off.",
+    )
+    p.add_argument(
+        "--node_size",
+        type=int,
+        default=None,
+        help="with --distributed: 2D allreduce: reduce inside each node of N ranks first, then across nodes "
+        "(N divides the number of ranks; not with --compression auto). Default: off.",
+    )
 
 
 def _add_lifecycle_flags(p):
@@ -495,6 +537,20 @@ def _check(p, args):
         p.error("--quiet and --verbose exclude each other")
     _check_storage(p, args)
     _check_live(p, args)
+    _check_allreduce(p, args)
+
+
+def _check_allreduce(p, args):
+    """Refuses the dense gradients' reduction flags without --distributed, and values the library would refuse."""
+    if not args.distributed:
+        given = ["--" + name for name in _ALLREDUCE_FLAGS if getattr(args, name) is not None]
+        if given:
+            p.error("%s describe how --distributed reduces gradients: give --distributed too" % ", ".join(given))
+        return
+    if args.topk_ratio is not None and not 0.0 < args.topk_ratio <= 1.0:
+        p.error("--topk_ratio must be in (0, 1], got %r" % args.topk_ratio)
+    if args.compression == "auto" and args.node_size:
+        p.error("--compression auto chooses among the flat reductions: not with --node_size (2D)")
 
 
 def _check_live(p, args):

@@ -277,7 +277,9 @@ def _optimizer(params):
     else:
         opt = tf.compat.v1.train.RMSPropOptimizer(lr)
     if params.get("distributed"):
-        opt = _horovod_module().DistributedOptimizer(opt)
+        # How the dense gradients are reduced (--compression, --topk_ratio, --node_size): only those given, so the
+        # library's defaults and its TF_EXT_HVD_* overrides hold otherwise.
+        opt = _horovod_module().DistributedOptimizer(opt, **params.get("allreduce", {}))
     return opt
 
 
@@ -285,7 +287,8 @@ def _train_spec(mode, loss, labels, probs, logits, total_keys, params, prefetch=
     """The training spec: the optimizer's step (with the prefetch of the next batch's rows beside it, when tiered
     tables have one), the summaries, and the progress hook."""
     global_step = tf.compat.v1.train.get_or_create_global_step()
-    train_op = _optimizer(params).minimize(loss, global_step=global_step)
+    optimizer = _optimizer(params)
+    train_op = optimizer.minimize(loss, global_step=global_step)
     if prefetch is not None:
         # No dependency between the two: the next batch's disk reads overlap this step's work.
         train_op = tf.group(train_op, prefetch, name="train_and_prefetch")
@@ -305,5 +308,8 @@ def _train_spec(mode, loss, labels, probs, logits, total_keys, params, prefetch=
         params.get("progress", True),
         "on rank 0" if params.get("distributed") == "model_parallel" else "",
         tier_stats=tiers.stats_tensor(),
+        untimed_steps=params.get("untimed_steps", 1),
     )
+    # compression="auto" chose per fused buffer while the graph was built (None for the other reductions).
+    hook.compression_choices = getattr(optimizer, "compression_choices", None)
     return tf.estimator.EstimatorSpec(mode, loss=loss, train_op=train_op, training_hooks=[hook])

@@ -1,6 +1,6 @@
 """The CTR example's training progress: a session hook that prints and keeps the run's throughput and loss.
 
-Throughput is measured from the first step on (the first step warms the graph up and is not counted); the
+Throughput is measured after the first ``untimed_steps`` steps (default 1: the first step warms the graph up); the
 hook also keeps the tables' final key count and bytes for the run's summary. With tiered tables each progress line
 also says what the tiers hold and did over the logging period: memory and disk MiB, the hit rate (keys found in
 memory), cold reads per step (keys read back from disk), demotions per second (keys moved to disk) and the keys
@@ -35,6 +35,7 @@ class ProgressHook(tf.compat.v1.train.SessionRunHook):
         show=True,
         tables_where="",
         tier_stats=None,
+        untimed_steps=1,
     ):
         self._loss = loss
         self._tier_stats = tier_stats  # int64 [10] of every tiered table, summed (tiers.stats_tensor), or None
@@ -47,6 +48,8 @@ class ProgressHook(tf.compat.v1.train.SessionRunHook):
         self._every = max(1, int(every_n))
         self._batch = batch_size
         self._where = (" " + tables_where) if tables_where else ""
+        self._untimed = max(1, int(untimed_steps))  # steps before the throughput's clock starts
+        self.compression_choices = None  # set by the model under --distributed --compression auto
         self.steps = 0
         self.losses = []
         self.first_step_time = None
@@ -78,12 +81,12 @@ class ProgressHook(tf.compat.v1.train.SessionRunHook):
         self.steps += 1
         self.losses.append(float(r["loss"]))
         self.final_step = int(r["step"]) + 1
-        if self.first_step_time is None:
-            # Throughput is measured after the first step (graph warm-up).
+        if self.first_step_time is None and self.steps >= self._untimed:
+            # Throughput is measured after the untimed steps (graph warm-up).
             self.first_step_time = now
             self._window_start = now
             self._window_steps = 0
-        else:
+        elif self._window_start is not None:
             self._window_steps += 1
         self.last_time = now
         tier_stats = tiers.stats_dict(r["tier_stats"]) if "tier_stats" in r else None
@@ -102,7 +105,7 @@ class ProgressHook(tf.compat.v1.train.SessionRunHook):
 
     def _log_window(self, now, tier_stats=None):
         """The progress line of the logging period that ends now."""
-        dt = now - self._window_start
+        dt = now - self._window_start if self._window_start is not None else 0.0  # None: still untimed
         rate = self._window_steps / dt if dt > 0 else float("nan")
         if not self._show:
             return
@@ -158,7 +161,7 @@ class ProgressHook(tf.compat.v1.train.SessionRunHook):
             self.final_tier_stats = tiers.stats_dict(session.run(self._tier_stats))
 
     def steps_per_sec(self):
-        """Steps per second over the run, excluding the first step (None if < 2 steps)."""
-        if self.steps < 2 or self.last_time is None or self.last_time <= self.first_step_time:
+        """Steps per second over the run, excluding the untimed steps (None without a timed step)."""
+        if self.first_step_time is None or self.last_time <= self.first_step_time:
             return None
-        return (self.steps - 1) / (self.last_time - self.first_step_time)
+        return (self.steps - self._untimed) / (self.last_time - self.first_step_time)

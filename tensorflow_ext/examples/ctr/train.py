@@ -121,7 +121,8 @@ def _start(args):
         # Here, not at the top: plain runs never import Horovod.
         import tensorflow_ext.horovod as hvd  # pylint: disable=g-import-not-at-top
 
-        hvd.init()
+        # The 2D allreduce's process sets are registered at init (Horovod's Gloo backend makes them there).
+        hvd.init(node_size=args.node_size)
         rank, num_ranks = hvd.rank(), hvd.size()
     if rank == 0:
         if args.fresh and os.path.isdir(args.model_dir):
@@ -184,9 +185,29 @@ def _model_params(args, job):
         disk_budget=args.disk_budget,
         tier_path=job.tier_path,
         tier_policy=args.tier_policy,
+        allreduce=_allreduce_settings(args),
+        untimed_steps=args.untimed_steps,
         # The id space of each field: how much of the memory budget each table may need (tiers.storages).
         cardinalities=job.stream.cardinalities if job.stream is not None else synthetic.CRITEO_CARDINALITIES,
     )
+
+
+def _allreduce_settings(args):
+    """DistributedOptimizer's arguments for the dense gradients' reduction: only the flags given (the library's
+    defaults and TF_EXT_HVD_* overrides hold for the others)."""
+    settings = {}
+    for name in ("compression", "topk_ratio", "node_size"):
+        if getattr(args, name) is not None:
+            settings[name] = getattr(args, name)
+    return settings
+
+
+def _allreduce_details(args):
+    """The announce line's details of the dense gradients' reduction ("" when none is chosen)."""
+    settings = _allreduce_settings(args)
+    if not settings:
+        return ""
+    return ", dense gradients: %s" % " ".join("%s=%s" % kv for kv in sorted(settings.items()))
 
 
 def _run_config(args, job):
@@ -222,7 +243,11 @@ def _announce(args, job):
         "%s on %s%s, %s steps from global step %d (batch %d, dim %d, %s lr %g, %s rows%s%s), model_dir %s",
         args.model,
         job.source,
-        " (%s, %d ranks; batch per rank)" % (args.distributed, job.num_ranks) if job.hvd else "",
+        (
+            " (%s, %d ranks; batch per rank%s)" % (args.distributed, job.num_ranks, _allreduce_details(args))
+            if job.hvd
+            else ""
+        ),
         args.steps if args.steps is not None else "all",
         job.start_step,
         args.batch_size,
@@ -348,8 +373,13 @@ def _summary(args, job, metrics, hook, train_seconds, eval_seconds):
         "batch_size": args.batch_size,
         "steps_per_sec": round(steps_per_sec, 2) if steps_per_sec else None,
         "examples_per_sec": round(steps_per_sec * args.batch_size * job.num_ranks) if steps_per_sec else None,
+        "untimed_steps": args.untimed_steps,
         "ranks": job.num_ranks,
         "distributed": args.distributed,
+        "compression": args.compression,
+        "topk_ratio": args.topk_ratio,
+        "node_size": args.node_size,
+        "compression_choices": hook.compression_choices if hook else None,
         "total_keys": int(metrics.get("table_keys/total", 0)),
         "table_sizes": table_sizes,
         "label_mean": round(float(metrics["label_mean"]), 4),

@@ -60,6 +60,7 @@ def test_ctr_command_per_method(tools):
     flags = dict(zip(plain[4:], plain[5:]))
     assert flags["--model_dir"] == "/m" and flags["--steps"] == "30" and flags["--untimed_steps"] == "10"
     assert flags["--batch_size"] == "512" and flags["--seed"] == "0" and "--fresh" in plain
+    assert flags["--log_every"] == "10"  # the summary's loss: the mean of the last 10 steps
     assert "--compression" not in plain and "--topk_ratio" not in plain
     # Each method adds only its own flags to the same job.
     assert bench.ctr_argv(a, "topk1_fp16", "/m")[len(plain) :] == ["--topk_ratio", "0.01", "--compression", "fp16"]

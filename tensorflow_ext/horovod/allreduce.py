@@ -43,6 +43,7 @@ import tensorflow as tf
 from tensorflow_ext.horovod import _hvd
 from tensorflow_ext.horovod import compression_ops
 from tensorflow_ext.horovod import consistency
+from tensorflow_ext.horovod import shm_allreduce
 from tensorflow_ext.horovod import topk as topk_lib
 from tensorflow_ext.horovod.config import DEFAULT_FUSION_BYTES  # noqa: F401 (re-exported)
 from tensorflow_ext.horovod.config import DEFAULT_TOPK_MIN_ELEMENTS  # noqa: F401 (re-exported)
@@ -428,7 +429,9 @@ class DenseReducer(object):
         reducer = self._reducer if wire16 == self._wire16 else _Reducer(self._name, wire16)
         packed = consistency.gate(compression_ops.pack(like, wire16, self._pre, multiple))
         if self._node_ps is not None:
-            summed = reducer.hierarchical(packed, self._node_ps, self._cross_ps, name, as_bytes)
+            summed = shm_allreduce.hierarchical(
+                self._config, reducer, packed, self._node_ps, self._cross_ps, name, as_bytes
+            )
         else:
             summed = reducer.allreduce(packed, self._ps, name, as_bytes)
         return compression_ops.unpack(summed, wire16, like, self._post)

@@ -5,7 +5,8 @@ The environment overrides the arguments: `TF_EXT_HVD_COMPRESSION` (none, fp16, b
 (0/1), `TF_EXT_HVD_NODE_SIZE`, `TF_EXT_HVD_TOPK_RATIO` (a number in (0, 1], or "none"),
 `TF_EXT_HVD_TOPK_MIN_ELEMENTS`, `TF_EXT_HVD_TOPK_WARMUP_STEPS`, `TF_EXT_HVD_TOPK_MOMENTUM`,
 `TF_EXT_HVD_TOPK_CLIP_NORM`, `TF_EXT_HVD_TOPK_RATIO_WARMUP_STEPS`, `TF_EXT_HVD_TOPK_FLUSH_STEPS`,
-`TF_EXT_HVD_FUSION_BYTES`.
+`TF_EXT_HVD_FUSION_BYTES`, `TF_EXT_HVD_INTRA_NODE`
+(auto, shm, gloo: the 2D allreduce's stages inside a node), `TF_EXT_HVD_SHM_TIMEOUT_S`.
 """
 
 import os
@@ -21,9 +22,11 @@ __all__ = [
     "Compression",
     "Config",
     "DEFAULT_FUSION_BYTES",
+    "DEFAULT_SHM_TIMEOUT_S",
     "DEFAULT_TOPK_MIN_ELEMENTS",
     "ENV_PREFIX",
     "FP16Compressor",
+    "INTRA_NODE_MODES",
     "NoneCompressor",
     "TOPK_RESIDUALS",
     "env_value",
@@ -34,6 +37,15 @@ __all__ = [
 
 DEFAULT_FUSION_BYTES = 64 << 20
 DEFAULT_TOPK_MIN_ELEMENTS = 1024
+
+# How the 2D allreduce reduces inside a node (`shm_allreduce`): "shm" through shared memory (the node's ranks share
+# a host), "gloo" with Horovod's collectives on the node's process set, "auto" shm where the node's ranks share a
+# host, else gloo.
+INTRA_NODE_MODES = ("auto", "shm", "gloo")
+
+# Seconds a rank waits at a shared-memory barrier for the other ranks of its node before the step fails naming the
+# missing ones: longer than any legitimate skew between a node's ranks (a checkpoint that one rank writes alone).
+DEFAULT_SHM_TIMEOUT_S = 600.0
 
 # Graph collection of the Top-K residual variables (per-rank state: saved and restored, never broadcast).
 TOPK_RESIDUALS = "tf_ext_topk_residuals"
@@ -143,6 +155,8 @@ class Config(object):
       topk_flush_steps: int: every this many steps Top-K is dense and clears the residuals (0: never).
       fusion_bytes: int.
       explicit_compression: True when our compression was asked for (argument of ours, or the environment).
+      intra_node: "auto", "shm" or "gloo" (the 2D allreduce's stages inside a node; see `shm_allreduce`).
+      shm_timeout_s: float, the longest wait at a shared-memory barrier (TF_EXT_HVD_SHM_TIMEOUT_S only).
     """
 
     def __init__(self):
@@ -159,6 +173,8 @@ class Config(object):
         self.topk_flush_steps = 0
         self.fusion_bytes = DEFAULT_FUSION_BYTES
         self.explicit_compression = False
+        self.intra_node = "auto"
+        self.shm_timeout_s = DEFAULT_SHM_TIMEOUT_S
 
     @property
     def accelerated(self):
@@ -168,7 +184,7 @@ class Config(object):
     def __repr__(self):
         return (
             "Config(compression=%s, hierarchical=%s, node_size=%s, topk_ratio=%s, topk_min_elements=%d, "
-            "topk_warmup_steps=%d, fusion_bytes=%d)"
+            "topk_warmup_steps=%d, fusion_bytes=%d, intra_node=%s)"
             % (
                 self.compression.name,
                 self.hierarchical,
@@ -177,6 +193,7 @@ class Config(object):
                 self.topk_min_elements,
                 self.topk_warmup_steps,
                 self.fusion_bytes,
+                self.intra_node,
             )
         )
 
@@ -205,6 +222,13 @@ def parse_int(name, value, minimum):
     if isinstance(value, bool) or out < minimum:
         raise ValueError("%s must be an integer >= %d, got %r" % (name, minimum, value))
     return out
+
+
+def _parse_choice(name, value, choices):
+    text = str(value).strip().lower() if isinstance(value, str) else None
+    if text not in choices:
+        raise ValueError("%s must be one of %s, got %r" % (name, ", ".join(choices), value))
+    return text
 
 
 def _parse_float(name, value, low, high, what):
@@ -273,6 +297,7 @@ def resolve_config(
     topk_clip_norm=None,
     topk_ratio_warmup_steps=0,
     topk_flush_steps=0,
+    intra_node="auto",
 ):
     """The settings from `DistributedOptimizer`'s arguments, each overridden by its `TF_EXT_HVD_*` variable.
 
@@ -287,6 +312,9 @@ def resolve_config(
       fusion_bytes: the largest fused buffer in bytes (0: one buffer per gradient).
       topk_momentum, topk_clip_norm, topk_ratio_warmup_steps, topk_flush_steps: Top-K's momentum correction,
         local gradient clipping, ratio warm-up and dense flushes (`tensorflow_ext.horovod.topk`); off by default.
+      intra_node: how the 2D allreduce reduces inside a node: "auto" (shared memory where the node's ranks share a
+        host, else Horovod's collectives), "shm" (shared memory; an error where the node's ranks do not share a
+        host) or "gloo" (Horovod's collectives on the node's process set).
 
     Returns:
       A `Config`.
@@ -353,6 +381,20 @@ def resolve_config(
         env if env is not None else fusion_bytes,
         0,
     )
+    env = env_value("INTRA_NODE")
+    c.intra_node = _parse_choice(
+        ENV_PREFIX + "INTRA_NODE" if env is not None else "intra_node",
+        env if env is not None else intra_node,
+        INTRA_NODE_MODES,
+    )
+    env = env_value("SHM_TIMEOUT_S")
+    if env is not None:
+        try:
+            c.shm_timeout_s = float(env)
+        except ValueError:
+            c.shm_timeout_s = float("nan")
+        if not c.shm_timeout_s > 0:
+            raise ValueError("%sSHM_TIMEOUT_S must be a number of seconds > 0, got %r" % (ENV_PREFIX, env))
     if c.explicit_compression or c.hierarchical or c.topk_ratio is not None:
         if c.horovod_compression is not None and _compressor(c.horovod_compression) is None:
             raise ValueError(

@@ -227,6 +227,7 @@ class _DistributedOptimizer(tf.compat.v1.train.Optimizer):
                 "topk_ratio_warmup_steps",
                 "topk_flush_steps",
                 "fusion_bytes",
+                "intra_node",
             )
         ]
 
@@ -268,6 +269,7 @@ def DistributedOptimizer(
     topk_clip_norm=None,
     topk_ratio_warmup_steps=0,
     topk_flush_steps=0,
+    intra_node="auto",
 ):
     """Horovod's `DistributedOptimizer` (same signature) for models with dynamic embeddings, plus faster dense
     allreduce methods (`tensorflow_ext.horovod.allreduce`; docs/distributed.md, "Faster allreduce").
@@ -275,7 +277,7 @@ def DistributedOptimizer(
     With the defaults the dense gradients go through Horovod's allreduce exactly as in Horovod. Each of the
     arguments after `process_set` is overridden by its environment variable (`TF_EXT_HVD_COMPRESSION`,
     `TF_EXT_HVD_HIERARCHICAL`, `TF_EXT_HVD_NODE_SIZE`, `TF_EXT_HVD_TOPK_RATIO`, `TF_EXT_HVD_TOPK_MIN_ELEMENTS`,
-    `TF_EXT_HVD_TOPK_WARMUP_STEPS`, `TF_EXT_HVD_FUSION_BYTES`), and so is `compression`.
+    `TF_EXT_HVD_TOPK_WARMUP_STEPS`, `TF_EXT_HVD_FUSION_BYTES`, `TF_EXT_HVD_INTRA_NODE`), and so is `compression`.
 
     Args:
       optimizer: a `tf.compat.v1.train` optimizer.
@@ -310,6 +312,8 @@ def DistributedOptimizer(
         steps (default 0: off). `TF_EXT_HVD_TOPK_RATIO_WARMUP_STEPS`.
       topk_flush_steps: every this many steps Top-K sends every rank's whole residual densely (default 0: never).
         `TF_EXT_HVD_TOPK_FLUSH_STEPS`.
+      intra_node: the 2D allreduce's stages inside a node: "auto" (default: through shared memory where the
+        node's ranks share a host, else Horovod's collectives), "shm" or "gloo" (`shm_allreduce`).
 
     Returns:
       An optimizer.
@@ -349,6 +353,7 @@ def DistributedOptimizer(
         topk_clip_norm=topk_clip_norm,
         topk_ratio_warmup_steps=topk_ratio_warmup_steps,
         topk_flush_steps=topk_flush_steps,
+        intra_node=intra_node,
     )
     return _DistributedOptimizer(
         optimizer,

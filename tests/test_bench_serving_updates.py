@@ -47,3 +47,6 @@ def test_bench_serving_updates_tiny(tmp_path):
     assert apply["live"]["keys"] == apply["plain"]["keys"] == writes[1]["keys"]
     assert apply["live"]["max_abs_diff_live_vs_plain"] <= 1e-6, apply
     assert all(run["mkeys_per_s"] > 0 for run in apply.values())
+    assert all(run["rss_peak"] >= run["rss_before"] > 0 for run in apply.values()), apply
+    # The live model's counters are read around its applies (the plain form has none).
+    assert apply["live"]["live_after"] and apply["plain"]["live_after"] is None, apply

@@ -284,13 +284,15 @@ def _serve(args):
             latencies[c].append((t0, time.time() - t0))
             i += 1
 
-    visible = {}
+    visible, apply_seconds = {}, {}
 
     def watch():
         for v in versions:
             if not follower.wait_for_version(v, timeout=args.seconds + 120):
                 return  # not applied (the JSON's stats say why): no freshness for it
             visible[v] = time.time()
+            # Read as the version appears (the next update comes seconds later): this apply's duration.
+            apply_seconds[v] = follower.stats["last_apply_seconds"]
 
     watcher = threading.Thread(target=watch, daemon=True)
     watcher.start()
@@ -314,6 +316,7 @@ def _serve(args):
         rss=samples,
         latencies=[x for per_client in latencies for x in per_client],
         visible={str(v): t for v, t in visible.items()},
+        apply_seconds={str(v): t for v, t in apply_seconds.items()},
         version=follower.version,
         stats={k: v for k, v in dict(follower.stats).items() if isinstance(v, (int, float, str, type(None)))},
         load_end=_load(),
@@ -400,11 +403,20 @@ def _apply(args):
     sess = tf.compat.v1.Session(graph=graph)
     with graph.as_default():
         meta = tf.compat.v1.saved_model.loader.load(sess, ["serve"], args.export)
+    stats = None
     if args.form == "plain":
         prefix, op = _plain_apply_op(tf, graph, update_format.read_manifest(chain[0])["layout"])
+    else:
+        from tensorflow_ext.serving import live_ops  # pylint: disable=import-outside-toplevel
+
+        with graph.as_default():
+            (handle,) = [o.outputs[0] for o in graph.get_operations() if o.type == "TfExtLiveModelHandle"]
+            stats = live_ops.stats(handle)
     for update_dir in chain:
         manifest = update_format.read_manifest(update_dir)
+        live_before = dict(zip(live_ops.STATS_FIELDS, sess.run(stats).tolist())) if stats is not None else None
         rss_before = _rss()
+        sampler = _RssSampler()
         t0 = time.perf_counter()
         if args.form == "live":
             version, applied = tf_ext.serving.apply_update(sess, update_dir)
@@ -412,6 +424,8 @@ def _apply(args):
         else:
             sess.run(op, {prefix: update_format.bundle_prefix(update_dir)})
         seconds = time.perf_counter() - t0
+        rss_peak = max([b for _, b in sampler.stop()] + [rss_before, _rss()])
+    live_after = dict(zip(live_ops.STATS_FIELDS, sess.run(stats).tolist())) if stats is not None else None
     # The same request to both forms after the same updates: the driver compares the answers.
     sig = meta.signature_def["serving_default"]
     feeds = _requests(args, _table_sizes(args.scale), 1)[0]
@@ -424,7 +438,10 @@ def _apply(args):
         keys=manifest["keys"],
         removed=manifest["removed"],
         rss_before=rss_before,
+        rss_peak=rss_peak,  # sampled every _RSS_EVERY_SECS during the timed apply
         rss_after=_rss(),
+        live_before=live_before,  # the live model's counters (live_ops.STATS_FIELDS) before and after it
+        live_after=live_after,
         load_end=_load(),
     )
     print(json.dumps(out), flush=True)
@@ -514,6 +531,16 @@ def _serve_figures(args, variant, r, publish, published, load_start):
                 dict(keys=u["keys"], removed=u["removed"], write_s=u["write_seconds"], publish_to_visible_s=seen,
                      freshness_s=u["write_seconds"] + seen)
             )  # fmt: skip
+    # The requests that overlapped an apply (from its start, visible time - its duration, to the visible time),
+    # and the others.
+    applies = [
+        (r["visible"][v] - r["apply_seconds"][v], r["visible"][v]) for v in r["visible"] if v in r["apply_seconds"]
+    ]
+    overlap, apart = [], []
+    for t, sec in r["latencies"]:
+        if window[0] <= t < window[1]:
+            hit = any(t < end and t + sec > begin for begin, end in applies)
+            (overlap if hit else apart).append(sec * 1e3)
     n = len(lat)
     return dict(
         variant=variant,
@@ -521,6 +548,10 @@ def _serve_figures(args, variant, r, publish, published, load_start):
         qps=n / (window[1] - window[0]) if n else 0.0,
         p50_ms=float(np.percentile(lat, 50)) if n else None,
         p99_ms=float(np.percentile(lat, 99)) if n else None,
+        apply_seconds=sorted(r["apply_seconds"].values()),
+        requests_during_applies=len(overlap),
+        p99_during_applies_ms=float(np.percentile(overlap, 99)) if overlap else None,
+        p99_apart_ms=float(np.percentile(apart, 99)) if apart else None,
         rss_start=r["rss_start"],  # before the model was loaded: the process's own (TensorFlow's) memory
         rss_steady=float(np.median(steady)) if steady else None,
         rss_max=float(max(during)) if during else None,
@@ -584,6 +615,17 @@ def _report(result):
                 _ratio(run["rss_max"], run["rss_steady"], run["rss_start"]), (run["rss_end"] or 0) / 2**20,
                 fresh or "-", run["load_start"][0], run["load_end"][0])  # fmt: skip
         )
+        if run["requests_during_applies"]:
+            lines.append(
+                "    %d requests (%.0f%%) overlapped an apply: p99 %.2f ms; the others: p99 %.2f ms; applies took %s s"
+                % (
+                    run["requests_during_applies"],
+                    100.0 * run["requests_during_applies"] / max(run["requests"], 1),
+                    run["p99_during_applies_ms"],
+                    run["p99_apart_ms"],
+                    ", ".join("%.2f" % a for a in run["apply_seconds"]),
+                )
+            )
     for run in result["reload"]:
         lines.append(
             "reload: RSS steady %.1f MiB, max %.1f MiB (%s; the model's part %s), %.1f s"

@@ -24,6 +24,7 @@ import tensorflow as tf
 from tensorflow_ext.embedding.checkpoint import restore as restore_lib
 from tensorflow_ext.embedding.checkpoint import save as save_lib
 from tensorflow_ext.horovod import _hvd
+from tensorflow_ext.horovod import residual_checkpoint
 from tensorflow_ext.tf_compat import internals
 
 __all__ = ["ModelParallelShardSaveable", "gather_op", "model_parallel_saveables"]
@@ -122,20 +123,21 @@ def gather_op(graph=None):
       graph: a `tf.Graph` (default: the default graph). Build before the graph is finalized.
 
     Returns:
-      A tensor to fetch (the number of rows gathered), or None when the graph has no model-parallel embedding.
+      A tensor to fetch (the number of rows gathered), or None when the graph has no model-parallel embedding and
+      saves no per-rank Top-K residuals.
     """
     graph = graph or tf.compat.v1.get_default_graph()
     saveables = model_parallel_saveables(graph)
-    if not saveables:
+    # The Top-K residuals' gathers too, when the training hooks save them per rank (residual_checkpoint).
+    gathered = [t for s in saveables for t in s.gathered]
+    gathered += [s.gathered for s in residual_checkpoint.residual_saveables(graph)]
+    if not gathered:
         return None
     fetch, count = _gather_ops.get(graph, (None, 0))
-    if fetch is None or count != len(saveables):
+    if fetch is None or count != len(gathered):
         with graph.as_default(), tf.control_dependencies(None), tf.compat.v1.name_scope(None):
             # A data dependency on every gathered tensor: Horovod's ops are not stateful, and Grappler turns ops whose
             # outputs reach only control edges (a tf.group) into NoOps, which would skip this rank's part of the gather.
-            fetch = tf.add_n(
-                [tf.cast(tf.shape(t)[0], tf.int64) for s in saveables for t in s.gathered],
-                name="tf_ext_checkpoint_gather",
-            )
-        _gather_ops[graph] = (fetch, len(saveables))
+            fetch = tf.add_n([tf.cast(tf.shape(t)[0], tf.int64) for t in gathered], name="tf_ext_checkpoint_gather")
+        _gather_ops[graph] = (fetch, len(gathered))
     return fetch

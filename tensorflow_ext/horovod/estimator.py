@@ -16,7 +16,8 @@ What each piece does:
 * `training_hooks`: one hook per rank that, in order, (1) checks that all ranks built the same model and restored
   the same global step, (2) writes the first checkpoint on rank 0, (3) broadcasts the dense variables from rank 0,
   then (4) saves every `save_checkpoints_steps` (rank 0 writes; with model-parallel embeddings the other ranks take
-  part in the gather of the full table, `tensorflow_ext.horovod.checkpoint`), (5) stops every rank when some rank's
+  part in the gather of the full table, `tensorflow_ext.horovod.checkpoint`, and of each rank's Top-K residuals,
+  `tensorflow_ext.horovod.residual_checkpoint`), (5) stops every rank when some rank's
   input ends, and (6) writes the last checkpoint when training stops. Data-parallel tables need no broadcast: they
   start empty or restore from the same checkpoint, and every rank applies the same updates.
 * `export_saved_model`: rank 0 exports a SavedModel built as one process (`single_process`), holding every key.
@@ -29,6 +30,8 @@ from tensorflow_ext.horovod import checkpoint as ckpt_lib
 from tensorflow_ext.horovod import consistency
 from tensorflow_ext.horovod import embedding as hvd_embedding
 from tensorflow_ext.horovod import input as input_lib
+from tensorflow_ext.horovod import residual_checkpoint
+from tensorflow_ext.horovod.config import TOPK_RESIDUALS
 from tensorflow_ext.tf_compat import internals
 
 __all__ = ["export_saved_model", "run_config", "shard_input_fn", "training_hooks"]
@@ -144,13 +147,16 @@ def shard_input_fn(input_fn, shard=True):
 class _RankSync(object):
     """What every rank's hook does (the chief's hook also saves; see training_hooks)."""
 
-    def _sync_init(self, root_rank, save_steps, save_secs, writes):
+    def _sync_init(self, root_rank, save_steps, save_secs, writes, model_dir=None, retention=None):
         self._root_rank = root_rank
+        self._model_dir = model_dir
+        self._retention = retention or {}
         self._save_steps = save_steps
         self._save_secs = save_secs
         self._writes = writes
         self._check = self._steps = self._broadcast = self._gather = self._has_next = self._gs = None
         self._mirror_timer = None
+        self._save_saver = None
 
     def _sync_begin(self):
         hvd = _hvd.require_horovod()
@@ -164,7 +170,19 @@ class _RankSync(object):
                 % (self._save_secs, ", ".join(sorted({s.shard.embedding.name for s in saveables})))
             )
         self._gs = tf.compat.v1.train.get_global_step()
-        if saveables:
+        residuals = []
+        if self._save_steps and self._model_dir:
+            # Each rank's Top-K residuals in the checkpoint (gathered: collective like a model-parallel save).
+            savers = residual_checkpoint.install_saver(graph, self._model_dir, **self._retention)
+            residuals, self._save_saver = savers.saveables, savers.save_saver
+        elif self._save_secs and graph.get_collection(TOPK_RESIDUALS):
+            tf.compat.v1.logging.warning(
+                "tensorflow_ext.horovod: with save_checkpoints_secs=%r the checkpoints hold rank 0's Top-K residuals "
+                "(a time-based schedule saves at different steps on different ranks, so the ranks' residuals cannot "
+                "be gathered): on restart every rank resumes from them. Use save_checkpoints_steps to keep each "
+                "rank's own." % self._save_secs
+            )
+        if saveables or residuals:
             # Rank 0's saves of model-parallel embeddings are collectives that every rank joins on its own schedule:
             # ranks with different schedules would wait for each other at the first save (checked with the model).
             consistency.declare(
@@ -177,8 +195,12 @@ class _RankSync(object):
                 self._check = consistency.check_op(graph)
                 if self._gs is not None:
                     self._steps = hvd.allgather(tf.reshape(tf.cast(self._gs, tf.int64), [1]), name=STEP_AGREEMENT_NAME)
-            self._broadcast = hvd.broadcast_global_variables(self._root_rank)
-            if saveables and self._save_steps:
+            # Every global variable but the Top-K residuals, which are each rank's own (restored per rank).
+            rank_local = set(id(v) for v in graph.get_collection(TOPK_RESIDUALS))
+            self._broadcast = hvd.broadcast_variables(
+                [v for v in tf.compat.v1.global_variables() if id(v) not in rank_local], self._root_rank
+            )
+            if (saveables or residuals) and self._save_steps:
                 # Built now on every rank (before the graph is finalized) so rank 0's Saver and the others' gather
                 # use the same collectives.
                 self._gather = ckpt_lib.gather_op(graph)
@@ -240,8 +262,8 @@ class _RankSync(object):
 class _WorkerHook(_RankSync, tf.compat.v1.train.SessionRunHook):
     """The hook of a rank that does not write checkpoints."""
 
-    def __init__(self, root_rank, save_steps, save_secs):
-        self._sync_init(root_rank, save_steps, save_secs, writes=False)
+    def __init__(self, root_rank, save_steps, save_secs, model_dir=None, retention=None):
+        self._sync_init(root_rank, save_steps, save_secs, writes=False, model_dir=model_dir, retention=retention)
 
     def begin(self):
         self._sync_begin()
@@ -262,14 +284,41 @@ class _WorkerHook(_RankSync, tf.compat.v1.train.SessionRunHook):
         self._sync_end(session)
 
 
+class _SaverSource(object):
+    """What CheckpointSaverHook asks for its Saver (its `scaffold` argument is read only for `.saver`): the Saver
+    that `residual_checkpoint.install_saver` set aside for saving when there is one, else the graph's SAVERS Saver
+    (what the hook uses without a scaffold)."""
+
+    def __init__(self, save_saver):
+        self._save_saver = save_saver
+
+    @property
+    def saver(self):
+        saver = self._save_saver()
+        if saver is not None:
+            return saver
+        savers = tf.compat.v1.get_collection(tf.compat.v1.GraphKeys.SAVERS)
+        if len(savers) != 1:
+            raise RuntimeError(
+                "tensorflow_ext.horovod: rank 0's checkpoint hook needs exactly one Saver in the SAVERS collection, "
+                "found %d" % len(savers)
+            )
+        return savers[0]
+
+
 class _ChiefHook(_RankSync, tf.compat.v1.train.CheckpointSaverHook):
     """Rank 0's hook: a CheckpointSaverHook (so Estimator adds no other) that also synchronizes with the ranks."""
 
-    def __init__(self, model_dir, root_rank, save_steps, save_secs, listeners=None):
+    def __init__(self, model_dir, root_rank, save_steps, save_secs, listeners=None, retention=None):
         tf.compat.v1.train.CheckpointSaverHook.__init__(
-            self, model_dir, save_secs=save_secs, save_steps=save_steps, listeners=listeners
+            self,
+            model_dir,
+            save_secs=save_secs,
+            save_steps=save_steps,
+            listeners=listeners,
+            scaffold=_SaverSource(lambda: self._save_saver),
         )
-        self._sync_init(root_rank, save_steps, save_secs, writes=True)
+        self._sync_init(root_rank, save_steps, save_secs, writes=True, model_dir=model_dir, retention=retention)
 
     def begin(self):
         tf.compat.v1.train.CheckpointSaverHook.begin(self)
@@ -321,6 +370,7 @@ def training_hooks(config=None, model_dir=None, save_checkpoints_steps=None, sav
         RunConfig that writes checkpoints or summaries (not one of `run_config`).
     """
     rank, _ = _rank_and_size()
+    retention = None
     if config is not None:
         if model_dir is not None or save_checkpoints_steps is not None or save_checkpoints_secs is not None:
             raise ValueError("training_hooks: give config, or model_dir and the schedule, not both")
@@ -333,6 +383,10 @@ def training_hooks(config=None, model_dir=None, save_checkpoints_steps=None, sav
                 % (rank, config.save_checkpoints_steps, config.save_checkpoints_secs, config.save_summary_steps)
             )
         model_dir = config.model_dir
+        retention = dict(
+            keep_checkpoint_max=config.keep_checkpoint_max,
+            keep_checkpoint_every_n_hours=config.keep_checkpoint_every_n_hours,
+        )
         save_checkpoints_steps, save_checkpoints_secs = getattr(
             config, _SCHEDULE_ATTR, (config.save_checkpoints_steps, config.save_checkpoints_secs)
         )
@@ -344,8 +398,8 @@ def training_hooks(config=None, model_dir=None, save_checkpoints_steps=None, sav
     if not model_dir:
         save_checkpoints_steps = save_checkpoints_secs = None
     if rank == 0 and (save_checkpoints_steps or save_checkpoints_secs):
-        return [_ChiefHook(model_dir, root_rank, save_checkpoints_steps, save_checkpoints_secs)]
-    return [_WorkerHook(root_rank, save_checkpoints_steps, save_checkpoints_secs)]
+        return [_ChiefHook(model_dir, root_rank, save_checkpoints_steps, save_checkpoints_secs, retention=retention)]
+    return [_WorkerHook(root_rank, save_checkpoints_steps, save_checkpoints_secs, model_dir, retention)]
 
 
 def export_saved_model(estimator, export_dir_base, serving_input_receiver_fn, **kwargs):

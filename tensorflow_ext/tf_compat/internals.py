@@ -16,6 +16,7 @@ Contract:
 
 # pylint: disable=protected-access
 
+import tensorflow as tf
 from tensorflow.python.feature_column import feature_column as _feature_column_v1
 from tensorflow.python.feature_column import feature_column_v2 as _feature_column_v2
 from tensorflow.python.framework import ops
@@ -41,6 +42,7 @@ __all__ = [
     "checkpoint_filename",
     "control_flow_context",
     "control_flow_ops",
+    "default_saver_settings",
     "feature_column_scope_name",
     "function_utils",
     "lookup_ops",
@@ -130,6 +132,22 @@ def variable_store_has(name):
     get_dynamic_embedding refuses a name that a variable already has. The store is private (``_vars`` of
     ``variable_scope._get_default_variable_store()``); no public API lists its names without creating one."""
     return name in getattr(_variable_scope._get_default_variable_store(), "_vars", {})
+
+
+def default_saver_settings(saver):
+    """The retention settings of a TF1 Saver that saves the graph's default list and is not built yet (the Saver an
+    Estimator puts in SAVERS), as Saver keyword arguments; None for any other Saver. Reads its private
+    ``_var_list``, ``_is_built``, ``_sharded``, ``_max_to_keep`` and ``_keep_checkpoint_every_n_hours``: the
+    Horovod training hooks replace that Saver by one that saves each rank's Top-K residuals with the same
+    retention, and a Saver exposes neither its variable list nor its settings."""
+    if (
+        not isinstance(saver, tf.compat.v1.train.Saver)
+        or saver._var_list is not None
+        or saver._is_built
+        or not saver._sharded
+    ):
+        return None
+    return dict(max_to_keep=saver._max_to_keep, keep_checkpoint_every_n_hours=saver._keep_checkpoint_every_n_hours)
 
 
 def checkpoint_filename(ckpt_dir_or_file):

@@ -132,6 +132,8 @@ def dump_fetches():
         ex = emb.export(with_slots=True)
         out[emb.name + "_keys"], out[emb.name + "_values"], out[emb.name + "_slots"] = ex.keys, ex.values, ex.slots
     out["w"] = tf.compat.v1.get_collection(tf.compat.v1.GraphKeys.GLOBAL_VARIABLES, "w")[0]
+    for v in tf.compat.v1.get_collection("tf_ext_topk_residuals"):  # Top-K on (TF_EXT_HVD_TOPK_RATIO)
+        out["residual:" + v.op.name.replace("/", "|")] = v
     out["global_step"] = tf.compat.v1.train.get_global_step()
     return out
 
@@ -140,6 +142,11 @@ class DumpHook(tf.compat.v1.train.SessionRunHook):
 
     def begin(self):
         self._fetches = dump_fetches()
+
+    def after_create_session(self, session, coord):
+        # After training_hooks' (restore, agreement, broadcast): what this rank starts from.
+        if ARGS.out:
+            np.savez(os.path.join(ARGS.out, "rank%d_start.npz" % RANK), **session.run(self._fetches))
 
     def end(self, session):
         if ARGS.out:

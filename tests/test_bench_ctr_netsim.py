@@ -42,6 +42,7 @@ def test_default_methods_and_sizes(tools):
         (["netsim", "--steps", "5", "--untimed_steps", "5"], r"--untimed_steps \(5\) must be below --steps \(5\)"),
         (["netsim", "--methods", "gzip"], "invalid choice: 'gzip'"),
         (["netsim", "--per_node", "3"], "invalid choice: 3"),
+        (["netsim", "--rounds", "0"], "--rounds must be >= 1, got 0"),
     ],
 )
 def test_refused_arguments(tools, capsys, argv, message):
@@ -82,19 +83,40 @@ def _summary(eps, auc, loss):
 
 def test_results_and_table(tools):
     bench, _ = tools
+    mb = 1000000
     runs = [
-        bench.result("100mbit", "plain", _summary(1000, 0.71, 0.52), (3.0, 2.5, 2.0), (3.5, 2.6, 2.1), 30.04),
-        bench.result("100mbit", "fp16", _summary(1500, 0.7012, None), (3.5, 2.6, 2.1), (4.0, 2.7, 2.2), 25.0),
+        bench.result("100mbit", "plain", _summary(1000, 0.71, 0.52), (3.0, 2.5, 2), (3.5, 2.6, 2), 30.04, (60 * mb, 0)),
+        bench.result("100mbit", "fp16", _summary(1500, 0.70, None), (3.5, 2.6, 2), (4.0, 2.7, 2), 25.0, (0, 30 * mb)),
+        bench.result(
+            "100mbit", "plain", _summary(3000, 0.73, 0.50), (4.0, 2.7, 2), (5.0, 2.7, 2), 20.0, (6 * mb, 0), 1
+        ),
+        bench.result("100mbit", "plain", _summary(1200, 0.72, 0.51), (5.0, 2.7, 2), (6.0, 2.7, 2), 20.0, (0, 0), 2),
         bench.result("1gbit", "topk1", _summary(2000, 0.69, 0.5), (1.0, 1.0, 1.0), (1.0, 1.0, 1.0), 20.0),
     ]
-    assert runs[0]["examples"] == 60 * 512 * 2 and runs[0]["wall_s"] == 30.0
+    assert runs[0]["examples"] == 60 * 512 * 2 and runs[0]["wall_s"] == 30.0 and runs[2]["round"] == 1
+    assert (runs[0]["link_MB_sent"], runs[1]["link_MB_received"]) == (60.0, 30.0)
     lines = bench.table(runs).splitlines()
-    assert lines[0].split()[:4] == ["link", "method", "examples/s", "vs"]
-    assert lines[1].split()[:5] == ["100mbit", "plain", "1000", "1.00x", "0.7100"]
-    assert lines[2].split()[:7] == ["100mbit", "fp16", "1500", "1.50x", "0.7012", "0.5000", "-"]
-    assert "3.50/2.60" in lines[2] and "4.00/2.70" in lines[2]
+    assert lines[0].split()[:5] == ["link", "method", "examples/s", "range", "vs"]
+    # Plain's three rounds: the median examples/s, their range, the mean AUC and loss, the largest MB per step, the
+    # load from its first run's start to its last run's end, the summed wall time.
+    assert lines[1].split() == ["100mbit", "plain", "1200", "1000-3000", "1.00x", "0.7200", "0.5000", "0.5100",
+                                "1.000", "3.0->6.0", "70s"]  # fmt: skip
+    # One round: no range; the ratio is to plain's median.
+    assert lines[2].split() == ["100mbit", "fp16", "1500", "1.25x", "0.7000", "0.5000", "-", "0.500", "3.5->4.0", "25s"]
     # No plain run at that rate: no ratio.
     assert lines[3].split()[:4] == ["1gbit", "topk1", "2000", "-"]
+
+
+def test_methods_take_turns_across_rounds(tools):
+    bench, _ = tools
+    methods = ["plain", "fp16", "topk1"]
+    assert [bench.order(methods, i) for i in range(4)] == [
+        ["plain", "fp16", "topk1"],
+        ["fp16", "topk1", "plain"],
+        ["topk1", "plain", "fp16"],
+        ["plain", "fp16", "topk1"],
+    ]
+    assert bench.parse_args(["netsim", "--rounds", "3"]).rounds == 3
 
 
 def test_summary_is_the_last_json_line(tools):

@@ -18,12 +18,14 @@ examples. Methods (the example's flags):
 
 Per run: examples/s over the timed steps (the first `--untimed_steps` are warm-up: graph, first collectives and
 auto's measurement), the evaluation AUC and logloss, the training loss (rank 0, mean of the last 10 steps), the
-wall time and the load average (1 and 5 minutes) before and after. Only the dense gradients are compressed: the
-embedding rows' exchange (data_parallel: an allgather of the touched rows; model_parallel: alltoalls) is the same
-in every method.
+wall time, the bytes that crossed the link each way (the run's start included) and the load average (1 and 5
+minutes) before and after. With `--rounds R` every method runs R times per rate, in turns (the order rotates each
+round, as the machine's load drifts), and the table gives the median examples/s and the range. Only the dense
+gradients are compressed: the embedding rows' exchange (data_parallel: an allgather of the touched rows;
+model_parallel: alltoalls) is the same in every method.
 
     sudo flock /tmp/tfext_bench.lock .venv/bin/python tools/bench_ctr_netsim.py netsim \\
-        --rates 100mbit 1gbit --json /tmp/ctr_netsim.json
+        --rates 100mbit 1gbit --json /tmp/ctr_netsim.json                      # ~5 min on 2 loaded cores
     sudo .venv/bin/python tools/bench_ctr_netsim.py netsim --rates 1gbit --methods plain fp16 --quick  # smoke run
 """
 
@@ -66,6 +68,7 @@ def parse_args(argv=None):
     n.add_argument("--threads", type=int, default=1, help="the ranks' TensorFlow threads (default 1)")
     for k, v in SIZES.items():
         n.add_argument("--" + k, type=type(v), default=None, help="default %s (--quick: %s)" % (v, QUICK[k]))
+    n.add_argument("--rounds", type=int, default=1, help="runs of every method per rate, in turns (default 1)")
     n.add_argument("--quick", action="store_true", help="tiny sizes (a smoke run)")
     n.add_argument("--json", help="write the results here")
     d = sub.add_parser("driver", help="(inside the first namespace) the rendezvous server and the ranks of one run")
@@ -78,6 +81,8 @@ def parse_args(argv=None):
         for k, v in sizes.items():
             if getattr(args, k) is None:
                 setattr(args, k, v)
+        if args.rounds < 1:
+            p.error("--rounds must be >= 1, got %d" % args.rounds)
         if args.untimed_steps >= args.steps:
             p.error("--untimed_steps (%d) must be below --steps (%d)" % (args.untimed_steps, args.steps))
         if args.methods is None:
@@ -106,11 +111,20 @@ def summary_of(text):
     raise ValueError("no JSON summary in the output:\n%s" % text[-3000:])
 
 
-def result(rate, method, summary, load_start, load_end, wall_s):
-    """One run's entry of the results: what the table and the JSON report."""
+def order(methods, round_index):
+    """The methods' order in one round: rotated each round, so that no method always runs first (or after the same
+    one) while the machine's load drifts."""
+    k = round_index % len(methods)
+    return methods[k:] + methods[:k]
+
+
+def result(rate, method, summary, load_start, load_end, wall_s, link=(0, 0), round_index=0):
+    """One run's entry of the results: what the table and the JSON report. `link`: the bytes the first node's end
+    of the link sent and received during the run (its start and end included)."""
     return dict(
         rate=rate,
         method=method,
+        round=round_index,
         examples_per_sec=summary["examples_per_sec"],
         steps_per_sec=summary["steps_per_sec"],
         auc=summary["auc"],
@@ -120,36 +134,51 @@ def result(rate, method, summary, load_start, load_end, wall_s):
         steps=summary["steps"],
         examples=summary["steps"] * summary["batch_size"] * summary["ranks"],
         compression_choices=summary.get("compression_choices"),
+        link_MB_sent=round(link[0] / 1e6, 2),
+        link_MB_received=round(link[1] / 1e6, 2),
         load_start=[round(x, 2) for x in load_start],
         load_end=[round(x, 2) for x in load_end],
         wall_s=round(wall_s, 1),
     )
 
 
+def _median(values):
+    v = sorted(values)
+    return 0.5 * (v[(len(v) - 1) // 2] + v[len(v) // 2])
+
+
 def table(runs):
-    """The results as a text table: per rate, each method's examples/s (and its ratio to plain), AUC, losses."""
-    lines = []
-    head = "%-9s %-11s %11s %9s %7s %8s %7s %13s %13s %6s"
-    lines.append(head % ("link", "method", "examples/s", "vs plain", "AUC", "logloss", "loss", "load start", "load end",
-                         "wall"))  # fmt: skip
+    """The results as a text table, one row per rate and method: the median examples/s over its rounds (and their
+    range), its ratio to plain's median, the mean AUC, logloss and loss, the link's MB per step each way (the larger
+    direction; the run's start included), the 1-minute load average at the start of its first run and the end of
+    its last, the wall time."""
+    head = "%-8s %-11s %10s %13s %8s %7s %8s %7s %8s %11s %6s"
+    lines = [head % ("link", "method", "examples/s", "range", "vs plain", "AUC", "logloss", "loss", "MB/step", "load",
+                     "wall")]  # fmt: skip
     for rate in dict.fromkeys(r["rate"] for r in runs):
         of_rate = [r for r in runs if r["rate"] == rate]
-        plain = next((r["examples_per_sec"] for r in of_rate if r["method"] == "plain"), None)
+        rows = {}
         for r in of_rate:
-            ratio = "%.2fx" % (r["examples_per_sec"] / plain) if plain and r["examples_per_sec"] else "-"
+            rows.setdefault(r["method"], []).append(r)
+        speed = {m: _median([r["examples_per_sec"] or 0 for r in rs]) for m, rs in rows.items()}
+        for m, rs in rows.items():
+            eps = [r["examples_per_sec"] or 0 for r in rs]
+            losses = [r["loss"] for r in rs if r["loss"] is not None]
+            mb = max(max(r["link_MB_sent"], r["link_MB_received"]) / max(r["steps"], 1) for r in rs)
             lines.append(
-                "%-9s %-11s %11s %9s %7.4f %8.4f %7s %13s %13s %5.0fs"
+                "%-8s %-11s %10.0f %13s %8s %7.4f %8.4f %7s %8.3f %11s %5.0fs"
                 % (
                     rate,
-                    r["method"],
-                    r["examples_per_sec"] if r["examples_per_sec"] is not None else "-",
-                    ratio,
-                    r["auc"],
-                    r["logloss"],
-                    "%.4f" % r["loss"] if r["loss"] is not None else "-",
-                    "%.2f" % r["load_start"][0] + "/%.2f" % r["load_start"][1],
-                    "%.2f" % r["load_end"][0] + "/%.2f" % r["load_end"][1],
-                    r["wall_s"],
+                    m,
+                    speed[m],
+                    "%.0f-%.0f" % (min(eps), max(eps)) if len(rs) > 1 else "",
+                    "%.2fx" % (speed[m] / speed["plain"]) if speed.get("plain") else "-",
+                    sum(r["auc"] for r in rs) / len(rs),
+                    sum(r["logloss"] for r in rs) / len(rs),
+                    "%.4f" % (sum(losses) / len(losses)) if losses else "-",
+                    mb,
+                    "%.1f->%.1f" % (rs[0]["load_start"][0], rs[-1]["load_end"][0]),
+                    sum(r["wall_s"] for r in rs),
                 )
             )
     return "\n".join(lines)
@@ -159,7 +188,7 @@ def netsim(args):
     if os.geteuid() != 0:
         sys.exit("netsim needs root (network namespaces and tc)")
     here = os.path.abspath(__file__)
-    settings = {k: getattr(args, k) for k in ["per_node", "parallelism", "threads"] + list(SIZES)}
+    settings = {k: getattr(args, k) for k in ["per_node", "parallelism", "threads", "rounds"] + list(SIZES)}
     results = {"settings": settings, "load_start": os.getloadavg(), "time": time.strftime("%Y-%m-%d %H:%M"), "runs": []}
 
     def on_signal(signum, frame):
@@ -171,22 +200,24 @@ def netsim(args):
     try:
         for rate in args.rates:
             netsim_lib.setup(rate)
-            for method in args.methods:
+            for i, method in ((i, m) for i in range(args.rounds) for m in order(args.methods, i)):
                 with tempfile.TemporaryDirectory(prefix="ctr_netsim_") as out:
                     cmd = ["ip", "netns", "exec", netsim_lib.NS[0], sys.executable, here, "driver", "--out", out]
                     cmd += ["--per_node", str(args.per_node), "--"] + ctr_argv(args, method, os.path.join(out, "m"))
-                    load_start, t0 = os.getloadavg(), time.time()
+                    link0, load_start, t0 = netsim_lib.link_bytes(), os.getloadavg(), time.time()
                     r = subprocess.run(cmd, text=True, capture_output=True, timeout=RUN_TIMEOUT_S)
+                    link = [b - a for a, b in zip(link0, netsim_lib.link_bytes())]
                     if r.returncode != 0:
                         sys.stderr.write(r.stdout[-6000:] + r.stderr[-6000:])
                         raise SystemExit("the %s run at %s failed" % (method, rate))
                     with open(os.path.join(out, "rank0.log")) as f:
                         summary = summary_of(f.read())
-                    run = result(rate, method, summary, load_start, os.getloadavg(), time.time() - t0)
+                    run = result(rate, method, summary, load_start, os.getloadavg(), time.time() - t0, link, i)
                 results["runs"].append(run)
-                print("%s %s: %s examples/s, AUC %.4f (load %.2f -> %.2f, %.0f s)" % (
-                    rate, method, run["examples_per_sec"], run["auc"], run["load_start"][0], run["load_end"][0],
-                    run["wall_s"]), flush=True)  # fmt: skip
+                print("%s %s (round %d): %s examples/s, AUC %.4f, link %.1f/%.1f MB (load %.2f -> %.2f, %.0f s)" % (
+                    rate, method, i, run["examples_per_sec"], run["auc"], run["link_MB_sent"],
+                    run["link_MB_received"], run["load_start"][0], run["load_end"][0], run["wall_s"]),
+                    flush=True)  # fmt: skip
     finally:
         netsim_lib.teardown()
     results["load_end"] = os.getloadavg()

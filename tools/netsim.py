@@ -11,6 +11,7 @@ HOROVOD_GLOO_IFACE, HOROVOD_CONTROLLER=gloo, HOROVOD_CPU_OPERATIONS=gloo). The n
 have fixed names: one such network at a time on a machine (benchmarks take /tmp/tfext_bench.lock around it).
 """
 
+import json
 import os
 import subprocess
 
@@ -58,6 +59,14 @@ def setup(rate):
         # the queue.
         sh("ip", "netns", "exec", ns, "tc", "qdisc", "add", "dev", dev, "root", "tbf", "rate", rate,
            "burst", "1mb" if rate.startswith("10g") else "256kb", "latency", "20ms")  # fmt: skip
+
+
+def link_bytes():
+    """(sent, received): the bytes the first node's end of the link has sent to the second node and received from it
+    since `setup`."""
+    out = sh("ip", "-n", NS[0], "-s", "-j", "link", "show", "dev", DEV[0]).stdout
+    stats = json.loads(out)[0]["stats64"]
+    return stats["tx"]["bytes"], stats["rx"]["bytes"]
 
 
 def plan(per_node):

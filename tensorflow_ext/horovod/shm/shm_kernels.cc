@@ -11,20 +11,23 @@
 //    L input slots of n entries and one result buffer of n entries. Local rank 0 creates it on first use (an
 //    existing segment of that name is left over from a job that crashed while its ranks attached: it is unlinked
 //    and replaced); the others attach, waiting up to the timeout for it. The last rank to attach unlinks the name,
-//    so a finished or crashed job leaves nothing under /dev/shm; the mapping lives until the process exits.
+//    so a finished or crashed job leaves nothing under /dev/shm; the mapping lives until the process exits. A rank
+//    whose barrier times out unlinks the name too (a rank that never attached would leave it otherwise).
 //  * Every stage is: write this rank's part, announce step g (a per-rank counter in the segment), wait until every
 //    local rank announced g (futex on a shared "bell" word, woken by each announcement), then read. A rank counts
 //    its steps per segment (the reduce-scatter and the allgather of each step are two), so successive steps never
 //    mix: a rank writes its slot for step g + 1 only after every rank announced step g, that is, after every rank
 //    finished reading step g - 1's slots. Each fused buffer has its own segment, so buffers in flight at once (TF
-//    runs the reductions of one step concurrently) never share memory. The same kernel never runs twice at once in
-//    one process (a per-segment mutex keeps two session.run calls of one graph from interleaving their steps).
+//    runs the reductions of one step concurrently) never share memory. In one process the ops of a segment run one
+//    at a time (a mutex); two session.run calls that reduce the same buffer at once are not supported (their steps
+//    could pair up differently on different ranks), as with Horovod's named collectives.
 //  * A wait longer than `timeout_seconds` fails the op with DeadlineExceeded naming the local ranks (and their
 //    global ranks) that did not arrive: the other ranks never hang on a rank that died or stopped.
 //  * Sums: float32 is s_0 + s_1 + ... + s_{L-1} in local rank order (for L = 2 the bits of Gloo's reduce-scatter,
 //    a single IEEE addition, which is commutative); float16 and bfloat16 are summed in float32 from +0 in local rank
 //    order and rounded once (compression.h SumParts: the bits of compression_ops.sum_parts; for L = 2 also the bits
-//    of Gloo's float16 addition, since rounding a float32 sum of two halves to half is exact-then-once rounding).
+//    of Gloo's float16 addition: float32 holds at least 2 x 11 + 2 bits, so rounding the float32 sum of two halves
+//    to half is the correctly rounded half sum; only -0 + -0 gives +0 here).
 //  * The kernels are asynchronous: the wait runs on its own thread, so an inter-op thread pool of one thread still
 //    runs the other buffers' ops (a rank blocked on buffer A while its peer waits on buffer B would deadlock).
 
@@ -163,6 +166,9 @@ class Segment {
   RankLine* line(int r) { return reinterpret_cast<RankLine*>(base_ + sizeof(Header)) + r; }
 
   Status Missing(uint64_t step, double timeout, const char* stage) {
+    // A rank that never attached leaves the name linked (the last to attach unlinks it); remove it so that the
+    // failed job leaves nothing under /dev/shm (a late rank then fails to attach, as it would fail its barrier).
+    shm_unlink(name_.c_str());
     std::string who;
     for (int r = 0; r < local_size_; ++r) {
       const uint64_t got = line(r)->step.load(std::memory_order_acquire);

@@ -47,9 +47,16 @@ TF_GPU_SRC := tensorflow_ext/table/gpu/gpu_table_kernels.cu.cc
 TF_GPU_LIB := build/cuda/_tf_ext_gpu_ops.so
 # Horovod (distributed training, tensorflow_ext.horovod): built once from source with Gloo against the venv's
 # TensorFlow and cached as a wheel outside the tree, so later runs on the machine only install it.
+# The sdist is patched before the build: third_party/horovod/gloo_f16c.patch compiles the F16C loops of the vendored
+# Gloo, which otherwise sums fp16 with a software conversion per element (tensorflow_ext.horovod.wire16 reduces fp16
+# through Horovod's allreduce when it finds this build: the version's local label +tfext.f16c.<patch hash>). The
+# label keys the wheel cache and the venv's stamp, so a changed patch rebuilds and reinstalls Horovod.
 HVD_VERSION := 0.28.1
+HVD_PATCHES := $(sort $(wildcard third_party/horovod/*.patch))
+HVD_LABEL  := tfext.f16c.$(shell cat $(HVD_PATCHES) | sha256sum | cut -c1-12)
 WHEEL_CACHE ?= $(HOME)/.cache/tf_ext_wheels
-HVD_STAMP  := $(VENV)/.tf_ext_horovod_$(HVD_VERSION).stamp
+HVD_WHEEL_GLOB := $(WHEEL_CACHE)/horovod-$(HVD_VERSION)+$(HVD_LABEL)-*.whl
+HVD_STAMP  := $(VENV)/.tf_ext_horovod_$(HVD_VERSION)+$(HVD_LABEL).stamp
 HVD_ENV    := HOROVOD_WITH_TENSORFLOW=1 HOROVOD_WITH_GLOO=1 HOROVOD_WITHOUT_MPI=1 HOROVOD_WITHOUT_PYTORCH=1 \
               HOROVOD_WITHOUT_MXNET=1 HOROVOD_CPU_OPERATIONS=GLOO
 
@@ -73,18 +80,23 @@ $(VENV_STAMP): requirements.txt
 horovod: $(HVD_STAMP)
 
 # Needs the system cmake (a pip-installed cmake 4 breaks Horovod's bundled Gloo), a C++ compiler and Python headers.
-$(HVD_STAMP): $(VENV_STAMP)
-	@if ! ls $(WHEEL_CACHE)/horovod-$(HVD_VERSION)-*.whl >/dev/null 2>&1; then \
+$(HVD_STAMP): $(VENV_STAMP) $(HVD_PATCHES)
+	@if ! ls $(HVD_WHEEL_GLOB) >/dev/null 2>&1; then \
 	  if [ ! -x /usr/bin/cmake ] || ! command -v g++ >/dev/null 2>&1 || \
 	     [ ! -f /usr/include/python3.11/Python.h ]; then \
 	    echo "== installing cmake, g++ and python3-dev for the Horovod build"; \
 	    $(APT_GET) update -qq && $(APT_GET) install -y -qq cmake g++ python3-dev; fi; \
-	  echo "== building Horovod $(HVD_VERSION) with Gloo (once per machine, a few minutes) into $(WHEEL_CACHE)"; \
+	  echo "== building Horovod $(HVD_VERSION)+$(HVD_LABEL) with Gloo (once per machine, a few minutes) into $(WHEEL_CACHE)"; \
+	  src=$$(mktemp -d); trap 'rm -rf "$$src"' EXIT; \
+	  $(VPY) -m pip download -q --disable-pip-version-check --no-deps --no-binary :all: -d $$src horovod==$(HVD_VERSION); \
+	  tar xzf $$src/horovod-$(HVD_VERSION).tar.gz -C $$src; \
+	  for p in $(HVD_PATCHES); do (cd $$src/horovod-$(HVD_VERSION) && git apply -p1 $(ROOT)/$$p); done; \
 	  mkdir -p $(WHEEL_CACHE); \
-	  cd /tmp && PATH=/usr/bin:$$PATH $(HVD_ENV) MAKEFLAGS=-j$$(nproc) $(VPY) -m pip wheel -q --disable-pip-version-check \
-	    --no-build-isolation --no-deps -w $(WHEEL_CACHE) horovod==$(HVD_VERSION); \
+	  cd $$src/horovod-$(HVD_VERSION) && PATH=/usr/bin:$$PATH $(HVD_ENV) HOROVOD_LOCAL_VERSION=$(HVD_LABEL) \
+	    MAKEFLAGS=-j$$(nproc) $(VPY) -m pip wheel -q --disable-pip-version-check --no-build-isolation --no-deps \
+	    -w $(WHEEL_CACHE) .; \
 	fi
-	$(VPY) -m pip install -q --disable-pip-version-check $(WHEEL_CACHE)/horovod-$(HVD_VERSION)-*.whl
+	$(VPY) -m pip install -q --disable-pip-version-check $(HVD_WHEEL_GLOB)
 	$(VPY) -c "import horovod.tensorflow"
 	@touch $@
 

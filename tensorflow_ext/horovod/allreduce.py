@@ -5,9 +5,10 @@ Everything here is built from Horovod's collectives (allreduce, reducescatter, a
 sets, so it runs on Horovod's Gloo backend (CPU) as well as on MPI.
 
 * **Compression** (`Compression.fp16`, `Compression.bf16`): the buffer is cast to 16 bits before it is sent and
-  back after. fp16 is summed by Horovod's allreduce in fp16 (a sum above 65504 becomes inf); bf16 keeps float32's
-  range: Horovod has no bf16 reduction, so a bf16 buffer is reduced as its 16-bit patterns (one alltoall, the sum
-  in float32 on the receiving rank, one allgather: the same bytes as a ring allreduce). Infinities and NaNs stay
+  back after. fp16 is summed by Horovod's allreduce in fp16, or as bytes like bf16 (`wire16` says which, in what
+  order and how precisely; a total above 65504 becomes inf); bf16 keeps float32's range: Horovod has no bf16
+  reduction, so a bf16 buffer is reduced as its 16-bit patterns (one alltoall, the sum in float32 on the receiving
+  rank, one allgather: the same bytes as a ring allreduce). Infinities and NaNs stay
   non-finite, so a mixed-precision "skip the step when a gradient is not finite" still sees them. Compress
   gradients after loss scaling has been undone (wrap the loss-scaling optimizer in `DistributedOptimizer`, which
   is what happens when `DistributedOptimizer(mp_optimizer)` is built).
@@ -43,6 +44,7 @@ import tensorflow as tf
 from tensorflow_ext.horovod import _hvd
 from tensorflow_ext.horovod import compression_ops
 from tensorflow_ext.horovod import consistency
+from tensorflow_ext.horovod import wire16 as wire16_reduction
 from tensorflow_ext.horovod import shm_allreduce
 from tensorflow_ext.horovod import topk as topk_lib
 from tensorflow_ext.horovod.config import DEFAULT_FUSION_BYTES  # noqa: F401 (re-exported)
@@ -257,13 +259,11 @@ def _pad_to(w, multiple):
 class _Reducer(object):
     """Sum-reduces flat wire buffers over a process set.
 
-    Horovod has no bf16 reduction, so a bf16 buffer (`as_bytes=True`: uint16 bit patterns) is reduced as bytes:
-    one alltoall, the sum in float32 on the receiving rank (`compression_ops.sum_parts`, rounded once per stage),
-    one allgather: the bytes of a ring allreduce. Other buffers, fp16 included, go through Horovod's own reductions
-    in their dtype: on Gloo its ring allreduce sends in both directions of a link at once, which its alltoall and
-    allgather do not (measured on a shaped 100 Mbit/s link: an fp16 buffer reduced as bytes took as long as the
-    float32 allreduce, Horovod's fp16 allreduce half of it), although Gloo sums fp16 with a slow scalar
-    conversion.
+    A 16-bit buffer for which `wire16.reduced_as_bytes` holds (`as_bytes=True`: bf16 as uint16 bit patterns
+    always, fp16 where Horovod's Gloo lacks its F16C sums) is reduced as bytes: one alltoall, the sum in float32 on
+    the receiving rank (`compression_ops.sum_parts`, rounded once per stage), one allgather: the bytes of a ring
+    allreduce. Other buffers go through Horovod's own reductions in their dtype (Gloo's ring allreduce sends in both
+    directions of a link at once and keeps it busy for less time than its alltoall and allgather do).
     """
 
     def __init__(self, name, wire16):
@@ -420,7 +420,7 @@ class DenseReducer(object):
     def reduce_bucket(self, like, name, wire16):
         """The sum of one fused buffer of gradients `like` (one dtype) with 16-bit wire `wire16` (None: the
         gradients' dtype); collectives named after `name`. Returns the reduced list."""
-        as_bytes = wire16 == tf.bfloat16 and like[0].dtype.is_floating
+        as_bytes = wire16_reduction.reduced_as_bytes(wire16, like[0].dtype)
         # Padded where the first collective splits the buffer among ranks.
         if self._node_ps is not None:
             multiple = self._node_ps.size()

@@ -44,9 +44,9 @@ import tensorflow as tf
 from tensorflow_ext.horovod import _hvd
 from tensorflow_ext.horovod import compression_ops
 from tensorflow_ext.horovod import consistency
-from tensorflow_ext.horovod import wire16 as wire16_reduction
 from tensorflow_ext.horovod import shm_allreduce
 from tensorflow_ext.horovod import topk as topk_lib
+from tensorflow_ext.horovod import wire16 as wire16_reduction
 from tensorflow_ext.horovod.config import DEFAULT_FUSION_BYTES  # noqa: F401 (re-exported)
 from tensorflow_ext.horovod.config import DEFAULT_TOPK_MIN_ELEMENTS  # noqa: F401 (re-exported)
 from tensorflow_ext.horovod.config import ENV_PREFIX

@@ -164,3 +164,58 @@ def test_restore_takes_the_own_row_or_the_mean_of_another_rank_count(tmp_path):
     ).splitlines()
     assert out[0] == "1 [0.0, 1.0, 4.0, 9.0]", out
     assert out[1] == "3 " + out[2][len("mean ") :], out
+
+
+def test_install_saver_replaces_only_the_default_saver(tmp_path):
+    """The Estimator's default Saver (deferred, no var_list) is replaced by one with the per-rank saveables and the
+    same retention; a Saver the user built is left alone, with a warning."""
+    out = run_code(
+        """
+        import logging
+        import tensorflow as tf
+        tf.compat.v1.disable_v2_behavior()
+        import tensorflow_ext.horovod as tfe_hvd
+        from tensorflow_ext.horovod import residual_checkpoint
+        from tensorflow_ext.horovod.config import TOPK_RESIDUALS
+        tfe_hvd.init()
+        warnings = []
+        handler = logging.Handler()
+        handler.emit = lambda record: warnings.append(record.getMessage())
+        tf.get_logger().addHandler(handler)
+
+        def graph(saver=None):
+            g = tf.Graph()
+            with g.as_default():
+                w = tf.compat.v1.get_variable("w", initializer=tf.ones([3]))
+                r = tf.compat.v1.get_variable("w/r", initializer=tf.zeros([3]), trainable=False)
+                tf.compat.v1.add_to_collection(TOPK_RESIDUALS, r)
+                if saver == "default":
+                    tf.compat.v1.add_to_collection(
+                        tf.compat.v1.GraphKeys.SAVERS,
+                        tf.compat.v1.train.Saver(sharded=True, max_to_keep=7, defer_build=True),
+                    )
+                elif saver == "own":
+                    tf.compat.v1.add_to_collection(tf.compat.v1.GraphKeys.SAVERS, tf.compat.v1.train.Saver([w, r]))
+            return g
+
+        for kind in (None, "default", "own"):
+            g = graph(kind)
+            before = g.get_collection(tf.compat.v1.GraphKeys.SAVERS)
+            savers = residual_checkpoint.install_saver(g, None)
+            (saver,) = g.get_collection(tf.compat.v1.GraphKeys.SAVERS)
+            with g.as_default(), tf.compat.v1.Session() as s:
+                s.run(tf.compat.v1.global_variables_initializer())
+                path = saver.save(s, "%s/ckpt_%s" % (DIR, kind))
+            keys = sorted(tf.train.load_checkpoint(path).get_variable_to_shape_map())
+            print(kind, len(savers.saveables), savers.save_saver, saver in before, saver.saver_def.max_to_keep, keys)
+        print("warned", any("has its own Saver" in w for w in warnings))
+    """.replace(
+            "DIR", repr(str(tmp_path))
+        )
+    ).splitlines()
+    assert out == [
+        "None 1 None False 5 ['w', 'w/r', 'w/r/by_rank']",
+        "default 1 None False 7 ['w', 'w/r', 'w/r/by_rank']",
+        "own 0 None True 5 ['w', 'w/r']",
+        "warned True",
+    ], out

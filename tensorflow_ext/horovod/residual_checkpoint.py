@@ -11,7 +11,9 @@ checkpoint holds every rank's instead:
   so a plain Saver of the same graph still restores the checkpoint).
 * **Restore**: at the same rank count each rank assigns its own row. At another rank count every rank starts from
   the mean of the saved rows (a warning says so): with `op=Average` the ranks' averaged gradient still receives
-  exactly the update the saved ranks owed (the mean of their residuals), now spread over the new ranks.
+  exactly the update the saved ranks owed (the mean of their residuals), now spread over the new ranks. One rank
+  keeps no residuals (it sends whole gradients): the saved ones are dropped, with a warning. Residuals that a
+  checkpoint lacks (one rank wrote it, or Top-K was off) start at zero, with a warning.
 
 `install_saver` puts a Saver that does this in the graph's SAVERS collection, where the Estimator's Scaffold and
 rank 0's CheckpointSaverHook take it from; the training hooks call it in `begin`.

@@ -403,6 +403,10 @@ class DenseReducer(object):
         """The fused plain (or configured 16-bit) sum of `grads`, buffers named after `tag`."""
         return self._dense_buckets(grads, tag)
 
+    def buckets(self, grads):
+        """The fused buffers of `grads`: lists of their indices (consecutive, one dtype, at most fusion_bytes)."""
+        return _buckets(list(range(len(grads))), self._config.fusion_bytes, lambda i: _item_bytes(grads[i]))
+
     def residual(self, var, grad):
         """The Top-K residual variable of `var` (created on first use, in TOPK_RESIDUALS)."""
         return self._residual(var, grad)

@@ -33,7 +33,6 @@ import math
 
 import tensorflow as tf
 
-from tensorflow_ext.horovod import allreduce as allreduce_lib
 from tensorflow_ext.horovod import compression_ops
 from tensorflow_ext.horovod import consistency
 from tensorflow_ext.horovod.config import TOPK_RESIDUALS
@@ -76,7 +75,7 @@ def ratio_schedule(ratio, warmup_steps):
 
 
 def _ks(ratio, like):
-    return [max(1, int(math.ceil(ratio * allreduce_lib._static_size(g)))) for g in like]
+    return [max(1, int(math.ceil(ratio * g.shape.num_elements()))) for g in like]
 
 
 def _finite(tensors):
@@ -93,11 +92,6 @@ def _finite(tensors):
     if not checks:
         return tf.constant(True)
     return checks[0] if len(checks) == 1 else tf.reduce_all(tf.stack(checks))
-
-
-def _buckets(reducer, grads):
-    order = list(range(len(grads)))
-    return allreduce_lib._buckets(order, reducer.config.fusion_bytes, lambda i: allreduce_lib._item_bytes(grads[i]))
 
 
 def _guarded(ok, updates):
@@ -225,7 +219,7 @@ def _sparse(reducer, accs, residuals, ratio, tag, with_masks):
     acc + old residual. Returns (outputs, new residuals, per gradient the nd indices of its sent entries, finite)."""
     n = len(accs)
     outs, new_v, masks, finite = [None] * n, [None] * n, [None] * n, []
-    for b, group in enumerate(_buckets(reducer, accs)):
+    for b, group in enumerate(reducer.buckets(accs)):
         like = [accs[i] for i in group]
         ks = _ks(ratio, like)
         parts, idx, new_res, all_vals = _exchange(
@@ -242,7 +236,7 @@ def _sparse(reducer, accs, residuals, ratio, tag, with_masks):
             shape = tf.shape(accs[i], out_type=tf.int64)
             masks[i] = tf.transpose(tf.unravel_index(local, shape)) if accs[i].shape.rank != 1 else local[:, None]
             start += k
-            offset += allreduce_lib._static_size(accs[i])
+            offset += accs[i].shape.num_elements()
     finite = finite[0] if len(finite) == 1 else tf.reduce_all(tf.stack(finite))
     return outs, new_v, masks, finite
 

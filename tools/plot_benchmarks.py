@@ -12,6 +12,7 @@ Writes (for each input given):
                          (tools/gpu/bench_gpu_table.py)
   compact_rows_memory_d<dim>.png
                          bytes/key per row format, memory_bytes and RSS (tools/bench_compact_rows.py memory)
+  topk_loss_vs_time.png  eval loss against training time per method, one panel per link (tools/bench_topk.py)
 Needs only matplotlib (no TensorFlow).
 """
 
@@ -211,6 +212,27 @@ def plot_gpu(d, out_dir):
     return _save(fig, ax, out_dir, "gpu_table.png")
 
 
+def plot_topk(paths, out_dir):
+    """Eval loss against training time per method, one panel per run of tools/bench_topk.py."""
+    runs = [(d, run) for d in map(_load, paths) for run in d["runs"]]
+    fig, axes = plt.subplots(1, len(runs), figsize=(5.5 * len(runs), 3.8), squeeze=False)
+    for ax, (d, run) in zip(axes[0], runs):
+        for m, t in run["train"].items():
+            series = t["series"]
+            ax.plot([s[1] for s in series], [s[2] for s in series], label="%s (%.2f steps/s)" % (m, t["steps_per_s"]))
+        load = d["machine"]["load_start"][0], d["load_end"][0]
+        ax.set_title("%s, load %.1f -> %.1f" % (run["where"], load[0], load[1]), fontsize=9)
+        ax.set_xlabel("training time, s")
+        ax.set_ylabel("eval loss")
+        ax.grid(alpha=0.3)
+        ax.legend(fontsize=8)
+    fig.tight_layout()
+    path = os.path.join(out_dir, "topk_loss_vs_time.png")
+    fig.savefig(path, dpi=120)
+    plt.close(fig)
+    return path
+
+
 def main(argv=None):
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--table", help="JSON of tools/bench_table.py")
@@ -218,6 +240,7 @@ def main(argv=None):
     p.add_argument("--ctr", help="JSON of tools/bench_ctr_speed.py")
     p.add_argument("--gpu", help="JSON of tools/gpu/bench_gpu_table.py")
     p.add_argument("--compact", nargs="*", default=[], help="JSONs of tools/bench_compact_rows.py memory (one per dim)")
+    p.add_argument("--topk", nargs="*", default=[], help="JSONs of tools/bench_topk.py netsim (one panel per link)")
     p.add_argument(
         "--out", default=os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "docs", "images")
     )
@@ -231,10 +254,12 @@ def main(argv=None):
                 print("missing %s, skipped" % path)
                 continue
             done.append(fn(_load(path), args.out))
+    if args.topk:
+        done.append(plot_topk(args.topk, args.out))
     for p_ in done:
         print("wrote %s" % p_)
     if not done:
-        p.error("give at least one of --table, --memory, --ctr, --gpu, --compact")
+        p.error("give at least one of --table, --memory, --ctr, --gpu, --compact, --topk")
 
 
 if __name__ == "__main__":

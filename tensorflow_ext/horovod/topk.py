@@ -95,8 +95,9 @@ def _finite(tensors):
 
 
 def _guarded(ok, updates):
-    """The assignments `updates` ((variable, value) or (variable, nd_indices) for a zeroing scatter, in order) run
-    only when `ok`."""
+    """The assignments `updates`, in order, as one op that runs them only when `ok`: (variable, value, False)
+    assigns value; (variable, nd_indices, True) zeroes the variable's entries there (after the assignments before
+    it)."""
 
     def commit():
         ops = []
@@ -151,7 +152,8 @@ def reduce(reducer, grads, vars_, global_step, also_finite=()):
     n = len(grads)
 
     def unpack(flat):
-        # (outputs, new residuals, new velocities, velocity zeroing indices, finite) from a branch's flat list.
+        # A branch returns one flat list (tf.cond's outputs): outputs, new residuals, with momentum the nd indices of
+        # the sent entries (where the velocity is zeroed; none on dense steps), and whether the sent values are finite.
         outs, new_v = flat[:n], flat[n : 2 * n]
         masks = flat[2 * n : 3 * n] if velocities is not None else None
         return outs, new_v, masks, flat[-1]
@@ -185,8 +187,7 @@ def reduce(reducer, grads, vars_, global_step, also_finite=()):
                 flush = tf.equal(tf.math.floormod(t, cfg.topk_flush_steps), cfg.topk_flush_steps - 1)
                 is_dense = tf.logical_or(is_dense, flush)
             index = tf.where(is_dense, tf.constant(0, tf.int64), index + 1)
-        flat = _select(index, branches)
-        flat = list(flat)
+        flat = list(_select(index, branches))
     outs, new_v, masks, finite = unpack(flat)
     updates = [(r, v, False) for r, v in zip(residuals, new_v)]
     if velocities is not None:

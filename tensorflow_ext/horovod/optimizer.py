@@ -28,6 +28,7 @@ from tensorflow_ext.horovod import auto_compression
 from tensorflow_ext.horovod import consistency
 from tensorflow_ext.horovod import embedding as hvd_embedding
 from tensorflow_ext.horovod import exchange as exchange_lib
+from tensorflow_ext.horovod import wire16
 
 __all__ = ["DistributedOptimizer"]
 
@@ -229,7 +230,14 @@ class _DistributedOptimizer(tf.compat.v1.train.Optimizer):
                 "fusion_bytes",
                 "intra_node",
             )
-        ]
+        ] + self._fp16_reduction_setting()
+
+    def _fp16_reduction_setting(self):
+        """How fp16 buffers are summed (`wire16`: Horovod's ring or as bytes, which run different collectives),
+        where this optimizer can send fp16."""
+        if self._config.compression.name not in ("fp16", "auto"):
+            return []
+        return [("fp16 reduction", wire16.fp16_reduction())]
 
     def get_slot(self, *args, **kwargs):
         """The wrapped optimizer's get_slot."""

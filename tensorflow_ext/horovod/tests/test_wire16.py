@@ -21,6 +21,16 @@ def test_16bit_reductions_match_numpy(ranks):
             assert "RANK %d %s OK" % (r, what) in out, (what, out[-8000:])
 
 
+def test_ranks_with_different_fp16_ways_are_refused_before_the_exchange():
+    code, out = horovodrun(2, WORKER, "settings")
+    assert code == 0, out[-8000:]
+    for r in range(2):
+        refused = [line for line in out.splitlines() if "RANK %d CASE mismatch REFUSED" % r in line]
+        assert refused, out[-8000:]
+        assert "fp16 reduction differs across ranks: rank 0: ring, rank 1: bytes" in refused[0], refused[0]
+        assert "RANK %d CASE same TRAINED" % r in out, out[-8000:]
+
+
 def test_fp16_way_setting():
     out = run(
         """

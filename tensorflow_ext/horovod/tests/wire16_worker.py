@@ -7,6 +7,9 @@ Usage:
                             the bytes way bit for bit (the slices summed in float32 in rank order and rounded once),
                             Horovod's fp16 ring within its pairwise fp16 rounding; Inf and NaN stay non-finite; a
                             total above 65504 is inf; partial sums beyond fp16's range cancel in the bytes way
+  wire16_worker.py settings (2 ranks) rank 1 alone sets TF_EXT_HVD_FP16_REDUCTION=bytes, rank 0 ring: the first
+                            step with fp16 fails on both ranks naming the setting and both values, the variables
+                            unchanged; the same value on both ranks trains
 """
 
 import os
@@ -114,10 +117,42 @@ def check(rank, size):
     print("RANK %d SPECIAL OK" % rank, flush=True)
 
 
+def check_settings(rank):
+    """Ranks that would sum fp16 in different ways (different collectives) are refused before the exchange."""
+    shapes = [(40, 30), (5,)]
+    for name, ways in (("mismatch", ("ring", "bytes")), ("same", ("bytes", "bytes"))):
+        os.environ[wire16.FP16_REDUCTION_ENV] = ways[rank]
+        with tf.Graph().as_default():
+            gs = tf.compat.v1.train.get_or_create_global_step()
+            vs = [tf.compat.v1.get_variable("v%d" % i, initializer=tf.ones(s), use_resource=True) for i, s in
+                  enumerate(shapes)]  # fmt: skip
+            phs = [tf.compat.v1.placeholder(tf.float32, s) for s in shapes]
+            loss = tf.add_n([tf.reduce_sum(v * p) for v, p in zip(vs, phs)])
+            opt = tfe_hvd.DistributedOptimizer(tf.compat.v1.train.GradientDescentOptimizer(1.0), compression="fp16")
+            train = opt.minimize(loss, global_step=gs, var_list=vs)
+            with tf.compat.v1.Session() as s:
+                s.run(tf.compat.v1.global_variables_initializer())
+                try:
+                    s.run(train, dict(zip(phs, data(rank, shapes, 2))))
+                except tf.errors.InvalidArgumentError as e:
+                    line = [x for x in e.message.splitlines() if "fp16 reduction" in x]
+                    print("RANK %d CASE %s REFUSED: %s" % (rank, name, line[0] if line else e.message), flush=True)
+                    assert all(np.all(v == 1.0) for v in s.run(vs)), name  # stopped before the exchange
+                    continue
+                values = s.run(vs)
+                assert all(np.any(v != 1.0) and np.all(np.isfinite(v)) for v in values), name
+                print("RANK %d CASE %s TRAINED" % (rank, name), flush=True)
+        del os.environ[wire16.FP16_REDUCTION_ENV]
+
+
 def main():
     tfe_hvd.init()
     rank, size = tfe_hvd.rank(), tfe_hvd.size()
-    assert sys.argv[1] == "check", sys.argv
+    assert sys.argv[1] in ("check", "settings"), sys.argv
+    if sys.argv[1] == "settings":
+        check_settings(rank)
+        print("RANK %d DONE" % rank, flush=True)
+        return
     check(rank, size)
     print("RANK %d DONE" % rank, flush=True)
 

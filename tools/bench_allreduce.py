@@ -1,7 +1,7 @@
 """Faster dense allreduce (tensorflow_ext.horovod.allreduce) over a simulated 2-node network, side by side.
 
 As root, `netsim` makes two network namespaces ("nodes") joined by a veth pair whose both ends are shaped with
-`tc qdisc ... root tbf rate R` (no netem needed), runs two ranks in each namespace (4 ranks, 2 nodes x 2), and
+`tc qdisc ... root tbf rate R` (no netem needed), runs `--per_node` ranks in each (default 2: 2 nodes x 2), and
 removes everything at the end (also on errors and Ctrl-C). Ranks of one node talk over the namespace's local
 route (unshaped); ranks of different nodes cross the shaped link. The ranks are started without ssh: this tool
 runs Horovod's Gloo rendezvous server itself (inside the first namespace) and gives each rank the environment that
@@ -10,13 +10,14 @@ HOROVOD_GLOO_IFACE, HOROVOD_CONTROLLER=gloo, HOROVOD_CPU_OPERATIONS=gloo), start
 
 Per link rate, in one job, every method on the same tensors / the same data:
   * allreduce of one float32 tensor of 1 KiB .. 64 MiB: median time and bus bandwidth (2(N-1)/N * bytes / time,
-    the convention of nccl-tests) for plain Horovod (hvd.allreduce), 2D (node_size=2), Top-K 1% (every size),
-    FP16, BF16;
+    the convention of nccl-tests) for plain Horovod (hvd.allreduce), 2D (node_size=per_node, through shared memory
+    and through Gloo inside a node; with 2+ ranks per node), Top-K 1% (every size), FP16, BF16;
   * training: an MLP 1024-2048-2048-1 (6.3 M float32 parameters, 25 MB of dense gradients per step), batch 16 per
     rank, SGD; steps/s, and the loss on a fixed evaluation set after the run for each method.
 
     sudo .venv/bin/python tools/bench_allreduce.py netsim --rates 1gbit 10gbit --json docs/bench_allreduce.json
     sudo .venv/bin/python tools/bench_allreduce.py netsim --rates 1gbit --quick      # smoke run
+    sudo .venv/bin/python tools/bench_allreduce.py netsim --per_node 1 --rates 100mbit 1gbit 10gbit   # 2 x 1 rank
 """
 
 import argparse
@@ -30,21 +31,22 @@ import time
 
 import netsim as netsim_lib  # tools/netsim.py: the namespaces, the link, the ranks
 
-PER_NODE = 2
-METHODS = {
-    "plain": None,  # Horovod's own hvd.allreduce, one tensor
-    "2d": dict(node_size=PER_NODE),
-    "topk1": dict(topk_ratio=0.01, topk_min_elements=1),
-    "fp16": dict(compression="fp16"),
-    "bf16": dict(compression="bf16"),
-}
-TRAIN_METHODS = {
-    "plain": dict(),
-    "2d": dict(node_size=PER_NODE),
-    "topk1": dict(topk_ratio=0.01),
-    "fp16": dict(compression="fp16"),
-    "topk1_fp16": dict(topk_ratio=0.01, compression="fp16"),
-}
+
+def methods(per_node):
+    """(micro-benchmark methods, training methods): name -> DenseReducer settings (None: Horovod's hvd.allreduce).
+
+    The 2D allreduce (through shared memory inside a node, and through Gloo as before) only with several ranks per
+    node."""
+    two_d = {}
+    if per_node > 1:
+        two_d = {"2d": dict(node_size=per_node), "2d_gloo": dict(node_size=per_node, intra_node="gloo")}
+    micro = dict(plain=None, **two_d)
+    micro.update(topk1=dict(topk_ratio=0.01, topk_min_elements=1), fp16=dict(compression="fp16"))
+    micro.update(bf16=dict(compression="bf16"))
+    train = dict(plain=dict(), **two_d)
+    train.update(topk1=dict(topk_ratio=0.01), fp16=dict(compression="fp16"), bf16=dict(compression="bf16"))
+    train.update(topk1_fp16=dict(topk_ratio=0.01, compression="fp16"))
+    return micro, train
 
 
 def netsim(args):
@@ -62,7 +64,7 @@ def netsim(args):
             netsim_lib.setup(rate)
             with tempfile.TemporaryDirectory() as out:
                 cmd = ["ip", "netns", "exec", netsim_lib.NS[0], sys.executable, os.path.abspath(__file__)]
-                cmd += ["driver", "--out", out]
+                cmd += ["driver", "--out", out, "--per_node", str(args.per_node)]
                 cmd += ["--quick"] if args.quick else []
                 t0 = time.time()
                 r = subprocess.run(cmd, text=True, capture_output=True, timeout=1800)
@@ -71,7 +73,9 @@ def netsim(args):
                     raise SystemExit("the job at %s failed" % rate)
                 with open(os.path.join(out, "rank0.json")) as f:
                     run = json.load(f)
-                run.update(rate=rate, wall_s=round(time.time() - t0, 1))
+                run.update(
+                    rate=rate, wall_s=round(time.time() - t0, 1), per_node=args.per_node, load_end=os.getloadavg()
+                )
                 results["runs"].append(run)
                 _print(run)
     finally:
@@ -88,9 +92,10 @@ def _machine():
 
 def _print(run):
     print("== link %s (job %.0f s)" % (run["rate"], run["wall_s"]))
-    print("%-10s" % "bytes" + "".join("%24s" % m for m in METHODS))
+    micro, _ = methods(run["per_node"])
+    print("%-10s" % "bytes" + "".join("%24s" % m for m in micro))
     for row in run["micro"]:
-        cells = "".join("%12.2f ms %6.1f MB/s" % (row[m]["ms"], row[m]["busbw_MBps"]) for m in METHODS)  # noqa: E501
+        cells = "".join("%12.2f ms %6.1f MB/s" % (row[m]["ms"], row[m]["busbw_MBps"]) for m in micro)  # noqa: E501
         print("%-10d%s" % (row["bytes"], cells))
     for m, t in run["train"].items():
         print("train %-11s %6.2f steps/s  eval loss %.5f" % (m, t["steps_per_s"], t["eval_loss"]))
@@ -102,10 +107,9 @@ def _print(run):
 
 
 def driver(args):
-    argv = [sys.executable, os.path.abspath(__file__), "worker", "--out", args.out] + (
-        ["--quick"] if args.quick else []
-    )
-    codes = netsim_lib.run_ranks(PER_NODE, argv, args.out)
+    argv = [sys.executable, os.path.abspath(__file__), "worker", "--out", args.out, "--per_node", str(args.per_node)]
+    argv += ["--quick"] if args.quick else []
+    codes = netsim_lib.run_ranks(args.per_node, argv, args.out)
     if any(codes):
         sys.stderr.write(netsim_lib.rank_logs(args.out, len(codes)))
         sys.exit("ranks exited with %s" % codes)
@@ -126,7 +130,8 @@ def worker(args):
     from tensorflow_ext.horovod import allreduce as ar  # pylint: disable=import-outside-toplevel
     from tensorflow_ext.horovod import consistency  # pylint: disable=import-outside-toplevel
 
-    tfe_hvd.init(node_size=PER_NODE)
+    tfe_hvd.init(node_size=args.per_node)
+    micro_methods, train_methods = methods(args.per_node)
     rank, size = hvd.rank(), hvd.size()
     config = tf.compat.v1.ConfigProto(intra_op_parallelism_threads=1, inter_op_parallelism_threads=1)
     out = {"ranks": size, "micro": [], "train": {}}
@@ -143,7 +148,7 @@ def worker(args):
                 "x", initializer=tf.random.stateless_normal([n], seed=[rank, 1]), use_resource=True
             )
             ops = {}
-            for m, kwargs in METHODS.items():
+            for m, kwargs in micro_methods.items():
                 grad = consistency.gate(v.read_value())
                 if kwargs is None:
                     ops[m] = hvd.allreduce(grad, op=hvd.Average, name="plain")
@@ -169,7 +174,7 @@ def worker(args):
     teacher = rng.normal(size=[din, 1]).astype(np.float32) / np.sqrt(din)
     eval_x = rng.normal(size=[512, din]).astype(np.float32)
     eval_y = np.tanh(eval_x @ teacher) + 0.1 * np.sin(3 * eval_x[:, :1])
-    for m, kwargs in TRAIN_METHODS.items():
+    for m, kwargs in train_methods.items():
         with tf.Graph().as_default():
             tf.compat.v1.set_random_seed(1)
             x = tf.compat.v1.placeholder(tf.float32, [None, din])
@@ -215,10 +220,12 @@ def main():
     n.add_argument("--rates", nargs="+", default=["1gbit", "10gbit"])
     n.add_argument("--json")
     n.add_argument("--quick", action="store_true")
+    n.add_argument("--per_node", type=int, default=2, help="ranks per simulated node (default 2; 2D methods need 2+)")
     for name in ("driver", "worker"):
         s = sub.add_parser(name)
         s.add_argument("--out", required=True)
         s.add_argument("--quick", action="store_true")
+        s.add_argument("--per_node", type=int, default=2)
     args = p.parse_args()
     {"netsim": netsim, "driver": driver, "worker": worker}[args.cmd](args)
 

@@ -20,7 +20,8 @@ With 2 ranks the two give the same bits (the ring also rounds its one sum once).
 goes by the ring when the installed Horovod carries the F16C patch (its version has the local label
 `+tfext.f16c...`), else as bytes (the scalar fp16 sum costs more CPU than the bytes way's longer link time on a busy
 machine). `TF_EXT_HVD_FP16_REDUCTION` (ring or bytes) overrides this when a graph is built, to compare the two;
-every rank must build its graph with the same value (the two ways run different collectives).
+every rank must build its graph with the same value (the two ways run different collectives;
+`DistributedOptimizer`'s settings check refuses ranks that differ before the first exchange, naming both values).
 
 In both ways Inf and NaN stay non-finite (a sum with an Inf or NaN operand is Inf or NaN), so a mixed-precision
 "skip the step when a gradient is not finite" still sees them.

@@ -181,21 +181,26 @@ class Config(object):
         """True when gradients go through this module (else Horovod's per-tensor allreduce, as before)."""
         return self.explicit_compression or self.hierarchical or self.topk_ratio is not None
 
+    # What the repr shows, in this order: every setting a rank resolves (the settings check compares them).
+    _REPR_FIELDS = (
+        "compression",
+        "hierarchical",
+        "node_size",
+        "topk_ratio",
+        "topk_min_elements",
+        "topk_warmup_steps",
+        "topk_momentum",
+        "topk_clip_norm",
+        "topk_ratio_warmup_steps",
+        "topk_flush_steps",
+        "fusion_bytes",
+        "intra_node",
+    )
+
     def __repr__(self):
-        return (
-            "Config(compression=%s, hierarchical=%s, node_size=%s, topk_ratio=%s, topk_min_elements=%d, "
-            "topk_warmup_steps=%d, fusion_bytes=%d, intra_node=%s)"
-            % (
-                self.compression.name,
-                self.hierarchical,
-                self.node_size,
-                self.topk_ratio,
-                self.topk_min_elements,
-                self.topk_warmup_steps,
-                self.fusion_bytes,
-                self.intra_node,
-            )
-        )
+        values = {name: getattr(self, name) for name in self._REPR_FIELDS}
+        values["compression"] = self.compression.name
+        return "Config(%s)" % ", ".join("%s=%s" % (name, values[name]) for name in self._REPR_FIELDS)
 
 
 def env_value(name):

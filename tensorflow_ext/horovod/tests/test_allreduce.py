@@ -86,11 +86,13 @@ def test_bad_settings_are_named():
     assert out[9].startswith("ValueError init: node_size=3 does not divide the number of ranks 4"), out[9]
     assert out[10] == (
         "False Config(compression=fp16, hierarchical=False, node_size=None, topk_ratio=None, "
-        "topk_min_elements=1024, topk_warmup_steps=0, fusion_bytes=67108864)"
+        "topk_min_elements=1024, topk_warmup_steps=0, topk_momentum=0.0, topk_clip_norm=None, "
+        "topk_ratio_warmup_steps=0, topk_flush_steps=0, fusion_bytes=67108864, intra_node=auto)"
     ), out[10]
     assert out[11] == (
         "Config(compression=none, hierarchical=False, node_size=None, topk_ratio=0.01, topk_min_elements=1024, "
-        "topk_warmup_steps=0, fusion_bytes=1024)"
+        "topk_warmup_steps=0, topk_momentum=0.0, topk_clip_norm=None, topk_ratio_warmup_steps=0, "
+        "topk_flush_steps=0, fusion_bytes=1024, intra_node=auto)"
     ), out[11]
 
 

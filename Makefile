@@ -48,7 +48,8 @@ TF_GPU_LIB := build/cuda/_tf_ext_gpu_ops.so
 # Horovod (distributed training, tensorflow_ext.horovod): built once from source with Gloo against the venv's
 # TensorFlow and cached as a wheel outside the tree, so later runs on the machine only install it.
 # The sdist is patched before the build: third_party/horovod/gloo_f16c.patch compiles the F16C loops of the vendored
-# Gloo, which otherwise sums fp16 with a software conversion per element (tensorflow_ext.horovod.wire16 reduces fp16
+# Gloo, which otherwise sums fp16 with a software conversion per element, and fixes its float16 comparison (which
+# made an assignment drop some sums) (tensorflow_ext.horovod.wire16 reduces fp16
 # through Horovod's allreduce when it finds this build: the version's local label +tfext.f16c.<patch hash>). The
 # label keys the wheel cache and the venv's stamp, so a changed patch rebuilds and reinstalls Horovod.
 HVD_VERSION := 0.28.1

@@ -108,6 +108,15 @@ def check(rank, size):
             assert np.all(got[0] == np.inf), (comp, way, got[0])
         else:
             assert np.array_equal(got[0], want) and np.all(np.isfinite(got[0])), (comp, way, got[0])
+    # A sum whose fp16 encoding equals the old value's bits read as an integer (78.0 is 0x54E0, and 0x004E = 78 is
+    # the subnormal 4.65e-6): Gloo's scalar float16 assignment used to drop it (fixed by gloo_f16c.patch). Three
+    # entries: Gloo's F16C loop leaves up to 7 to the scalar path.
+    tiny = float(np.array([0x004E], np.uint16).view(np.float16)[0])
+    pair = [np.array([tiny, 78.0, 1.0], np.float32), np.array([78.0, tiny, 1.0], np.float32)]
+    if size == 2:
+        for way in ("ring", "bytes"):
+            got = reduce_once([(3,)], [pair[rank]], "fp16", way, hvd.Sum, ar.DEFAULT_FUSION_BYTES)
+            assert np.array_equal(got[0], np.array([78.0, 78.0, 2.0], np.float32)), (way, got[0])
     # Partial sums beyond fp16's range: 60000 on the first half of the ranks, -60000 on the second half. Summed in
     # float32 and rounded once, the total is exactly 0; Horovod's ring sums pairwise in fp16 (inf partial sums).
     sign = 1.0 if rank < size // 2 else -1.0

@@ -208,29 +208,33 @@ class _DistributedOptimizer(tf.compat.v1.train.Optimizer):
         node_size = config.node_size
         if config.hierarchical and node_size is None:
             node_size = self._hvd.local_size()
-        return [
-            ("optimizer", type(self._optimizer).__name__),
-            ("op", {self._hvd.Average: "Average", self._hvd.Sum: "Sum"}.get(self._op, self._op)),
-            ("compression", config.compression.name),
-            ("horovod compression", getattr(self._compression, "__name__", self._compression)),
-            ("sparse_as_dense", self._sparse_as_dense),
-            ("gradient_predivide_factor", self._predivide),
-            ("hierarchical", config.hierarchical),
-            ("node_size", node_size),
-        ] + [
-            (k, getattr(config, k))
-            for k in (
-                "topk_ratio",
-                "topk_min_elements",
-                "topk_warmup_steps",
-                "topk_momentum",
-                "topk_clip_norm",
-                "topk_ratio_warmup_steps",
-                "topk_flush_steps",
-                "fusion_bytes",
-                "intra_node",
-            )
-        ] + self._fp16_reduction_setting()
+        return (
+            [
+                ("optimizer", type(self._optimizer).__name__),
+                ("op", {self._hvd.Average: "Average", self._hvd.Sum: "Sum"}.get(self._op, self._op)),
+                ("compression", config.compression.name),
+                ("horovod compression", getattr(self._compression, "__name__", self._compression)),
+                ("sparse_as_dense", self._sparse_as_dense),
+                ("gradient_predivide_factor", self._predivide),
+                ("hierarchical", config.hierarchical),
+                ("node_size", node_size),
+            ]
+            + [
+                (k, getattr(config, k))
+                for k in (
+                    "topk_ratio",
+                    "topk_min_elements",
+                    "topk_warmup_steps",
+                    "topk_momentum",
+                    "topk_clip_norm",
+                    "topk_ratio_warmup_steps",
+                    "topk_flush_steps",
+                    "fusion_bytes",
+                    "intra_node",
+                )
+            ]
+            + self._fp16_reduction_setting()
+        )
 
     def _fp16_reduction_setting(self):
         """How fp16 buffers are summed (`wire16`: Horovod's ring or as bytes, which run different collectives),

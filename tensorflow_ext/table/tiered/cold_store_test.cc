@@ -739,19 +739,30 @@ TFEXT_TEST(ASecondOpenOfAPathIsRefused) {
   CHECK_EQ(Wait(pid), 0);
   CheckPresent(s.get(), Range(0, 50), 2);
   // A forked child that outlives the store does not keep its directory locked: the reopen below runs while the
-  // child still lives (it waits for the pipe to close).
+  // child still lives (it waits for the pipe to close). The child's copy of the lock file is closed by a fork
+  // handler that runs in the child, so the parent waits for the child's first byte (sent after the handlers ran)
+  // before it closes the store: until then the child still shares the lock.
   int release[2];
+  int started[2];
   CHECK(pipe(release) == 0);
+  CHECK(pipe(started) == 0);
   const pid_t lingering = fork();
   CHECK(lingering >= 0);
   if (lingering == 0) {
     close(release[1]);
+    close(started[0]);
+    const char one = 1;
+    if (write(started[1], &one, 1) != 1) _exit(98);
     char ch;
     while (read(release[0], &ch, 1) > 0) {
     }
     _exit(0);
   }
   close(release[0]);
+  close(started[1]);
+  char ch = 0;
+  CHECK_EQ(read(started[0], &ch, 1), 1);
+  close(started[0]);
   s.reset();
   s = Open(dir, 2);  // free again once closed
   CHECK_EQ(s->num_keys(), 0);

@@ -189,6 +189,8 @@ int WriteFile(const std::string& file, const std::string& text) {
 // (a multiprocessing worker) would keep its directory locked, and a reopen by the parent would find it held.
 // The open lock files are registered here and a fork handler closes the child's copies (close() is
 // async-signal-safe; the registry is lock-free because a fork may happen while another thread holds any mutex).
+// The handler runs in the child, when the child is first scheduled: until then the child still shares the lock, so
+// a reopen by the parent right after fork() and close can still find it held (kLocked, naming the parent's pid).
 constexpr int kMaxLockFds = 1024;
 std::atomic<int> g_lock_fds[kMaxLockFds];  // -1 or 0 = free (static storage starts at 0; fd 0 is never a lock file)
 

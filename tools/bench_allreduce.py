@@ -15,7 +15,7 @@ Per link rate, in one job, every method on the same tensors / the same data:
   * training: an MLP 1024-2048-2048-1 (6.3 M float32 parameters, 25 MB of dense gradients per step), batch 16 per
     rank, SGD; steps/s, and the loss on a fixed evaluation set after the run for each method.
 
-    sudo .venv/bin/python tools/bench_allreduce.py netsim --rates 1gbit 10gbit --json docs/bench_allreduce.json
+    sudo .venv/bin/python tools/bench_allreduce.py netsim --rates 1gbit 10gbit --json /tmp/bench_allreduce.json
     sudo .venv/bin/python tools/bench_allreduce.py netsim --rates 1gbit --quick      # smoke run
     sudo .venv/bin/python tools/bench_allreduce.py netsim --per_node 1 --rates 100mbit 1gbit 10gbit   # 2 x 1 rank
 """

@@ -181,8 +181,8 @@ class Config(object):
         """True when gradients go through this module (else Horovod's per-tensor allreduce, as before)."""
         return self.explicit_compression or self.hierarchical or self.topk_ratio is not None
 
-    # What the repr shows, in this order: every setting a rank resolves (the settings check compares them).
-    _REPR_FIELDS = (
+    # Every setting a rank resolves, in the order the repr and the cross-rank settings check show them.
+    SETTING_FIELDS = (
         "compression",
         "hierarchical",
         "node_size",
@@ -198,9 +198,9 @@ class Config(object):
     )
 
     def __repr__(self):
-        values = {name: getattr(self, name) for name in self._REPR_FIELDS}
+        values = {name: getattr(self, name) for name in self.SETTING_FIELDS}
         values["compression"] = self.compression.name
-        return "Config(%s)" % ", ".join("%s=%s" % (name, values[name]) for name in self._REPR_FIELDS)
+        return "Config(%s)" % ", ".join("%s=%s" % (name, values[name]) for name in self.SETTING_FIELDS)
 
 
 def env_value(name):

@@ -221,17 +221,8 @@ class _DistributedOptimizer(tf.compat.v1.train.Optimizer):
             ]
             + [
                 (k, getattr(config, k))
-                for k in (
-                    "topk_ratio",
-                    "topk_min_elements",
-                    "topk_warmup_steps",
-                    "topk_momentum",
-                    "topk_clip_norm",
-                    "topk_ratio_warmup_steps",
-                    "topk_flush_steps",
-                    "fusion_bytes",
-                    "intra_node",
-                )
+                for k in config.SETTING_FIELDS
+                if k not in ("compression", "hierarchical", "node_size")  # above, as this rank resolves them
             ]
             + self._fp16_reduction_setting()
         )

@@ -51,6 +51,8 @@ import sys
 import tempfile
 import time
 
+import netsim as netsim_lib  # tools/netsim.py: the namespaces, the link, the ranks
+
 HERE = os.path.dirname(os.path.abspath(__file__))
 ROOT = os.path.dirname(HERE)
 VARIANTS = ("tfext_model", "tfext_model_unfused", "tfext_data", "hvd_static")
@@ -222,7 +224,8 @@ def run_config(variant, ranks, value_dtype, args):
         ] + [str(d) for d in args.dims]
         if args.netsim:
             # One rank per simulated node; the job runs from the first node (the rendezvous is there).
-            cmd = ["ip", "netns", "exec", NETSIM_NS[0], sys.executable, os.path.abspath(__file__), "--netsim_driver"]
+            cmd = ["ip", "netns", "exec", netsim_lib.NS[0], sys.executable, os.path.abspath(__file__)]
+            cmd += ["--netsim_driver"]
         else:
             cmd = [os.path.join(os.path.dirname(sys.executable), "horovodrun"), "-np", str(ranks), "--gloo"]
             cmd += ["-H", "localhost:%d" % ranks, sys.executable, os.path.abspath(__file__), "--worker"]
@@ -259,96 +262,25 @@ def run_config(variant, ranks, value_dtype, args):
 
 
 # ---------------------------------------------------------------------------------------------------------------
-# --netsim: two network namespaces ("nodes") joined by a veth pair shaped with tbf on both ends, one rank in each.
-# Names of its own (other tools' namespaces may exist at the same time).
+# --netsim: two network namespaces ("nodes") joined by a veth pair shaped with tbf on both ends, one rank in each
+# (tools/netsim.py). Names of its own (other tools' namespaces may exist at the same time).
 
-NETSIM_NS = ("tfe_mp_n0", "tfe_mp_n1")
-NETSIM_DEV = ("tfe_mp_v0", "tfe_mp_v1")
-NETSIM_IPS = ("10.235.0.1", "10.235.0.2")
-NETSIM_HOSTS = ("tfe-mp-node0", "tfe-mp-node1")
-
-
-def _sh(*cmd, check=True):
-    return subprocess.run(list(cmd), check=check, capture_output=True, text=True)
-
-
-def netsim_teardown():
-    for ns in NETSIM_NS:
-        _sh("ip", "netns", "del", ns, check=False)
-        _sh("rm", "-rf", "/etc/netns/" + ns, check=False)
-    try:
-        os.rmdir("/etc/netns")  # only when empty (nothing else uses it)
-    except OSError:
-        pass
-
-
-def netsim_setup(rate):
-    """The two nodes and the shaped link (see tools/bench_allreduce.py for the recipe's reasons)."""
-    netsim_teardown()
-    for i, ns in enumerate(NETSIM_NS):
-        _sh("ip", "netns", "add", ns)
-        # Horovod 0.28.1 builds process sets' Gloo communicators on the host name's address: each rank gets its
-        # node's host name (a UTS namespace), resolved to the node's address (`ip netns exec` shows this hosts file).
-        os.makedirs("/etc/netns/" + ns, exist_ok=True)
-        with open("/etc/netns/%s/hosts" % ns, "w") as f:
-            f.write("127.0.0.1 localhost\n" + "".join("%s %s\n" % pair for pair in zip(NETSIM_IPS, NETSIM_HOSTS)))
-    _sh("ip", "link", "add", NETSIM_DEV[0], "type", "veth", "peer", "name", NETSIM_DEV[1])
-    for ns, dev, ip in zip(NETSIM_NS, NETSIM_DEV, NETSIM_IPS):
-        _sh("ip", "link", "set", dev, "netns", ns)
-        _sh("ip", "-n", ns, "addr", "add", ip + "/24", "dev", dev)
-        _sh("ip", "-n", ns, "link", "set", dev, "up")
-        _sh("ip", "-n", ns, "link", "set", "lo", "up")
-        _sh("ip", "netns", "exec", ns, "tc", "qdisc", "add", "dev", dev, "root", "tbf", "rate", rate,
-            "burst", "1mb" if rate.startswith("10g") else "256kb", "latency", "20ms")  # fmt: skip
+netsim_lib.use_names(
+    ns=("tfe_mp_n0", "tfe_mp_n1"),
+    dev=("tfe_mp_v0", "tfe_mp_v1"),
+    ips=("10.235.0.1", "10.235.0.2"),
+    hostnames=("tfe-mp-node0", "tfe-mp-node1"),
+)
 
 
 def netsim_driver(worker_argv, out):
     """Inside the first node: Horovod's Gloo rendezvous server and one rank per node (what horovodrun would do)."""
-    from horovod.runner.common.util.hosts import get_host_assignments  # pylint: disable=import-outside-toplevel
-    from horovod.runner.common.util.hosts import parse_hosts  # pylint: disable=import-outside-toplevel
-    from horovod.runner.http.http_server import RendezvousServer  # pylint: disable=import-outside-toplevel
-
-    plan = get_host_assignments(parse_hosts(",".join("%s:1" % ip for ip in NETSIM_IPS)), len(NETSIM_IPS))
-    server = RendezvousServer()
-    port = server.start()
-    server.init(plan)
-    procs = []
-    try:
-        for slot in plan:
-            node = NETSIM_IPS.index(slot.hostname)
-            env = dict(
-                os.environ,
-                PYTHONPATH=os.pathsep.join([ROOT, os.environ.get("PYTHONPATH", "")]),
-                TF_CPP_MIN_LOG_LEVEL="2",
-                HOROVOD_HOSTNAME=slot.hostname,
-                HOROVOD_RANK=str(slot.rank),
-                HOROVOD_SIZE=str(slot.size),
-                HOROVOD_LOCAL_RANK=str(slot.local_rank),
-                HOROVOD_LOCAL_SIZE=str(slot.local_size),
-                HOROVOD_CROSS_RANK=str(slot.cross_rank),
-                HOROVOD_CROSS_SIZE=str(slot.cross_size),
-                HOROVOD_GLOO_RENDEZVOUS_ADDR=NETSIM_IPS[0],
-                HOROVOD_GLOO_RENDEZVOUS_PORT=str(port),
-                HOROVOD_GLOO_IFACE=NETSIM_DEV[node],
-                HOROVOD_CONTROLLER="gloo",
-                HOROVOD_CPU_OPERATIONS="gloo",
-            )
-            cmd = ["ip", "netns", "exec", NETSIM_NS[node], "unshare", "--uts", "sh", "-c", 'hostname "$0" && exec "$@"']
-            cmd += [NETSIM_HOSTS[node], sys.executable, os.path.abspath(__file__), "--worker"] + worker_argv
-            log = open(os.path.join(out, "rank%d.log" % slot.rank), "w")
-            procs.append((subprocess.Popen(cmd, env=env, stdout=log, stderr=subprocess.STDOUT), log))
-        codes = [p.wait() for p, _ in procs]
-    finally:
-        for p, log in procs:
-            if p.poll() is None:
-                p.kill()
-                p.wait()
-            log.close()
-        server.stop()
+    argv = [sys.executable, os.path.abspath(__file__), "--worker"] + worker_argv
+    # The ranks' PYTHONPATH: the repository ahead of this process's (run_config's), as before.
+    env = {"PYTHONPATH": os.pathsep.join([ROOT, os.environ.get("PYTHONPATH", "")])}
+    codes = netsim_lib.run_ranks(1, argv, out, env=env)
     if any(codes):
-        for r in range(len(procs)):
-            with open(os.path.join(out, "rank%d.log" % r)) as f:
-                sys.stderr.write("--- rank %d\n%s" % (r, f.read()[-4000:]))
+        sys.stderr.write(netsim_lib.rank_logs(out, len(codes)))
         sys.exit("ranks exited with %s" % codes)
     return 0
 
@@ -473,13 +405,13 @@ def main():
             parser.error("--netsim runs one rank on each of 2 nodes: use --ranks 2, got %s" % args.ranks)
         if os.geteuid() != 0:
             sys.exit("--netsim needs root (network namespaces and tc)")
-        signal.signal(signal.SIGTERM, lambda signum, frame: (netsim_teardown(), sys.exit(128 + signum)))
-        netsim_setup(args.netsim)
+        signal.signal(signal.SIGTERM, lambda signum, frame: (netsim_lib.teardown(), sys.exit(128 + signum)))
+        netsim_lib.setup(args.netsim)
     try:
         results = _run_all(args)
     finally:
         if args.netsim:
-            netsim_teardown()
+            netsim_lib.teardown()
     summary = _summary(results) if args.repeats > 1 else []
     for line in summary:
         print(line, flush=True)

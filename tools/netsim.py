@@ -8,7 +8,8 @@ Ranks of one node talk over the namespace's local route (unshaped); ranks of dif
 rendezvous server itself and each rank with `ip netns exec` and the environment that horovodrun would give it
 (`rank_env`: HOROVOD_RANK/SIZE/LOCAL_*/CROSS_*, HOROVOD_HOSTNAME, HOROVOD_GLOO_RENDEZVOUS_ADDR/PORT,
 HOROVOD_GLOO_IFACE, HOROVOD_CONTROLLER=gloo, HOROVOD_CPU_OPERATIONS=gloo). The namespaces, devices and addresses
-have fixed names: one such network at a time on a machine (benchmarks take /tmp/tfext_bench.lock around it).
+have fixed names: one such network at a time on a machine (benchmarks take /tmp/tfext_bench.lock around it), or one
+more per other set of names that a tool picks with `use_names`.
 """
 
 import json
@@ -20,6 +21,14 @@ NS = ("tfe_bench_n0", "tfe_bench_n1")
 DEV = ("tfe_bench_v0", "tfe_bench_v1")
 IPS = ("10.233.0.1", "10.233.0.2")
 HOSTNAMES = ("tfe-bench-node0", "tfe-bench-node1")
+
+
+def use_names(ns, dev, ips, hostnames):
+    """Gives this process's network other fixed names (namespaces, veth ends, addresses, host names: two of each), so
+    that a tool's network can exist beside the default one. Call it before anything else here, in every process that
+    uses this module (the driver that calls `run_ranks` too)."""
+    global NS, DEV, IPS, HOSTNAMES  # pylint: disable=global-statement
+    NS, DEV, IPS, HOSTNAMES = tuple(ns), tuple(dev), tuple(ips), tuple(hostnames)
 
 
 def sh(*cmd, check=True):
@@ -109,10 +118,11 @@ def rank_command(slot, argv):
     return cmd + [HOSTNAMES[node]] + list(argv)
 
 
-def run_ranks(per_node, argv, out_dir):
+def run_ranks(per_node, argv, out_dir, env=None):
     """Runs `argv` as 2 x per_node ranks with a rendezvous server of its own; waits for all of them.
 
-    Call inside the first namespace. Rank r's stdout and stderr go to `out_dir`/rank<r>.log.
+    Call inside the first namespace. Rank r's stdout and stderr go to `out_dir`/rank<r>.log. `env`: variables set on
+    top of each rank's `rank_env` (e.g. another PYTHONPATH).
 
     Returns:
       The ranks' exit codes, in rank order.
@@ -128,7 +138,10 @@ def run_ranks(per_node, argv, out_dir):
         for slot in slots:
             log = open(os.path.join(out_dir, "rank%d.log" % slot.rank), "w")
             p = subprocess.Popen(
-                rank_command(slot, argv), env=rank_env(slot, port), stdout=log, stderr=subprocess.STDOUT
+                rank_command(slot, argv),
+                env=dict(rank_env(slot, port), **(env or {})),
+                stdout=log,
+                stderr=subprocess.STDOUT,
             )
             procs.append((p, log))
         return [p.wait() for p, _ in procs]
